@@ -1,0 +1,180 @@
+"""The policy-objective base class: everything a clipping scheme does not change, written once.
+
+A clipping scheme is a per-token function of the importance ratio and the advantage. Everything around it —
+the log-ratio, its overflow clamp, masking of padding, expanding per-sequence advantages, loss aggregation and
+the metrics — is the same for every scheme and lives here. A new scheme subclasses :class:`PolicyObjective`
+and overrides :meth:`PolicyObjective.surrogate`; see ``OBJECTIVES.md`` in the design notes for the formulas.
+
+Conventions: ``logprobs`` carries the gradient (``x``), ``old_logprobs`` is the behaviour policy's log-prob
+(``x_old``, constant), ``ratio = exp(x - x_old)``, and the per-token loss is *minimised*, so a method whose
+gradient weight is ``F`` has ``dL/dx = -F * A``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from klear.objectives.aggregation import aggregate, check_loss_agg, loss_normalizer
+
+# exp(20) ~ 4.9e8: far beyond any clip range, and exp stays finite in fp32 and bf16 (which overflow near 88).
+MAX_LOG_RATIO = 20.0
+
+
+@dataclass
+class ObjectiveOutput:
+    """What an objective returns: the scalar loss to backpropagate and detached scalar metrics."""
+
+    loss: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+class PolicyObjective(nn.Module):
+    """Base of every policy objective: ratio, masking, aggregation and metrics around a ``surrogate``.
+
+    Args:
+        eps_low: lower clip range, the bound is ``1 - eps_low``; ``None`` means no lower bound where the
+            scheme allows it (CISPO).
+        eps_high: upper clip range, the bound is ``1 + eps_high``.
+        loss_agg: one of ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
+            ``seq-mean-token-sum-norm``.
+
+    A subclass that adds hyperparameters takes them as flat constructor arguments and stores each one as an
+    attribute of the same name, so :meth:`hyperparameters`, configs and checkpoints see them.
+    """
+
+    #: Whether ``eps_low=None`` (no lower bound) makes sense for this scheme; only CISPO sets it.
+    allows_no_lower_bound: ClassVar[bool] = False
+
+    def __init__(self, eps_low: float | None = 0.2, eps_high: float = 0.2, loss_agg: str = "token-mean") -> None:
+        super().__init__()
+        if eps_low is None and not self.allows_no_lower_bound:
+            raise ValueError(f"{type(self).__name__} needs a lower clip bound: eps_low=None is only for cispo")
+        if eps_low is not None and not 0.0 <= eps_low < 1.0:
+            raise ValueError(f"eps_low must be in [0, 1) (the lower bound is 1 - eps_low), got {eps_low}")
+        if eps_high is None or eps_high < 0.0:
+            raise ValueError(f"eps_high must be >= 0, got {eps_high}")
+        self.eps_low = eps_low
+        self.eps_high = eps_high
+        self.loss_agg = check_loss_agg(loss_agg)
+
+    # ----------------------------------------------------------------------------------------------- hooks
+
+    def surrogate(self, ratio: Tensor, advantages: Tensor) -> Tensor:
+        """Per-token loss to minimise, same shape as ``ratio``. The one method a clipping scheme overrides.
+
+        Args:
+            ratio: (B, T) importance ratio ``exp(x - x_old)``, carrying the gradient.
+            advantages: (B, T) advantages, zero at masked positions.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must override surrogate(ratio, advantages)")
+
+    def ratio(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
+        """The ratio fed to :meth:`surrogate`: token-level ``exp(log_ratio)``. GSPO overrides this."""
+        return torch.exp(log_ratio)
+
+    def clipped(self, ratio: Tensor, advantages: Tensor) -> tuple[Tensor, Tensor]:
+        """Boolean (B, T) masks of tokens clipped at the low and the high bound, for the metrics only.
+
+        PPO-style: a low clip is ``A < 0`` with ``r < 1 - eps_low``, a high clip ``A > 0`` with
+        ``r > 1 + eps_high`` (the tokens whose surrogate the bound replaces).
+        """
+        high = (advantages > 0) & (ratio > 1.0 + self.eps_high)
+        if self.eps_low is None:
+            return torch.zeros_like(high), high
+        low = (advantages < 0) & (ratio < 1.0 - self.eps_low)
+        return low, high
+
+    # --------------------------------------------------------------------------------------------- forward
+
+    def forward(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        normalizer: Tensor | float | None = None,
+    ) -> ObjectiveOutput:
+        """Loss and metrics of one (micro-)batch.
+
+        Args:
+            logprobs: (B, T) log-probs of the sampled tokens under the current policy (with gradient).
+            old_logprobs: (B, T) log-probs under the behaviour policy (no gradient is taken through them).
+            advantages: (B, T) per-token or (B,) per-sequence advantages.
+            mask: (B, T) response mask, bool or 0/1. Masked positions may hold anything (-inf, NaN, garbage):
+                they never reach the loss value or the gradient.
+            normalizer: the optimizer step's global normaliser (see :meth:`normalizer`); ``None`` when this
+                batch is the whole step.
+        """
+        mask = mask.bool()
+        if logprobs.shape != mask.shape or old_logprobs.shape != mask.shape:
+            raise ValueError(
+                f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
+                f"{tuple(mask.shape)} must all be (B, T)"
+            )
+        advantages = self._expand_advantages(advantages, mask)
+        log_ratio = self._log_ratio(logprobs, old_logprobs.detach(), mask)
+        ratio = self.ratio(log_ratio, mask)
+        per_token = self.surrogate(ratio, advantages)
+        loss = aggregate(per_token, mask, self.loss_agg, normalizer)
+        return ObjectiveOutput(loss=loss, metrics=self._metrics(log_ratio.detach(), ratio.detach(), advantages, mask))
+
+    def normalizer(self, mask: Tensor, max_len: int | None = None) -> Tensor:
+        """This micro-batch's share of the step normaliser for :attr:`loss_agg`; sum the shares over the step."""
+        return loss_normalizer(mask, self.loss_agg, max_len)
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The constructor arguments this objective was built with, by name."""
+        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        missing = [name for name in names if name not in self.__dict__]
+        if missing:
+            raise AttributeError(
+                f"{type(self).__name__} must store its constructor arguments {missing} as attributes of the same name"
+            )
+        return {name: self.__dict__[name] for name in names}
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{key}={value!r}" for key, value in self.hyperparameters().items())
+
+    # ------------------------------------------------------------------------------------------- internals
+
+    @staticmethod
+    def _expand_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
+        if advantages.dim() == 1:
+            if advantages.shape[0] != mask.shape[0]:
+                raise ValueError(f"advantages {tuple(advantages.shape)} do not match batch size {mask.shape[0]}")
+            advantages = advantages[:, None].expand_as(mask)
+        elif advantages.shape != mask.shape:
+            raise ValueError(f"advantages must be (B,) or (B, T) = {tuple(mask.shape)}, got {tuple(advantages.shape)}")
+        return torch.where(mask, advantages.detach().to(torch.float32), 0.0)
+
+    @staticmethod
+    def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+        """``x - x_old`` in float32, zero at masked positions, value clamped to +-MAX_LOG_RATIO.
+
+        Masking happens *before* anything nonlinear: ``where`` after an ``exp`` would multiply a zero
+        gradient by an infinite one and produce NaN. The clamp limits the value only; the gradient passes
+        straight through, so schemes that promise a gradient on far-off-policy tokens (GPPO, CISPO) keep it.
+        """
+        diff = torch.where(mask, logprobs.float() - old_logprobs.float(), 0.0)
+        return diff + (diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO) - diff).detach()
+
+    def _metrics(self, log_ratio: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        count = mask.sum().clamp(min=1).float()
+
+        def token_mean(values: Tensor) -> Tensor:
+            return torch.where(mask, values.float(), 0.0).sum() / count
+
+        low, high = self.clipped(ratio, advantages)
+        return {
+            "clip_frac_low": token_mean(low),
+            "clip_frac_high": token_mean(high),
+            "ratio_mean": token_mean(ratio),
+            "ratio_max": torch.where(mask, ratio, 0.0).max() if mask.any() else ratio.new_zeros(()),
+            # k3 estimator of KL(old || new): (r - 1) - log r, non-negative per token.
+            "approx_kl": token_mean(ratio - 1.0 - log_ratio),
+        }
