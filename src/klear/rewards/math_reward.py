@@ -1,0 +1,186 @@
+"""The ``math`` reward: is the final answer of a completion mathematically equal to the reference?
+
+Pipeline, cheapest first:
+
+1. Format (optional, Klear's scheme): a completion without ``<think>`` / ``</think>`` gets the configured
+   penalty instead of a correctness score (`ThinkFormat`).
+2. Extraction, on the text after ``</think>``: the last balanced ``\\boxed{...}``; the fallbacks
+   ``"answer_is"`` ("... the answer is 42.") and ``"last_number"`` only when asked for, in the order given.
+   An answer longer than ``max_answer_chars`` is scored wrong without being parsed.
+3. Light normalisation (``$``, trailing full stop, thousands separators such as ``1,000`` / ``1\\,000``,
+   ``\\text{5 apples}`` -> ``5 apples``), then an in-process fast path: identical strings modulo spacing and
+   ``\\left``/``\\dfrac``-style spellings, or two exact rationals (``3``, ``-0.5``, ``7/2``, ``\\frac{7}{2}``)
+   are decided without sympy. Most integer answers never leave the process.
+4. Everything else goes to math-verify (sympy underneath) in a killable checker process with ``timeout``
+   (`math_checker`): fractions/decimals/percent, ``\\sqrt``, ``\\pi``, sets, tuples, intervals, equations,
+   units. math-verify's own SIGALRM timeouts are off; ours work from any thread or process.
+
+A check that times out or breaks scores ``wrong`` with status ``"timeout"`` / ``"error"`` (counted by
+`Reward.counts` and `RewardPool`), never an exception.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+from klear.rewards import math_checker
+from klear.rewards.base import Reward, RewardOutcome, register_reward
+from klear.rewards.extract import after_reasoning, answer_is, last_boxed, last_number
+from klear.rewards.shaping import ThinkFormat
+
+FALLBACKS = ("answer_is", "last_number")
+MAX_REFERENCE_CHARS = 10_000
+
+_SPACING = re.compile(r"\s+|\\left|\\right|\\!|\\,|\\;|\\:|\\displaystyle|\\ ")
+_THOUSANDS = re.compile(r"^([+-]?)(\d{1,3})((?:(?:,|\{,\}|\\,|\\ |\\!| )\d{3})+)(\.\d+)?$")
+_SEPARATOR = re.compile(r",|\{,\}|\\,|\\ |\\!| ")
+_TEXT_NUMBER = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{\s*([-+]?\.?\d[^{}]*)\}$")
+_INTEGER_OR_DECIMAL = re.compile(r"^([+-]?)(\d{1,100}(?:\.\d{0,100})?|\.\d{1,100})$")
+_FRACTION = re.compile(r"^([+-]?)(?:(\d{1,100})/(\d{1,100})|\\frac\{(\d{1,100})\}\{(\d{1,100})\})$")
+
+
+@register_reward("math")
+class MathReward(Reward):
+    """1.0 (``correct``) when the completion's final answer equals ``reference``, else 0.0 (``wrong``).
+
+    Args:
+        correct: score of a correct answer (Klear: 1.0).
+        wrong: score of a wrong, missing or uncheckable answer (Klear: -1.0).
+        missing_think: score when ``<think>`` is absent; None (default) skips the check (Klear: -2.0).
+        missing_think_close: score when ``</think>`` is absent; None skips the check (Klear: -0.5).
+        fallbacks: extraction fallbacks tried in order when there is no ``\\boxed{}``: ``"answer_is"``,
+            ``"last_number"``. Default none: an unboxed answer is wrong.
+        timeout: seconds one equivalence check may take (checks with sympy; the fast path is instant).
+        max_answer_chars: longer extracted answers are wrong without being parsed.
+        memory_mb: address-space limit of one check.
+        startup_timeout: seconds to wait for the checker process to import sympy (once per process).
+    """
+
+    def __init__(
+        self,
+        correct: float = 1.0,
+        wrong: float = 0.0,
+        missing_think: float | None = None,
+        missing_think_close: float | None = None,
+        fallbacks: Sequence[str] = (),
+        timeout: float = 5.0,
+        max_answer_chars: int = 1000,
+        memory_mb: int = 2048,
+        startup_timeout: float = 60.0,
+    ) -> None:
+        super().__init__()
+        unknown = [name for name in fallbacks if name not in FALLBACKS]
+        if unknown or isinstance(fallbacks, str):
+            raise ValueError(f"unknown fallbacks {unknown or fallbacks!r}; give a list drawn from {FALLBACKS}")
+        if timeout <= 0 or max_answer_chars <= 0:
+            raise ValueError(f"timeout and max_answer_chars must be positive, got {timeout}, {max_answer_chars}")
+        self.correct = correct
+        self.wrong = wrong
+        self.format = ThinkFormat(missing_think, missing_think_close)
+        self.fallbacks = tuple(fallbacks)
+        self.timeout = timeout
+        self.max_answer_chars = max_answer_chars
+        self.memory_mb = memory_mb
+        self.startup_timeout = startup_timeout
+
+    def warmup(self, concurrency: int = 1) -> None:
+        """Start this process's checkers now (they import sympy), so the first scored calls do not wait."""
+        math_checker.warmup(self.startup_timeout, concurrency)
+
+    def extract(self, completion: str) -> str | None:
+        """The final answer of ``completion`` as written (before normalisation), or None."""
+        tail = after_reasoning(completion)
+        answer = last_boxed(tail, self.max_answer_chars)
+        for fallback in self.fallbacks:
+            if answer is not None:
+                break
+            answer = answer_is(tail, self.max_answer_chars) if fallback == "answer_is" else last_number(tail)
+        return answer
+
+    def _evaluate(self, completion: str, reference: Any) -> RewardOutcome:
+        gold = normalise(_reference_answer(reference))
+        penalty = self.format.penalty(completion)
+        if penalty is not None:
+            return RewardOutcome(penalty, "ok", "format penalty")
+        answer = self.extract(completion)
+        if answer is None:
+            return RewardOutcome(self.wrong, "ok", "no final answer found")
+        if len(answer) > self.max_answer_chars:
+            return RewardOutcome(self.wrong, "ok", f"answer longer than {self.max_answer_chars} characters")
+        pred = normalise(answer)
+        verdict = fast_verdict(gold, pred)
+        if verdict is not None:
+            return RewardOutcome(self.correct if verdict else self.wrong, "ok", f"answer {pred[:80]!r} (fast path)")
+        result = math_checker.check_equivalent(gold, pred, self.timeout, self.memory_mb, self.startup_timeout)
+        score = self.correct if result.equal else self.wrong
+        return RewardOutcome(score, result.status, f"answer {pred[:80]!r}; {result.detail}".rstrip("; "))
+
+
+def _reference_answer(reference: Any) -> str:
+    if not isinstance(reference, str):
+        raise TypeError(f"the math reward's reference must be a str, got {type(reference).__name__}")
+    if len(reference) > MAX_REFERENCE_CHARS:
+        raise ValueError(f"reference of {len(reference)} characters exceeds {MAX_REFERENCE_CHARS}: {reference[:80]!r}")
+    if "\\boxed" in reference or "\\fbox" in reference:
+        boxed = last_boxed(reference, MAX_REFERENCE_CHARS)
+        if boxed is not None:
+            return boxed
+    return reference
+
+
+def normalise(answer: str) -> str:
+    """Spelling fixes math-verify does not make itself: ``$``, a final full stop, thousands separators, and a
+    number wrapped whole in ``\\text{}``."""
+    answer = answer.strip().strip("$").strip()
+    if answer.endswith(".") and not answer.endswith(".."):
+        answer = answer[:-1].rstrip()
+    text_number = _TEXT_NUMBER.match(answer)
+    if text_number:
+        answer = text_number.group(1).strip()
+    thousands = _THOUSANDS.match(answer)
+    if thousands:
+        sign, head, groups, decimals = thousands.groups()
+        answer = sign + head + _SEPARATOR.sub("", groups) + (decimals or "")
+    return answer
+
+
+def fast_verdict(gold: str, pred: str) -> bool | None:
+    """True/False when cheap string or exact-rational comparison settles it; None means "ask math-verify".
+
+    Two exact values that differ are only declared unequal when neither is a decimal: math-verify compares
+    decimals after rounding (0.333333 equals 1/3 there), and this path must agree with it.
+    """
+    if _compact(gold) == _compact(pred):
+        return True
+    gold_value, pred_value = _exact(gold), _exact(pred)
+    if gold_value is None or pred_value is None:
+        return None
+    if gold_value[0] == pred_value[0]:
+        return True
+    return None if gold_value[1] or pred_value[1] else False
+
+
+def _compact(answer: str) -> str:
+    return _SPACING.sub("", answer).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+
+
+def _exact(answer: str) -> tuple[Fraction, bool] | None:
+    """(value, written as a decimal) for an integer, decimal or simple fraction; None for anything else."""
+    answer = _compact(answer)
+    number = _INTEGER_OR_DECIMAL.match(answer)
+    if number:
+        sign, digits = number.groups()
+        value = Fraction(digits)
+        return (-value if sign == "-" else value), "." in digits
+    fraction = _FRACTION.match(answer)
+    if fraction:
+        sign, numerator, denominator = fraction.group(1), fraction.group(2) or fraction.group(4), fraction.group(3)
+        denominator = denominator or fraction.group(5)
+        if int(denominator) == 0:
+            return None
+        value = Fraction(int(numerator), int(denominator))
+        return (-value if sign == "-" else value), False
+    return None

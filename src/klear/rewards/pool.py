@@ -1,0 +1,259 @@
+"""Scoring a batch of completions in parallel worker processes, with a per-item deadline enforced from outside.
+
+    reward = get_reward("math", timeout=5.0, wrong=-1.0)        # or just the name "math" for the defaults
+    with RewardPool(reward, num_workers=8, timeout=10.0) as pool:
+        result = pool.score(completions, references)     # BatchResult
+    result.scores                  # list[float], in input order
+    result.timeouts, result.errors # counts to log, e.g. `self.log_dict(result.metrics())`
+
+or, for a one-off batch, ``batch_rewards("code", completions, tests, num_workers=8, timeout=60.0)``.
+The pool's ``timeout`` should exceed the reward's own (math: ``timeout`` + 1 s; code: tests x per-test
+``timeout`` + ~10 s): the reward's own limit then fires first and the worker survives.
+
+Each worker is a process that builds the reward once and then scores one item at a time. The parent sends the
+next item to an idle worker and watches the clock: a worker that has not answered ``timeout`` seconds after it
+received its item is SIGKILLed, replaced by a fresh one, and its item gets ``failure_reward`` and is counted in
+``timeouts``. A worker that dies, or a reward that raises, gives ``failure_reward`` counted in ``errors``; a
+built-in reward's own ``"timeout"`` / ``"error"`` status (a math check that ran out of time, a sandbox that
+broke) is counted the same way, keeping the reward's score. Nothing is scored as failed without being counted.
+
+Workers are started with ``spawn`` (safe whatever threads the trainer runs), so a reward given as a callable
+must be picklable (a module-level function or a `Reward` instance) and scripts need the usual
+``if __name__ == "__main__":`` guard. `score` is safe to call from any thread (calls are serialised). Workers
+are daemonic: a reward function used here must not start ``multiprocessing`` children itself (the built-in
+rewards start their helpers with ``subprocess``, which is allowed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import signal
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from klear.rewards.base import Reward, RewardFn, get_reward
+
+_STARTUP_TIMEOUT = 120.0  # importing torch/sympy in a fresh process on a loaded machine
+_MAX_STARTUP_DEATHS = 3  # consecutive workers killed while starting before the pool gives up
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Scores in input order, how many items timed out or failed, and each item's status."""
+
+    scores: list[float]
+    timeouts: int
+    errors: int
+    statuses: list[str] = field(default_factory=list)
+
+    def metrics(self, prefix: str = "reward/") -> dict[str, float]:
+        return {f"{prefix}timeouts": float(self.timeouts), f"{prefix}errors": float(self.errors)}
+
+
+class RewardPool:
+    """``num_workers`` processes scoring with ``reward``, each item within ``timeout`` seconds.
+
+    Args:
+        reward: a registered name or import path (built with its default options), or a picklable callable
+            ``fn(completion, reference) -> float`` such as ``get_reward("math", wrong=-1.0)``.
+        num_workers: worker processes.
+        timeout: seconds one item may take once its worker has it.
+        failure_reward: score of an item that timed out or failed.
+    """
+
+    def __init__(
+        self,
+        reward: str | RewardFn,
+        num_workers: int = 4,
+        timeout: float = 30.0,
+        failure_reward: float = 0.0,
+    ) -> None:
+        if num_workers < 1 or timeout <= 0:
+            raise ValueError(f"need num_workers >= 1 and timeout > 0, got {num_workers}, {timeout}")
+        self._spec = get_reward(reward) if isinstance(reward, str) else reward  # a bad name fails here, once
+        if not callable(self._spec):
+            raise TypeError(f"reward must be a name or a callable, got {type(reward).__name__}")
+        self.timeout = timeout
+        self.failure_reward = failure_reward
+        self._context = multiprocessing.get_context("spawn")
+        self._startup_deaths = 0
+        self._lock = threading.Lock()
+        self._workers = [_Worker(self._context, self._spec) for _ in range(num_workers)]
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
+        try:
+            self._wait_all_ready()
+        except BaseException:
+            self._finalizer()
+            raise
+
+    def score(self, completions: Sequence[str], references: Sequence[Any]) -> BatchResult:
+        """Score every ``(completion, reference)`` pair; never raises because of model output."""
+        if len(completions) != len(references):
+            raise ValueError(f"{len(completions)} completions but {len(references)} references")
+        with self._lock:
+            if not self._finalizer.alive:
+                raise RuntimeError("this RewardPool is closed")
+            return self._score(list(completions), list(references))
+
+    def _score(self, completions: list[str], references: list[Any]) -> BatchResult:
+        scores: list[float] = [self.failure_reward] * len(completions)
+        statuses = ["ok"] * len(completions)
+        pending = deque(range(len(completions)))
+        busy: dict[int, tuple[int, float]] = {}  # worker slot -> (item, deadline)
+        while pending or busy:
+            for slot, worker in enumerate(self._workers):
+                if pending and worker.ready and slot not in busy:
+                    item = pending.popleft()
+                    try:
+                        worker.connection.send((item, completions[item], references[item]))
+                    except OSError:  # it died while idle (OOM killer, ...): not the item's fault, retry it
+                        pending.appendleft(item)
+                        self._replace(slot)
+                        continue
+                    busy[slot] = (item, time.monotonic() + self.timeout)
+            self._wait([deadline for _, deadline in busy.values()], busy)
+            for slot, worker in enumerate(self._workers):
+                if slot not in busy:
+                    continue
+                item, deadline = busy[slot]
+                if worker.connection.poll(0):
+                    try:
+                        _, status, score = worker.connection.recv()
+                    except (EOFError, OSError):  # the worker died: segfault, OOM kill, os._exit in the reward
+                        status, score = "error", None
+                        self._replace(slot)
+                elif time.monotonic() >= deadline:
+                    status, score = "timeout", None
+                    self._replace(slot)
+                else:
+                    continue
+                del busy[slot]
+                valid = isinstance(score, float) and math.isfinite(score)
+                statuses[item] = status if valid or status != "ok" else "error"  # NaN/inf/None: an error
+                scores[item] = score if valid else self.failure_reward
+        return BatchResult(scores, statuses.count("timeout"), statuses.count("error"), statuses)
+
+    def _wait(self, deadlines: list[float], busy: dict[int, Any]) -> None:
+        """Block until a busy worker answers, a deadline passes, or a starting worker is ready."""
+        starting = [slot for slot, worker in enumerate(self._workers) if not worker.ready]
+        deadlines = deadlines + [self._workers[slot].started + _STARTUP_TIMEOUT for slot in starting]
+        watched = [worker.connection for slot, worker in enumerate(self._workers) if slot in busy or not worker.ready]
+        wait(watched, max(0.0, min(deadlines) - time.monotonic()))
+        for slot in starting:
+            if self._workers[slot].check_started():
+                self._startup_deaths = 0
+            elif not self._workers[slot].process.is_alive():  # killed while starting (OOM killer): try again
+                self._startup_deaths += 1
+                if self._startup_deaths > _MAX_STARTUP_DEATHS:
+                    raise RuntimeError(
+                        f"reward workers keep dying while starting (exit {self._workers[slot].process.exitcode})"
+                    )
+                self._replace(slot)
+
+    def _wait_all_ready(self) -> None:
+        while any(not worker.ready for worker in self._workers):
+            self._wait([], {})
+
+    def _replace(self, slot: int) -> None:
+        """Kill the worker in ``slot`` and start another; it joins in once it says it is ready."""
+        self._workers[slot].kill()
+        self._workers[slot] = _Worker(self._context, self._spec)
+
+    def close(self) -> None:
+        with self._lock:
+            self._finalizer()
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def batch_rewards(
+    reward: str | RewardFn,
+    completions: Sequence[str],
+    references: Sequence[Any],
+    num_workers: int = 4,
+    timeout: float = 30.0,
+    failure_reward: float = 0.0,
+) -> BatchResult:
+    """Score one batch with a temporary `RewardPool` (start-up costs ~1 s: keep a pool for repeated batches)."""
+    with RewardPool(reward, num_workers, timeout, failure_reward) as pool:
+        return pool.score(completions, references)
+
+
+class _Worker:
+    def __init__(self, context: Any, spec: RewardFn) -> None:
+        self.connection, child_end = context.Pipe()
+        self.process = context.Process(target=_work, args=(child_end, spec), daemon=True, name="klear-reward")
+        self.process.start()
+        child_end.close()  # so that the worker's death reads as EOF here
+        self.started = time.monotonic()
+        self.ready = False
+
+    def check_started(self) -> bool:
+        """True once the worker says it is ready; False while starting or after it died without a word (the
+        caller decides); raises when the reward failed to build or the start takes too long."""
+        if self.connection.poll(0):
+            try:
+                message = self.connection.recv()
+            except EOFError:
+                self.process.join()
+                return False
+            if message != "ready":
+                raise RuntimeError(f"a reward worker failed to start: {message}")
+            self.ready = True
+        elif time.monotonic() > self.started + _STARTUP_TIMEOUT:
+            self.kill()
+            raise RuntimeError(f"a reward worker did not start within {_STARTUP_TIMEOUT:g}s")
+        return self.ready
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.connection.close()
+
+
+def _stop_all(workers: list[_Worker]) -> None:
+    for worker in workers:
+        with contextlib.suppress(OSError):
+            worker.connection.send(None)
+    for worker in workers:
+        worker.process.join(timeout=2.0)
+        if worker.process.is_alive():
+            worker.kill()
+        else:
+            worker.connection.close()
+
+
+def _work(connection: Connection, function: RewardFn) -> None:
+    """Worker loop: warm the reward up, say "ready", then score items until told to stop (None)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which then closes the pool
+    try:
+        if isinstance(function, Reward):
+            function.warmup()
+    except Exception as error:
+        connection.send(f"{type(error).__name__}: {error}")
+        return
+    connection.send("ready")
+    while (message := connection.recv()) is not None:
+        item, completion, reference = message
+        try:
+            if isinstance(function, Reward):
+                outcome = function.evaluate(completion, reference)
+                status, score = outcome.status, outcome.score
+            else:
+                status, score = "ok", function(completion, reference)
+            score = float(score)
+        except Exception:
+            status, score = "error", None
+        connection.send((item, status, score))

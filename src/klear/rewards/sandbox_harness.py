@@ -1,0 +1,347 @@
+"""The trusted side of the sandbox: runs *inside* it and executes the untrusted program once per test.
+
+Started by `sandbox.run_sandboxed` as ``python -I sandbox_harness.py`` (by path, standard library only) in a
+fresh process group and, where the OS allows, as PID 1 of new PID/mount/network/IPC namespaces. It
+
+1. reads the job (program + test inputs, limits) from stdin, without buffering ahead;
+2. hardens the namespace when asked: every mount re-mounted read-only, fresh size-capped tmpfs on ``/tmp``,
+   ``/var/tmp`` and ``/dev/shm``, the work directory ``/tmp/work`` owned by the sandbox uid;
+3. for each test forks a child that sets rlimits (CPU, address space, file size, open files, processes),
+   ``no_new_privs``, drops to a random unprivileged uid (when started as root) and execs the program, with
+   stdin fed from the test and stdout/stderr read through pipes under a size cap and a wall-clock deadline;
+4. after each test kills every process left (``kill(-1)`` from PID 1; the subreaper walk otherwise), so a
+   background grandchild cannot outlive its test or disturb the next one;
+5. only then reads the expected outputs (so they never share memory with a running program, which could
+   otherwise read them from a forked copy of this process) and writes one JSON verdict per test to stdout.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import math
+import os
+import resource
+import select
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+_LINUX = sys.platform.startswith("linux")
+if _LINUX:
+    # Run by path with -I, so the sibling module is found through this file's directory.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sandbox_mounts import harden_mounts, prctl
+
+    del sys.path[0]
+
+_PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 4, 36, 38
+_STDERR_CAP = 2048
+
+
+def main() -> None:
+    started = time.monotonic()
+    job = _read_message()
+    pid1 = job["pid1"] = job["pid_namespace"] and os.getpid() == 1
+    info = {"pid1": pid1, "uid": None, "readonly_mounts": 0, "readonly_failures": 0, "tmpfs": []}
+    if _LINUX:
+        prctl(_PR_SET_DUMPABLE, 0)  # the program may not ptrace or read the memory of this process
+        if not pid1:
+            prctl(_PR_SET_CHILD_SUBREAPER, 1)  # orphaned grandchildren come back to us to be killed
+    workdir = job["workdir"]
+    if job["harden_mounts"]:
+        workdir = harden_mounts(info)
+    if job["drop_uid"]:
+        info["uid"] = 100_000 + int.from_bytes(os.urandom(4), "big") % 2**30  # its own uid: own NPROC count
+        os.chown(workdir, info["uid"], info["uid"])
+    deadline = started + job["total_timeout"]
+    runs: list[dict[str, Any]] = []
+    for test in job["tests"]:
+        if time.monotonic() >= deadline or (job["stop_on_failure"] and runs and runs[-1]["status"] != "ok"):
+            runs.append({"status": "not_run", "stdout": b"", "stderr": b""})
+            continue
+        test_deadline = min(deadline, time.monotonic() + job["timeout"])
+        runs.append(_run_test(job, test, workdir, info["uid"], test_deadline))
+    expected = _read_message()["expected"]  # only now: no program is running any more
+    verdicts = [_verdict(test, run, want) for test, run, want in zip(job["tests"], runs, expected, strict=True)]
+    _write_all(1, json.dumps({"results": verdicts, "isolation": info}).encode())
+
+
+def _run_test(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int | None, deadline: float) -> dict:
+    stdin_r, stdin_w = os.pipe()  # a pipe even when empty: the child may be given its ownership (see _child)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    res_r, res_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _child(job, test, workdir, uid, (stdin_r, out_w, err_w, res_w))
+    for fd in (stdin_r, out_w, err_w, res_w):
+        os.close(fd)
+    exit_fd = _exit_fd(pid)
+    pending = test["input"].encode() if test["kind"] == "stdio" else b""
+    if pending:
+        os.set_blocking(stdin_w, False)
+    else:
+        os.close(stdin_w)
+        stdin_w = -1
+    pipes = {out_r: _Capture(job["max_output_bytes"], True), res_r: _Capture(job["max_output_bytes"], True)}
+    pipes[err_r] = _Capture(_STDERR_CAP, False)
+    status, exit_status = None, None
+    while exit_status is None and status is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            status = "timeout"
+            break
+        readers = [fd for fd, capture in pipes.items() if not capture.closed]
+        readers += [exit_fd] if exit_fd is not None else []
+        writers = [stdin_w] if stdin_w >= 0 else []
+        ready_r, ready_w, _ = select.select(readers, writers, [], remaining if exit_fd is not None else 0.01)
+        if ready_w:
+            pending, stdin_w = _feed(stdin_w, pending)
+        if any(pipes[fd].read(fd) for fd in ready_r if fd in pipes):
+            status = "output_limit"
+        exit_status = _poll_exit(pid)
+    if exit_status is None:
+        _kill_group(pid)
+        exit_status = os.waitpid(pid, 0)[1]
+    _kill_leftovers(job["pid1"])  # now the pipes hold a finite amount: read what is left
+    for fd, capture in pipes.items():
+        os.set_blocking(fd, False)
+        while not capture.closed and status is None:
+            try:
+                if capture.read(fd):
+                    status = "output_limit"
+            except BlockingIOError:
+                break
+    for fd in [*pipes, stdin_w, exit_fd]:
+        if fd is not None and fd >= 0:
+            os.close(fd)
+    stdout, result, stderr = (bytes(pipes[fd].data) for fd in (out_r, res_r, err_r))
+    return {"status": status or _status_of(exit_status), "stdout": stdout, "result": result, "stderr": stderr}
+
+
+class _Capture:
+    """Bytes read from one pipe, kept up to ``cap``; past it, stdout fails the test and stderr is cut."""
+
+    def __init__(self, cap: int, fail_over_cap: bool) -> None:
+        self.cap, self.fail_over_cap = cap, fail_over_cap
+        self.data = bytearray()
+        self.closed = False
+
+    def read(self, fd: int) -> bool:
+        """Read one chunk; True when this capture went over its cap and that fails the test."""
+        chunk = os.read(fd, 65536)
+        self.closed = not chunk
+        self.data += chunk[: max(0, self.cap + 1 - len(self.data))]
+        return self.fail_over_cap and len(self.data) > self.cap
+
+
+def _exit_fd(pid: int) -> int | None:
+    """A descriptor that turns readable when ``pid`` exits (Linux >= 5.3), else None and we poll every 10 ms."""
+    if not _LINUX:
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # kernel older than 5.3: polling is slower but equally correct
+        return None
+
+
+def _feed(stdin_w: int, pending: bytes) -> tuple[bytes, int]:
+    try:
+        written = os.write(stdin_w, pending[:65536])
+    except (BlockingIOError, InterruptedError):
+        return pending, stdin_w
+    except BrokenPipeError:  # the program stopped reading its input: fine, it may not need all of it
+        written = len(pending)
+    pending = pending[written:]
+    if not pending:
+        os.close(stdin_w)
+        return pending, -1
+    return pending, stdin_w
+
+
+def _poll_exit(pid: int) -> int | None:
+    done, exit_status = os.waitpid(pid, os.WNOHANG)
+    return exit_status if done else None
+
+
+def _status_of(exit_status: int) -> str:
+    if os.WIFSIGNALED(exit_status) and os.WTERMSIG(exit_status) in (signal.SIGXCPU, signal.SIGKILL):
+        return "timeout"  # the CPU-time rlimit (SIGXCPU, then SIGKILL at the hard limit)
+    return "ok" if os.waitstatus_to_exitcode(exit_status) == 0 else "error"
+
+
+def _child(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int | None, fds: tuple[int, ...]) -> None:
+    """The forked child: confine itself, then run the program. Never returns."""
+    exit_code = 1
+    try:
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.closerange(len(fds), 65536)
+        _limit_child(job, uid is not None)
+        if uid is not None:
+            for fd in range(len(fds)):  # our pipes, so that /dev/stdin and /dev/stdout can be reopened
+                os.fchown(fd, uid, uid)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        os.chdir(workdir)
+        os.umask(0o077)
+        os.environ.update({"HOME": workdir, "TMPDIR": workdir})
+        # Fresh text streams on the test's pipes (the harness's own objects may hold buffered data).
+        sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.argv = ["solution.py"]
+        exit_code = _execute(test, job["code"])
+    except BaseException:  # the program's own errors are reported on its stderr
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(exit_code)
+
+
+def _limit_child(job: dict[str, Any], limit_processes: bool) -> None:
+    cpu = math.ceil(job["timeout"]) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (job["memory_bytes"], job["memory_bytes"]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (job["max_file_bytes"], job["max_file_bytes"]))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if limit_processes:  # per real uid: only meaningful once we run under a uid of our own
+        resource.setrlimit(resource.RLIMIT_NPROC, (job["max_processes"], job["max_processes"]))
+    if _LINUX:
+        prctl(_PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries cannot raise privileges again
+
+
+def _execute(test: dict[str, Any], code: str) -> int:
+    namespace: dict[str, Any] = {"__name__": "__main__" if test["kind"] == "stdio" else "solution"}
+    namespace["__builtins__"] = builtins
+    try:
+        exec(compile(code, "solution.py", "exec"), namespace)
+    except SystemExit as exit_:
+        if test["kind"] == "call":
+            raise
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    if test["kind"] == "call":
+        solution = namespace.get("Solution")
+        method = getattr(solution, test["fn_name"], None) if isinstance(solution, type) else None
+        function = getattr(solution(), test["fn_name"]) if method is not None else namespace.get(test["fn_name"])
+        if not callable(function):
+            raise NameError(f"the program defines no function or Solution method {test['fn_name']!r}")
+        result = function(*test["args"], **test["kwargs"])
+        sys.stdout.flush()
+        _write_all(3, json.dumps(result).encode())
+    return 0
+
+
+def _verdict(test: dict[str, Any], run: dict[str, Any], expected: Any) -> dict[str, Any]:
+    verdict = {"status": run["status"], "stderr": run["stderr"][-300:].decode("utf-8", "replace")}
+    if run["status"] != "ok":
+        return verdict
+    if test["kind"] == "stdio":
+        passed = _lines(run["stdout"].decode("utf-8", "replace")) == _lines(expected)
+    else:
+        try:
+            passed = _same(json.loads(run["result"]), expected)
+        except ValueError:
+            passed = False
+    verdict["status"] = "passed" if passed else "wrong"
+    return verdict
+
+
+def _lines(text: str) -> list[str]:
+    """Whitespace-normalised output: each line stripped, blank lines at either end dropped."""
+    return [line.strip() for line in text.strip().splitlines()]
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Equality of JSON values, with floats equal up to 1e-6 relative / absolute."""
+    if isinstance(want, float) or isinstance(got, float):
+        both_numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (got, want))
+        return both_numbers and math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6)
+    if isinstance(want, list) and isinstance(got, list):
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
+    if isinstance(want, dict) and isinstance(got, dict):
+        return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
+    return type(got) is type(want) and got == want
+
+
+def _kill_group(pid: int) -> None:
+    """Kill ``pid`` and its process group (the group may not exist yet if it is killed before its setsid)."""
+    for kill, target in ((os.killpg, pid), (os.kill, pid)):
+        with contextlib.suppress(ProcessLookupError):
+            kill(target, signal.SIGKILL)
+
+
+def _kill_leftovers(pid1: bool) -> None:
+    """Kill and reap every process the test left behind."""
+    if pid1:
+        with contextlib.suppress(ProcessLookupError):  # raised when nothing was left
+            os.kill(-1, signal.SIGKILL)  # from PID 1 of a PID namespace: everything else in the namespace
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
+    for _ in range(100):  # as a subreaper: orphans are reparented to us; kill until none is left
+        children = _children() if _LINUX else []
+        for child in children:
+            _kill_group(child)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if not children:
+            return
+        time.sleep(0.005)
+
+
+def _children() -> list[int]:
+    me, children = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:
+                children.append(int(entry))
+    return children
+
+
+def _read_message() -> dict[str, Any]:
+    size = int.from_bytes(_read_exact(8), "big")
+    return json.loads(_read_exact(size))
+
+
+def _read_exact(size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            raise EOFError("the sandbox job ended early")
+        data += chunk
+    return bytes(data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""RewardPool: parallel scoring in input order, outer deadlines that kill and replace stuck workers, and every
+failure counted."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+import pytest
+
+from klear.rewards import BatchResult, RewardPool, batch_rewards, get_reward
+
+
+def misbehaving(completion: str, reference: str) -> float:
+    """A plain reward function (picklable: module level) that does what ``completion`` says."""
+    if completion == "hang":
+        time.sleep(3600)
+    if completion == "crash":
+        os._exit(3)
+    if completion == "raise":
+        raise RuntimeError("the reward broke")
+    if completion == "nan":
+        return math.nan
+    return float(completion == reference)
+
+
+@pytest.fixture(scope="module")
+def pool() -> RewardPool:
+    with RewardPool(misbehaving, num_workers=2, timeout=1.0, failure_reward=-1.0) as pool:
+        yield pool
+
+
+def test_scores_come_back_in_input_order(pool: RewardPool) -> None:
+    completions = [str(i % 3) for i in range(20)]
+    result = pool.score(completions, ["1"] * 20)
+    assert result == BatchResult([float(i % 3 == 1) for i in range(20)], 0, 0, ["ok"] * 20)
+
+
+def test_a_stuck_worker_is_killed_replaced_and_counted(pool: RewardPool) -> None:
+    start = time.monotonic()
+    result = pool.score(["a", "hang", "b", "hang", "a"], ["a"] * 5)
+    assert time.monotonic() - start < 4.0  # two 1 s deadlines, in parallel on two workers
+    assert result.scores == [1.0, -1.0, 0.0, -1.0, 1.0]
+    assert (result.timeouts, result.errors) == (2, 0)
+    assert result.statuses == ["ok", "timeout", "ok", "timeout", "ok"]
+    assert result.metrics() == {"reward/timeouts": 2.0, "reward/errors": 0.0}
+    assert pool.score(["a", "a"], ["a", "a"]).scores == [1.0, 1.0]  # the replacements work
+
+
+def test_crashes_exceptions_and_nan_are_errors(pool: RewardPool) -> None:
+    result = pool.score(["crash", "raise", "nan", "a"], ["a"] * 4)
+    assert result.scores == [-1.0, -1.0, -1.0, 1.0]
+    assert (result.timeouts, result.errors) == (0, 3)
+    assert pool.score(["a"], ["a"]).scores == [1.0]
+
+
+def test_a_worker_killed_between_batches_is_replaced(pool: RewardPool) -> None:
+    """As the kernel's OOM killer would: the next batch still scores everything, and counts nothing."""
+    for worker in pool._workers:
+        worker.process.kill()
+        worker.process.join()
+    result = pool.score(["a", "b", "a"], ["a"] * 3)
+    assert result == BatchResult([1.0, 0.0, 1.0], 0, 0, ["ok"] * 3)
+
+
+def test_safe_to_call_from_threads(pool: RewardPool) -> None:
+    results: dict[int, BatchResult] = {}
+
+    def score(index: int) -> None:
+        results[index] = pool.score([str(index)] * 5, [str(index)] * 5)
+
+    threads = [threading.Thread(target=score, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(results[i].scores == [1.0] * 5 for i in range(4))
+
+
+def test_builtin_reward_timeouts_are_counted() -> None:
+    """The math reward's own check deadline fires first; the pool counts it and the worker survives."""
+    completions = ["\\boxed{\\frac{1}{2}}", "\\boxed{9^{9^{9^9}}}", "\\boxed{\\sqrt{2}}", "\\boxed{3}"]
+    references = ["0.5", "1", "\\frac{2}{\\sqrt{2}}", "4"]
+    with RewardPool(get_reward("math", timeout=1.0), num_workers=2, timeout=5.0) as pool:
+        result = pool.score(completions, references)
+    assert result.scores == [1.0, 0.0, 1.0, 0.0]
+    assert (result.timeouts, result.errors) == (1, 0)
+
+
+def test_batch_rewards_with_a_name() -> None:
+    tests = [{"input": "2", "output": "4"}, {"input": "3", "output": "6"}]
+    completions = ["```python\nprint(2 * int(input()))\n```", "```python\nprint(4)\n```", "no code"]
+    result = batch_rewards("code", completions, [tests] * 3, num_workers=2, timeout=30.0)
+    assert result.scores == [1.0, 0.5, 0.0]
+    assert (result.timeouts, result.errors) == (0, 0)
+
+
+def test_argument_errors() -> None:
+    with pytest.raises(ValueError, match="unknown reward 'maths'; registered: code, math"):
+        RewardPool("maths")
+    with pytest.raises(ValueError, match="num_workers"):
+        RewardPool("math", num_workers=0)
+    with RewardPool(misbehaving, num_workers=1) as pool, pytest.raises(ValueError, match="2 completions but 1"):
+        pool.score(["a", "b"], ["a"])
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.score(["a"], ["a"])
+
+
+@pytest.mark.slow
+def test_churn_of_hangs_and_crashes_is_counted_exactly() -> None:
+    """Many stuck and crashing items among good ones: every item is scored or counted, none twice."""
+    kinds = ["a", "hang", "b", "crash", "a", "raise", "a"] * 6
+    with RewardPool(misbehaving, num_workers=3, timeout=0.5, failure_reward=-1.0) as pool:
+        result = pool.score(kinds, ["a"] * len(kinds))
+    expected = {"a": 1.0, "b": 0.0, "hang": -1.0, "crash": -1.0, "raise": -1.0}
+    assert result.scores == [expected[kind] for kind in kinds]
+    assert (result.timeouts, result.errors) == (6, 12)
