@@ -8,7 +8,8 @@ Loaded by `sandbox_harness` (standard library only, runs inside the sandbox as r
 - the Python installation made reachable for the unprivileged uid: when a directory on the way to it is not
   world-searchable (a pyenv under ``/root``, a venv in a private home), that directory is covered with an
   empty tmpfs and only the Python directories are bind-mounted back into it. This also hides whatever else
-  lived there (``/root/.ssh``, tokens) from the program.
+  lived there (``/root/.ssh``, tokens) from the program. A venv under ``/tmp`` is bound back (read-only) on
+  top of the fresh ``/tmp`` the same way.
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ def harden_mounts(info: dict[str, Any]) -> str:
         keep = sum(_KEEP.get(option, 0) for option in fields[5].split(","))
         ok = _mount(None, target, None, _READ_ONLY | keep, None) == 0
         info["readonly_mounts" if ok else "readonly_failures"] += 1
-    info["exposed"] = _expose(_python_paths())
+    python = _python_paths()
+    info["exposed"] = _expose(python)
     for target, options in _TMPFS.items():
-        if os.path.isdir(target) and _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, options) == 0:
+        # A Python installation under a tmpfs target (a venv in /tmp) is bound back read-only on top of it.
+        inside = [path for path in python if path.startswith(target + "/")]
+        if os.path.isdir(target) and _cover(target, inside, f"{options}") == 0:
             info["tmpfs"].append(target)
     if "/tmp" not in info["tmpfs"]:
         raise RuntimeError("could not mount a private tmpfs on /tmp for the work directory")
@@ -69,17 +73,26 @@ def _expose(paths: list[str]) -> list[str]:
                 blocked.setdefault(ancestor, []).append(path)
                 break
     for ancestor, inside in blocked.items():
-        inside = [p for p in inside if not any(p.startswith(q + "/") for q in inside if q != p)]
-        handles = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in inside}
-        if _mount("tmpfs", ancestor, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755") != 0:
+        if _cover(ancestor, inside, "size=1m,mode=755") != 0:
             raise OSError(ctypes.get_errno(), f"cannot cover {ancestor} to expose the Python installation")
-        for path, handle in handles.items():
+    return sorted(blocked)
+
+
+def _cover(directory: str, keep: list[str], options: str) -> int:
+    """Mount an empty tmpfs on ``directory``, then bind the ``keep`` paths inside it back, read-only.
+
+    Returns 0, or the errno of the tmpfs mount (nothing is bound back then)."""
+    keep = [p for p in keep if not any(p.startswith(q + "/") for q in keep if q != p)]
+    handles = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep}
+    error = _mount("tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+    for path, handle in handles.items():
+        if error == 0:
             os.makedirs(path, mode=0o755, exist_ok=True)
             if _mount(f"/proc/self/fd/{handle}", path, None, _MS_BIND | _MS_REC, None) != 0:
-                raise OSError(ctypes.get_errno(), f"cannot bind {path} back after covering {ancestor}")
+                raise OSError(ctypes.get_errno(), f"cannot bind {path} back after covering {directory}")
             _mount(None, path, None, _READ_ONLY, None)
-            os.close(handle)
-    return sorted(blocked)
+        os.close(handle)
+    return error
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> int:
