@@ -1,0 +1,189 @@
+"""Rows of training or evaluation data from a file or a Hugging Face dataset, as plain Python dicts.
+
+One entry point, `read_rows`, for everything that reads records (SFT conversations, RL prompts, eval sets, the
+data-mixing tool). It accepts ``.jsonl`` (one JSON object per line), ``.json`` (one list of objects),
+``.parquet`` (through pyarrow), and a Hugging Face ``datasets`` name or a folder written by
+``Dataset.save_to_disk``. pyarrow and datasets are imported only when such an input is read, so the core install
+does not need them.
+
+What was simplified, and why: every input is read into memory as a list of dicts. The SFT and RL sets this
+project trains on (tens to a few hundred thousand rows) fit comfortably, and a list makes shuffling, packing and
+mixing plain Python; streaming would be the next step for corpora that do not fit.
+
+Broken rows are never dropped silently: a jsonl line that is not valid JSON, not UTF-8, or not an object is
+skipped with a logging warning naming the file and line (the first `MAX_ROW_WARNINGS` of them), and a summary
+warning gives the total. Blank lines are not rows and are skipped without a warning. A missing or unreadable
+file, or an input of no accepted format, raises `DataError` with one line naming it and the accepted formats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+ACCEPTED_FORMATS = (
+    ".jsonl (one JSON object per line), .json (a list of objects), .parquet, "
+    "or a Hugging Face datasets name or save_to_disk folder"
+)
+MAX_ROW_WARNINGS = 10
+"""Broken rows warned about one by one per file; the rest are only counted in the summary warning."""
+_DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
+
+
+class DataError(ValueError):
+    """A data input that cannot be read: missing, unreadable, of an unknown format, or without a needed field."""
+
+
+def read_rows(path: str | Path, split: str | None = None) -> list[dict]:
+    """Every row of ``path`` as a dict, broken rows skipped with a warning naming their line.
+
+    Args:
+        path: a ``.jsonl``, ``.json`` or ``.parquet`` file; a folder saved with ``datasets``' ``save_to_disk``;
+            or a dataset name for ``datasets.load_dataset`` (e.g. ``"org/name"``, needs the network).
+        split: the split of a ``datasets`` input (``"train"``); optional when it has exactly one split. Files
+            have no splits, so passing one with a file is an error.
+    """
+    text = str(path)
+    local = Path(os.path.expanduser(text))
+    if local.is_dir():
+        return _read_datasets(text, local, split)
+    suffix = local.suffix.lower()
+    if suffix in (".jsonl", ".json", ".parquet"):
+        if split is not None:
+            raise DataError(f"{text}: split={split!r} only applies to a Hugging Face dataset, not to a {suffix} file")
+        if not local.is_file():
+            raise DataError(f"{text}: no such file; accepted inputs: {ACCEPTED_FORMATS}")
+        readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+        return readers[suffix](local)
+    if local.exists() or suffix or _looks_like_path(text):
+        raise DataError(f"{text}: not a readable data input; accepted inputs: {ACCEPTED_FORMATS}")
+    return _read_datasets(text, None, split)
+
+
+def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
+    """Write one JSON object per line (UTF-8, non-ASCII kept as is), creating parent folders; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows, broken, total = [], 0, 0
+    try:
+        with path.open("rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                total += 1
+                try:
+                    row = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                    broken += 1
+                    _warn_row(broken, f"{path}:{number}: skipped, not valid JSON ({_reason(error)})")
+                    continue
+                if not isinstance(row, dict):
+                    broken += 1
+                    _warn_row(broken, f"{path}:{number}: skipped, a JSON {type(row).__name__} and not an object")
+                    continue
+                rows.append(row)
+    except OSError as error:
+        raise _unreadable(path, error) from None
+    _summarise(path, broken, total)
+    return rows
+
+
+def _read_json(path: Path) -> list[dict]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise _unreadable(path, error) from None
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        message = f"{path}:{error.lineno}: not valid JSON ({error.msg}); a .json input is one list of objects"
+        raise DataError(message) from None
+    if not isinstance(data, list):
+        raise DataError(f"{path}: a JSON {type(data).__name__}; a .json input is one list of objects (or use .jsonl)")
+    rows, broken = [], 0
+    for index, item in enumerate(data):
+        if isinstance(item, dict):
+            rows.append(item)
+        else:
+            broken += 1
+            _warn_row(broken, f"{path}: item {index}: skipped, a JSON {type(item).__name__} and not an object")
+    _summarise(path, broken, len(data))
+    return rows
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        message = f"{path}: reading parquet needs pyarrow: pip install pyarrow (or pip install 'klear[data]')"
+        raise DataError(message) from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataError(f"{path}: cannot read as parquet ({error})") from None
+
+
+def _read_datasets(name: str, folder: Path | None, split: str | None) -> list[dict]:
+    if folder is not None and not any((folder / marker).is_file() for marker in _DATASETS_MARKERS):
+        raise DataError(f"{name}: a folder that save_to_disk did not write; accepted inputs: {ACCEPTED_FORMATS}")
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{name}: reading a Hugging Face dataset needs datasets: pip install datasets") from None
+    try:
+        if folder is not None:
+            loaded = datasets.load_from_disk(str(folder))
+        else:  # ask for the split directly, so the other splits are not downloaded
+            loaded = datasets.load_dataset(name, split=split)
+            split = None
+    except Exception as error:  # datasets raises many unrelated types (hub, network, file errors)
+        raise DataError(f"{name}: datasets could not load it ({type(error).__name__}: {error})") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = sorted(loaded)
+        if split is None and len(splits) != 1:
+            raise DataError(f"{name}: has splits {splits}; pass split= one of them")
+        split = splits[0] if split is None else split
+        if split not in loaded:
+            raise DataError(f"{name}: no split {split!r}; it has {splits}")
+        loaded = loaded[split]
+    elif split is not None:
+        raise DataError(f"{name}: a single dataset without splits; drop split={split!r}")
+    return loaded.to_list()
+
+
+def _unreadable(path: Path, error: OSError) -> DataError:
+    return DataError(f"{path}: cannot read ({error.strerror or error}); accepted inputs: {ACCEPTED_FORMATS}")
+
+
+def _looks_like_path(text: str) -> bool:
+    """Whether a missing input was meant as a local path rather than a hub name such as ``org/name``."""
+    return text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, json.JSONDecodeError):
+        return f"{error.msg} at column {error.colno}"
+    return "not UTF-8"
+
+
+def _warn_row(broken: int, message: str) -> None:
+    if broken <= MAX_ROW_WARNINGS:
+        logger.warning(message)
+
+
+def _summarise(path: Path, broken: int, total: int) -> None:
+    if broken:
+        shown = f" (first {MAX_ROW_WARNINGS} shown)" if broken > MAX_ROW_WARNINGS else ""
+        logger.warning(f"{path}: skipped {broken} broken rows of {total}{shown}")

@@ -1,0 +1,120 @@
+"""read_rows / write_jsonl: every format, broken rows reported by line and skipped, one-line errors."""
+
+import json
+import logging
+
+import pytest
+
+from klear.data.readers import MAX_ROW_WARNINGS, DataError, read_rows, write_jsonl
+
+ROWS = [{"prompt": "1+1", "response": "2"}, {"prompt": "é 数学", "response": "🙂", "n": 3}]
+
+
+def test_jsonl_round_trip_keeps_unicode(tmp_path):
+    path = write_jsonl(ROWS, tmp_path / "sub" / "rows.jsonl")
+    assert read_rows(path) == ROWS
+    assert "数学" in path.read_text(encoding="utf-8")  # written as is, not \\u-escaped
+
+
+def test_broken_jsonl_rows_are_reported_with_line_numbers_and_skipped(tmp_path, caplog):
+    path = tmp_path / "mixed.jsonl"
+    lines = [
+        json.dumps(ROWS[0]),  # line 1: kept
+        "{not json",  # line 2: invalid JSON
+        "",  # line 3: blank, not a row, no warning
+        "[1, 2]",  # line 4: JSON but not an object
+        json.dumps(ROWS[1]),  # line 5: kept
+    ]
+    path.write_bytes(("\n".join(lines) + "\n").encode() + b'{"bad": "\xff"}\n')  # line 6: not UTF-8
+    with caplog.at_level(logging.WARNING, logger="klear.data.readers"):
+        rows = read_rows(path)
+    assert rows == ROWS
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages[0].startswith(f"{path}:2: skipped, not valid JSON")
+    assert messages[1] == f"{path}:4: skipped, a JSON list and not an object"
+    assert messages[2] == f"{path}:6: skipped, not valid JSON (not UTF-8)"
+    assert messages[3] == f"{path}: skipped 3 broken rows of 5"
+    assert len(messages) == 4
+
+
+def test_row_warnings_are_capped_but_all_counted(tmp_path, caplog):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(["oops"] * (MAX_ROW_WARNINGS + 5) + ['{"ok": 1}']) + "\n")
+    with caplog.at_level(logging.WARNING, logger="klear.data.readers"):
+        assert read_rows(path) == [{"ok": 1}]
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == MAX_ROW_WARNINGS + 1
+    assert messages[-1] == f"{path}: skipped 15 broken rows of 16 (first 10 shown)"
+
+
+def test_json_list(tmp_path, caplog):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([ROWS[0], "stray", ROWS[1]]))
+    with caplog.at_level(logging.WARNING, logger="klear.data.readers"):
+        assert read_rows(path) == ROWS
+    assert caplog.records[0].getMessage() == f"{path}: item 1: skipped, a JSON str and not an object"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [('{"a": 1}', "a JSON dict; a .json input is one list of objects"), ("[\n{,", ":2: not valid JSON")],
+)
+def test_json_that_is_not_a_list_of_objects(tmp_path, text, message):
+    path = tmp_path / "rows.json"
+    path.write_text(text)
+    with pytest.raises(DataError, match=message):
+        read_rows(path)
+
+
+def test_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "response": "b"}, {"prompt": "c", "response": "d"}]), path)
+    assert read_rows(path) == [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": "d"}]
+
+
+def test_datasets_saved_folder_and_splits(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    train = datasets.Dataset.from_list([{"prompt": "a", "response": "b"}])
+    datasets.DatasetDict({"train": train, "test": train}).save_to_disk(tmp_path / "dd")
+    train.save_to_disk(tmp_path / "single")
+    assert read_rows(tmp_path / "dd", split="train") == [{"prompt": "a", "response": "b"}]
+    assert read_rows(tmp_path / "single") == [{"prompt": "a", "response": "b"}]
+    with pytest.raises(DataError, match=r"has splits \['test', 'train'\]; pass split="):
+        read_rows(tmp_path / "dd")
+    with pytest.raises(DataError, match="no split 'eval'"):
+        read_rows(tmp_path / "dd", split="eval")
+
+
+@pytest.mark.parametrize("name", ["missing.jsonl", "missing.parquet", "./data/missing"])
+def test_missing_input_is_one_line_naming_it_and_the_formats(tmp_path, name):
+    path = tmp_path / name if not name.startswith(".") else name
+    with pytest.raises(DataError) as error:
+        read_rows(path)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(str(path))
+    assert ".jsonl (one JSON object per line)" in message
+
+
+def test_unknown_format_and_foreign_folder(tmp_path):
+    (tmp_path / "rows.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match=r"rows.csv: not a readable data input; accepted inputs: \.jsonl"):
+        read_rows(tmp_path / "rows.csv")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(DataError, match="a folder that save_to_disk did not write"):
+        read_rows(tmp_path / "folder")
+
+
+def test_split_with_a_file_is_an_error(tmp_path):
+    path = write_jsonl(ROWS, tmp_path / "rows.jsonl")
+    with pytest.raises(DataError, match="split='train' only applies to a Hugging Face dataset"):
+        read_rows(path, split="train")
+
+
+def test_folder_with_a_file_suffix(tmp_path):
+    (tmp_path / "dir.jsonl").mkdir()  # exists, has the suffix, but is a folder datasets did not write
+    with pytest.raises(DataError, match=r"dir\.jsonl: a folder that save_to_disk did not write"):
+        read_rows(tmp_path / "dir.jsonl")

@@ -1,0 +1,182 @@
+"""SFT examples: row layouts, the assistant-only loss mask (against hand-built ids), template checks, truncation."""
+
+import pytest
+
+from klear.data.readers import DataError
+from klear.data.sft import (
+    IGNORE_INDEX,
+    ChatTemplateError,
+    build_sft_examples,
+    to_messages,
+    tokenize_conversation,
+)
+from klear.data.synthetic import generate_problems, to_chat
+from klear.data.tokenizer import CHAT_TEMPLATE, build_tokenizer
+
+# The byte-level tokenizer: text is its UTF-8 bytes; the specials have fixed ids.
+IM_START, IM_END, THINK, END_THINK = 257, 258, 259, 260
+X = IGNORE_INDEX
+
+
+def b(text: str) -> list[int]:
+    return list(text.encode())
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def with_template(template: str):
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+SYSTEM_CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "1+1?"},
+    {"role": "assistant", "content": "<think>\n1+1=2\n</think>\n\n2"},
+]
+
+
+def test_only_assistant_content_and_its_end_of_turn_are_learned(tokenizer):
+    example = tokenize_conversation(tokenizer, SYSTEM_CHAT)
+    prompt = [IM_START, *b("system\nBe brief."), IM_END, *b("\n")]
+    prompt += [IM_START, *b("user\n1+1?"), IM_END, *b("\n"), IM_START, *b("assistant\n")]
+    answer = [THINK, *b("\n1+1=2\n"), END_THINK, *b("\n\n2"), IM_END]
+    assert example["input_ids"] == prompt + answer + b("\n")
+    # System, user, role headers and the generation prompt: -100; the newline after <|im_end|> too.
+    assert example["labels"] == [X] * len(prompt) + answer + [X]
+
+
+def test_every_assistant_turn_of_a_multi_turn_conversation_is_learned(tokenizer):
+    chat = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "B"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "D"},
+    ]
+    example = tokenize_conversation(tokenizer, chat)
+    turn = [IM_START, *b("assistant\n")]
+    expected_ids = [IM_START, *b("user\na"), IM_END, 10, *turn, *b("B"), IM_END, 10]
+    expected_ids += [IM_START, *b("user\nc"), IM_END, 10, *turn, *b("D"), IM_END, 10]
+    assert example["input_ids"] == expected_ids
+    learned = [(i, token) for i, token in enumerate(example["labels"]) if token != X]
+    first_b = expected_ids.index(ord("B"))
+    first_d = expected_ids.index(ord("D"))
+    assert learned == [(first_b, ord("B")), (first_b + 1, IM_END), (first_d, ord("D")), (first_d + 1, IM_END)]
+
+
+def test_mask_matches_the_templates_generation_markers(tokenizer):
+    # The tiny template marks assistant tokens with {% generation %}; the prefix method must agree with HF's mask.
+    rows = [to_chat(record) for record in generate_problems(12, seed=3)]
+    rows.append({"messages": [*SYSTEM_CHAT, {"role": "user", "content": "and 2+2?"}, SYSTEM_CHAT[2]]})
+    for row in rows:
+        example = tokenize_conversation(tokenizer, row["messages"])
+        hf = tokenizer.apply_chat_template(row["messages"], return_dict=True, return_assistant_tokens_mask=True)
+        assert example["input_ids"] == hf["input_ids"]
+        assert [label != X for label in example["labels"]] == [bool(m) for m in hf["assistant_masks"]]
+
+
+def test_templates_without_generation_markers_give_the_same_mask(tokenizer):
+    plain = CHAT_TEMPLATE.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
+    assert "generation %" not in plain
+    chat = to_chat(generate_problems(1)[0])["messages"]
+    assert tokenize_conversation(with_template(plain), chat) == tokenize_conversation(tokenizer, chat)
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused():
+    # Like Qwen3's: assistant turns before the last one lose their reasoning once later turns follow.
+    strips = CHAT_TEMPLATE.replace(
+        "{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}",
+        "{{- (message['content'].split('</think>')[-1] if not loop.last else message['content']) + '<|im_end|>' }}"
+        "{%- endgeneration %}",
+    )
+    tokenizer = with_template(strips)
+    single = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>r</think>a"}]
+    assert tokenize_conversation(tokenizer, single) is not None  # one turn: nothing is rewritten
+    with pytest.raises(ChatTemplateError, match="renders the conversation up to assistant turn 1 through its end"):
+        tokenize_conversation(tokenizer, [*single, {"role": "user", "content": "q2"}, single[1]])
+    rows = [{"messages": single}, {"messages": [*single, {"role": "user", "content": "q2"}, single[1]]}]
+    with pytest.raises(ChatTemplateError, match=r"^row 1: "):
+        build_sft_examples(rows, tokenizer, 512)
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ({"prompt": "p", "response": "r"}, [("user", "p"), ("assistant", "r")]),
+        ({"problem": "p", "solution": "s", "answer": "1"}, [("user", "p"), ("assistant", "s")]),
+        # messages win over a pair in the same row (OpenR1-Math rows hold both)
+        ({"messages": [{"role": "user", "content": "m"}, {"role": "assistant", "content": "n"}], "problem": "p"},
+         [("user", "m"), ("assistant", "n")]),
+    ],
+)  # fmt: skip
+def test_accepted_row_layouts(row, expected):
+    assert [(m["role"], m["content"]) for m in to_messages(row)] == expected
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"question": "q", "answer": "a"}, r"none of the layouts messages or prompt\+response or problem\+solution; "
+         r"its keys are \['answer', 'question'\]"),
+        ({"messages": []}, "'messages' must be a non-empty list"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, r"messages\[0\] has role 'tool'; expected one of"),
+        ({"messages": [{"role": "user", "content": ["x"]}]}, r"messages\[0\] content must be a string, got list"),
+        ({"messages": [{"role": "user", "content": "x"}]}, "no assistant turn to learn"),
+        ({"messages": [{"role": "assistant", "content": "x"}]}, "starts with an assistant turn"),
+        ({"prompt": "p", "response": None}, "'response' content must be a string, got NoneType"),
+    ],
+)  # fmt: skip
+def test_invalid_rows_name_the_problem(row, message):
+    with pytest.raises(ValueError, match=message):
+        to_messages(row)
+
+
+def test_build_names_the_bad_row(tokenizer):
+    with pytest.raises(DataError, match=r"^row 1: 'messages' must be a non-empty list"):
+        build_sft_examples([{"prompt": "p", "response": "r"}, {"messages": []}], tokenizer, 64)
+
+
+def chat(prompt_len: int, answer_len: int) -> dict:
+    return {"prompt": "p" * prompt_len, "response": "r" * answer_len}
+
+
+# Token counts under the tiny template: user turn = 1 + 5 + p + 1 + 1, assistant = 1 + 10 + r + 1 + 1.
+def length(prompt_len: int, answer_len: int) -> int:
+    return (8 + prompt_len) + (13 + answer_len)
+
+
+def test_truncation_drop_skips_long_examples_and_counts_them(tokenizer):
+    rows = [chat(5, 5), chat(5, 40), chat(50, 5)]
+    assert [length(5, 5), length(5, 40), length(50, 5)] == [31, 66, 76]
+    examples, stats = build_sft_examples(rows, tokenizer, max_length=40, truncation="drop")
+    assert [len(example["input_ids"]) for example in examples] == [31]
+    assert (stats.rows, stats.kept, stats.truncated, stats.dropped_too_long, stats.dropped_no_assistant) == (
+        3, 1, 0, 2, 0,
+    )  # fmt: skip
+    assert str(stats) == (
+        "SFT examples: kept 1 of 3 rows (0 truncated), dropped 2 over max_length and 0 with no assistant token left"
+    )
+
+
+def test_truncation_right_cuts_the_end_and_drops_examples_without_assistant_tokens(tokenizer):
+    rows = [chat(5, 5), chat(5, 40), chat(50, 5)]
+    examples, stats = build_sft_examples(rows, tokenizer, max_length=40, truncation="right")
+    full = tokenize_conversation(tokenizer, to_messages(rows[1]))
+    assert examples[1] == {"input_ids": full["input_ids"][:40], "labels": full["labels"][:40]}
+    # The prompt of row 1 ends at token 13 + 11 = 24, so tokens 24..39 are the first 16 answer bytes, learned.
+    assert examples[1]["labels"][24:] == b("r" * 16)
+    assert IM_END not in examples[1]["labels"]  # its end of turn was cut: the reason "drop" is the default
+    # Row 2's 58-token prompt fills all 40 tokens: nothing left to learn, so it is dropped.
+    assert (stats.kept, stats.truncated, stats.dropped_too_long, stats.dropped_no_assistant) == (2, 1, 0, 1)
+
+
+def test_tokenize_conversation_applies_the_policy_itself(tokenizer):
+    messages = to_messages(chat(5, 40))
+    assert tokenize_conversation(tokenizer, messages, max_length=40, truncation="drop") is None
+    assert len(tokenize_conversation(tokenizer, messages, max_length=40, truncation="right")["input_ids"]) == 40
+    with pytest.raises(ValueError, match=r"unknown truncation 'left'; expected one of \('drop', 'right'\)"):
+        tokenize_conversation(tokenizer, messages, max_length=40, truncation="left")
