@@ -1,0 +1,240 @@
+"""Run configuration: one dataclass per section, merged with ``OmegaConf.structured``.
+
+Defaults live here and only here; each field is documented once, right under it. YAML files in ``configs/``
+list only their deviations, and ``key=value`` overrides come last. Merging into the structured schema is what
+makes an unknown key or a wrong type fail with its name; the checks in :mod:`klear.config_load` add the
+closed sets of accepted values (``choices``) and combinations the types cannot express.
+
+``trainer.max_steps`` counts training steps in both stages: one step is one batch of ``data.batch_size`` rows and
+one optimizer update in SFT (accumulated over micro-batches of ``data.micro_batch_size`` rows), and one
+rollout -> update iteration in RL, whatever number of mini-batch optimizer updates that takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def choice(default: Any, *choices: Any) -> Any:
+    """A field whose value must be one of ``choices`` (checked after merging, with the accepted values)."""
+    return field(default=default, metadata={"choices": (default, *choices)})
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"
+    """A Hugging Face model directory or hub name; ``tiny``: the built-in tiny Qwen3 (built locally from a seed);
+    ``tiny-sft``: that model after ``configs/sft.yaml`` (shipped; where the RL stage starts by default)."""
+    dtype: str = choice("auto", "float32", "bfloat16")
+    """Parameter dtype; ``auto`` is bfloat16 on CUDA and float32 on CPU."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+    attn_implementation: str = choice("sdpa", "eager", "flash_attention_2")
+    """The transformers attention kernel."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 8e-5
+    """Peak learning rate of AdamW (the paper's SFT: 8e-5 decayed to 4e-5)."""
+    min_lr: float = 4e-5
+    """Learning rate at the end of the cosine schedule."""
+    schedule: str = choice("cosine", "constant")
+    """After warmup: cosine decay to ``min_lr`` over ``trainer.max_steps``, or constant."""
+    warmup_steps: int = 10
+    """Linear warmup from 0 over this many optimizer steps."""
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 300
+    """Training steps (see the module docstring for what one step is in each stage)."""
+    accelerator: str = choice("auto", "cpu", "gpu")
+    devices: int = 1
+    """Devices per node."""
+    num_nodes: int = 1
+    precision: str = choice("auto", "32-true", "bf16-true", "bf16-mixed")
+    """``auto``: bf16-mixed on CUDA, 32-true on CPU."""
+    strategy: str = choice("auto", "ddp")
+    """``auto``: single device; ``ddp``: data parallel over ``devices`` x ``num_nodes``."""
+    log_every_n_steps: int = 1
+    checkpoint_every_n_steps: int = 100
+    """Save a resumable checkpoint every this many steps (and at the end); 0 only at the end."""
+    progress_bar: bool = True
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = False
+    """Also write TensorBoard event files under ``<output_dir>/tensorboard``."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs ``pip install wandb``)."""
+    wandb_project: str = "klear"
+
+
+@dataclass
+class EvalConfig:
+    every_n_steps: int = 50
+    """Evaluate before the first update, every this many steps, and after the last; 0: only before and after."""
+    num_prompts: int = 200
+    """Held-out prompts scored at each evaluation (the same ones every time)."""
+    max_new_tokens: int = 96
+    temperature: float = 0.0
+    """0: greedy decoding, accuracy of the single answer. Above 0: sampled, ``samples`` per prompt (avg@k)."""
+    top_p: float = 1.0
+    samples: int = 1
+    """Samples per prompt when ``temperature > 0``; ``eval/accuracy`` is their mean (avg@k)."""
+    batch_size: int = 100
+    reward: str = "math"
+    """The reward that decides correctness (1.0 = correct)."""
+
+
+@dataclass
+class SFTDataConfig:
+    train: str = "synthetic"
+    """``synthetic`` (the built-in task) or a jsonl/parquet file or Hugging Face dataset of chat
+    (``messages``) or ``prompt``/``response`` rows."""
+    eval: str = "synthetic"
+    """Held-out problems with ``problem`` and ``answer`` fields, or ``synthetic``."""
+    num_train: int = 4000
+    """Synthetic task: training problems generated."""
+    num_eval: int = 200
+    """Synthetic task: held-out problems generated."""
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    """Synthetic task: difficulty levels mixed in equal parts."""
+    direct_fraction: float = 0.0
+    """Synthetic task: share of reference solutions that answer without the reasoning (an empty think block)."""
+    max_length: int = 160
+    """Tokens per training sequence (packed row or single example)."""
+    truncation: str = choice("drop", "right")
+    """Examples longer than ``max_length``: skip them (``drop``: a cut chain of thought would teach stopping
+    mid-reasoning) or keep the first ``max_length`` tokens (``right``); both are counted and logged."""
+    batching: str = choice("padded", "grouped", "packed")
+    """``padded``: random rows padded to the longest; ``grouped``: similar lengths batched together; ``packed``:
+    several examples per row of ``max_length`` (positions restart per example, attention stays inside each)."""
+    batch_size: int = 32
+    """Rows per optimizer step."""
+    micro_batch_size: int = 0
+    """Rows per forward/backward pass (gradients are accumulated up to ``batch_size``); 0: ``batch_size``."""
+
+
+@dataclass
+class SFTRunConfig:
+    stage: str = "sft"
+    output_dir: str = "outputs/sft"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+@dataclass
+class RLDataConfig:
+    train: str = "synthetic"
+    """``synthetic`` or a jsonl/parquet file or Hugging Face dataset of problems with a reference answer."""
+    eval: str = "synthetic"
+    """Held-out problems scored by ``eval/accuracy``, or ``synthetic``."""
+    prompt_key: str = "problem"
+    """Field holding the problem text (``question`` for code datasets)."""
+    reference_key: str = "answer"
+    """Field holding what the reward checks against (``tests`` for code datasets)."""
+    num_train: int = 4000
+    """Synthetic task: training problems generated."""
+    num_eval: int = 200
+    """Synthetic task: held-out problems generated."""
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    """Synthetic task: difficulty levels mixed in equal parts."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """Rollout engine name (``hf``) or import path; it receives the new weights after every update."""
+    prompts_per_step: int = 128
+    """Prompts sampled per RL step (the reference recipe: 128)."""
+    group_size: int = 8
+    """Responses per prompt (GRPO's group)."""
+    max_new_tokens: int = 32768
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    batch_size: int = 256
+    """Sequences the engine samples together."""
+    old_logprobs: str = choice("engine", "trainer")
+    """Behaviour log-probs for the ratio: the engine's sampled-token log-probs, or a no-grad trainer pass."""
+    logprob_gap_warn: float = 0.05
+    """Warn when ``rollout/logprob_gap`` (mean |trainer - engine| log-prob) exceeds this."""
+
+
+@dataclass
+class RewardConfig:
+    name: str = "math"
+    """Registered reward name or import path."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the reward (e.g. ``correct: 1``, ``wrong: -1`` for Klear's scheme)."""
+    num_workers: int = 0
+    """Worker processes scoring in parallel with a per-item deadline; 0 scores in this process."""
+    timeout: float = 30.0
+    """Per-item deadline of the worker pool (seconds)."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: penalty from 0 to -1 over the last this-many tokens; 0: off."""
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"
+    """Advantage estimator: ``grpo`` (group z-score), ``dr_grpo`` (no std), ``rloo`` (leave-one-out)."""
+    filter_groups: bool = True
+    """Drop groups whose rewards are all equal (zero advantage everywhere; DAPO's dynamic sampling)."""
+    max_regenerations: int = 0
+    """Extra sampling rounds, on fresh prompts, to refill the batch after filtering; 0: train on what is left."""
+    mini_batch_prompts: int = 16
+    """Prompts (x ``group_size`` responses) per optimizer update; the reference recipe: 16 of 128, 8 updates."""
+    epochs: int = 1
+    """Passes over the step's rollouts."""
+    micro_batch_size: int = 32
+    """Sequences per forward/backward pass (gradients accumulate to a mini-batch)."""
+    mask_truncated: bool = False
+    """Exclude responses cut at ``max_new_tokens`` from the loss."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling: weight tokens by min(pi_old_trainer / pi_engine, cap); 0: off."""
+    sft_alpha: float = 0.0
+    """Klear's positive-sample SFT loss weight: alpha x NLL of fully correct responses (paper: 0.1)."""
+    kl_coef: float = 0.0
+    """KL penalty to the frozen initial policy; 0: off, no reference model is loaded."""
+    kl_estimator: str = choice("k3", "k1")
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (subtracted from the loss); 0: off."""
+
+
+@dataclass
+class RLRunConfig:
+    stage: str = "rl"
+    output_dir: str = "outputs/rl"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path="tiny-sft"))
+    data: RLDataConfig = field(default_factory=RLDataConfig)
+    objective: dict[str, Any] = field(default_factory=lambda: {"name": "gppo"})
+    """``name`` (registered or ``package.module:Class``) and the objective's own hyperparameters."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-6, min_lr=1e-6, schedule="constant", warmup_steps=10)
+    )
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+SCHEMAS: dict[str, type] = {"sft": SFTRunConfig, "rl": RLRunConfig}
+"""Stage name -> the run config dataclass of that stage."""

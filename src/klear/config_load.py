@@ -1,0 +1,181 @@
+"""Loading, merging and checking run configs, with one-line errors that name the key and what is accepted.
+
+Order of precedence: the stage's dataclass defaults (:mod:`klear.config`), then the YAML file, then ``key=value``
+overrides, then ``--objective``. Everything is checked before any model is built, so a typo costs a second,
+not a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from klear.config import SCHEMAS
+
+
+class ConfigError(ValueError):
+    """A bad config: the message is one line naming the key (or file) and the accepted values."""
+
+
+def parse_overrides(tokens: list[str]) -> DictConfig:
+    """``["trainer.max_steps=10", "objective.eps_high=0.3"]`` -> a config of those keys."""
+    bad = [token for token in tokens if "=" not in token or token.startswith("=")]
+    if bad:
+        raise ConfigError(f"override {bad[0]!r} is not of the form key=value (for example trainer.max_steps=10)")
+    try:
+        return OmegaConf.from_dotlist(tokens)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"cannot parse overrides {tokens}: {_first_line(error)}") from error
+
+
+def read_yaml(path: str | Path) -> DictConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as error:  # yaml.YAMLError and friends: the message carries line and column
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_first_line(error)}") from error
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, not a {type(loaded).__name__}")
+    return loaded
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, objective: str | None = None
+) -> DictConfig:
+    """The checked run config: schema defaults <- YAML file <- ``key=value`` overrides <- ``objective``."""
+    layers = [read_yaml(path)] if path is not None else []
+    layers.append(parse_overrides(list(overrides or [])))
+    if objective is not None:
+        layers.append(OmegaConf.create({"objective": {"name": objective}}))
+    stage = "sft"
+    for layer in layers:
+        stage = layer.get("stage", stage)
+    if stage not in SCHEMAS:
+        raise ConfigError(f"stage {stage!r} is not one of: {', '.join(SCHEMAS)}")
+    if objective is not None and "objective" not in {field.name for field in dataclasses.fields(SCHEMAS[stage])}:
+        raise ConfigError(f"--objective applies to stages with an objective section, not stage {stage!r}")
+    try:
+        config = OmegaConf.merge(OmegaConf.structured(SCHEMAS[stage]), *layers)
+    except OmegaConfBaseException as error:
+        raise ConfigError(_explain(error, stage)) from error
+    check_config(config)
+    return config
+
+
+def check_config(config: DictConfig) -> None:
+    """Closed sets of values (``choices`` metadata) and combinations that types cannot express."""
+    _check_choices(config, SCHEMAS[config.stage], prefix="")
+    if config.trainer.max_steps < 1:
+        raise ConfigError(f"trainer.max_steps must be >= 1, got {config.trainer.max_steps}")
+    for key in ("devices", "num_nodes"):
+        if config.trainer[key] < 1:
+            raise ConfigError(f"trainer.{key} must be >= 1, got {config.trainer[key]}")
+    if config.eval.temperature == 0 and config.eval.samples != 1:
+        raise ConfigError("eval.samples > 1 needs eval.temperature > 0 (greedy decoding gives one answer)")
+    if config.optim.min_lr > config.optim.lr:
+        raise ConfigError(f"optim.min_lr ({config.optim.min_lr}) must not exceed optim.lr ({config.optim.lr})")
+    for name in ("batch_size", "max_length"):
+        if config.data.get(name, 1) < 1:
+            raise ConfigError(f"data.{name} must be >= 1, got {config.data[name]}")
+    for check in STAGE_CHECKS.get(config.stage, ()):
+        check(config)
+
+
+def check_rl(config: DictConfig) -> None:
+    """The RL stage's names resolve (objective and its hyperparameters, reward and its options, advantage
+    estimator, engine) and its sizes fit together."""
+    from klear.advantages import ADVANTAGES
+    from klear.objectives import get_objective
+    from klear.rewards import get_reward
+    from klear.rollout.engine import ENGINES
+
+    objective = OmegaConf.to_container(config.objective)
+    if "name" not in objective:
+        raise ConfigError("objective.name is missing; set it or pass --objective NAME")
+    name = objective.pop("name")
+    for what, build in (
+        (f"objective {name!r}", lambda: get_objective(name, **objective)),
+        ("reward", lambda: get_reward(config.reward.name, **config.reward.options)),
+        ("algorithm.advantage", lambda: ADVANTAGES.get(config.algorithm.advantage)),
+        ("rollout.engine", lambda: ENGINES.get(config.rollout.engine)),
+    ):
+        try:
+            build()
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"{what}: {_first_line(error)}") from error
+    rollout, algorithm = config.rollout, config.algorithm
+    for key, value in [
+        ("rollout.prompts_per_step", rollout.prompts_per_step),
+        ("rollout.max_new_tokens", rollout.max_new_tokens),
+        ("rollout.batch_size", rollout.batch_size),
+        ("algorithm.mini_batch_prompts", algorithm.mini_batch_prompts),
+        ("algorithm.micro_batch_size", algorithm.micro_batch_size),
+        ("algorithm.epochs", algorithm.epochs),
+    ]:
+        if value < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
+    if rollout.group_size < 2 and algorithm.advantage != "dr_grpo":
+        raise ConfigError(f"rollout.group_size must be >= 2 for algorithm.advantage={algorithm.advantage}")
+    if algorithm.tis_cap and rollout.old_logprobs != "trainer":
+        raise ConfigError("algorithm.tis_cap needs rollout.old_logprobs=trainer (it weights trainer vs engine)")
+    if config.reward.overlong_buffer > rollout.max_new_tokens:
+        raise ConfigError("reward.overlong_buffer must not exceed rollout.max_new_tokens")
+
+
+STAGE_CHECKS: dict[str, list] = {"rl": [check_rl]}
+"""Stage name -> extra check functions ``(config) -> None`` that raise :class:`ConfigError`."""
+
+
+def save_config(config: DictConfig, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(OmegaConf.to_yaml(config, resolve=True))
+
+
+def _check_choices(node: Any, schema: type, prefix: str) -> None:
+    sections = _sections(schema)
+    for field in dataclasses.fields(schema):
+        value = node[field.name]
+        key = f"{prefix}{field.name}"
+        if "choices" in field.metadata and value not in field.metadata["choices"]:
+            accepted = ", ".join(map(str, field.metadata["choices"]))
+            raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {accepted}")
+        if field.name in sections:
+            _check_choices(value, sections[field.name], prefix=f"{key}.")
+
+
+def _sections(schema: type) -> dict[str, type]:
+    """Field name -> dataclass type, for the fields of ``schema`` that are config sections."""
+    hints = typing.get_type_hints(schema)
+    return {name: hint for name, hint in hints.items() if dataclasses.is_dataclass(hint)}
+
+
+def _explain(error: OmegaConfBaseException, stage: str) -> str:
+    key = getattr(error, "full_key", None)
+    if isinstance(error, ConfigKeyError) and key:
+        parent, _, _ = key.rpartition(".")
+        accepted = _accepted_keys(SCHEMAS[stage], parent)
+        where = f"section '{parent}'" if parent else f"stage {stage!r}"
+        return f"unknown config key '{key}'; accepted keys of {where}: {', '.join(accepted)}"
+    if key:
+        return f"bad value for '{key}': {_first_line(error)}"
+    return f"bad config: {_first_line(error)}"
+
+
+def _accepted_keys(schema: type, dotted: str) -> list[str]:
+    for part in [p for p in dotted.split(".") if p]:
+        if part not in _sections(schema):
+            return []
+        schema = _sections(schema)[part]
+    return [field.name for field in dataclasses.fields(schema)]
+
+
+def _first_line(error: BaseException) -> str:
+    message = getattr(error, "msg", None) or str(error)
+    return message.strip().splitlines()[0] if message.strip() else type(error).__name__

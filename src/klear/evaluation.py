@@ -1,0 +1,52 @@
+"""Held-out accuracy during training: generate answers to fixed problems and score them with a reward.
+
+The problems, their order and (when sampling) the seed are the same at every evaluation, so the curve of
+``eval/accuracy`` measures the policy and nothing else. Greedy decoding gives the accuracy of the single most
+likely answer; with a temperature, ``samples`` answers per problem are drawn and ``eval/accuracy`` is their
+mean (avg@k), with ``eval/pass_at_k`` alongside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+from klear.config import EvalConfig
+from klear.data.prompts import encode_prompt
+from klear.rollout.engine import RolloutEngine, SamplingParams
+
+EVAL_SEED = 1234
+"""Sampling seed of every evaluation (independent of the training seed, so runs compare on equal terms)."""
+
+Scorer = Callable[[list[str], list[str]], list[float]]
+
+
+def evaluate(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[dict],
+    config: EvalConfig,
+    score: Scorer,
+) -> dict[str, float]:
+    """``eval/accuracy`` (mean reward >= 1 over problems x samples), response length and pass@k."""
+    prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems[: config.num_prompts]]
+    samples = config.samples if config.temperature > 0 else 1
+    sampling = SamplingParams(
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        n=samples,
+        seed=EVAL_SEED,
+    )
+    rollouts = engine.generate(prompts, sampling)
+    answers = [str(problems[rollout.prompt_index]["answer"]) for rollout in rollouts]
+    correct = [value >= 1.0 for value in score([rollout.text for rollout in rollouts], answers)]
+    metrics = {
+        "eval/accuracy": sum(correct) / len(correct),
+        "eval/response_length": sum(len(rollout.response_ids) for rollout in rollouts) / len(rollouts),
+    }
+    if samples > 1:
+        solved = [any(correct[i * samples : (i + 1) * samples]) for i in range(len(prompts))]
+        metrics[f"eval/pass_at_{samples}"] = sum(solved) / len(solved)
+    return metrics

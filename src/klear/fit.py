@@ -1,0 +1,181 @@
+"""``python -m klear.fit --config configs/rl.yaml [--objective NAME] [--resume] [key=value ...]``.
+
+Parses and builds; the training logic lives in the stage's LightningModule. Everything that can be wrong with
+the config, the output directory or the data is checked before the Trainer starts, and reported as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from klear.config_load import ConfigError, load_config, read_yaml, save_config
+from klear.data.readers import DataError
+from klear.run_dir import RunDir
+
+STAGES: dict[str, str] = {"sft": "klear.modules.sft:build", "rl": "klear.modules.rl:build"}
+"""Stage name -> ``"module:function"`` with ``build(config, run_dir) -> (LightningModule, train_batches)``."""
+
+# Keys that may change when a run is resumed (extending it); any other difference is refused.
+RESUMABLE_CHANGES = {"trainer.max_steps", "trainer.progress_bar", "logging.tensorboard", "logging.wandb"}
+
+
+class RunError(ValueError):
+    """A run that cannot start as asked (output directory, resume): one line that says what to do."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m klear.fit", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML file listing deviations from the defaults")
+    parser.add_argument("--objective", help="policy objective name or import path package.module:Class (RL)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in output_dir from its checkpoint")
+    parser.add_argument("--overwrite", action="store_true", help="replace a previous run in output_dir")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--list-objectives", action="store_true", help="list registered objectives and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    return parser.parse_intermixed_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list_objectives:
+        from klear.objectives import list_objectives, objective_defaults
+
+        for name in list_objectives():
+            print(f"{name}: {objective_defaults(name)}")
+        return 0
+    try:
+        config = load_config(args.config, args.overrides, args.objective)
+        if args.print_config:
+            print(OmegaConf.to_yaml(config), end="")
+            return 0
+        run_dir = prepare_run_dir(config, resume=args.resume, overwrite=args.overwrite)
+        module, batches = build_stage(config, run_dir)
+    except (ConfigError, RunError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=module_callbacks(config))
+    trainer.fit(module, train_dataloaders=batches, ckpt_path=str(run_dir.last_checkpoint) if args.resume else None)
+    return 0
+
+
+def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir:
+    """Check the output directory against ``--resume`` / ``--overwrite`` and write ``config.yaml``."""
+    run_dir = RunDir(config.output_dir)
+    if resume:
+        if run_dir.last_checkpoint is None:
+            raise RunError(f"--resume: no checkpoint in {run_dir.checkpoints}; start the run without --resume")
+        changed = _changed_keys(read_yaml(run_dir.config), config) - RESUMABLE_CHANGES
+        if changed:
+            raise RunError(
+                f"--resume: the config differs from the run's {run_dir.config} in {', '.join(sorted(changed))}; "
+                f"only {', '.join(sorted(RESUMABLE_CHANGES))} may change"
+            )
+    elif run_dir.holds_a_run() and not overwrite:
+        raise RunError(
+            f"output_dir {str(run_dir.root)!r} already holds a run; continue it with --resume, replace it with "
+            f"--overwrite, or set output_dir=..."
+        )
+    elif overwrite:
+        for stale in [*run_dir.checkpoints.glob("*.ckpt"), run_dir.metrics]:
+            stale.unlink(missing_ok=True)
+    save_config(config, run_dir.config)
+    return run_dir
+
+
+def build_stage(config: DictConfig, run_dir: RunDir):
+    module_name, _, function = STAGES[config.stage].partition(":")
+    build: Callable = getattr(importlib.import_module(module_name), function)
+    return build(config, run_dir)
+
+
+def module_callbacks(config: DictConfig) -> list:
+    """Callbacks a stage needs: the RL stage's engine refresh."""
+    if config.stage == "rl":
+        from klear.rollout.callback import RolloutRefresh
+
+        return [RolloutRefresh(config.rollout.logprob_gap_warn)]
+    return []
+
+
+def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callbacks: list | None = None):
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    from klear.run_dir import MetricsCSVLogger, StepCheckpoint
+    from klear.strategies import build_strategy
+
+    on_cuda = config.trainer.accelerator == "gpu" or (
+        config.trainer.accelerator == "auto" and torch.cuda.is_available()
+    )
+    precision = config.trainer.precision
+    if precision == "auto":
+        precision = "bf16-mixed" if on_cuda else "32-true"
+    loggers = [MetricsCSVLogger(run_dir.root, resume_step=run_dir.resume_step() if resume else None)]
+    if config.logging.tensorboard:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(str(run_dir.root), name="tensorboard", version=""))
+    if config.logging.wandb:
+        from lightning.pytorch.loggers import WandbLogger
+
+        loggers.append(WandbLogger(project=config.logging.wandb_project, save_dir=str(run_dir.root)))
+    callbacks = [*(extra_callbacks or []), StepCheckpoint(run_dir, config.trainer.checkpoint_every_n_steps)]
+    if config.trainer.progress_bar:
+        callbacks.append(RichProgressBar(leave=True))
+    return L.Trainer(
+        accelerator="gpu" if on_cuda else "cpu",
+        devices=config.trainer.devices,
+        num_nodes=config.trainer.num_nodes,
+        strategy=build_strategy(config),
+        precision=precision,
+        max_epochs=1,
+        max_steps=-1,
+        logger=loggers,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=config.trainer.progress_bar,
+        enable_model_summary=False,
+        log_every_n_steps=config.trainer.log_every_n_steps,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=str(run_dir.root),
+    )
+
+
+def _changed_keys(old: DictConfig, new: DictConfig) -> set[str]:
+    a, b = _flatten(old), _flatten(new)
+    return {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+
+
+def _flatten(config: DictConfig) -> dict[str, object]:
+    """Dotted key -> plain value, through YAML so that tuples and lists compare equal."""
+    flat: dict[str, object] = {}
+
+    def walk(node: object, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    walk(OmegaConf.to_container(OmegaConf.create(OmegaConf.to_yaml(config))), "")
+    return flat
+
+
+def cli() -> None:
+    from transformers.utils import logging as transformers_logging
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    transformers_logging.disable_progress_bar()
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,71 @@
+"""Loading the policy model and tokenizer named by ``model.path``: a Hugging Face model or the built-in tiny one.
+
+``model.path: tiny`` is the tiny Qwen3 of :mod:`klear.data.tiny_model`, built from a seed on first use into the
+cache directory (``$KLEAR_CACHE``, default ``~/.cache/klear``) and reused afterwards; nothing is downloaded.
+``model.path: tiny-sft`` is that model after the SFT stage's default config, shipped with the package (a 1 MB
+checkpoint rebuilt by ``tools/build_tiny_sft.py``), where the RL stage's embedded default starts.
+Any other value goes to ``from_pretrained`` unchanged, so a local directory or a hub name works the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from klear.config import ModelConfig
+from klear.data.tiny_model import TINY_SIZES, build_tiny
+
+TINY_SFT_DIR = Path(__file__).parent / "data" / "checkpoints" / "tiny-sft"
+"""The shipped ``tiny-sft`` checkpoint: the tiny model after ``configs/sft.yaml`` (``tools/build_tiny_sft.py``)."""
+
+
+def cache_dir() -> Path:
+    """Where built-in models are built: ``$KLEAR_CACHE`` or ``~/.cache/klear``."""
+    return Path(os.environ.get("KLEAR_CACHE", Path.home() / ".cache" / "klear"))
+
+
+def resolve_model_path(path: str) -> str:
+    """The directory or hub name ``from_pretrained`` receives for ``model.path``."""
+    if path == "tiny-sft":
+        if not (TINY_SFT_DIR / "model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"the built-in tiny-sft checkpoint is missing at {TINY_SFT_DIR}; "
+                "rebuild it with: python tools/build_tiny_sft.py"
+            )
+        return str(TINY_SFT_DIR)
+    if path == "tiny":
+        # Keyed by the sizes, so a change of the built-in sizes never reuses a stale build.
+        digest = hashlib.sha256(json.dumps(TINY_SIZES, sort_keys=True).encode()).hexdigest()[:10]
+        return str(build_tiny(cache_dir() / f"tiny-{digest}"))
+    return path
+
+
+def model_dtype(config: ModelConfig, on_cuda: bool) -> torch.dtype:
+    if config.dtype == "auto":
+        return torch.bfloat16 if on_cuda else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
+
+
+def load_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.path))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(config: ModelConfig, on_cuda: bool = False) -> PreTrainedModel:
+    """The causal LM of ``config.path`` in the configured dtype, in train mode."""
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(config.path),
+        dtype=model_dtype(config, on_cuda),
+        attn_implementation=config.attn_implementation,
+    )
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model.train()

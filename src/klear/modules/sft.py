@@ -1,0 +1,177 @@
+"""Long chain-of-thought SFT: masked NLL on assistant tokens, one optimizer update per step.
+
+Manual optimization, like the RL stage, for one reason: the loss of an optimizer step is the token mean over
+*all* its micro-batches (and data-parallel ranks), which gradient accumulation by averaging micro-batch means
+does not compute when micro-batches hold different numbers of assistant tokens. The step's token count is known
+up front (the whole step's rows arrive as one batch), so every micro-batch is divided by the global count.
+
+Each step's row of ``metrics.csv`` holds ``train/loss`` and, on evaluation steps, ``eval/accuracy`` of the model
+*before* that step's update; the last row (step ``max_steps``) holds the final evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from klear.data.batches import ResumableBatches
+from klear.data.packing import collate, plan_batches
+from klear.data.problems import load_problems
+from klear.data.readers import read_rows
+from klear.data.sft import IGNORE_INDEX, build_sft_examples
+from klear.data.synthetic import generate_problems, sft_rows
+from klear.evaluation import evaluate
+from klear.models import load_model, load_tokenizer
+from klear.modules.logprobs import token_logprobs
+from klear.modules.scoring import RewardScorer
+from klear.optim import build_optimizer, build_scheduler, clip_grad_norm
+from klear.rollout.hf import HFEngine
+from klear.run_dir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+class SFTModule(L.LightningModule):
+    """Supervised fine-tuning of ``config.model`` on tokenized chat examples."""
+
+    def __init__(self, config: DictConfig, eval_problems: list[dict]) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.config = config
+        self.save_hyperparameters({"config": OmegaConf.to_container(config, resolve=True)})
+        self.tokenizer = load_tokenizer(config.model)
+        self.model = load_model(config.model, on_cuda=torch.cuda.is_available() and config.trainer.accelerator != "cpu")
+        self.eval_problems = eval_problems
+        self.scorer = RewardScorer(config.eval.reward)
+        self._eval_metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------ training
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        started = time.perf_counter()
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        targets = _shift_left(batch["labels"])
+        local_tokens = (targets != IGNORE_INDEX).sum()
+        total_tokens = self.trainer.strategy.reduce(local_tokens.float(), reduce_op="sum").clamp(min=1)
+        world = self.trainer.world_size  # data-parallel gradients are averaged: undo it for a global token mean
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in _micro_batches(batch, targets, self.config.data.micro_batch_size):
+            logprobs, _ = token_logprobs(
+                self.model,
+                micro["input_ids"],
+                micro["targets"],
+                micro["targets"] != IGNORE_INDEX,
+                attention_mask=micro.get("attention_mask"),
+                position_ids=micro.get("position_ids"),
+            )
+            loss = -logprobs.sum() / total_tokens
+            self.manual_backward(loss * world)
+            loss_sum += loss.detach()
+        grad_norm = clip_grad_norm(self.model, self.config.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        loss = self.trainer.strategy.reduce(loss_sum, reduce_op="sum")
+        self.log("loss", loss, prog_bar=True, logger=False)
+        elapsed = time.perf_counter() - started
+        self._log_step(
+            {
+                "train/loss": loss.item(),
+                "train/grad_norm": grad_norm,
+                "train/lr": scheduler.get_last_lr()[0],
+                "train/tokens": total_tokens.item(),
+                "train/tokens_per_s": batch["input_ids"].numel() * world / elapsed,
+            },
+            step=batch_idx,
+        )
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = build_optimizer(self.model, self.config.optim)
+        scheduler = build_scheduler(optimizer, self.config.optim, self.config.trainer.max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # --------------------------------------------------------------------------------------- evaluation
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        every = self.config.eval.every_n_steps
+        if batch_idx == 0 or (every and batch_idx % every == 0):
+            self._eval_metrics = self.run_eval()
+            self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
+
+    def on_train_end(self) -> None:
+        self._log_step(self.run_eval(), step=self.config.trainer.max_steps)
+        self.export(RunDir(self.config.output_dir).hf)
+
+    @torch.no_grad()
+    def run_eval(self) -> dict[str, float]:
+        engine = HFEngine(self.model, self.tokenizer, batch_size=self.config.eval.batch_size)
+        return evaluate(engine, self.tokenizer, self.eval_problems, self.config.eval, self.scorer.correctness)
+
+    # -------------------------------------------------------------------------------------------- output
+
+    def _log_step(self, metrics: dict[str, float], step: int) -> None:
+        """One row per step in every logger: this step's metrics plus a pending evaluation."""
+        metrics = {**metrics, **self._eval_metrics}
+        self._eval_metrics = {}
+        if self.trainer.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=step)
+
+    def export(self, path) -> None:
+        """The model, tokenizer and generation config in Hugging Face format (rank 0)."""
+        if self.trainer.is_global_zero:
+            self.model.save_pretrained(path)
+            self.tokenizer.save_pretrained(path)
+
+
+def _shift_left(labels: torch.Tensor) -> torch.Tensor:
+    """Targets aligned with inputs: position ``t`` predicts ``labels[t + 1]``; the last position predicts nothing."""
+    return torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
+
+
+def _micro_batches(batch: dict[str, torch.Tensor], targets: torch.Tensor, size: int):
+    """Rows of ``batch`` in groups of ``size`` (0: all), each trimmed to its longest row when right-padded."""
+    rows = batch["input_ids"].shape[0]
+    size = size or rows
+    for start in range(0, rows, size):
+        micro = {key: value[start : start + size] for key, value in batch.items() if key != "labels"}
+        micro["targets"] = targets[start : start + size]
+        if "attention_mask" in micro:
+            width = int(micro["attention_mask"].sum(-1).max())
+            micro = {key: value[:, :width] for key, value in micro.items()}
+        yield micro
+
+
+def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatches]:
+    """The SFT module and its resumable batches; data problems raise before any training starts."""
+    data = config.data
+    if data.train == "synthetic":
+        records = generate_problems(data.num_train, split="train", seed=config.seed, levels=data.levels)
+        rows = sft_rows(records, data.direct_fraction, seed=config.seed)
+    else:
+        rows = read_rows(data.train)
+    eval_problems = load_problems(data.eval, "eval", data.num_eval, config.seed, data.levels)
+    module = SFTModule(config, eval_problems)
+    examples, stats = build_sft_examples(rows, module.tokenizer, data.max_length, data.truncation)
+    log.info("SFT data: %s", stats)
+    plan = plan_batches(
+        [len(example["input_ids"]) for example in examples],
+        data.batching,
+        data.batch_size,
+        config.seed,
+        data.max_length,
+    )
+    pad = module.tokenizer.pad_token_id
+    batches = ResumableBatches(
+        plan,
+        batch_size=1,
+        num_batches=config.trainer.max_steps,
+        seed=config.seed,
+        collate=lambda planned: collate(examples, planned[0], pad, packed=data.batching == "packed"),
+    )
+    return module, batches

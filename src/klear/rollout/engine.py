@@ -1,0 +1,102 @@
+"""The rollout engine protocol: what the RL loop needs from whatever generates its samples.
+
+An engine turns prompt token ids into sampled responses, reporting for every sampled token the log-prob the
+engine itself assigned to it, and accepts new weights in place after each policy update. The Hugging Face
+engine (:mod:`klear.rollout.hf`) and the vLLM engine implement the same protocol, so the RL module never knows
+which one it drives. Engines are found by name through :data:`ENGINES` and imported lazily, so vLLM is imported
+only when it is chosen.
+
+Log-prob convention: ``logprobs[t]`` is ``log softmax(logits_t / temperature)`` at the sampled token — the
+tempered distribution *before* top-k / top-p truncation, which is exactly what the trainer recomputes. With
+``temperature == 0`` (greedy) it is the untempered log-prob.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from klear.registry import Registry
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` is greedy decoding; ``top_k == 0`` and ``top_p == 1`` are off."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    n: int = 1
+    """Samples per prompt; the rollouts of prompt ``i`` are ``n`` consecutive entries."""
+    seed: int | None = None
+    """Seed of this call's sampling; ``None`` draws from the engine's own generator."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1 or self.n < 1 or self.temperature < 0 or self.top_k < 0:
+            raise ValueError(f"invalid sampling parameters {self}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Rollout:
+    """One sampled response."""
+
+    prompt_index: int
+    """Index of the prompt in the ``generate`` call."""
+    prompt_ids: list[int]
+    response_ids: list[int]
+    """Sampled tokens, including the end-of-sequence token when the response stopped."""
+    text: str
+    """The decoded response without special tokens."""
+    logprobs: list[float] = field(default_factory=list)
+    """The engine's log-prob of each token of ``response_ids`` (see the module docstring)."""
+    finish_reason: Literal["stop", "length"] = "stop"
+    """``stop``: ended with an end-of-sequence token; ``length``: cut at ``max_new_tokens``."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the RL loop calls. Sleep and wake are no-ops for engines that do not share the training devices."""
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Rollout]:
+        """``len(prompts) * sampling.n`` rollouts, grouped by prompt in prompt order."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Load new weights in place, by Hugging Face parameter name; unknown names are an error."""
+        ...
+
+    def sleep(self) -> None:
+        """Release device memory while the trainer runs (GPU engines colocated with training)."""
+        ...
+
+    def wake_up(self) -> None:
+        """Take device memory back before the next refresh and generation."""
+        ...
+
+
+EngineFactory = Callable[..., RolloutEngine]
+"""``factory(policy, tokenizer, config) -> RolloutEngine``: ``policy`` is the training model (an engine may copy
+it or build its own from ``config.model.path``), ``config`` the run config (``config.rollout`` its options)."""
+
+ENGINES: Registry[EngineFactory] = Registry("rollout engine")
+
+
+def _lazy(path: str) -> EngineFactory:
+    """A factory that imports ``"module:function"`` only when an engine is built."""
+
+    def factory(policy, tokenizer, config) -> RolloutEngine:
+        module, _, function = path.partition(":")
+        return getattr(importlib.import_module(module), function)(policy, tokenizer, config)
+
+    factory.__qualname__ = factory.__name__ = path
+    return factory
+
+
+ENGINES.register("hf")(_lazy("klear.rollout.hf:build_hf_engine"))

@@ -1,0 +1,89 @@
+"""Configs: every shipped YAML validates, and bad input stops with one line naming the key and accepted values."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from klear.config_load import ConfigError, load_config
+
+CONFIGS = sorted(str(path) for path in (Path(__file__).parents[1] / "configs").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS)
+def test_every_shipped_config_loads_and_validates(path):
+    config = load_config(path)
+    assert config.stage in ("sft", "rl") and config.trainer.max_steps >= 1
+
+
+def test_yaml_lists_only_deviations_and_overrides_win(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("stage: sft\ntrainer:\n  max_steps: 7\noptim:\n  lr: 1.0e-4\n")
+    config = load_config(path, ["optim.lr=2e-4", "data.levels=[1,2]"])
+    assert config.trainer.max_steps == 7 and config.optim.lr == 2e-4 and list(config.data.levels) == [1, 2]
+    assert config.optim.min_lr == 4e-5  # untouched default
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.pth=x"], "unknown config key 'model.pth'; accepted keys of section 'model': path, dtype"),
+        (["trainer.max_step=3"], "unknown config key 'trainer.max_step'"),
+        (["nonsense=1"], "unknown config key 'nonsense'; accepted keys of stage 'sft': stage, output_dir"),
+        (["trainer.max_steps=ten"], "bad value for 'trainer.max_steps'"),
+        (["optim.schedule=linear"], "optim.schedule = 'linear' is not accepted; accepted: cosine, constant"),
+        (["data.batching=bucketed"], "data.batching = 'bucketed' is not accepted; accepted: padded, grouped, packed"),
+        (["trainer.max_steps=0"], "trainer.max_steps must be >= 1"),
+        (["optim.min_lr=1.0"], "optim.min_lr (1.0) must not exceed optim.lr"),
+        (["eval.samples=4"], "eval.samples > 1 needs eval.temperature > 0"),
+        (["stage=pretrain"], "stage 'pretrain' is not one of"),
+        (["trainer.max_steps"], "is not of the form key=value"),
+    ],
+)
+def test_bad_configs_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, overrides)
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("trainer: [unclosed\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(broken)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(listed)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "klear.fit", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_prints_the_resolved_config():
+    result = run_cli("--config", "configs/sft.yaml", "--print-config", "trainer.max_steps=9")
+    assert result.returncode == 0, result.stderr
+    printed = OmegaConf.create(result.stdout)
+    assert printed.stage == "sft" and printed.trainer.max_steps == 9 and printed.optim.lr == 2e-3  # from the YAML
+    assert printed.optim.betas == [0.9, 0.95]  # a default
+
+
+def test_cli_error_is_one_line_and_exit_code_2(tmp_path):
+    result = run_cli("--config", "configs/sft.yaml", "model.pth=x", f"output_dir={tmp_path}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: unknown config key 'model.pth'; accepted keys of section 'model': path, dtype, "
+        "gradient_checkpointing, attn_implementation"
+    ]
+    assert not (tmp_path / "config.yaml").exists()  # nothing was started
+
+
+def test_cli_unreadable_data_file_is_one_line(tmp_path):
+    result = run_cli("--config", "configs/sft.yaml", f"data.train={tmp_path}/missing.jsonl", f"output_dir={tmp_path}/o")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "missing.jsonl" in lines[0], result.stderr
