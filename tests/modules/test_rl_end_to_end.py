@@ -1,0 +1,147 @@
+"""RL end to end through the real CLI on the tiny model: every objective trains, metrics are logged, the engine
+is refreshed after each update (and the gap shows it when it is not), and a crash + ``--resume`` is exact."""
+
+import csv
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from klear.config_load import load_config
+from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
+from klear.models import resolve_model_path
+from klear.objectives import list_objectives
+
+SHORT = [
+    "model.path=tiny",
+    "reward.name=tests.modules:even_length",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=12",
+    "algorithm.mini_batch_prompts=2",
+    "algorithm.micro_batch_size=5",
+    "trainer.max_steps=4",
+    "trainer.checkpoint_every_n_steps=2",
+    "trainer.progress_bar=false",
+    "eval.num_prompts=4",
+    "eval.max_new_tokens=8",
+    "eval.every_n_steps=2",
+    "data.num_train=32",
+    "data.num_eval=4",
+    "optim.lr=1e-3",
+    "optim.warmup_steps=0",
+]
+REQUIRED = [
+    "reward/mean",
+    "eval/accuracy",
+    "objective/clip_frac_low",
+    "objective/clip_frac_high",
+    "actor/entropy",
+    "actor/grad_norm",
+    "rollout/response_length",
+    "rollout/logprob_gap",
+    "rollout/filtered_groups",
+    "objective/approx_kl",
+    "actor/lr",
+    "rollout/gen_tokens_per_s",
+]
+TIMING = ("timing/", "tokens_per_s")
+
+
+def read_metrics(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def initial_weights() -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny")).state_dict()
+
+
+@pytest.mark.parametrize("objective", list_objectives())
+def test_every_objective_trains(objective, tmp_path):
+    assert main(["--config", "configs/rl.yaml", "--objective", objective, f"output_dir={tmp_path}", *SHORT]) == 0
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert [int(row["step"]) for row in rows] == [0, 1, 2, 3, 4]
+    assert set(REQUIRED) <= set(rows[0]), set(REQUIRED) - set(rows[0])
+    assert [row["step"] for row in rows if row["eval/accuracy"]] == ["0", "2", "4"]
+    # The engine gets the new weights after every update: trainer and engine agree on every step's samples.
+    assert all(float(row["rollout/logprob_gap"]) < 1e-4 for row in rows[:4])
+    # One optimizer update per mini-batch of 2 kept groups.
+    updates = [float(row.get("actor/updates") or 0) for row in rows[:4]]
+    assert updates == [-(-float(row["rollout/kept_groups"]) // 2) for row in rows[:4]] and max(updates) == 2
+    before, after = initial_weights(), AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_stale_engine_shows_in_the_logprob_gap(tmp_path):
+    config = load_config("configs/rl.yaml", [f"output_dir={tmp_path}", *SHORT])
+    run_dir = prepare_run_dir(config, resume=False, overwrite=False)
+    module, batches = build_stage(config, run_dir)
+    build_trainer(config, run_dir, resume=False).fit(module, train_dataloaders=batches)  # no refresh callback
+    gaps = [float(row["rollout/logprob_gap"]) for row in read_metrics(tmp_path / "metrics.csv")[:4]]
+    assert gaps[0] < 1e-4 and min(gaps[1:]) > 1e-3, gaps
+
+
+class SimulatedCrash(Exception):
+    pass
+
+
+class Crash(L.Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if batch_idx == 2:  # after the checkpoint of step 2 and the row of step 2
+            raise SimulatedCrash
+
+
+def test_resume_after_crash_is_exact(tmp_path):
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert main(["--config", "configs/rl.yaml", f"output_dir={straight}", *SHORT]) == 0
+
+    config = load_config("configs/rl.yaml", [f"output_dir={crashed}", *SHORT])
+    run_dir = prepare_run_dir(config, resume=False, overwrite=False)
+    module, batches = build_stage(config, run_dir)
+    trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[*module_callbacks(config), Crash()])
+    with pytest.raises(SimulatedCrash):
+        trainer.fit(module, train_dataloaders=batches)
+    assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT]) == 0
+
+    a, b = read_metrics(straight / "metrics.csv"), read_metrics(crashed / "metrics.csv")
+    assert [row["step"] for row in a] == [row["step"] for row in b]
+    for row_a, row_b in zip(a, b, strict=True):
+        for key in row_a:
+            if key.startswith(TIMING[0]) or key.endswith(TIMING[1]) or row_a[key] == row_b[key] == "":
+                continue
+            assert float(row_a[key]) == pytest.approx(float(row_b[key]), rel=1e-5, abs=1e-7), (key, row_a, row_b)
+
+
+@pytest.mark.slow
+def test_kill_9_and_resume_equals_an_uninterrupted_run(tmp_path):
+    """A real ``kill -9`` of the CLI process mid-run, then ``--resume``: the same metrics as a straight run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    args = ["--config", "configs/rl.yaml", *SHORT, "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=1"]
+    assert main([*args, f"output_dir={straight}"]) == 0
+    process = subprocess.Popen([sys.executable, "-m", "klear.fit", *args, f"output_dir={killed}"])
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        checkpoints = list((killed / "checkpoints").glob("step-*.ckpt")) if (killed / "checkpoints").exists() else []
+        if checkpoints and (killed / "metrics.csv").exists() and len(read_metrics(killed / "metrics.csv")) >= 3:
+            os.kill(process.pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert main([*args, f"output_dir={killed}", "--resume"]) == 0
+    a, b = read_metrics(straight / "metrics.csv"), read_metrics(killed / "metrics.csv")
+    assert [row["step"] for row in a] == [row["step"] for row in b]
+    for row_a, row_b in zip(a, b, strict=True):
+        for key in row_a:
+            if key.startswith(TIMING[0]) or key.endswith(TIMING[1]) or row_a[key] == row_b[key] == "":
+                continue
+            assert float(row_a[key]) == pytest.approx(float(row_b[key]), rel=1e-5, abs=1e-7), (key, row_a, row_b)
