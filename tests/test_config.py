@@ -87,3 +87,31 @@ def test_cli_unreadable_data_file_is_one_line(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "missing.jsonl" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["objective.eps_hgh=0.3"], "objective 'gppo' has no hyperparameter 'eps_hgh'; accepted: eps_low, eps_high"),
+        (["objective.name=gpo"], "unknown objective 'gpo'; registered: cispo, dapo, gppo, gspo, ppo"),
+        (["objective.dual_clip=0.5"], "dual_clip must be > 1"),
+        (["reward.name=maths"], "unknown reward 'maths'"),
+        (["algorithm.advantage=ppo"], "unknown advantage estimator 'ppo'; registered: dr_grpo, grpo, rloo"),
+        (["rollout.engine=sglang"], "unknown rollout engine 'sglang'"),
+        (["rollout.group_size=1"], "rollout.group_size must be >= 2"),
+        (["algorithm.tis_cap=2.0"], "algorithm.tis_cap needs rollout.old_logprobs=trainer"),
+        (["rollout.old_logprobs=both"], "rollout.old_logprobs = 'both' is not accepted; accepted: engine, trainer"),
+        (["rollout.prompts_per_step=0"], "rollout.prompts_per_step must be >= 1"),
+    ],
+)
+def test_bad_rl_configs_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config("configs/rl.yaml", overrides)
+
+
+def test_objective_flag_selects_any_registered_objective_or_import_path():
+    assert load_config("configs/rl.yaml", objective="cispo").objective.name == "cispo"
+    path = "tests.objectives.test_user_objective:SoftClip"
+    assert load_config("configs/rl.yaml", ["objective.sharpness=2.0"], objective=path).objective.sharpness == 2.0
+    with pytest.raises(ConfigError, match="applies to stages with an objective section"):
+        load_config("configs/sft.yaml", objective="gppo")

@@ -108,8 +108,9 @@ class SFTDataConfig:
     """Synthetic task: held-out problems generated."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     """Synthetic task: difficulty levels mixed in equal parts."""
-    direct_fraction: float = 0.0
-    """Synthetic task: share of reference solutions that answer without the reasoning (an empty think block)."""
+    plain_fraction: float = 0.0
+    """Synthetic task: share of reference solutions that state the final answer without ``\\boxed{}`` (which
+    the math verifier rejects), as mixed distilled corpora do."""
     max_length: int = 160
     """Tokens per training sequence (packed row or single example)."""
     truncation: str = choice("drop", "right")

@@ -100,16 +100,16 @@ def check_rl(config: DictConfig) -> None:
     if "name" not in objective:
         raise ConfigError("objective.name is missing; set it or pass --objective NAME")
     name = objective.pop("name")
-    for what, build in (
-        (f"objective {name!r}", lambda: get_objective(name, **objective)),
-        ("reward", lambda: get_reward(config.reward.name, **config.reward.options)),
-        ("algorithm.advantage", lambda: ADVANTAGES.get(config.algorithm.advantage)),
-        ("rollout.engine", lambda: ENGINES.get(config.rollout.engine)),
+    for build in (
+        lambda: get_objective(name, **objective),
+        lambda: get_reward(config.reward.name, **config.reward.options),
+        lambda: ADVANTAGES.get(config.algorithm.advantage),
+        lambda: ENGINES.get(config.rollout.engine),
     ):
         try:
             build()
-        except (ValueError, TypeError) as error:
-            raise ConfigError(f"{what}: {_first_line(error)}") from error
+        except (ValueError, TypeError) as error:  # their messages name the component and what is accepted
+            raise ConfigError(_first_line(error)) from error
     rollout, algorithm = config.rollout, config.algorithm
     for key, value in [
         ("rollout.prompts_per_step", rollout.prompts_per_step),

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from klear.data import LEVELS, generate_problems, make_problem, split_of, to_chat, write_jsonl
-from klear.data.synthetic import MAX_VALUE
+from klear.data.synthetic import MAX_VALUE, plain_solution, sft_rows
 
 PHRASE = re.compile(r"(add|subtract|multiply by) (\d+)", re.IGNORECASE)
 APPLY = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply by": lambda a, b: a * b}
@@ -98,3 +98,28 @@ def test_chat_form_and_jsonl(tmp_path):
     }
     path = write_jsonl(records, tmp_path / "sub" / "train.jsonl")
     assert [json.loads(line) for line in path.read_text().splitlines()] == records
+
+
+def test_sft_rows_mix_in_plain_answers_by_seed():
+    records = generate_problems(400, seed=0)
+    rows = sft_rows(records, plain_fraction=0.5, seed=3)
+    assert rows == sft_rows(records, plain_fraction=0.5, seed=3)
+    answers = [row["messages"][1]["content"] for row in rows]
+    plain = [text for text in answers if "\\boxed" not in text]
+    assert 150 < len(plain) < 250  # about half
+    for record, row in zip(records, rows, strict=True):
+        text = row["messages"][1]["content"]
+        assert text in (record["solution"], plain_solution(record))
+    assert plain_solution(records[0]).endswith(f"The answer is {records[0]['answer']}.")
+    assert all("\\boxed" in row["messages"][1]["content"] for row in sft_rows(records, 0.0))
+    with pytest.raises(ValueError, match="plain_fraction"):
+        sft_rows(records, plain_fraction=1.5)
+
+
+def test_plain_answers_are_rejected_by_the_verifier_and_boxed_ones_accepted():
+    from klear.rewards import get_reward
+
+    record = generate_problems(1, seed=0)[0]
+    math = get_reward("math")
+    assert math(record["solution"], record["answer"]) == 1.0
+    assert math(plain_solution(record), record["answer"]) == 0.0

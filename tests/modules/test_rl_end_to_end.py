@@ -145,3 +145,12 @@ def test_kill_9_and_resume_equals_an_uninterrupted_run(tmp_path):
             if key.startswith(TIMING[0]) or key.endswith(TIMING[1]) or row_a[key] == row_b[key] == "":
                 continue
             assert float(row_a[key]) == pytest.approx(float(row_b[key]), rel=1e-5, abs=1e-7), (key, row_a, row_b)
+
+
+def test_a_user_objective_trains_by_import_path(tmp_path):
+    objective = "tests.objectives.test_user_objective:SoftClip"
+    args = ["--config", "configs/rl.yaml", "--objective", objective, f"output_dir={tmp_path}", *SHORT]
+    assert main([*args, "trainer.max_steps=2", "objective.sharpness=2.0"]) == 0
+    saved = torch.load(next((tmp_path / "checkpoints").glob("step-*.ckpt")), weights_only=False)
+    assert saved["hyper_parameters"]["objective_class"] == objective
+    assert len(read_metrics(tmp_path / "metrics.csv")) == 3

@@ -22,7 +22,9 @@ What was simplified, and why:
   are learned last, so after the default SFT the levels sit around 55/45/35/25% greedy accuracy (mean of
   five seeds) and RL has headroom on all of them (``tools/calibrate_tiny.py`` measures this);
 - the prompt has no formatting instruction ("put the answer in \\boxed{}"): the format is learned in SFT,
-  and the shorter prompt keeps training and rollouts cheap.
+  and the shorter prompt keeps training and rollouts cheap. `sft_rows` can state a share of the answers
+  plainly instead (``plain_fraction``), as mixed distilled corpora do; the verifier rejects those, which is
+  what the default SFT -> RL pipeline shows RL correcting.
 
 Train and eval problems are disjoint by construction: a problem's split is a hash of its text, and each split's
 generator keeps only the problems that hash into it. The same text can therefore never be in both, whatever the
@@ -32,11 +34,9 @@ seeds or sizes.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 MAX_VALUE = 99
 """Every start value, intermediate result and answer lies in ``0..MAX_VALUE``."""
@@ -129,32 +129,23 @@ def to_chat(record: dict, solution: str | None = None) -> dict:
     }
 
 
-def direct_solution(record: dict) -> str:
-    """The answer without the reasoning: an empty think block, as hybrid-thinking SFT data has."""
-    return f"<think>\n\n</think>\n\nThe answer is \\boxed{{{record['answer']}}}."
+def plain_solution(record: dict) -> str:
+    """The reference solution with its final answer stated plainly instead of in ``\\boxed{}``."""
+    return record["solution"].replace(f"\\boxed{{{record['answer']}}}", record["answer"])
 
 
-def sft_rows(records: Sequence[dict], direct_fraction: float = 0.0, seed: int = 0) -> list[dict]:
-    """Chat rows for SFT; a seeded ``direct_fraction`` of them answer directly, without the reasoning.
+def sft_rows(records: Sequence[dict], plain_fraction: float = 0.0, seed: int = 0) -> list[dict]:
+    """Chat rows for SFT; a seeded ``plain_fraction`` of them states the final answer without ``\\boxed{}``.
 
-    Mixed data is what real long-CoT corpora look like (hybrid-thinking models are trained on both), and it is
-    what gives the RL stage something to discover: the SFT model skips the reasoning about as often as its data
-    did, answers that skip it are mostly wrong, and a verifiable reward teaches the policy to think.
+    Distilled long-CoT corpora mix answer styles, and the math verifier accepts only a boxed answer (as in the
+    paper). An SFT model trained on the mix writes the unboxed style about as often as its data did and loses
+    those answers to the verifier, however right they are: the first thing RL against the verifier corrects,
+    before it sharpens the arithmetic itself.
     """
-    if not 0.0 <= direct_fraction <= 1.0:
-        raise ValueError(f"direct_fraction must be in [0, 1], got {direct_fraction}")
-    rng = random.Random(f"klear-synthetic-direct-{seed}")
-    return [to_chat(r, direct_solution(r) if rng.random() < direct_fraction else None) for r in records]
-
-
-def write_jsonl(records: Iterable[dict], path: str | Path) -> Path:
-    """Write one JSON object per line (records as they are, or ``to_chat`` of them); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
-    return path
+    if not 0.0 <= plain_fraction <= 1.0:
+        raise ValueError(f"plain_fraction must be in [0, 1], got {plain_fraction}")
+    rng = random.Random(f"klear-synthetic-styles-{seed}")
+    return [to_chat(record, plain_solution(record) if rng.random() < plain_fraction else None) for record in records]
 
 
 def _draw_step(rng: random.Random, value: int, max_operand: int) -> tuple[str, int]:

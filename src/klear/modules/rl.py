@@ -154,6 +154,7 @@ class RLModule(L.LightningModule):
 
     def update(self, rollouts: list[Rollout], rewards: torch.Tensor, step: int) -> dict[str, float]:
         """Advantages, behaviour log-probs, then one optimizer update per mini-batch for ``epochs`` passes."""
+        started = time.perf_counter()
         algorithm, optimizer = self.config.algorithm, self.optimizers()
         raw, shaped = rewards
         advantages = compute_advantages(algorithm.advantage, shaped).flatten()
@@ -187,7 +188,9 @@ class RLModule(L.LightningModule):
         result = {key: value / updates for key, value in totals.items()}
         result["rollout/logprob_gap"] = gap
         result["actor/updates"] = updates
-        result["actor/train_tokens_per_s"] = float(batch.attention_mask.sum()) * algorithm.epochs
+        result["actor/train_tokens_per_s"] = (
+            float(batch.attention_mask.sum()) * algorithm.epochs / (time.perf_counter() - started)
+        )
         return result
 
     @torch.no_grad()

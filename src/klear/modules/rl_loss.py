@@ -82,8 +82,7 @@ class RLLoss:
         terms["actor/entropy"] = _masked_mean(entropy.detach(), micro.mask)
         terms["rollout/logprob_gap"] = _masked_mean((logprobs.detach() - micro.engine_logprobs).abs(), micro.mask)
         if algorithm.sft_alpha:
-            positive = micro.mask & micro.correct[:, None]
-            nll = -torch.where(positive, logprobs, 0.0).sum() / correct_tokens.clamp(min=1)
+            nll = positive_nll(logprobs, micro.mask, micro.correct, correct_tokens)
             loss = loss + algorithm.sft_alpha * nll
             terms["actor/sft_loss"] = nll.detach()
         if algorithm.kl_coef:
@@ -110,6 +109,19 @@ class RLLoss:
         if self.algorithm.kl_estimator == "k1":
             return -log_ratio
         return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def positive_nll(logprobs: Tensor, mask: Tensor, correct: Tensor, correct_tokens: Tensor) -> Tensor:
+    """Klear's positive-sample SFT term: NLL of fully correct responses, over the update's correct tokens.
+
+    Args:
+        logprobs: (B, T) log-probs of the sampled tokens.
+        mask: (B, T) response tokens.
+        correct: (B,) fully correct responses.
+        correct_tokens: response tokens of correct responses in the whole update (all micro-batches and ranks).
+    """
+    positive = mask & correct[:, None]
+    return -torch.where(positive, logprobs, 0.0).sum() / correct_tokens.clamp(min=1)
 
 
 def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:

@@ -152,7 +152,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     data = config.data
     if data.train == "synthetic":
         records = generate_problems(data.num_train, split="train", seed=config.seed, levels=data.levels)
-        rows = sft_rows(records, data.direct_fraction, seed=config.seed)
+        rows = sft_rows(records, data.plain_fraction, seed=config.seed)
     else:
         rows = read_rows(data.train)
     eval_problems = load_problems(data.eval, "eval", data.num_eval, config.seed, data.levels)

@@ -1,0 +1,28 @@
+"""The promises of the embedded default, run as the README runs them (slow: minutes each on 2 CPU cores)."""
+
+import csv
+
+import pytest
+
+from klear.fit import main
+
+
+def evals(path) -> list[float]:
+    with (path / "metrics.csv").open(newline="") as file:
+        return [float(row["eval/accuracy"]) for row in csv.DictReader(file) if row["eval/accuracy"]]
+
+
+@pytest.mark.slow
+def test_sft_default_leaves_headroom_for_rl(tmp_path):
+    assert main(["--config", "configs/sft.yaml", f"output_dir={tmp_path}", "trainer.progress_bar=false"]) == 0
+    accuracy = evals(tmp_path)
+    assert accuracy[0] == 0.0 and 0.2 <= accuracy[-1] <= 0.6, accuracy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["ppo", "dapo", "cispo", "gppo"])
+def test_rl_main_command_gains_20_points(objective, tmp_path):
+    args = ["--config", "configs/rl.yaml", "--objective", objective, f"output_dir={tmp_path}"]
+    assert main([*args, "trainer.progress_bar=false"]) == 0
+    accuracy = evals(tmp_path)
+    assert accuracy[-1] >= accuracy[0] + 0.2, accuracy
