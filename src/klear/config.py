@@ -92,7 +92,7 @@ class EvalConfig:
     """Samples per prompt when ``temperature > 0``; ``eval/accuracy`` is their mean (avg@k)."""
     batch_size: int = 100
     reward: str = "math"
-    """The reward that decides correctness (1.0 = correct)."""
+    """SFT: the reward that decides correctness (1.0 = correct); the RL stage evaluates with its training reward."""
 
 
 @dataclass

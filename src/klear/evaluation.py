@@ -18,6 +18,8 @@ from klear.rollout.engine import RolloutEngine, SamplingParams
 
 EVAL_SEED = 1234
 """Sampling seed of every evaluation (independent of the training seed, so runs compare on equal terms)."""
+EVAL_DATA_SEED = 0
+"""Seed of the synthetic held-out problems: the same set for every training seed."""
 
 Scorer = Callable[[list[str], list[str]], list[float]]
 

@@ -29,7 +29,7 @@ from klear.advantages import compute_advantages, zero_variance
 from klear.data.batches import ResumableBatches
 from klear.data.problems import load_problems
 from klear.data.prompts import encode_prompt
-from klear.evaluation import evaluate
+from klear.evaluation import EVAL_DATA_SEED, evaluate
 from klear.models import load_model, load_tokenizer
 from klear.modules.logprobs import token_logprobs
 from klear.modules.rl_batch import RolloutBatch, build_rollout_batch, split_rows
@@ -280,7 +280,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatch
     data = config.data
     keys = {"prompt_key": data.prompt_key, "reference_key": data.reference_key}
     train = load_problems(data.train, "train", data.num_train, config.seed, data.levels, **keys)
-    evaluation = load_problems(data.eval, "eval", data.num_eval, config.seed, data.levels, **keys)
+    evaluation = load_problems(data.eval, "eval", data.num_eval, EVAL_DATA_SEED, data.levels, **keys)
     module = RLModule(config, train, evaluation)
     batches = ResumableBatches(
         train, batch_size=config.rollout.prompts_per_step, num_batches=config.trainer.max_steps, seed=config.seed

@@ -25,7 +25,7 @@ from klear.data.problems import load_problems
 from klear.data.readers import read_rows
 from klear.data.sft import IGNORE_INDEX, build_sft_examples
 from klear.data.synthetic import generate_problems, sft_rows
-from klear.evaluation import evaluate
+from klear.evaluation import EVAL_DATA_SEED, evaluate
 from klear.models import load_model, load_tokenizer
 from klear.modules.logprobs import token_logprobs
 from klear.modules.scoring import RewardScorer
@@ -155,7 +155,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
         rows = sft_rows(records, data.plain_fraction, seed=config.seed)
     else:
         rows = read_rows(data.train)
-    eval_problems = load_problems(data.eval, "eval", data.num_eval, config.seed, data.levels)
+    eval_problems = load_problems(data.eval, "eval", data.num_eval, EVAL_DATA_SEED, data.levels)
     module = SFTModule(config, eval_problems)
     examples, stats = build_sft_examples(rows, module.tokenizer, data.max_length, data.truncation)
     log.info("SFT data: %s", stats)

@@ -1,0 +1,335 @@
+"""``python -m klear.eval --model PATH --data FILE.jsonl --k K``: avg@k and unbiased pass@k on math or code problems.
+
+Every problem is put to the model through its chat template, ``n`` samples are drawn (``--n``, default ``k``) at
+the paper's protocol (temperature 0.6, top-p 0.95), each is scored by a verifiable reward, and a sample counts as
+correct when its reward reaches 1.0 (see :mod:`klear.eval_metrics` for the estimators). The output directory gets
+``results.jsonl`` (one line per problem: its row index in the data, text, reference, every sample's text, score,
+reward status, length and finish reason, and the problem's correct count, avg and pass@k), ``summary.json`` and
+``summary.md``; the summary table is also printed.
+
+The kind of data decides the reward unless ``--reward`` names one (a registered name or
+``package.module:Attribute``): rows with ``problem`` and ``answer`` are math, scored on the final ``\\boxed{}``
+answer (a JSON number as answer is read as its text); rows with ``question`` and ``tests`` are code, whose last
+python block runs against the tests in the sandbox. Other field names are given with ``--prompt-key`` and
+``--reference-key``. The kind is read from the first row; rows without the fields are skipped with a warning.
+
+Sampling uses the RL stage's engine, built by name from the same registry (``--engine``, ``hf`` by default) with
+a run config holding the model and sampling settings, so an engine added to the registry (vLLM) serves both. The
+``hf`` engine samples from a copy of the loaded model, as in RL; the loaded one is released right after, so peak
+memory is twice the model only while the engine is built. The model runs on the GPU when there is one. The
+samples are a function of ``--seed`` and ``--batch-size`` (which rows are drawn together).
+
+Everything that can be wrong with the arguments, the data or the model is checked before sampling starts and
+reported as one line (exit code 2). That includes the references: each is scored once against an empty
+completion, and a reward that rejects it (malformed code tests, a non-text math answer) names the row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from transformers import PreTrainedTokenizerBase
+
+from klear.config import ModelConfig, RLRunConfig, RolloutConfig
+from klear.data.prompts import encode_prompt
+from klear.data.readers import DataError, read_rows, write_jsonl
+from klear.eval_metrics import markdown_table, problem_record, summarize
+from klear.models import load_model, load_tokenizer, resolve_model_path
+from klear.rewards import BatchResult, Reward, RewardOutcome, RewardPool, get_reward
+from klear.rewards.base import RewardFn
+from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+TASK_FIELDS: dict[str, tuple[str, str]] = {"math": ("problem", "answer"), "code": ("question", "tests")}
+"""Reward name -> (prompt field, reference field) of its data rows; other rewards read ``problem``/``answer``."""
+MAX_REPORTED = 10
+"""Skipped rows named one by one in the warning."""
+
+
+class EvalError(ValueError):
+    """An evaluation that cannot start as asked: one line naming the argument or row and what is accepted."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """Which reward scores the samples and which row fields hold the prompt and its reference."""
+
+    reward: str
+    prompt_key: str
+    reference_key: str
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m klear.eval", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="HF model directory or hub name; built-in: tiny, tiny-sft")
+    parser.add_argument("--data", required=True, help="jsonl/json/parquet file or HF dataset of problems")
+    parser.add_argument("--k", type=int, default=1, help="report pass@k (and avg@k) (default: %(default)s)")
+    parser.add_argument("--n", type=int, help="samples per problem for the estimators, >= k (default: k)")
+    parser.add_argument("--temperature", type=float, default=0.6, help="0: greedy (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=0, help="0: off (default: %(default)s)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=32768, help="response budget; tiny models need ~96 (default: %(default)s)"
+    )
+    parser.add_argument("--reward", help="reward name or import path (default: from the fields: math or code)")
+    parser.add_argument("--prompt-key", help="field with the prompt text (default: problem / question)")
+    parser.add_argument("--reference-key", help="field with the reference (default: answer / tests)")
+    parser.add_argument("--limit", type=int, help="evaluate only the first LIMIT problems")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=256, help="sequences sampled together (default: %(default)s)")
+    parser.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
+    parser.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")
+    parser.add_argument("--engine", default="hf", help="rollout engine name or import path (default: %(default)s)")
+    parser.add_argument("--output", help="output directory (default: outputs/eval/<data file stem>)")
+    parser.add_argument("--overwrite", action="store_true", help="replace earlier results in the output directory")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
+    args = parse_args(argv)
+    if args.n is None:
+        args.n = args.k
+    try:
+        check_args(args)
+        output = Path(args.output or Path("outputs") / "eval" / Path(args.data).stem)
+        if (output / "results.jsonl").exists() and not args.overwrite:
+            raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
+        rows = read_rows(args.data)
+        task = choose_task(rows, args)
+        problems, skipped = select_problems(rows, task, args.data, args.limit)
+        reward = build_reward(task.reward)
+        check_references(reward, problems, task.reward, args.data)
+        engine, tokenizer = build_engine(args)
+    except (EvalError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    summary = {
+        "model": args.model,
+        "data": args.data,
+        **vars(task),
+        "rows_skipped": skipped,
+        **{key: getattr(args, key) for key in ("k", "n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
+        "engine": args.engine,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+    }
+    records, timing = run(engine, tokenizer, problems, task, reward, args)
+    summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
+    table = markdown_table(summary)
+    write_jsonl(records, output / "results.jsonl")
+    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (output / "summary.md").write_text(table + "\n")
+    print(table)
+    log.info("wrote %s, summary.json and summary.md", output / "results.jsonl")
+    return 0
+
+
+def check_args(args: argparse.Namespace) -> None:
+    requirements = [
+        ("--k", args.k >= 1, ">= 1"),
+        ("--n", args.n >= args.k, f">= --k ({args.k})"),
+        ("--temperature", args.temperature >= 0, ">= 0"),
+        ("--top-p", 0 < args.top_p <= 1, "in (0, 1]"),
+        ("--top-k", args.top_k >= 0, ">= 0 (0: off)"),
+        ("--max-new-tokens", args.max_new_tokens >= 1, ">= 1"),
+        ("--limit", args.limit is None or args.limit >= 1, ">= 1"),
+        ("--batch-size", args.batch_size >= 1, ">= 1"),
+        ("--num-workers", args.num_workers >= 0, ">= 0"),
+        ("--reward-timeout", args.reward_timeout > 0, "> 0"),
+    ]
+    for flag, ok, requirement in requirements:
+        if not ok:
+            raise EvalError(f"{flag} must be {requirement}, got {getattr(args, flag[2:].replace('-', '_'))}")
+    if args.temperature == 0 and args.n > 1:
+        raise EvalError("greedy decoding (--temperature 0) gives one answer per problem: use --k 1 without --n")
+
+
+def choose_task(rows: list[dict], args: argparse.Namespace) -> Task:
+    """The reward and fields: as given, else the task whose reference field the first row (or --reference-key) has."""
+    if not rows:
+        raise EvalError(f"{args.data}: no rows")
+    reward = args.reward
+    if reward is None:
+        found = [args.reference_key] if args.reference_key else list(rows[0])
+        matches = [name for name, (_, reference) in TASK_FIELDS.items() if reference in found]
+        if len(matches) != 1:
+            raise EvalError(
+                f"{args.data}: cannot tell the task from the fields {sorted(found)}: math rows have 'problem' and "
+                "'answer', code rows 'question' and 'tests'; pass --reward NAME (and --prompt-key / --reference-key)"
+            )
+        reward = matches[0]
+    prompt_key, reference_key = TASK_FIELDS.get(reward, TASK_FIELDS["math"])
+    return Task(reward, args.prompt_key or prompt_key, args.reference_key or reference_key)
+
+
+def select_problems(rows: list[dict], task: Task, source: str, limit: int | None) -> tuple[list[dict], int]:
+    """``({"index", "problem", "reference"}, ...)`` of the rows with both fields (the first ``limit``), and how
+    many rows were skipped for lacking them."""
+    problems, skipped = [], []
+    for index, row in enumerate(rows):
+        if not isinstance(row.get(task.prompt_key), str) or task.reference_key not in row:
+            skipped.append(index)
+            continue
+        reference = row[task.reference_key]
+        if task.reward == "math" and isinstance(reference, int | float) and not isinstance(reference, bool):
+            reference = str(reference)
+        problems.append({"index": index, "problem": row[task.prompt_key], "reference": reference})
+    if not problems:
+        raise EvalError(
+            f"{source}: no row has a {task.prompt_key!r} text and a {task.reference_key!r} field (first row has "
+            f"{sorted(rows[0])}); name the fields with --prompt-key / --reference-key"
+        )
+    if skipped:
+        shown = ", ".join(map(str, skipped[:MAX_REPORTED])) + (", ..." if len(skipped) > MAX_REPORTED else "")
+        log.warning(
+            "%s: skipped %d of %d rows without a %r text and a %r field (rows %s)",
+            *(source, len(skipped), len(rows), task.prompt_key, task.reference_key, shown),
+        )
+    return problems[:limit], len(skipped)
+
+
+def build_reward(name: str) -> RewardFn:
+    try:
+        return get_reward(name)
+    except (ValueError, TypeError) as error:  # the message names the reward and the registered ones
+        raise EvalError(f"--reward: {_first_line(error)}") from error
+
+
+def check_references(reward: RewardFn, problems: list[dict], name: str, source: str) -> None:
+    """Score an empty completion against every reference: a reward raises on a malformed one (a dataset bug)."""
+    for problem in problems:
+        try:
+            reward("", problem["reference"])
+        except Exception as error:  # whatever the reward raises, the row is what the user must fix
+            raise EvalError(
+                f"{source}: row {problem['index']}: the {name} reward rejects its reference: {_first_line(error)}"
+            ) from error
+
+
+def build_engine(args: argparse.Namespace) -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
+    """The RL stage's engine (``ENGINES[--engine](model, tokenizer, config)``) over ``--model``, and its tokenizer."""
+    try:
+        factory: EngineFactory = ENGINES.get(args.engine)
+    except ValueError as error:
+        raise EvalError(f"--engine: {_first_line(error)}") from error
+    on_cuda = torch.cuda.is_available()
+    model_config = ModelConfig(path=args.model)
+    try:
+        check_model_path(resolve_model_path(args.model), args.model)
+        tokenizer = load_tokenizer(model_config)
+        model = load_model(model_config, on_cuda=on_cuda)
+    except (OSError, ValueError) as error:  # unknown hub name, missing tiny-sft checkpoint, unrecognised model type
+        raise EvalError(f"--model {args.model}: {_first_line(error)}") from error
+    rollout = RolloutConfig(
+        engine=args.engine,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        batch_size=args.batch_size,
+    )
+    config = OmegaConf.structured(RLRunConfig(output_dir="", seed=args.seed, model=model_config, rollout=rollout))
+    return factory(model.to("cuda" if on_cuda else "cpu"), tokenizer, config), tokenizer
+
+
+def check_model_path(resolved: str, given: str) -> None:
+    """A value that can only be a local path (hub names are ``name`` or ``org/name``) must be a model directory."""
+    local = Path(resolved).expanduser()
+    looks_local = local.exists() or resolved.startswith(("/", ".", "~")) or resolved.count("/") > 1
+    if looks_local and not (local / "config.json").is_file():
+        raise EvalError(
+            f"--model {given}: no model directory there (a folder with config.json); give a Hugging Face model "
+            "directory or hub name, or a built-in model: tiny, tiny-sft"
+        )
+
+
+def run(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[dict],
+    task: Task,
+    reward: RewardFn,
+    args: argparse.Namespace,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Sample ``n`` answers per problem and score them: the per-problem records, and timings."""
+    prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems]
+    sampling = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        n=args.n,
+        seed=args.seed,
+    )
+    log.info("sampling %d problems x %d with the %s engine", len(prompts), args.n, args.engine)
+    timer = time.perf_counter()
+    rollouts = engine.generate(prompts, sampling)
+    sampling_s = time.perf_counter() - timer
+    log.info("scoring %d samples with the %s reward", len(rollouts), task.reward)
+    timer = time.perf_counter()
+    references = [problems[rollout.prompt_index]["reference"] for rollout in rollouts]
+    result = score(reward, [rollout.text for rollout in rollouts], references, args.num_workers, args.reward_timeout)
+    scoring_s = time.perf_counter() - timer
+    n = args.n  # the engine returns each problem's n samples together, in problem order
+    records = [
+        problem_record(
+            problem,
+            rollouts[i * n : (i + 1) * n],
+            result.scores[i * n : (i + 1) * n],
+            result.statuses[i * n : (i + 1) * n],
+            args.k,
+        )
+        for i, problem in enumerate(problems)
+    ]
+    tokens = sum(len(rollout.response_ids) for rollout in rollouts)
+    return records, {"sampling_s": sampling_s, "scoring_s": scoring_s, "sampled_tokens_per_s": tokens / sampling_s}
+
+
+def score(
+    reward: RewardFn, completions: list[str], references: list[Any], num_workers: int, timeout: float
+) -> BatchResult:
+    """Every sample's score and status (``ok`` / ``timeout`` / ``error``), in a worker pool or in this process.
+
+    Not :class:`klear.modules.scoring.RewardScorer`, which keeps only the counts: results.jsonl names the samples
+    that timed out or failed.
+    """
+    if num_workers:
+        with RewardPool(reward, num_workers=num_workers, timeout=timeout) as pool:
+            return pool.score(completions, references)
+    outcomes = [
+        reward.evaluate(completion, reference)
+        if isinstance(reward, Reward)
+        else RewardOutcome(float(reward(completion, reference)))
+        for completion, reference in zip(completions, references, strict=True)
+    ]
+    statuses = [outcome.status for outcome in outcomes]
+    return BatchResult(
+        [outcome.score for outcome in outcomes], statuses.count("timeout"), statuses.count("error"), statuses
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def cli() -> None:
+    from transformers.utils import logging as transformers_logging
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    transformers_logging.disable_progress_bar()
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()
