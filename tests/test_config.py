@@ -115,3 +115,13 @@ def test_objective_flag_selects_any_registered_objective_or_import_path():
     assert load_config("configs/rl.yaml", ["objective.sharpness=2.0"], objective=path).objective.sharpness == 2.0
     with pytest.raises(ConfigError, match="applies to stages with an objective section"):
         load_config("configs/sft.yaml", objective="gppo")
+
+
+def test_optional_loggers_need_their_package():
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(ConfigError, match="needs the wandb package"):
+            load_config("configs/sft.yaml", ["logging.wandb=true"])
+    else:
+        assert load_config("configs/sft.yaml", ["logging.wandb=true"]).logging.wandb

@@ -8,6 +8,7 @@ not a run.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import typing
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,9 @@ def check_config(config: DictConfig) -> None:
     for name in ("batch_size", "max_length"):
         if config.data.get(name, 1) < 1:
             raise ConfigError(f"data.{name} must be >= 1, got {config.data[name]}")
+    for switch, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if config.logging[switch] and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"logging.{switch}=true needs the {package} package: pip install {package}")
     for check in STAGE_CHECKS.get(config.stage, ()):
         check(config)
 

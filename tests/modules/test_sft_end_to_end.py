@@ -96,6 +96,13 @@ def test_resume_after_crash_continues_exactly(finished_run, tmp_path):
         torch.testing.assert_close(tensor, AutoModelForCausalLM.from_pretrained(finished_run / "hf").state_dict()[name])
 
 
+def test_tensorboard_logger_writes_events(tmp_path):
+    pytest.importorskip("tensorboard")
+    args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path}", *SHORT, "trainer.max_steps=2"]
+    assert main([*args, "logging.tensorboard=true", "eval.every_n_steps=0"]) == 0
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
 def test_starting_over_a_finished_run_is_refused(finished_run, capsys):
     assert main(["--config", "configs/sft.yaml", f"output_dir={finished_run}", *SHORT]) == 2
     assert "already holds a run; continue it with --resume" in capsys.readouterr().err
