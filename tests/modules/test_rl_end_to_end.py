@@ -154,3 +154,12 @@ def test_a_user_objective_trains_by_import_path(tmp_path):
     saved = torch.load(next((tmp_path / "checkpoints").glob("step-*.ckpt")), weights_only=False)
     assert saved["hyper_parameters"]["objective_class"] == objective
     assert len(read_metrics(tmp_path / "metrics.csv")) == 3
+
+
+def test_filtered_groups_are_refilled_from_fresh_prompts(tmp_path):
+    # even_length gives a group of 4 no variance with probability 1/8: refills keep all 4 groups per step.
+    args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path}", *SHORT, "trainer.max_steps=6"]
+    assert main([*args, "algorithm.max_regenerations=4", "eval.every_n_steps=0"]) == 0
+    rows = read_metrics(tmp_path / "metrics.csv")[:6]
+    assert all(float(row["rollout/kept_groups"]) == 4 for row in rows)
+    assert any(float(row["rollout/filtered_groups"]) > 0 for row in rows)  # something was filtered and refilled
