@@ -40,6 +40,8 @@ def test_yaml_lists_only_deviations_and_overrides_win(tmp_path):
         (["eval.samples=4"], "eval.samples > 1 needs eval.temperature > 0"),
         (["stage=pretrain"], "stage 'pretrain' is not one of"),
         (["trainer.max_steps"], "is not of the form key=value"),
+        (["trainer.strategy=fsdp"], "trainer.strategy = 'fsdp' is not accepted; accepted: auto, ddp, fsdp2"),
+        (["trainer.strategy=fsdp2", "trainer.precision=bf16-mixed"], "fsdp2 does mixed precision itself"),
     ],
 )
 def test_bad_configs_name_the_key(overrides, message):

@@ -27,7 +27,8 @@ class ModelConfig:
     """A Hugging Face model directory or hub name; ``tiny``: the built-in tiny Qwen3 (built locally from a seed);
     ``tiny-sft``: that model after ``configs/sft.yaml`` (shipped; where the RL stage starts by default)."""
     dtype: str = choice("auto", "float32", "bfloat16")
-    """Parameter dtype; ``auto`` is bfloat16 on CUDA and float32 on CPU."""
+    """Parameter dtype; ``auto`` is bfloat16 on CUDA and float32 on CPU (and float32 master weights under
+    ``trainer.strategy=fsdp2``, which computes in bfloat16 through its mixed-precision policy)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     attn_implementation: str = choice("sdpa", "eager", "flash_attention_2")
@@ -61,8 +62,15 @@ class TrainerConfig:
     num_nodes: int = 1
     precision: str = choice("auto", "32-true", "bf16-true", "bf16-mixed")
     """``auto``: bf16-mixed on CUDA, 32-true on CPU."""
-    strategy: str = choice("auto", "ddp")
-    """``auto``: single device; ``ddp``: data parallel over ``devices`` x ``num_nodes``."""
+    strategy: str = choice("auto", "ddp", "fsdp2")
+    """``auto``: single device; ``ddp``: data parallel over ``devices`` x ``num_nodes``; ``fsdp2``: the same
+    ranks with parameters, gradients and optimizer state sharded (``fully_shard`` per decoder layer and root)."""
+    fsdp_mixed_precision: bool = True
+    """``fsdp2`` on CUDA: bfloat16 parameters for compute, float32 master weights and gradient reduction."""
+    fsdp_cpu_offload: bool = False
+    """``fsdp2``: keep sharded parameters, gradients and optimizer state in CPU memory between uses."""
+    fsdp_reshard_after_forward: bool = True
+    """``fsdp2``: free the gathered layer after its forward (ZeRO-3); false keeps it until backward (ZeRO-2)."""
     log_every_n_steps: int = 1
     checkpoint_every_n_steps: int = 100
     """Save a resumable checkpoint every this many steps (and at the end); 0 only at the end."""

@@ -78,6 +78,11 @@ def check_config(config: DictConfig) -> None:
     for key in ("devices", "num_nodes"):
         if config.trainer[key] < 1:
             raise ConfigError(f"trainer.{key} must be >= 1, got {config.trainer[key]}")
+    if config.trainer.strategy == "fsdp2" and config.trainer.precision == "bf16-mixed":
+        raise ConfigError(
+            "trainer.strategy=fsdp2 does mixed precision itself (trainer.fsdp_mixed_precision); "
+            "use trainer.precision=auto, 32-true or bf16-true"
+        )
     if config.eval.temperature == 0 and config.eval.samples != 1:
         raise ConfigError("eval.samples > 1 needs eval.temperature > 0 (greedy decoding gives one answer)")
     if config.optim.min_lr > config.optim.lr:

@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.config import EvalConfig
 from klear.data.prompts import encode_prompt
+from klear.distributed import gather_objects, rank_range
 from klear.rollout.engine import RolloutEngine, SamplingParams
 
 EVAL_SEED = 1234
@@ -30,25 +31,38 @@ def evaluate(
     problems: Sequence[dict],
     config: EvalConfig,
     score: Scorer,
+    rank: int = 0,
+    world: int = 1,
 ) -> dict[str, float]:
-    """``eval/accuracy`` (mean reward >= 1 over problems x samples), response length and pass@k."""
-    prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems[: config.num_prompts]]
+    """``eval/accuracy`` (mean reward >= 1 over problems x samples), response length and pass@k.
+
+    With ``world`` data-parallel ranks, each samples and scores its contiguous share of the problems (prompt
+    ``i`` is seeded by ``EVAL_SEED + i`` wherever it runs) and all ranks return the metrics of the whole set.
+    """
+    problems = problems[: config.num_prompts]
+    mine = rank_range(len(problems), rank, world)
+    prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems[mine.start : mine.stop]]
     samples = config.samples if config.temperature > 0 else 1
     sampling = SamplingParams(
         max_new_tokens=config.max_new_tokens,
         temperature=config.temperature,
         top_p=config.top_p,
         n=samples,
-        seed=EVAL_SEED,
+        seed=EVAL_SEED + mine.start,
     )
-    rollouts = engine.generate(prompts, sampling)
-    answers = [str(problems[rollout.prompt_index]["answer"]) for rollout in rollouts]
-    correct = [value >= 1.0 for value in score([rollout.text for rollout in rollouts], answers)]
+    rollouts = engine.generate(prompts, sampling) if prompts else []
+    answers = [str(problems[mine.start + rollout.prompt_index]["answer"]) for rollout in rollouts]
+    scores = score([rollout.text for rollout in rollouts], answers) if rollouts else []
+    shares = gather_objects(
+        ([value >= 1.0 for value in scores], [len(rollout.response_ids) for rollout in rollouts]), world
+    )
+    correct = [value for share in shares for value in share[0]]
+    lengths = [value for share in shares for value in share[1]]
     metrics = {
         "eval/accuracy": sum(correct) / len(correct),
-        "eval/response_length": sum(len(rollout.response_ids) for rollout in rollouts) / len(rollouts),
+        "eval/response_length": sum(lengths) / len(lengths),
     }
     if samples > 1:
-        solved = [any(correct[i * samples : (i + 1) * samples]) for i in range(len(prompts))]
+        solved = [any(correct[i * samples : (i + 1) * samples]) for i in range(len(problems))]
         metrics[f"eval/pass_at_{samples}"] = sum(solved) / len(solved)
     return metrics

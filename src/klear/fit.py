@@ -116,7 +116,8 @@ def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callb
     )
     precision = config.trainer.precision
     if precision == "auto":
-        precision = "bf16-mixed" if on_cuda else "32-true"
+        # fsdp2 computes in bfloat16 through its own mixed-precision policy (trainer.fsdp_mixed_precision).
+        precision = "bf16-mixed" if on_cuda and config.trainer.strategy != "fsdp2" else "32-true"
     loggers = [MetricsCSVLogger(run_dir.root, resume_step=run_dir.resume_step() if resume else None)]
     if config.logging.tensorboard:
         from lightning.pytorch.loggers import TensorBoardLogger

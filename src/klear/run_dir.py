@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,8 @@ class MetricsCSVLogger(Logger):
 class StepCheckpoint(L.Callback):
     """Save ``checkpoints/step-N.ckpt`` every ``every_n_steps`` training steps and at the end of training.
 
-    The file is written under a temporary name and renamed into place, then older checkpoints are removed, so
+    The file (a directory of per-rank shards under fsdp2) is written under a temporary name and renamed into
+    place, then older checkpoints are removed, so
     a crash at any moment (``kill -9`` included) leaves a complete newest checkpoint whose name is its step.
     """
 
@@ -129,16 +131,37 @@ class StepCheckpoint(L.Callback):
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.save(trainer, trainer.fit_loop.epoch_loop.batch_progress.total.completed)
 
+    def on_load_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Let ``--resume trainer.max_steps=N`` extend a finished run: the checkpoint saved at the end of training
+        marks the run's single epoch as complete, which would end the resumed run before its first step."""
+        loop = checkpoint.get("loops", {}).get("fit_loop")
+        if not loop or loop["epoch_loop.batch_progress"]["total"]["completed"] >= trainer.num_training_batches:
+            return
+        for counters in (loop["epoch_progress"]["total"], loop["epoch_progress"]["current"]):
+            counters["processed"] = counters["completed"] = counters["started"] - 1  # back inside the epoch
+        loop["epoch_loop.batch_progress"]["is_last_batch"] = False
+
     def save(self, trainer: L.Trainer, step: int) -> None:
         target = self.run_dir.checkpoint(step)
         if target.exists():
             return
-        self.run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
         temporary = target.with_suffix(".tmp")
-        trainer.save_checkpoint(temporary)
+        if trainer.is_global_zero:
+            self.run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
+            _remove(temporary)  # the leftover of a save that was killed
+        trainer.strategy.barrier("klear-checkpoint-start")
+        trainer.save_checkpoint(temporary)  # a file, or a directory of shards under fsdp2
+        trainer.strategy.barrier("klear-checkpoint-saved")
         if trainer.is_global_zero:
             os.replace(temporary, target)
             for older in self.run_dir.checkpoints.glob(CHECKPOINT_GLOB):
                 if older != target:
-                    older.unlink()
+                    _remove(older)
         trainer.strategy.barrier("klear-checkpoint")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

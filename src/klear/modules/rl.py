@@ -10,6 +10,12 @@ the objective's normaliser must cover each update's whole mini-batch across micr
 Everything random in a step is seeded by ``(seed, step)``: which prompts, which samples, which mini-batches.
 So resuming from a checkpoint replays exactly what an uninterrupted run would have done, and two runs that
 differ only in the objective see identical rollouts at step 0.
+
+Data parallel (``ddp``, ``fsdp2``): every rank receives the step's prompts, samples and scores its contiguous
+share of them (each prompt's samples are seeded by its index in the step, so the split changes nothing), and
+the ranks exchange their scored rollouts, so filtering, refills and advantages are decided on the whole step
+identically everywhere. Each mini-batch is then split across the ranks, whose objective normaliser and
+metrics are summed over all of them: N ranks make the update one process would make on the whole step.
 """
 
 from __future__ import annotations
@@ -18,17 +24,18 @@ import copy
 import logging
 import time
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.tensor import DTensor
 
 from klear.advantages import compute_advantages, zero_variance
 from klear.data.batches import ResumableBatches
 from klear.data.problems import load_problems
 from klear.data.prompts import encode_prompt
+from klear.distributed import gather_objects, rank_range
 from klear.evaluation import EVAL_DATA_SEED, evaluate
 from klear.models import load_model, load_tokenizer
 from klear.modules.logprobs import token_logprobs
@@ -39,6 +46,7 @@ from klear.objectives import get_objective
 from klear.optim import build_optimizer, build_scheduler
 from klear.rollout.engine import ENGINES, Rollout, SamplingParams
 from klear.run_dir import RunDir
+from klear.strategies import export_hf, full_tensors, shard_model, uses_fsdp2
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +64,8 @@ class RLModule(L.LightningModule):
             {"config": OmegaConf.to_container(config, resolve=True), "objective_class": _class_path(self.objective)}
         )
         self.tokenizer = load_tokenizer(config.model)
-        self.model = load_model(config.model, on_cuda=config.trainer.accelerator == "gpu")
+        # Under fsdp2 the sharded parameters are float32 master weights; its policy computes in bfloat16.
+        self.model = load_model(config.model, on_cuda=config.trainer.accelerator == "gpu" and not uses_fsdp2(config))
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if config.algorithm.kl_coef else None
         self.loss = RLLoss(self.objective, config.algorithm)
         self.train_problems = train_problems
@@ -66,6 +75,13 @@ class RLModule(L.LightningModule):
         self.step_metrics: dict[str, float] = {}
         self._eval_metrics: dict[str, float] = {}
 
+    def configure_model(self) -> None:
+        """``fsdp2``: shard the policy (and the frozen reference) over the data-parallel mesh."""
+        if uses_fsdp2(self.config) and self.device_mesh is not None:
+            shard_model(self.model, self.device_mesh["data_parallel"], self.config)
+            if self.reference is not None:
+                shard_model(self.reference, self.device_mesh["data_parallel"], self.config)
+
     def on_fit_start(self) -> None:
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
         if self.engine is None:
@@ -73,8 +89,7 @@ class RLModule(L.LightningModule):
 
     def policy_tensors(self):
         """``(hf_name, full tensor)`` of every policy parameter, for the engine refresh."""
-        for name, parameter in self.model.named_parameters():
-            yield name, parameter.full_tensor() if isinstance(parameter, DTensor) else parameter.detach()
+        return full_tensors(self.model)
 
     # ---------------------------------------------------------------------------------------------- step
 
@@ -137,12 +152,23 @@ class RLModule(L.LightningModule):
             n=rollout.group_size,
             seed=_seed(self.config.seed, step, attempt),
         )
-        prompts = [encode_prompt(self.tokenizer, problem["problem"]) for problem in problems]
+        mine = rank_range(len(problems), self.global_rank, self.trainer.world_size)
+        prompts = [encode_prompt(self.tokenizer, problem["problem"]) for problem in problems[mine.start : mine.stop]]
         timer = time.perf_counter()
-        rollouts = self.engine.generate(prompts, sampling)
-        self._generation_seconds = time.perf_counter() - timer
+        rollouts = self.engine.generate(prompts, replace(sampling, seed=sampling.seed + mine.start)) if prompts else []
+        seconds = time.perf_counter() - timer
+        for sample in rollouts:
+            sample.prompt_index += mine.start
         references = [problems[r.prompt_index]["answer"] for r in rollouts]
-        raw, shaped, counts = self.scorer.score(rollouts, references)
+        if rollouts:
+            raw, shaped, counts = self.scorer.score(rollouts, references)
+        else:
+            raw, shaped, counts = torch.empty(0), torch.empty(0), {"timeouts": 0, "errors": 0}
+        shares = gather_objects((rollouts, raw, shaped, counts, seconds), self.trainer.world_size)
+        rollouts = [sample for share in shares for sample in share[0]]
+        raw, shaped = torch.cat([share[1] for share in shares]), torch.cat([share[2] for share in shares])
+        counts = {key: sum(share[3][key] for share in shares) for key in counts}
+        self._generation_seconds = max(share[4] for share in shares)
         n = rollout.group_size
         groups = [rollouts[i * n : (i + 1) * n] for i in range(len(problems))]
         return groups, raw.view(-1, n), shaped.view(-1, n), counts
@@ -167,8 +193,9 @@ class RLModule(L.LightningModule):
             algorithm.mask_truncated,
         ).to(self.device)
         gap = None
+        rank, world = self.global_rank, self.trainer.world_size
         if self.config.rollout.old_logprobs == "trainer":
-            batch.old_logprobs = self._no_grad_logprobs(batch)
+            batch.old_logprobs = self._no_grad_logprobs(batch, rank, world)
             gap = _mean_abs(batch.old_logprobs - batch.engine_logprobs, batch.mask)
         groups = len(rollouts) // self.config.rollout.group_size
         totals: dict[str, float] = {}
@@ -179,13 +206,16 @@ class RLModule(L.LightningModule):
             )
             for group_slice in split_rows(groups, algorithm.mini_batch_prompts):
                 rows = _rows_of_groups(order[group_slice], self.config.rollout.group_size).to(self.device)
-                metrics = self.loss.optimizer_step(self, batch.select(rows), optimizer)
+                metrics = self.loss.optimizer_step(self, batch.share(rows, rank, world), optimizer)
                 if gap is None:  # first forward before any update of this step: trainer vs engine, same weights
                     gap = metrics["rollout/logprob_gap"]
                 for key, value in metrics.items():
-                    totals[key] = totals.get(key, 0.0) + value
+                    if key.endswith("_max"):
+                        totals[key] = max(totals.get(key, value), value)
+                    else:
+                        totals[key] = totals.get(key, 0.0) + value
                 updates += 1
-        result = {key: value / updates for key, value in totals.items()}
+        result = {key: value if key.endswith("_max") else value / updates for key, value in totals.items()}
         result["rollout/logprob_gap"] = gap
         result["actor/updates"] = updates
         result["actor/train_tokens_per_s"] = (
@@ -194,10 +224,12 @@ class RLModule(L.LightningModule):
         return result
 
     @torch.no_grad()
-    def _no_grad_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+    def _no_grad_logprobs(self, batch: RolloutBatch, rank: int, world: int) -> torch.Tensor:
+        """Trainer log-probs of every row of ``batch``: each rank computes its share, then all exchange them."""
+        share = batch.share(torch.arange(len(batch), device=batch.mask.device), rank, world)
         pieces = []
-        for rows in split_rows(len(batch), self.config.algorithm.micro_batch_size):
-            micro = batch.select(rows)
+        for rows in split_rows(len(share), self.config.algorithm.micro_batch_size):
+            micro = share.select(rows)
             logprobs, _ = token_logprobs(
                 self.model,
                 micro.input_ids,
@@ -207,7 +239,10 @@ class RLModule(L.LightningModule):
                 temperature=self.config.rollout.temperature or 1.0,
             )
             pieces.append(torch.nn.functional.pad(logprobs, (0, batch.input_ids.shape[1] - logprobs.shape[1])))
-        return torch.cat(pieces)
+        logprobs = torch.cat(pieces)
+        if world > 1:
+            logprobs = self.all_gather(logprobs).flatten(0, 1)  # rank order = row order, padding at the end
+        return logprobs[: len(batch)]
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.config.optim)
@@ -224,13 +259,19 @@ class RLModule(L.LightningModule):
 
     def on_train_end(self) -> None:
         self._log_step(self.run_eval(), step=self.config.trainer.max_steps)
-        if self.trainer.is_global_zero:
-            self.model.save_pretrained(RunDir(self.config.output_dir).hf)
-            self.tokenizer.save_pretrained(RunDir(self.config.output_dir).hf)
+        export_hf(self, RunDir(self.config.output_dir).hf)
 
     def run_eval(self) -> dict[str, float]:
         self.engine.wake_up()
-        return evaluate(self.engine, self.tokenizer, self.eval_problems, self.config.eval, self.scorer.correctness)
+        return evaluate(
+            self.engine,
+            self.tokenizer,
+            self.eval_problems,
+            self.config.eval,
+            self.scorer.correctness,
+            rank=self.global_rank,
+            world=self.trainer.world_size,
+        )
 
     # -------------------------------------------------------------------------------------------- output
 
@@ -259,8 +300,8 @@ class RLModule(L.LightningModule):
 
 
 def _seed(seed: int, step: int, attempt: int) -> int:
-    """A distinct 63-bit seed for each (run seed, step, attempt or epoch)."""
-    return (seed * 1_000_003 + step * 7_919 + attempt * 104_729) % (2**63 - 1)
+    """A distinct 62-bit seed for each (run seed, step, attempt or epoch); room is left to add prompt indices."""
+    return (seed * 1_000_003 + step * 7_919 + attempt * 104_729) % 2**62
 
 
 def _rows_of_groups(groups: torch.Tensor, group_size: int) -> torch.Tensor:

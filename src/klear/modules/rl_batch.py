@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from klear.distributed import padded_share
 from klear.rollout.engine import Rollout
 
 
@@ -34,6 +35,8 @@ class RolloutBatch:
     """Fully correct responses (raw reward >= 1), for the positive-sample SFT loss."""
     truncated: Tensor
     """Responses cut at ``max_new_tokens``."""
+    real: Tensor
+    """Rows that hold data; false for the padding of a data-parallel rank's share (see :meth:`share`)."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -43,6 +46,14 @@ class RolloutBatch:
         rows = {field.name: getattr(self, field.name)[index] for field in fields(self)}
         width = int(rows["attention_mask"].sum(-1).max()) if len(rows["input_ids"]) else 1
         return RolloutBatch(**{k: v[:, :width] if v.dim() == 2 else v for k, v in rows.items()})
+
+    def share(self, rows: Tensor, rank: int, world: int) -> RolloutBatch:
+        """This data-parallel rank's part of ``rows``, padded to equal length with rows that carry no mask."""
+        mine, real = padded_share(rows, rank, world)
+        part = self.select(mine)
+        part.real = real.to(part.mask.device)
+        part.mask = part.mask & part.real[:, None]
+        return part
 
     def to(self, device: torch.device) -> RolloutBatch:
         return RolloutBatch(**{field.name: getattr(self, field.name).to(device) for field in fields(self)})
@@ -85,6 +96,7 @@ def build_rollout_batch(
         rewards=rewards.float(),
         correct=correct,
         truncated=truncated,
+        real=torch.ones(n, dtype=torch.bool),
     )
 
 

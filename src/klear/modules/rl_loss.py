@@ -23,6 +23,10 @@ from klear.modules.rl_batch import RolloutBatch, split_rows
 from klear.objectives import PolicyObjective, aggregate
 from klear.optim import clip_grad_norm
 
+LOSS_SHARES = frozenset({"actor/pg_loss", "actor/sft_loss"})
+"""Metrics that are each micro-batch's share of the update's loss (normalised globally), summed, not averaged.
+Metrics named ``*_max`` are maxima over the update; every other metric is a token mean over the update."""
+
 
 class RLLoss:
     """Computes and applies one optimizer update from a mini-batch of rollouts."""
@@ -38,23 +42,31 @@ class RLLoss:
         micro_slices = split_rows(len(batch), self.algorithm.micro_batch_size)
         micro_batches = [batch.select(rows) for rows in micro_slices]
         max_len = config.rollout.max_new_tokens
+        # Padding rows of a data-parallel share are not sequences of the step: they count in no normaliser.
         normalizer = strategy.reduce(
-            sum(self.objective.normalizer(micro.mask, max_len=max_len) for micro in micro_batches).float(),
+            sum(self.objective.normalizer(micro.mask[micro.real], max_len=max_len) for micro in micro_batches).float(),
             reduce_op="sum",
         )
         correct_tokens = strategy.reduce((batch.mask & batch.correct[:, None]).sum().float(), reduce_op="sum")
+        tokens = strategy.reduce(batch.mask.sum().float(), reduce_op="sum").clamp(min=1)
         sums: dict[str, Tensor] = {}
-        tokens = batch.mask.sum().clamp(min=1)
         for micro in micro_batches:
             terms = self._micro_loss(module, micro, normalizer, correct_tokens)
+            # Gradients are averaged over data-parallel ranks (DDP and FSDP2 alike): undo it for a global sum.
             module.manual_backward(terms.pop("loss") * world)
-            weight = micro.mask.sum() / tokens
+            weight = micro.mask.sum() / tokens  # metrics are token means over the whole update, all ranks
             for key, value in terms.items():
-                sums[key] = sums.get(key, 0.0) + value.detach() * weight
+                if key.endswith("_max"):
+                    sums[key] = torch.maximum(sums[key], value.detach()) if key in sums else value.detach()
+                else:  # loss terms are already this micro-batch's share of the update's loss: they add up
+                    sums[key] = sums.get(key, 0.0) + value.detach() * (1.0 if key in LOSS_SHARES else weight)
         grad_norm = clip_grad_norm(module.model, config.optim.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        metrics = {key: float(strategy.reduce(value, reduce_op="mean")) for key, value in sums.items()}
+        metrics = {
+            key: float(strategy.reduce(value, reduce_op="max" if key.endswith("_max") else "sum"))
+            for key, value in sums.items()
+        }
         metrics["actor/grad_norm"] = grad_norm
         return metrics
 

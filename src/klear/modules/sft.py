@@ -25,13 +25,15 @@ from klear.data.problems import load_problems
 from klear.data.readers import read_rows
 from klear.data.sft import IGNORE_INDEX, build_sft_examples
 from klear.data.synthetic import generate_problems, sft_rows
+from klear.distributed import padded_share
 from klear.evaluation import EVAL_DATA_SEED, evaluate
 from klear.models import load_model, load_tokenizer
 from klear.modules.logprobs import token_logprobs
 from klear.modules.scoring import RewardScorer
 from klear.optim import build_optimizer, build_scheduler, clip_grad_norm
-from klear.rollout.hf import HFEngine
+from klear.rollout.hf import HFEngine, engine_model
 from klear.run_dir import RunDir
+from klear.strategies import export_hf, full_tensors, shard_model, uses_fsdp2
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +47,28 @@ class SFTModule(L.LightningModule):
         self.config = config
         self.save_hyperparameters({"config": OmegaConf.to_container(config, resolve=True)})
         self.tokenizer = load_tokenizer(config.model)
-        self.model = load_model(config.model, on_cuda=torch.cuda.is_available() and config.trainer.accelerator != "cpu")
+        on_cuda = torch.cuda.is_available() and config.trainer.accelerator != "cpu"
+        # Under fsdp2 the sharded parameters are float32 master weights; its policy computes in bfloat16.
+        self.model = load_model(config.model, on_cuda=on_cuda and not uses_fsdp2(config))
         self.eval_problems = eval_problems
         self.scorer = RewardScorer(config.eval.reward)
         self._eval_metrics: dict[str, float] = {}
+        self._eval_engine: HFEngine | None = None
+
+    def configure_model(self) -> None:
+        """``fsdp2``: shard the model over the data-parallel mesh."""
+        if uses_fsdp2(self.config) and self.device_mesh is not None:
+            shard_model(self.model, self.device_mesh["data_parallel"], self.config)
 
     # ------------------------------------------------------------------------------------------ training
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         started = time.perf_counter()
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        # Every rank receives the step's batch and trains on its share of the rows (see klear.distributed).
+        rows, real = padded_share(torch.arange(batch["input_ids"].shape[0]), self.global_rank, self.trainer.world_size)
+        batch = {key: value[rows.to(value.device)] for key, value in batch.items()}
+        batch["labels"] = batch["labels"].masked_fill(~real.to(batch["labels"].device)[:, None], IGNORE_INDEX)
         targets = _shift_left(batch["labels"])
         local_tokens = (targets != IGNORE_INDEX).sum()
         total_tokens = self.trainer.strategy.reduce(local_tokens.float(), reduce_op="sum").clamp(min=1)
@@ -109,8 +123,23 @@ class SFTModule(L.LightningModule):
 
     @torch.no_grad()
     def run_eval(self) -> dict[str, float]:
-        engine = HFEngine(self.model, self.tokenizer, batch_size=self.config.eval.batch_size)
-        return evaluate(engine, self.tokenizer, self.eval_problems, self.config.eval, self.scorer.correctness)
+        """Evaluation of the current weights, the problems split across ranks. A sharded model cannot generate
+        rank by rank (each forward is a collective), so under fsdp2 a whole copy is refreshed and sampled from."""
+        if self._eval_engine is None:
+            sharded = uses_fsdp2(self.config)
+            model = engine_model(self.model, self.config.model) if sharded else self.model
+            self._eval_engine = HFEngine(model, self.tokenizer, batch_size=self.config.eval.batch_size)
+        if self._eval_engine.model is not self.model:
+            self._eval_engine.update_weights(full_tensors(self.model))
+        return evaluate(
+            self._eval_engine,
+            self.tokenizer,
+            self.eval_problems,
+            self.config.eval,
+            self.scorer.correctness,
+            rank=self.global_rank,
+            world=self.trainer.world_size,
+        )
 
     # -------------------------------------------------------------------------------------------- output
 
@@ -123,10 +152,8 @@ class SFTModule(L.LightningModule):
                 logger.log_metrics(metrics, step=step)
 
     def export(self, path) -> None:
-        """The model, tokenizer and generation config in Hugging Face format (rank 0)."""
-        if self.trainer.is_global_zero:
-            self.model.save_pretrained(path)
-            self.tokenizer.save_pretrained(path)
+        """The model, tokenizer and generation config in Hugging Face format (gathered to rank 0)."""
+        export_hf(self, path)
 
 
 def _shift_left(labels: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,10 @@ class SamplingParams:
     n: int = 1
     """Samples per prompt; the rollouts of prompt ``i`` are ``n`` consecutive entries."""
     seed: int | None = None
-    """Seed of this call's sampling; ``None`` draws from the engine's own generator."""
+    """Prompt ``i`` of a call samples from its own random stream seeded by ``seed + i``, so its samples do not
+    depend on the other prompts of the call: a caller that splits prompts across ranks passes ``seed`` plus the
+    index of its first prompt and gets exactly the samples of one call on all prompts. ``None``: the engine
+    draws ``seed`` from its own generator."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1 or self.n < 1 or self.temperature < 0 or self.top_k < 0:

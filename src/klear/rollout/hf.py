@@ -2,8 +2,10 @@
 
 A small sampling loop of our own rather than ``model.generate``, for three reasons: the log-prob of each
 sampled token is recorded under the exact convention the trainer recomputes (tempered, before truncation);
-sampling draws from a seeded ``torch.Generator`` of its own, so rollouts are a function of the seed and never
-disturb or depend on the global RNG (exact resume, identical first rollouts across objectives); and finished
+sampling draws from seeded ``torch.Generator`` streams of its own, one per sample, so rollouts are a function
+of the seed alone: they never disturb or depend on the global RNG (exact resume, identical first rollouts
+across objectives), nor on which other prompts share the batch (ranks splitting a batch sample what one process
+would); and finished
 sequences leave the batch, so a long straggler does not make every other row pay for its tokens.
 
 Prompts are left-padded into one batch; positions count real tokens only, so a padded prompt is computed as if
@@ -17,6 +19,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from klear.rollout.engine import Rollout, SamplingParams
@@ -50,9 +53,14 @@ class HFEngine:
     # -------------------------------------------------------------------------------------------- protocol
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Rollout]:
-        if sampling.seed is not None:
-            self.generator.manual_seed(sampling.seed)
-        jobs = [(index, prompt) for index, prompt in enumerate(prompts) for _ in range(sampling.n)]
+        seed = sampling.seed
+        if seed is None:
+            seed = int(torch.randint(2**62, (1,), generator=self.generator))
+        jobs = [
+            (index, prompt, _sample_seed(seed + index, sample))
+            for index, prompt in enumerate(prompts)
+            for sample in range(sampling.n)
+        ]
         rollouts: list[Rollout] = []
         was_training = self.model.training
         self.model.eval()
@@ -83,13 +91,14 @@ class HFEngine:
     # ------------------------------------------------------------------------------------------- sampling
 
     @torch.no_grad()
-    def _generate_batch(self, jobs: list[tuple[int, list[int]]], sampling: SamplingParams) -> list[Rollout]:
+    def _generate_batch(self, jobs: list[tuple[int, list[int], int]], sampling: SamplingParams) -> list[Rollout]:
         device = next(self.model.parameters()).device
         batch = len(jobs)
-        width = max(len(prompt) for _, prompt in jobs)
+        width = max(len(prompt) for _, prompt, _ in jobs)
         input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((batch, width), dtype=torch.long)
-        for row, (_, prompt) in enumerate(jobs):
+        streams = [torch.Generator().manual_seed(seed) for _, _, seed in jobs]
+        for row, (_, prompt, _) in enumerate(jobs):
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
             attention[row, width - len(prompt) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
@@ -104,7 +113,7 @@ class HFEngine:
         stopped = [False] * batch
         next_position = positions[:, -1:] + 1
         for step in range(sampling.max_new_tokens):
-            token, logprob = self._pick(logits, sampling)
+            token, logprob = self._pick(logits, sampling, [streams[row] for row in active.tolist()])
             for row, (tok, lp) in zip(active.tolist(), zip(token.tolist(), logprob.tolist(), strict=True), strict=True):
                 tokens[row].append(tok)
                 logprobs[row].append(lp)
@@ -132,7 +141,7 @@ class HFEngine:
                 logprobs=logprobs[row],
                 finish_reason="stop" if stopped[row] else "length",
             )
-            for row, (index, prompt) in enumerate(jobs)
+            for row, (index, prompt, _) in enumerate(jobs)
         ]
 
     def _forward(self, input_ids: Tensor, attention: Tensor, positions: Tensor, cache: DynamicCache) -> Tensor:
@@ -146,8 +155,9 @@ class HFEngine:
         )
         return output.logits[:, -1, :].float()
 
-    def _pick(self, logits: Tensor, sampling: SamplingParams) -> tuple[Tensor, Tensor]:
-        """Sample (or take the argmax of) each row; return the tokens and their tempered log-probs."""
+    def _pick(self, logits: Tensor, sampling: SamplingParams, streams: list[torch.Generator]) -> tuple[Tensor, Tensor]:
+        """Sample (or take the argmax of) each row, row ``k`` from ``streams[k]``; return the tokens and their
+        tempered log-probs."""
         if sampling.temperature == 0:
             token = logits.argmax(dim=-1)
             return token, torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
@@ -155,7 +165,10 @@ class HFEngine:
         logprobs = torch.log_softmax(scaled, dim=-1)
         filtered = _truncate(scaled, sampling.top_k, sampling.top_p)
         probabilities = torch.softmax(filtered, dim=-1)
-        token = torch.multinomial(probabilities.cpu(), 1, generator=self.generator).squeeze(-1).to(logits.device)
+        probabilities = probabilities.cpu()
+        token = torch.cat(
+            [torch.multinomial(row, 1, generator=stream) for row, stream in zip(probabilities, streams, strict=True)]
+        ).to(logits.device)
         return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
 
 
@@ -165,8 +178,25 @@ def build_hf_engine(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, confi
     A copy rather than the policy itself, so the engine is exactly what a separate inference engine would be:
     weights that change only through :meth:`HFEngine.update_weights`, which ``rollout/logprob_gap`` checks.
     """
-    engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
-    return HFEngine(engine_model, tokenizer, batch_size=config.rollout.batch_size)
+    return HFEngine(engine_model(policy, config.model), tokenizer, batch_size=config.rollout.batch_size)
+
+
+def engine_model(policy: nn.Module, model_config) -> nn.Module:
+    """A frozen, whole copy of ``policy`` on its device. A sharded (FSDP2) policy cannot be copied: the model of
+    ``model_config`` is loaded instead, and holds the policy's weights once refreshed with its full tensors."""
+    if any(isinstance(parameter, DTensor) for parameter in policy.parameters()):
+        from klear.models import load_model
+
+        device = next(policy.parameters()).device
+        copy_ = load_model(model_config, on_cuda=device.type == "cuda").to(device)
+    else:
+        copy_ = copy.deepcopy(policy)
+    return copy_.eval().requires_grad_(False)
+
+
+def _sample_seed(prompt_seed: int, sample: int) -> int:
+    """The seed of sample ``sample`` of the prompt whose stream is ``prompt_seed`` (a 63-bit mix of both)."""
+    return (prompt_seed * 6_364_136_223_846_793_005 + sample * 1_442_695_040_888_963_407) % (2**63 - 1)
 
 
 def _truncate(scaled: Tensor, top_k: int, top_p: float) -> Tensor:

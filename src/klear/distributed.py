@@ -1,0 +1,50 @@
+"""Splitting a step's work across data-parallel ranks, so that N ranks compute what one process would.
+
+Both stages hand every rank the *same* step batch and let each rank take its share here, rather than giving
+each rank a different batch: the optimizer update of N ranks is then the update of one process on the whole
+batch (up to floating-point reduction order), which is what the multi-process tests assert.
+
+Sharded and data-parallel training need every rank to run the same number of forward and backward passes
+(each one is a collective), so shares are padded to equal length; padded rows carry no loss mask.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+def rank_range(count: int, rank: int, world: int) -> range:
+    """Rank ``rank``'s contiguous share of ``count`` items: ``ceil(count / world)`` each, the last ones shorter."""
+    size = math.ceil(count / world) if count else 0
+    return range(min(rank * size, count), min((rank + 1) * size, count))
+
+
+def padded_share(rows: torch.Tensor, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's rows of ``rows`` padded to ``ceil(len(rows) / world)``, and which of them are real.
+
+    Padding repeats the first row (any real row works: its loss is masked out), so every rank has the same
+    number of rows and therefore runs the same number of micro-batches.
+    """
+    size = math.ceil(len(rows) / world)
+    mine = rank_range(len(rows), rank, world)
+    share = rows[mine.start : mine.stop]
+    real = torch.ones(size, dtype=torch.bool)
+    if len(share) < size:
+        real[len(share) :] = False
+        share = torch.cat([share, rows[:1].expand(size - len(share))])
+    return share, real
+
+
+def gather_objects(value: T, world: int) -> list[T]:
+    """Every rank's ``value``, in rank order (``[value]`` without a process group)."""
+    if world == 1 or not dist.is_available() or not dist.is_initialized():
+        return [value]
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, value)
+    return gathered
