@@ -182,6 +182,8 @@ class RolloutConfig:
     """Behaviour log-probs for the ratio: the engine's sampled-token log-probs, or a no-grad trainer pass."""
     logprob_gap_warn: float = 0.05
     """Warn when ``rollout/logprob_gap`` (mean |trainer - engine| log-prob) exceeds this."""
+    logprob_gap_stop: float = 0.0
+    """Stop the run with an error when ``rollout/logprob_gap`` exceeds this (0: never); checkpoints stay."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from klear.config_load import ConfigError, load_config, read_yaml, save_config
 from klear.data.readers import DataError
+from klear.rollout.callback import LogprobGapError
 from klear.run_dir import RunDir
 
 STAGES: dict[str, str] = {"sft": "klear.modules.sft:build", "rl": "klear.modules.rl:build"}
@@ -60,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=module_callbacks(config))
-    trainer.fit(module, train_dataloaders=batches, ckpt_path=str(run_dir.last_checkpoint) if args.resume else None)
+    try:
+        trainer.fit(module, train_dataloaders=batches, ckpt_path=str(run_dir.last_checkpoint) if args.resume else None)
+    except LogprobGapError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -99,7 +104,7 @@ def module_callbacks(config: DictConfig) -> list:
     if config.stage == "rl":
         from klear.rollout.callback import RolloutRefresh
 
-        return [RolloutRefresh(config.rollout.logprob_gap_warn)]
+        return [RolloutRefresh(config.rollout.logprob_gap_warn, config.rollout.logprob_gap_stop)]
     return []
 
 

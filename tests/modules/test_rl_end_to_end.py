@@ -84,6 +84,28 @@ def test_stale_engine_shows_in_the_logprob_gap(tmp_path):
     assert gaps[0] < 1e-4 and min(gaps[1:]) > 1e-3, gaps
 
 
+class CorruptEngineAfterRefresh(L.Callback):
+    """Each refresh delivers wrong weights, as a broken weight sync would."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        with torch.no_grad():
+            for parameter in module.engine.model.parameters():
+                parameter.add_(0.05 * torch.randn_like(parameter))
+
+
+def test_a_corrupted_refresh_stops_the_run_when_asked(tmp_path):
+    from klear.rollout.callback import LogprobGapError, RolloutRefresh
+
+    config = load_config("configs/rl.yaml", [f"output_dir={tmp_path}", *SHORT, "rollout.logprob_gap_stop=0.001"])
+    run_dir = prepare_run_dir(config, resume=False, overwrite=False)
+    module, batches = build_stage(config, run_dir)
+    callbacks = [RolloutRefresh(0.05, config.rollout.logprob_gap_stop), CorruptEngineAfterRefresh()]
+    with pytest.raises(LogprobGapError, match=r"exceeds rollout\.logprob_gap_stop = 0\.001"):
+        build_trainer(config, run_dir, resume=False, extra_callbacks=callbacks).fit(module, train_dataloaders=batches)
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert float(rows[0]["rollout/logprob_gap"]) < 1e-4 and float(rows[-1]["rollout/logprob_gap"]) > 0.001
+
+
 class SimulatedCrash(Exception):
     pass
 

@@ -16,6 +16,10 @@ import lightning as L
 log = logging.getLogger(__name__)
 
 
+class LogprobGapError(RuntimeError):
+    """``rollout/logprob_gap`` exceeded ``rollout.logprob_gap_stop``: the engine does not sample the policy."""
+
+
 class RolloutRefresh(L.Callback):
     """Wakes the engine and pushes the policy's weights into it at the start of training and after each step.
 
@@ -23,8 +27,9 @@ class RolloutRefresh(L.Callback):
     (an iterator of ``(hf_name, tensor)``) and ``step_metrics`` (the metrics of its last step).
     """
 
-    def __init__(self, warn_threshold: float) -> None:
+    def __init__(self, warn_threshold: float, stop_threshold: float = 0.0) -> None:
         self.warn_threshold = warn_threshold
+        self.stop_threshold = stop_threshold
         self.refreshes = 0
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
@@ -32,8 +37,15 @@ class RolloutRefresh(L.Callback):
         self.refresh(module)
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        self.refresh(module)
         gap = module.step_metrics.get("rollout/logprob_gap")
+        if gap is not None and self.stop_threshold and gap > self.stop_threshold:
+            raise LogprobGapError(
+                f"rollout/logprob_gap = {gap:.4f} at step {batch_idx} exceeds rollout.logprob_gap_stop = "
+                f"{self.stop_threshold}: the engine's log-probs disagree with the trainer's on the same samples "
+                "(stale or corrupted engine weights, a precision mismatch or a different temperature). The run "
+                "stopped; its last checkpoint is intact."
+            )
+        self.refresh(module)
         if gap is not None and gap > self.warn_threshold:
             log.warning(
                 "rollout/logprob_gap = %.4f at step %d exceeds %.4f: the engine's log-probs disagree with the "
