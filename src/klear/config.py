@@ -165,9 +165,33 @@ class RLDataConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """Options of the vLLM rollout engine (``rollout.engine: vllm``), see :mod:`klear.rollout.vllm_engine`."""
+
+    tensor_parallel_size: int = 1
+    """GPUs the engine shards the model over (vLLM tensor parallelism)."""
+    gpu_memory_utilization: float = 0.5
+    """Share of the GPU's memory vLLM may take for weights, activations and KV cache; the trainer shares the GPU."""
+    kv_cache_memory_bytes: int = 0
+    """KV cache size in bytes. 0: on GPU, what ``gpu_memory_utilization`` leaves; on CPU, 256 MiB (unset, vLLM's
+    CPU backend would reserve a share of the machine's memory, many GiB)."""
+    dtype: str = choice("auto", "float32", "bfloat16")
+    """Engine weights and compute; ``auto`` follows ``trainer.precision``: bfloat16 for bf16 precisions (and on
+    CUDA by default), float32 otherwise."""
+    enable_sleep_mode: bool = True
+    """Release the engine's GPU memory while the trainer updates (vLLM sleep level 1: weights offloaded to CPU
+    memory, KV cache dropped) and take it back before each refresh. vLLM's CPU backend has none: ignored there."""
+    enforce_eager: bool | None = None
+    """Skip torch.compile and CUDA graphs. ``None``: eager on CPU (compiling costs more than it saves there),
+    compiled with CUDA graphs on GPU."""
+    max_model_len: int = 0
+    """Longest prompt + response in tokens; 0: the model's ``max_position_embeddings``."""
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "hf"
-    """Rollout engine name (``hf``) or import path; it receives the new weights after every update."""
+    """Rollout engine name (``hf``, ``vllm``) or import path; it receives the new weights after every update."""
     prompts_per_step: int = 128
     """Prompts sampled per RL step (the reference recipe: 128)."""
     group_size: int = 8
@@ -184,6 +208,8 @@ class RolloutConfig:
     """Warn when ``rollout/logprob_gap`` (mean |trainer - engine| log-prob) exceeds this."""
     logprob_gap_stop: float = 0.0
     """Stop the run with an error when ``rollout/logprob_gap`` exceeds this (0: never); checkpoints stay."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Options of the ``vllm`` engine."""
 
 
 @dataclass

@@ -103,3 +103,4 @@ def _lazy(path: str) -> EngineFactory:
 
 
 ENGINES.register("hf")(_lazy("klear.rollout.hf:build_hf_engine"))
+ENGINES.register("vllm")(_lazy("klear.rollout.vllm_engine:build_vllm_engine"))

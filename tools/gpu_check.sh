@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU; nothing is downloaded. Run from anywhere, on a machine with klear installed
+# with the GPU extra (pip install torch==2.13.0 && pip install -e ".[dev,vllm]"):
+#
+#   bash tools/gpu_check.sh [WORKDIR]     # ~5 minutes on one H100-class GPU; WORKDIR defaults to a temp dir
+#
+# 1. builds a Qwen3-0.6B-shaped model (random weights, the built-in tokenizer) and runs the vLLM engine on it:
+#    refresh time, tokens/s, trainer-engine log-prob gap before and after a refresh, sleep/wake;
+# 2. a short RL run through the CLI with FSDP2 on CUDA, with the hf engine and with the vllm engine.
+# Exits non-zero if a step failed or vllm is missing (the other steps still run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+work="${1:-$(mktemp -d)}"
+status=0
+step() { echo "== $*"; "$@" && return 0; echo "FAILED: $*"; status=1; return 1; }
+summary() {  # eval accuracy (first, last), mean and max logprob gap, mean rollout seconds of a run's metrics.csv
+    python - "$1" <<'EOF'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+column = lambda key: [float(row[key]) for row in rows if row.get(key)]
+gaps, accuracy, rollout = column("rollout/logprob_gap"), column("eval/accuracy"), column("timing/rollout_s")
+print(f"{sys.argv[1]}: eval/accuracy {accuracy[0]:.3f} -> {accuracy[-1]:.3f}, logprob_gap mean {sum(gaps) / len(gaps):.2e}"
+      f" max {max(gaps):.2e}, rollout {sum(rollout) / len(rollout):.2f}s/step")
+EOF
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || exit 1
+python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+step python tools/gpu_check.py build "$work/qwen3-0.6b"
+if python -c "import vllm; print('vllm', vllm.__version__)"; then
+    step python tools/gpu_check.py vllm "$work/qwen3-0.6b"
+else
+    echo "SKIPPED: vllm is not installed (pip install -e '.[vllm]')"; status=1
+fi
+
+short=(--config configs/rl.yaml trainer.accelerator=gpu trainer.strategy=fsdp2 trainer.max_steps=4
+       trainer.progress_bar=false eval.every_n_steps=0 eval.num_prompts=48 eval.samples=2)
+step python -m klear.fit "${short[@]}" output_dir="$work/rl-fsdp2-hf" && summary "$work/rl-fsdp2-hf/metrics.csv"
+if python -c "import vllm" 2>/dev/null; then
+    step python -m klear.fit "${short[@]}" rollout.engine=vllm output_dir="$work/rl-fsdp2-vllm" \
+        && summary "$work/rl-fsdp2-vllm/metrics.csv"
+fi
+echo "work directory: $work"
+exit $status
