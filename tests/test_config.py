@@ -1,5 +1,6 @@
 """Configs: every shipped YAML validates, and bad input stops with one line naming the key and accepted values."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -120,10 +121,18 @@ def test_objective_flag_selects_any_registered_objective_or_import_path():
 
 
 def test_optional_loggers_need_their_package():
-    import importlib.util
 
     if importlib.util.find_spec("wandb") is None:
         with pytest.raises(ConfigError, match="needs the wandb package"):
             load_config("configs/sft.yaml", ["logging.wandb=true"])
     else:
         assert load_config("configs/sft.yaml", ["logging.wandb=true"]).logging.wandb
+
+
+def test_vllm_engine_without_vllm_installed_names_the_install(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"rollout\.engine=vllm needs vLLM: pip install -e '\.\[vllm\]'"):
+        load_config("configs/rl.yaml", ["rollout.engine=vllm"])

