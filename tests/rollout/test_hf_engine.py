@@ -7,7 +7,7 @@ from klear.config import ModelConfig
 from klear.data.prompts import encode_prompt
 from klear.models import load_model, load_tokenizer
 from klear.rollout.engine import SamplingParams
-from klear.rollout.hf import HFEngine
+from klear.rollout.hf import HFEngine, _BufferLayer, _pick
 
 PROBLEMS = ["Start with 3. Add 4.", "Start with 12. Multiply by 2, then subtract 5.", "Start with 9.", "Start with 1."]
 
@@ -81,3 +81,87 @@ def test_update_weights_refreshes_in_place_and_rejects_unknown_names(engine, pro
         engine.update_weights([("nope", before)])
     with pytest.raises(ValueError, match="engine shape"):
         engine.update_weights([(name, before[:1])])
+
+
+def test_pick_samples_by_inverse_cdf_of_the_truncated_distribution():
+    # Probabilities [0.1, 0.2, 0.3, 0.4]: the CDF is [0.1, 0.3, 0.6, 1.0], so a uniform u picks the first token
+    # whose CDF reaches u.
+    logits = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log().expand(4, 4)
+    uniforms = torch.tensor([0.05, 0.2, 0.5, 0.99], dtype=torch.float64)
+    token, logprob = _pick(logits, SamplingParams(temperature=1.0), uniforms)
+    assert token.tolist() == [0, 1, 2, 3]
+    torch.testing.assert_close(logprob, torch.tensor([0.1, 0.2, 0.3, 0.4]).log())
+    # top_k=2 keeps tokens 2 and 3, renormalised to 3/7 and 4/7: CDF [0, 0, 3/7, 1]. u = 0 must not land on the
+    # zero-probability token 0; the log-probs stay those before truncation (log 0.3, log 0.4).
+    token, logprob = _pick(
+        logits, SamplingParams(temperature=1.0, top_k=2), torch.tensor([0.0, 0.4, 0.5, 0.99]).double()
+    )
+    assert token.tolist() == [2, 2, 3, 3]
+    torch.testing.assert_close(logprob, torch.tensor([0.3, 0.3, 0.4, 0.4]).log())
+
+
+def test_sampled_frequencies_follow_the_tempered_truncated_distribution(engine, prompts):
+    samples = 4000
+    rollouts = engine.generate(
+        prompts[:1], SamplingParams(max_new_tokens=1, temperature=0.7, top_k=5, n=samples, seed=3)
+    )
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([prompts[0]])).logits[0, -1].float() / 0.7
+    top = torch.topk(logits, 5)
+    expected = torch.zeros_like(logits).index_put((top.indices,), torch.softmax(top.values, -1))
+    counts = torch.bincount(torch.tensor([r.response_ids[0] for r in rollouts]), minlength=len(logits))
+    observed = counts / samples
+    assert counts[expected == 0].sum() == 0
+    # Within 5 standard deviations of a binomial proportion for every token.
+    assert ((observed - expected).abs() <= 5 * (expected * (1 - expected) / samples).sqrt() + 1e-9).all()
+
+
+def test_one_prefill_per_prompt(engine, prompts):
+    shapes = []
+    forward = engine._forward
+
+    def recorded(input_ids, *args):
+        shapes.append(tuple(input_ids.shape))
+        return forward(input_ids, *args)
+
+    engine._forward = recorded
+    try:
+        engine.generate(prompts[:2], SamplingParams(max_new_tokens=3, n=2, seed=0))  # 4 jobs, batch_size 5
+    finally:
+        del engine._forward
+    width = max(len(p) for p in prompts[:2])
+    assert shapes == [(2, width), (4, 1), (4, 1)]
+
+
+@pytest.fixture(scope="module")
+def trained_engine():
+    """The shipped tiny-sft model: its responses stop at different lengths (rows leave the batch)."""
+    config = ModelConfig(path="tiny-sft")
+    return HFEngine(load_model(config).eval(), load_tokenizer(config), batch_size=16)
+
+
+def test_greedy_rollouts_do_not_depend_on_the_batch(trained_engine):
+    prompts = [encode_prompt(trained_engine.tokenizer, problem) for problem in PROBLEMS]
+    sampling = SamplingParams(max_new_tokens=96, temperature=0.0, n=2)
+    together = trained_engine.generate(prompts, sampling)
+    alone = [r for prompt in prompts for r in trained_engine.generate([prompt], sampling)]
+    assert [r.response_ids for r in together] == [r.response_ids for r in alone]
+    lengths = {len(r.response_ids) for r in together}
+    assert len(lengths) > 1 and all(r.finish_reason == "stop" for r in together)  # rows finished at different steps
+    for a, b in zip(together, alone, strict=True):
+        assert [t in trained_engine.stop_token_ids for t in a.response_ids].index(True) == len(a.response_ids) - 1
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=1e-5)
+
+
+def test_buffer_layer_equals_concatenation_and_grows_within_its_limit():
+    layer = _BufferLayer(limit=7)
+    pieces = [torch.randn(2, 3, n, 4) for n in (3, 1, 1, 2)]
+    for step, piece in enumerate(pieces):
+        keys, values = layer.update(piece, -piece)
+        expected = torch.cat(pieces[: step + 1], dim=2)
+        assert torch.equal(keys, expected) and torch.equal(values, -expected)
+        assert layer.get_seq_length() == expected.shape[2] <= layer.key_buffer.shape[2] <= 7
+    layer.batch_select_indices(torch.tensor([1, 1, 0]))
+    assert torch.equal(layer.keys, expected[[1, 1, 0]])
+    with pytest.raises(RuntimeError, match="at most 7 positions"):
+        layer.update(pieces[1][[0, 0, 0]], pieces[1][[0, 0, 0]])

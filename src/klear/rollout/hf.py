@@ -5,8 +5,20 @@ sampled token is recorded under the exact convention the trainer recomputes (tem
 sampling draws from seeded ``torch.Generator`` streams of its own, one per sample, so rollouts are a function
 of the seed alone: they never disturb or depend on the global RNG (exact resume, identical first rollouts
 across objectives), nor on which other prompts share the batch (ranks splitting a batch sample what one process
-would); and finished
-sequences leave the batch, so a long straggler does not make every other row pay for its tokens.
+would); and finished sequences leave the batch, so a long straggler does not make every other row pay for its
+tokens.
+
+Where the time goes on a small model is memory traffic and Python per token, not matrix work, so:
+
+- each sample draws its ``max_new_tokens`` uniforms from its own stream once per call, and every row is then
+  sampled in one vectorised inverse-CDF step on the device (no per-row ``multinomial``, no probability table
+  copied to the CPU);
+- a prompt is prefilled once, and its KV cache rows are copied to its ``n`` samples;
+- K/V are written in place into buffers that double when full, instead of the whole cache being concatenated
+  to every token;
+- tokens and log-probs stay in (B, T) tensors until the end, and finished rows leave the batch only once a
+  quarter of it has finished, since every compaction copies the cache (rows that finished meanwhile keep
+  decoding; their extra tokens are cut at the first stop token).
 
 Prompts are left-padded into one batch; positions count real tokens only, so a padded prompt is computed as if
 it were alone (up to floating-point reduction order).
@@ -15,14 +27,19 @@ it were alone (up to floating-point reduction order).
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
+from transformers.cache_utils import Cache, DynamicLayer
 
 from klear.rollout.engine import Rollout, SamplingParams
+
+COMPACT_BELOW = 0.75
+"""Finished rows leave the compute batch once at most this fraction of it is still generating."""
 
 
 class HFEngine:
@@ -93,58 +110,68 @@ class HFEngine:
     @torch.no_grad()
     def _generate_batch(self, jobs: list[tuple[int, list[int], int]], sampling: SamplingParams) -> list[Rollout]:
         device = next(self.model.parameters()).device
-        batch = len(jobs)
-        width = max(len(prompt) for _, prompt, _ in jobs)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        streams = [torch.Generator().manual_seed(seed) for _, _, seed in jobs]
-        for row, (_, prompt, _) in enumerate(jobs):
+        batch, steps = len(jobs), sampling.max_new_tokens
+        logits, attention, positions, cache = self._prefill(jobs, steps, device)
+        uniforms = None  # (B, steps): row k's draw at each step, from its own stream
+        if sampling.temperature > 0:
+            uniforms = torch.stack(
+                [
+                    torch.rand(steps, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+                    for *_, seed in jobs
+                ]
+            ).to(device)
+        stop = torch.tensor(self.stop_token_ids, device=device)
+        tokens = torch.zeros((batch, steps), dtype=torch.long, device=device)
+        logprobs = torch.zeros((batch, steps), device=device)
+        rows = torch.arange(batch, device=device)  # the job of each row of the compute batch
+        live = torch.ones(batch, dtype=torch.bool, device=device)  # rows of the compute batch still generating
+        width = attention.shape[1]
+        attention = torch.cat([attention, attention.new_ones((batch, steps))], dim=-1)
+        next_position = positions[:, -1:] + 1
+        for step in range(steps):
+            token, logprob = _pick(logits, sampling, None if uniforms is None else uniforms[rows, step])
+            # Finished rows still in the batch write past their end: their responses are cut at the first stop token.
+            tokens[rows, step], logprobs[rows, step] = token, logprob
+            live &= ~torch.isin(token, stop)
+            remaining = int(live.sum())
+            if remaining == 0 or step == steps - 1:
+                break
+            if remaining <= COMPACT_BELOW * len(rows):
+                # Finished rows leave the batch (cache rows, mask, positions), but only once enough of them have
+                # finished: every compaction copies the whole cache.
+                keep = live.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                rows, live, token = rows[keep], live[keep], token[keep]
+                attention, next_position = attention[keep], next_position[keep]
+            logits = self._forward(token[:, None], attention[:, : width + step + 1], next_position, cache)
+            next_position = next_position + 1
+        return self._rollouts(jobs, tokens, logprobs, stop)
+
+    def _prefill(
+        self, jobs: list[tuple[int, list[int], int]], steps: int, device: torch.device
+    ) -> tuple[Tensor, Tensor, Tensor, Cache]:
+        """Prompts left-padded and computed once per distinct prompt (a prompt's ``n`` samples are consecutive
+        jobs), then their cache rows, logits, mask (B, W) and positions (B, W) repeated to every sample."""
+        first = torch.tensor([row == 0 or jobs[row][0] != jobs[row - 1][0] for row in range(len(jobs))])
+        prompts = [prompt for (_, prompt, _), is_first in zip(jobs, first.tolist(), strict=True) if is_first]
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
             attention[row, width - len(prompt) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        # The last sampled token is never fed back: width + steps - 1 positions at most.
+        cache = Cache(layer_class_to_replicate=functools.partial(_BufferLayer, width + steps - 1))
         logits = self._forward(input_ids, attention, positions, cache)
+        if len(prompts) < len(jobs):
+            owner = (first.cumsum(0) - 1).to(device)  # (B,) the distinct prompt of each job
+            cache.batch_select_indices(owner)
+            logits, attention, positions = logits[owner], attention[owner], positions[owner]
+        return logits, attention, positions, cache
 
-        stop = torch.tensor(self.stop_token_ids, device=device)
-        active = torch.arange(batch, device=device)  # rows of the original batch still generating
-        tokens = [[] for _ in range(batch)]
-        logprobs = [[] for _ in range(batch)]
-        stopped = [False] * batch
-        next_position = positions[:, -1:] + 1
-        for step in range(sampling.max_new_tokens):
-            token, logprob = self._pick(logits, sampling, [streams[row] for row in active.tolist()])
-            for row, (tok, lp) in zip(active.tolist(), zip(token.tolist(), logprob.tolist(), strict=True), strict=True):
-                tokens[row].append(tok)
-                logprobs[row].append(lp)
-            done = torch.isin(token, stop)
-            for row in active[done].tolist():
-                stopped[row] = True
-            if done.all() or step == sampling.max_new_tokens - 1:
-                break
-            keep = ~done
-            if not keep.all():
-                # Finished rows leave the batch: their cache rows, mask and positions are dropped.
-                cache.batch_select_indices(keep.nonzero().squeeze(-1))
-                active, token = active[keep], token[keep]
-                attention, next_position = attention[keep], next_position[keep]
-            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=-1)
-            logits = self._forward(token[:, None], attention, next_position, cache)
-            next_position = next_position + 1
-
-        return [
-            Rollout(
-                prompt_index=index,
-                prompt_ids=list(prompt),
-                response_ids=tokens[row],
-                text=self.tokenizer.decode(tokens[row], skip_special_tokens=True),
-                logprobs=logprobs[row],
-                finish_reason="stop" if stopped[row] else "length",
-            )
-            for row, (index, prompt, _) in enumerate(jobs)
-        ]
-
-    def _forward(self, input_ids: Tensor, attention: Tensor, positions: Tensor, cache: DynamicCache) -> Tensor:
+    def _forward(self, input_ids: Tensor, attention: Tensor, positions: Tensor, cache: Cache) -> Tensor:
         output = self.model(
             input_ids=input_ids,
             attention_mask=attention,
@@ -155,21 +182,25 @@ class HFEngine:
         )
         return output.logits[:, -1, :].float()
 
-    def _pick(self, logits: Tensor, sampling: SamplingParams, streams: list[torch.Generator]) -> tuple[Tensor, Tensor]:
-        """Sample (or take the argmax of) each row, row ``k`` from ``streams[k]``; return the tokens and their
-        tempered log-probs."""
-        if sampling.temperature == 0:
-            token = logits.argmax(dim=-1)
-            return token, torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
-        scaled = logits / sampling.temperature
-        logprobs = torch.log_softmax(scaled, dim=-1)
-        filtered = _truncate(scaled, sampling.top_k, sampling.top_p)
-        probabilities = torch.softmax(filtered, dim=-1)
-        probabilities = probabilities.cpu()
-        token = torch.cat(
-            [torch.multinomial(row, 1, generator=stream) for row, stream in zip(probabilities, streams, strict=True)]
-        ).to(logits.device)
-        return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
+    def _rollouts(
+        self, jobs: list[tuple[int, list[int], int]], tokens: Tensor, logprobs: Tensor, stop: Tensor
+    ) -> list[Rollout]:
+        """Each job's response: its ``tokens`` (B, steps) up to and including the first stop token."""
+        is_stop = torch.isin(tokens, stop)
+        stopped = is_stop.any(-1)
+        lengths = torch.where(stopped, is_stop.int().argmax(-1) + 1, tokens.shape[1])
+        ids, values, ends, ns = tokens.tolist(), logprobs.tolist(), stopped.tolist(), lengths.tolist()
+        return [
+            Rollout(
+                prompt_index=index,
+                prompt_ids=list(prompt),
+                response_ids=ids[row][: ns[row]],
+                text=self.tokenizer.decode(ids[row][: ns[row]], skip_special_tokens=True),
+                logprobs=values[row][: ns[row]],
+                finish_reason="stop" if ends[row] else "length",
+            )
+            for row, (index, prompt, _) in enumerate(jobs)
+        ]
 
 
 def build_hf_engine(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, config) -> HFEngine:
@@ -192,6 +223,64 @@ def engine_model(policy: nn.Module, model_config) -> nn.Module:
     else:
         copy_ = copy.deepcopy(policy)
     return copy_.eval().requires_grad_(False)
+
+
+def _pick(logits: Tensor, sampling: SamplingParams, uniforms: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Sample (or take the argmax of) each row of ``logits`` (B, V), row ``k`` by inverse CDF at ``uniforms[k]``
+    (B,); return the tokens and their log-probs (tempered, before truncation; untempered for greedy)."""
+    if sampling.temperature == 0:
+        token = logits.argmax(dim=-1)
+        return token, torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+    scaled = logits / sampling.temperature
+    filtered = _truncate(scaled, sampling.top_k, sampling.top_p)
+    cdf = torch.softmax(filtered, dim=-1, dtype=torch.float64).cumsum(dim=-1)
+    # A parallel scan (CUDA) may step down by an ulp where the probability is 0: keep the CDF non-decreasing, so the
+    # first entry that reaches a positive threshold is a token of positive probability.
+    cdf = cdf.cummax(dim=-1).values
+    threshold = (uniforms * cdf[:, -1]).clamp(min=torch.finfo(torch.float64).tiny)
+    token = torch.searchsorted(cdf, threshold[:, None]).squeeze(-1)
+    return token, torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+
+
+class _BufferLayer(DynamicLayer):
+    """A cache layer that writes K/V in place into buffers, where :class:`DynamicLayer` concatenates the whole cache
+    to every new token. The buffers double when full, up to ``limit`` positions (prompt width + new tokens): memory
+    follows the longest row still in the batch, as with :class:`DynamicLayer`, instead of being reserved for the
+    worst case up front (256 rows of 32K tokens)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.length = 0
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        end = self.length + key_states.shape[-2]
+        if end > self.limit:
+            raise RuntimeError(f"KV cache of at most {self.limit} positions cannot take {end}")
+        if not self.is_initialized:
+            self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+            self.key_buffer, self.value_buffer = self._empty(key_states, end), self._empty(value_states, end)
+        elif end > self.key_buffer.shape[-2]:
+            keys, values = self._empty(key_states, end), self._empty(value_states, end)
+            keys[:, :, : self.length], values[:, :, : self.length] = self.keys, self.values
+            self.key_buffer, self.value_buffer = keys, values
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def _empty(self, states: Tensor, needed: int) -> Tensor:
+        batch, heads, _, dim = states.shape
+        return states.new_empty((batch, heads, min(2 * needed, self.limit), dim))
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        """Keep (or repeat) rows ``indices`` of the batch."""
+        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+        self.keys, self.values = self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
 
 
 def _sample_seed(prompt_seed: int, sample: int) -> int:
