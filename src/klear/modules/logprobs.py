@@ -12,6 +12,15 @@ are gathered and hooks fire as usual — the output head's ``forward`` is swappe
 for one that computes ``[logprob, entropy]`` per position instead of logits. Parameter names and the module
 tree never change. Models that post-process logits after the head (final soft-capping, logit scales) would
 silently corrupt that output and are refused.
+
+RL rows repeat their prompt: the ``n`` responses of a GRPO group share it, and on short responses the prompt is
+half the tokens. With ``share_prefixes`` the unscored part of each row (everything before its first scored
+position) is computed once per distinct prefix, with gradient, and each row's scored part runs on top of it
+through the KV cache, whose prefix rows are repeated to the rows that share them (a differentiable gather, so the
+prefix's gradient is the sum over its rows). Prefixes are found by content, so rows need not be in group order
+nor form whole groups: a row that shares with no other simply has a prefix of its own. The call is always two
+forwards of the whole model (prefix, then suffixes), whatever the rows, so data-parallel ranks under FSDP2 run
+the same collectives.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from contextlib import contextmanager
 import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
+from transformers import DynamicCache
 
 CHUNK_ELEMENTS = 2**24
 """Logits per chunk of the output head (x 4 bytes in float32): 110 positions at Qwen's vocabulary of 151,936."""
@@ -38,6 +48,7 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int | None = None,
+    share_prefixes: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``log p(targets[b, t] | input_ids[b, :t+1]) / temperature``-tempered, and entropy, where ``mask`` is set.
 
@@ -51,6 +62,9 @@ def token_logprobs(
         with_entropy: also return the entropy of the tempered distribution at each scored position.
         chunk_size: positions per chunk of the head; default: as many as fit ``CHUNK_ELEMENTS`` float32 logits
             (64 MB), so peak memory is a few chunks of logits whatever the batch and the vocabulary.
+        share_prefixes: compute each distinct unscored prefix once (see the module docstring). Rows must be
+            right-padded, without ``position_ids``. Has no effect on a model in training mode with gradient
+            checkpointing, whose checkpointed layers drop the KV cache the suffixes need (transformers).
 
     Returns:
         ``(logprobs, entropy)``, each (B, T) float32 and differentiable; ``entropy`` is None unless asked for.
@@ -65,11 +79,96 @@ def token_logprobs(
     if chunk_size is None:
         vocab = model.get_output_embeddings().weight.shape[0]
         chunk_size = max(CHUNK_ELEMENTS // vocab, 1)
+    if share_prefixes and not (model.is_gradient_checkpointing and model.training):
+        if position_ids is not None:
+            raise ValueError("share_prefixes needs unpacked rows: pass no position_ids")
+        values = _shared_prefix_scores(
+            model, input_ids, targets, mask, attention_mask, temperature, with_entropy, chunk_size
+        )
+        return values[..., 0], (values[..., 1] if with_entropy else None)
     scored = _ScoringHead(targets, mask, temperature, with_entropy, chunk_size)
     with scored.installed(model.get_output_embeddings()):
         output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     values = output.logits  # (B, T, 2): what the swapped head returned
     return values[..., 0], (values[..., 1] if with_entropy else None)
+
+
+def _shared_prefix_scores(
+    model: nn.Module,
+    input_ids: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    attention_mask: Tensor | None,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int,
+) -> Tensor:
+    """(B, T, 2) ``[logprob, entropy]`` of :func:`token_logprobs`, each distinct prefix computed once.
+
+    Row ``b`` is split at ``start[b]``, its first scored position: the prefix ``[0, start)`` needs no score, the
+    suffix ``[start, end)`` ends after its last scored position (later positions cannot change earlier ones). A
+    row with nothing to score keeps one token of suffix, so that a share of padding rows still runs both forwards.
+    """
+    batch, width = input_ids.shape
+    columns = torch.arange(width, device=input_ids.device)
+    lengths = attention_mask.sum(-1) if attention_mask is not None else torch.full_like(input_ids[:, 0], width)
+    inside = columns < lengths[:, None]
+    if attention_mask is not None and not torch.equal(attention_mask.bool(), inside):
+        raise ValueError("share_prefixes needs right-padded rows: attention_mask must be ones, then zeros")
+    if bool((mask & ~inside).any()) or not bool((lengths > 0).all()):
+        raise ValueError("share_prefixes: every row needs a token, and scored positions must be attended to")
+    scores = mask.any(-1)
+    start = torch.where(scores, mask.int().argmax(-1), 0)
+    end = torch.where(scores, width - mask.flip(-1).int().argmax(-1), 1)
+    cache, prefix_attention, anchor = _prefix_cache(model, input_ids, start)
+
+    positions = start[:, None] + torch.arange(int((end - start).max()), device=input_ids.device)  # (B, S)
+    valid = positions < end[:, None]
+    gather = positions.clamp(max=width - 1)
+    head = _ScoringHead(
+        targets.gather(1, gather), mask.gather(1, gather) & valid, temperature, with_entropy, chunk_size
+    )
+    with head.installed(model.get_output_embeddings()):
+        output = model(
+            input_ids=input_ids.gather(1, gather),
+            attention_mask=torch.cat([prefix_attention, valid], dim=-1).long(),
+            position_ids=gather,
+            past_key_values=cache,
+            use_cache=True,
+        )
+    # Back to (B, T); slots past a row's end go to a spare column, dropped.
+    values = output.logits.new_zeros((batch, width + 1, 2))
+    values = values.scatter(1, torch.where(valid, positions, width)[..., None].expand(-1, -1, 2), output.logits)
+    return values[:, :width] + anchor
+
+
+def _prefix_cache(model: nn.Module, input_ids: Tensor, start: Tensor) -> tuple[DynamicCache, Tensor, Tensor]:
+    """The KV cache of every row's prefix ``input_ids[b, :start[b]]``, each distinct prefix computed once and its
+    cache rows repeated to its rows; the prefix part of the rows' attention mask (B, W); a zero joined to the
+    prefix pass's last hidden states.
+
+    That zero must join the result: under FSDP2 a layer's parameters are gathered again for the backward only
+    when the gradient reaches its output, and the last layer's prefix output would get none (its K/V reach the
+    suffixes through the cache, a path FSDP's hooks do not see).
+    """
+    columns = torch.arange(input_ids.shape[1], device=input_ids.device)
+    # Distinct prefixes (tokens before ``start``, -1 after), right-padded. An empty prefix still runs one attended
+    # token (a query with no key to attend would be all-masked), hidden from its rows by their mask.
+    prefixes, owner = torch.unique(torch.where(columns < start[:, None], input_ids, -1), dim=0, return_inverse=True)
+    lengths = (prefixes >= 0).sum(-1)
+    columns = columns[: max(int(lengths.max()), 1)]
+    ids = torch.where(columns < lengths[:, None], prefixes[:, : len(columns)], input_ids[0, 0])
+    cache = DynamicCache()
+    with _replaced_forward(model.get_output_embeddings(), lambda original, hidden: hidden[..., :1] * 0.0):
+        output = model(
+            input_ids=ids,
+            attention_mask=(columns < lengths.clamp(min=1)[:, None]).long(),
+            position_ids=columns.expand_as(ids),
+            past_key_values=cache,
+            use_cache=True,
+        )
+    cache.batch_select_indices(owner)  # a differentiable gather: a prefix's gradient sums over its rows
+    return cache, columns < lengths[owner][:, None], output.logits.sum()
 
 
 def naive_token_logprobs(
@@ -94,20 +193,10 @@ class _ScoringHead:
         self.with_entropy = with_entropy
         self.chunk_size = chunk_size
 
-    @contextmanager
     def installed(self, head: nn.Module):
-        patched_before = head.__dict__.get("forward")
-        original = head.forward
-        head.forward = types.MethodType(lambda module, hidden: self(module, original, hidden), head)
-        try:
-            yield
-        finally:
-            if patched_before is None:
-                del head.forward  # back to the class's forward
-            else:
-                head.forward = patched_before
+        return _replaced_forward(head, self)
 
-    def __call__(self, head: nn.Module, original, hidden: Tensor) -> Tensor:
+    def __call__(self, original, hidden: Tensor) -> Tensor:
         if hidden.shape[:2] != self.mask.shape:
             raise ValueError(f"hidden states {tuple(hidden.shape[:2])} do not match the mask {tuple(self.mask.shape)}")
         selected = hidden[self.mask]  # (N, H)
@@ -134,3 +223,18 @@ class _ScoringHead:
         probabilities = torch.softmax(logits, dim=-1)
         entropy = normaliser - (probabilities * logits).sum(-1)
         return torch.stack([chosen, entropy], dim=-1)
+
+
+@contextmanager
+def _replaced_forward(head: nn.Module, forward):
+    """``head``'s forward is ``forward(original_forward, hidden)`` for the duration of the block."""
+    patched_before = head.__dict__.get("forward")
+    original = head.forward
+    head.forward = types.MethodType(lambda module, hidden: forward(original, hidden), head)
+    try:
+        yield
+    finally:
+        if patched_before is None:
+            del head.forward  # back to the class's forward
+        else:
+            head.forward = patched_before

@@ -237,6 +237,7 @@ class RLModule(L.LightningModule):
                 micro.mask,
                 attention_mask=micro.attention_mask,
                 temperature=self.config.rollout.temperature or 1.0,
+                share_prefixes=True,  # a group's prompt is computed once
             )
             pieces.append(torch.nn.functional.pad(logprobs, (0, batch.input_ids.shape[1] - logprobs.shape[1])))
         logprobs = torch.cat(pieces)

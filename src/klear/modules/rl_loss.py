@@ -82,6 +82,7 @@ class RLLoss:
             attention_mask=micro.attention_mask,
             temperature=module.config.rollout.temperature or 1.0,
             with_entropy=True,
+            share_prefixes=True,  # a group's prompt is computed once
         )
         advantages = micro.advantages[:, None].expand_as(logprobs)
         if algorithm.tis_cap:
@@ -116,6 +117,7 @@ class RLLoss:
                 micro.mask,
                 attention_mask=micro.attention_mask,
                 temperature=module.config.rollout.temperature or 1.0,
+                share_prefixes=True,  # a group's prompt is computed once
             )
         log_ratio = torch.where(micro.mask, reference - logprobs, 0.0)
         if self.algorithm.kl_estimator == "k1":
