@@ -5,6 +5,9 @@ cache directory (``$KLEAR_CACHE``, default ``~/.cache/klear``) and reused afterw
 ``model.path: tiny-sft`` is that model after the SFT stage's default config, shipped with the package (a 1 MB
 checkpoint rebuilt by ``tools/build_tiny_sft.py``), where the RL stage's embedded default starts.
 Any other value goes to ``from_pretrained`` unchanged, so a local directory or a hub name works the same way.
+
+``model.attn_implementation: sdpa`` loads :mod:`klear.attention`'s ``sdpa_gqa``: transformers' sdpa, except that on
+CPU a masked grouped-query attention no longer copies its K/V heads (same values).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from klear import attention
 from klear.config import ModelConfig
 from klear.data.tiny_model import TINY_SIZES, build_tiny
 
@@ -63,7 +67,7 @@ def load_model(config: ModelConfig, on_cuda: bool = False) -> PreTrainedModel:
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model_path(config.path),
         dtype=model_dtype(config, on_cuda),
-        attn_implementation=config.attn_implementation,
+        attn_implementation=attention.NAME if config.attn_implementation == "sdpa" else config.attn_implementation,
     )
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
