@@ -3,66 +3,63 @@
 never downloaded, so a fresh clone can run SFT then RL on a CPU).
 """
 
-from klear.data.mixing import MixReport, MixSpec, Source, build_mix, load_spec
-from klear.data.packing import SCHEMES, collate, make_batches, pack, padding_fraction, plan_batches
-from klear.data.problems import load_problems
-from klear.data.prompts import encode_prompt
-from klear.data.readers import DataError, read_rows, write_jsonl
-from klear.data.sft import IGNORE_INDEX, ChatTemplateError, SFTStats, build_sft_examples, to_messages
-from klear.data.synthetic import (
-    DEFAULT_LEVELS,
-    LEVELS,
-    Level,
-    generate_problems,
-    make_problem,
-    plain_solution,
-    sft_rows,
-    split_of,
-    to_chat,
-)
-from klear.data.tiny_model import TINY_SIZES, build_tiny, load_tiny, tiny_config
-from klear.data.tokenizer import IM_END, IM_START, PAD_TOKEN, THINK_END, THINK_START, build_tokenizer, load_tokenizer
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_LEVELS",
-    "IGNORE_INDEX",
-    "IM_END",
-    "IM_START",
-    "LEVELS",
-    "PAD_TOKEN",
-    "SCHEMES",
-    "THINK_END",
-    "THINK_START",
-    "TINY_SIZES",
-    "ChatTemplateError",
-    "DataError",
-    "Level",
-    "MixReport",
-    "MixSpec",
-    "SFTStats",
-    "Source",
-    "build_mix",
-    "build_sft_examples",
-    "build_tiny",
-    "build_tokenizer",
-    "collate",
-    "encode_prompt",
-    "generate_problems",
-    "load_problems",
-    "load_spec",
-    "load_tiny",
-    "load_tokenizer",
-    "make_batches",
-    "make_problem",
-    "pack",
-    "padding_fraction",
-    "plain_solution",
-    "plan_batches",
-    "read_rows",
-    "sft_rows",
-    "split_of",
-    "tiny_config",
-    "to_chat",
-    "to_messages",
-    "write_jsonl",
-]
+import importlib
+from typing import Any
+
+# Imported on first use, so that `python -m klear.data` commands that need neither torch nor transformers
+# start without loading them.
+_EXPORTS: dict[str, str] = {
+    "ChatTemplateError": "klear.data.sft",
+    "DEFAULT_LEVELS": "klear.data.synthetic",
+    "DataError": "klear.data.readers",
+    "IGNORE_INDEX": "klear.data.sft",
+    "IM_END": "klear.data.tokenizer",
+    "IM_START": "klear.data.tokenizer",
+    "LEVELS": "klear.data.synthetic",
+    "Level": "klear.data.synthetic",
+    "MixReport": "klear.data.mixing",
+    "MixSpec": "klear.data.mixing",
+    "PAD_TOKEN": "klear.data.tokenizer",
+    "SCHEMES": "klear.data.packing",
+    "SFTStats": "klear.data.sft",
+    "Source": "klear.data.mixing",
+    "THINK_END": "klear.data.tokenizer",
+    "THINK_START": "klear.data.tokenizer",
+    "TINY_SIZES": "klear.data.tiny_model",
+    "build_mix": "klear.data.mixing",
+    "build_sft_examples": "klear.data.sft",
+    "build_tiny": "klear.data.tiny_model",
+    "build_tokenizer": "klear.data.tokenizer",
+    "collate": "klear.data.packing",
+    "encode_prompt": "klear.data.prompts",
+    "generate_problems": "klear.data.synthetic",
+    "load_problems": "klear.data.problems",
+    "load_spec": "klear.data.mixing",
+    "load_tiny": "klear.data.tiny_model",
+    "load_tokenizer": "klear.data.tokenizer",
+    "make_batches": "klear.data.packing",
+    "make_problem": "klear.data.synthetic",
+    "pack": "klear.data.packing",
+    "padding_fraction": "klear.data.packing",
+    "plain_solution": "klear.data.synthetic",
+    "plan_batches": "klear.data.packing",
+    "read_rows": "klear.data.readers",
+    "sft_rows": "klear.data.synthetic",
+    "split_of": "klear.data.synthetic",
+    "tiny_config": "klear.data.tiny_model",
+    "to_chat": "klear.data.synthetic",
+    "to_messages": "klear.data.sft",
+    "write_jsonl": "klear.data.readers",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'klear.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

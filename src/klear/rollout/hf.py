@@ -63,7 +63,7 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.stop_token_ids = stop_token_ids or _stop_ids(model, tokenizer)
+        self.stop_token_ids = stop_token_ids or default_stop_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         self.generator = torch.Generator(device="cpu").manual_seed(0)
 
@@ -303,7 +303,7 @@ def _truncate(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
     return scaled
 
 
-def _stop_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def default_stop_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     ids: list[int] = []
     generation_config = getattr(model, "generation_config", None)
     eos = getattr(generation_config, "eos_token_id", None)

@@ -80,7 +80,7 @@ except RuntimeError as error:  # "operator torchvision::nms does not exist": CUD
 
 from klear.models import resolve_model_path
 from klear.rollout.engine import Rollout, SamplingParams
-from klear.rollout.hf import _stop_ids
+from klear.rollout.hf import default_stop_ids
 
 BUCKET_BYTES = 1 << 28
 """A refresh hands the engine a bucket of tensors as soon as it holds this many bytes (256 MiB)."""
@@ -329,7 +329,7 @@ def build_vllm_engine(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, con
     return VLLMEngine(
         model_directory(config.model.path),
         tokenizer,
-        _stop_ids(policy, tokenizer),
+        default_stop_ids(policy, tokenizer),
         seed=config.seed,
         sleep=options.enable_sleep_mode and not on_cpu,
         **llm_options,
