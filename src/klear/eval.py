@@ -17,7 +17,8 @@ Sampling uses the RL stage's engine, built by name from the same registry (``--e
 a run config holding the model and sampling settings, so an engine added to the registry (vLLM) serves both. The
 ``hf`` engine samples from a copy of the loaded model, as in RL; the loaded one is released right after, so peak
 memory is twice the model only while the engine is built. The model runs on the GPU when there is one. The
-samples are a function of ``--seed`` and ``--batch-size`` (which rows are drawn together).
+samples of a problem are a function of ``--seed`` and the problem's position alone (each sample has its own
+seeded stream), whatever ``--batch-size`` groups together.
 
 Everything that can be wrong with the arguments, the data or the model is checked before sampling starts and
 reported as one line (exit code 2). That includes the references: each is scored once against an empty
