@@ -324,13 +324,7 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def cli() -> None:
-    from transformers.utils import logging as transformers_logging
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    transformers_logging.disable_progress_bar()
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    cli()
+    from klear.cli import run
+
+    run(main)

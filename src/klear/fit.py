@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Callable
 
@@ -175,13 +174,7 @@ def _flatten(config: DictConfig) -> dict[str, object]:
     return flat
 
 
-def cli() -> None:
-    from transformers.utils import logging as transformers_logging
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    transformers_logging.disable_progress_bar()
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    cli()
+    from klear.cli import run
+
+    run(main)

@@ -15,7 +15,6 @@ one summary line with its counts. A bad option or unreadable input stops it with
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from klear.data import code_tests, curate, decontaminate, dedup, mix_command
@@ -95,13 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def cli() -> None:
-    from transformers.utils import logging as transformers_logging
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    transformers_logging.disable_progress_bar()
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    cli()
+    from klear.cli import run
+
+    run(main)
