@@ -265,8 +265,9 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
             engine.generate = klear_clock.wrap("generate", counted)
             module.scorer.score = klear_clock.wrap("reward", module.scorer.score)
             module.manual_backward = klear_clock.wrap("backward", module.manual_backward)
-            for namespace in (klear.modules.rl, klear.modules.rl_loss):
-                namespace.token_logprobs = klear_clock.wrap("logprob_fwd", namespace.token_logprobs)
+            # Every log-prob pass of a step (no-grad, loss, KL reference) goes through rl_loss.batch_logprobs.
+            rl_loss = klear.modules.rl_loss
+            rl_loss.token_logprobs = klear_clock.wrap("logprob_fwd", rl_loss.token_logprobs)
             klear_clock.start()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx: int) -> None:

@@ -25,9 +25,7 @@ import logging
 import time
 import warnings
 from dataclasses import replace
-from typing import Any
 
-import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,28 +34,25 @@ from klear.data.batches import ResumableBatches
 from klear.data.problems import load_problems
 from klear.data.prompts import encode_prompt
 from klear.distributed import gather_objects, rank_range
-from klear.evaluation import EVAL_DATA_SEED, evaluate
+from klear.evaluation import EVAL_DATA_SEED
 from klear.models import load_model, load_tokenizer
-from klear.modules.logprobs import token_logprobs
 from klear.modules.rl_batch import RolloutBatch, build_rollout_batch, split_rows
-from klear.modules.rl_loss import RLLoss
+from klear.modules.rl_loss import RLLoss, batch_logprobs
 from klear.modules.scoring import RewardScorer
+from klear.modules.stage import StageModule
 from klear.objectives import get_objective
-from klear.optim import build_optimizer, build_scheduler
 from klear.rollout.engine import ENGINES, Rollout, SamplingParams
 from klear.run_dir import RunDir
-from klear.strategies import export_hf, full_tensors, shard_model, uses_fsdp2
+from klear.strategies import full_tensors, uses_fsdp2
 
 log = logging.getLogger(__name__)
 
 
-class RLModule(L.LightningModule):
+class RLModule(StageModule):
     """GRPO-family RL of ``config.model`` with the objective ``config.objective``."""
 
     def __init__(self, config: DictConfig, train_problems: list[dict], eval_problems: list[dict]) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-        self.config = config
+        super().__init__(config)
         objective = OmegaConf.to_container(config.objective)
         self.objective = get_objective(objective.pop("name"), **objective)
         self.save_hyperparameters(
@@ -72,15 +67,10 @@ class RLModule(L.LightningModule):
         self.eval_problems = eval_problems
         self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens)
         self.engine = None
-        self.step_metrics: dict[str, float] = {}
-        self._eval_metrics: dict[str, float] = {}
 
-    def configure_model(self) -> None:
-        """``fsdp2``: shard the policy (and the frozen reference) over the data-parallel mesh."""
-        if uses_fsdp2(self.config) and self.device_mesh is not None:
-            shard_model(self.model, self.device_mesh["data_parallel"], self.config)
-            if self.reference is not None:
-                shard_model(self.reference, self.device_mesh["data_parallel"], self.config)
+    def sharded_models(self) -> list[torch.nn.Module]:
+        """The policy and the frozen reference."""
+        return [self.model] + ([self.reference] if self.reference is not None else [])
 
     def on_fit_start(self) -> None:
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
@@ -229,50 +219,17 @@ class RLModule(L.LightningModule):
         share = batch.share(torch.arange(len(batch), device=batch.mask.device), rank, world)
         pieces = []
         for rows in split_rows(len(share), self.config.algorithm.micro_batch_size):
-            micro = share.select(rows)
-            logprobs, _ = token_logprobs(
-                self.model,
-                micro.input_ids,
-                micro.targets,
-                micro.mask,
-                attention_mask=micro.attention_mask,
-                temperature=self.config.rollout.temperature or 1.0,
-                share_prefixes=True,  # a group's prompt is computed once
-            )
+            logprobs, _ = batch_logprobs(self.model, share.select(rows), self.config.rollout.temperature)
             pieces.append(torch.nn.functional.pad(logprobs, (0, batch.input_ids.shape[1] - logprobs.shape[1])))
         logprobs = torch.cat(pieces)
         if world > 1:
             logprobs = self.all_gather(logprobs).flatten(0, 1)  # rank order = row order, padding at the end
         return logprobs[: len(batch)]
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.model, self.config.optim)
-        scheduler = build_scheduler(optimizer, self.config.optim, self.config.trainer.max_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    # --------------------------------------------------------------------------------------- evaluation
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        every = self.config.eval.every_n_steps
-        if batch_idx == 0 or (every and batch_idx % every == 0):
-            self._eval_metrics = self.run_eval()
-            self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
-
-    def on_train_end(self) -> None:
-        self._log_step(self.run_eval(), step=self.config.trainer.max_steps)
-        export_hf(self, RunDir(self.config.output_dir).hf)
-
-    def run_eval(self) -> dict[str, float]:
+    def eval_engine(self):
+        """The rollout engine itself, awake: it holds the policy's weights since the last refresh."""
         self.engine.wake_up()
-        return evaluate(
-            self.engine,
-            self.tokenizer,
-            self.eval_problems,
-            self.config.eval,
-            self.scorer.correctness,
-            rank=self.global_rank,
-            world=self.trainer.world_size,
-        )
+        return self.engine
 
     # -------------------------------------------------------------------------------------------- output
 
@@ -290,14 +247,6 @@ class RLModule(L.LightningModule):
             "rollout/filtered_groups": float(filtered.float().mean()),
             "rollout/gen_tokens_per_s": tokens / max(self._generation_seconds, 1e-9),
         }
-
-    def _log_step(self, metrics: dict[str, float], step: int) -> None:
-        metrics = {key: value for key, value in {**metrics, **self._eval_metrics}.items() if value is not None}
-        self._eval_metrics = {}
-        self.step_metrics = metrics
-        if self.trainer.is_global_zero:
-            for logger in self.loggers:
-                logger.log_metrics(metrics, step=step)
 
 
 def _seed(seed: int, step: int, attempt: int) -> int:

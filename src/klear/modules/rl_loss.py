@@ -16,7 +16,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 from omegaconf import DictConfig
-from torch import Tensor
+from torch import Tensor, nn
 
 from klear.modules.logprobs import token_logprobs
 from klear.modules.rl_batch import RolloutBatch, split_rows
@@ -74,16 +74,7 @@ class RLLoss:
         self, module: L.LightningModule, micro: RolloutBatch, normalizer: Tensor, correct_tokens: Tensor
     ) -> dict[str, Tensor]:
         algorithm, mode = self.algorithm, self.objective.loss_agg
-        logprobs, entropy = token_logprobs(
-            module.model,
-            micro.input_ids,
-            micro.targets,
-            micro.mask,
-            attention_mask=micro.attention_mask,
-            temperature=module.config.rollout.temperature or 1.0,
-            with_entropy=True,
-            share_prefixes=True,  # a group's prompt is computed once
-        )
+        logprobs, entropy = batch_logprobs(module.model, micro, module.config.rollout.temperature, with_entropy=True)
         advantages = micro.advantages[:, None].expand_as(logprobs)
         if algorithm.tis_cap:
             weight = torch.exp(micro.old_logprobs - micro.engine_logprobs).clamp(max=algorithm.tis_cap)
@@ -110,19 +101,28 @@ class RLLoss:
     def _kl(self, module: L.LightningModule, micro: RolloutBatch, logprobs: Tensor) -> Tensor:
         """Per-token KL(policy || reference) estimate: k1 = log(pi / ref), k3 = ref/pi - log(ref/pi) - 1."""
         with torch.no_grad():
-            reference, _ = token_logprobs(
-                module.reference,
-                micro.input_ids,
-                micro.targets,
-                micro.mask,
-                attention_mask=micro.attention_mask,
-                temperature=module.config.rollout.temperature or 1.0,
-                share_prefixes=True,  # a group's prompt is computed once
-            )
+            reference, _ = batch_logprobs(module.reference, micro, module.config.rollout.temperature)
         log_ratio = torch.where(micro.mask, reference - logprobs, 0.0)
         if self.algorithm.kl_estimator == "k1":
             return -log_ratio
         return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def batch_logprobs(
+    model: nn.Module, batch: RolloutBatch, temperature: float, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) of ``batch``'s response tokens under ``model`` at the sampling temperature
+    (``0``, greedy, scores the untempered distribution); a group's shared prompt is computed once."""
+    return token_logprobs(
+        model,
+        batch.input_ids,
+        batch.targets,
+        batch.mask,
+        attention_mask=batch.attention_mask,
+        temperature=temperature or 1.0,
+        with_entropy=with_entropy,
+        share_prefixes=True,
+    )
 
 
 def positive_nll(logprobs: Tensor, mask: Tensor, correct: Tensor, correct_tokens: Tensor) -> Tensor:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
-import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,25 +24,24 @@ from klear.data.readers import read_rows
 from klear.data.sft import IGNORE_INDEX, build_sft_examples
 from klear.data.synthetic import generate_problems, sft_rows
 from klear.distributed import padded_share
-from klear.evaluation import EVAL_DATA_SEED, evaluate
+from klear.evaluation import EVAL_DATA_SEED
 from klear.models import load_model, load_tokenizer
 from klear.modules.logprobs import token_logprobs
 from klear.modules.scoring import RewardScorer
-from klear.optim import build_optimizer, build_scheduler, clip_grad_norm
+from klear.modules.stage import StageModule
+from klear.optim import clip_grad_norm
 from klear.rollout.hf import HFEngine, engine_model
 from klear.run_dir import RunDir
-from klear.strategies import export_hf, full_tensors, shard_model, uses_fsdp2
+from klear.strategies import full_tensors, uses_fsdp2
 
 log = logging.getLogger(__name__)
 
 
-class SFTModule(L.LightningModule):
+class SFTModule(StageModule):
     """Supervised fine-tuning of ``config.model`` on tokenized chat examples."""
 
     def __init__(self, config: DictConfig, eval_problems: list[dict]) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-        self.config = config
+        super().__init__(config)
         self.save_hyperparameters({"config": OmegaConf.to_container(config, resolve=True)})
         self.tokenizer = load_tokenizer(config.model)
         on_cuda = torch.cuda.is_available() and config.trainer.accelerator != "cpu"
@@ -52,13 +49,7 @@ class SFTModule(L.LightningModule):
         self.model = load_model(config.model, on_cuda=on_cuda and not uses_fsdp2(config))
         self.eval_problems = eval_problems
         self.scorer = RewardScorer(config.eval.reward)
-        self._eval_metrics: dict[str, float] = {}
         self._eval_engine: HFEngine | None = None
-
-    def configure_model(self) -> None:
-        """``fsdp2``: shard the model over the data-parallel mesh."""
-        if uses_fsdp2(self.config) and self.device_mesh is not None:
-            shard_model(self.model, self.device_mesh["data_parallel"], self.config)
 
     # ------------------------------------------------------------------------------------------ training
 
@@ -104,56 +95,16 @@ class SFTModule(L.LightningModule):
             step=batch_idx,
         )
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.model, self.config.optim)
-        scheduler = build_scheduler(optimizer, self.config.optim, self.config.trainer.max_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    # --------------------------------------------------------------------------------------- evaluation
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        every = self.config.eval.every_n_steps
-        if batch_idx == 0 or (every and batch_idx % every == 0):
-            self._eval_metrics = self.run_eval()
-            self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
-
-    def on_train_end(self) -> None:
-        self._log_step(self.run_eval(), step=self.config.trainer.max_steps)
-        self.export(RunDir(self.config.output_dir).hf)
-
-    @torch.no_grad()
-    def run_eval(self) -> dict[str, float]:
-        """Evaluation of the current weights, the problems split across ranks. A sharded model cannot generate
-        rank by rank (each forward is a collective), so under fsdp2 a whole copy is refreshed and sampled from."""
+    def eval_engine(self) -> HFEngine:
+        """An engine over the model itself; a sharded model cannot generate rank by rank (each forward is a
+        collective), so under fsdp2 a whole copy, refreshed before every evaluation."""
         if self._eval_engine is None:
             sharded = uses_fsdp2(self.config)
             model = engine_model(self.model, self.config.model) if sharded else self.model
             self._eval_engine = HFEngine(model, self.tokenizer, batch_size=self.config.eval.batch_size)
         if self._eval_engine.model is not self.model:
             self._eval_engine.update_weights(full_tensors(self.model))
-        return evaluate(
-            self._eval_engine,
-            self.tokenizer,
-            self.eval_problems,
-            self.config.eval,
-            self.scorer.correctness,
-            rank=self.global_rank,
-            world=self.trainer.world_size,
-        )
-
-    # -------------------------------------------------------------------------------------------- output
-
-    def _log_step(self, metrics: dict[str, float], step: int) -> None:
-        """One row per step in every logger: this step's metrics plus a pending evaluation."""
-        metrics = {**metrics, **self._eval_metrics}
-        self._eval_metrics = {}
-        if self.trainer.is_global_zero:
-            for logger in self.loggers:
-                logger.log_metrics(metrics, step=step)
-
-    def export(self, path) -> None:
-        """The model, tokenizer and generation config in Hugging Face format (gathered to rank 0)."""
-        export_hf(self, path)
+        return self._eval_engine
 
 
 def _shift_left(labels: torch.Tensor) -> torch.Tensor:
