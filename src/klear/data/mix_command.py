@@ -1,7 +1,7 @@
 """``python -m klear.data mix``: the SFT data mix of `klear.data.mixing` (top-K sources, easy-only filter, weights).
 
-The command line of ``tools/prepare_sft_mix.py`` (same options, same spec file), beside the other data
-commands, writing atomically and ending with the one-line summary they all print. The correctness filter reads
+Beside the other data commands, writing atomically and ending with the one-line summary they all print;
+``tools/prepare_sft_mix.py`` runs this same command and prints the report as well. The correctness filter reads
 each row's ``pass_rate``: ``curate --band '[0, 1]'`` measures it for any problem file, so the chain is
 ``curate`` (pass rates) -> ``mix --easy-pass-rate 0.7`` (drop incorrect answers to easy prompts only).
 """
@@ -25,6 +25,9 @@ spec file (YAML or JSON; relative paths are read from the spec's folder):
     - {name: numina, path: numina.jsonl, quality: 0.62, count: 20000}
     - {name: openr1, path: openr1.jsonl, quality: 0.71, fraction: 1.0}
     - {name: web, path: web.jsonl, quality: 0.40, filter: false}   # filter: false = no pass rates here
+
+row fields used by the filter: pass_rate (0..1, share of sampled answers that were right) and either a
+boolean correct or a reference answer checked with --reward against the last assistant turn.
 """
 
 
