@@ -5,17 +5,10 @@ Each multi-process run is the real CLI in a subprocess (Lightning launches the s
 never inside the pytest process. The one-process baseline runs in-process with the default strategy.
 """
 
-import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from klear.fit import main
+from tests.runs import assert_same_metrics, assert_same_weights, fit_in_subprocess, read_metrics
 
 RL = [
     "--config",
@@ -58,41 +51,10 @@ SFT = [
     "optim.warmup_steps=1",
 ]
 SHARDED = ["trainer.strategy=fsdp2", "trainer.devices=2"]
-TIMING = ("timing/", "tokens_per_s")
 
 
 def run_two_ranks(args: list[str]) -> None:
-    """``python -m klear.fit ARGS`` with two FSDP2 ranks, one thread each (two cores for two processes)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "klear.fit", *args, *SHARDED], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-
-
-def read_metrics(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as file:
-        return list(csv.DictReader(file))
-
-
-def assert_same_metrics(one: Path, two: Path, rel: float = 1e-4) -> None:
-    a, b = read_metrics(one / "metrics.csv"), read_metrics(two / "metrics.csv")
-    assert [row["step"] for row in a] == [row["step"] for row in b]
-    compared = 0
-    for row_a, row_b in zip(a, b, strict=True):
-        for key, value in row_a.items():
-            if key.startswith(TIMING[0]) or key.endswith(TIMING[1]) or value == row_b[key] == "":
-                continue
-            assert float(row_b[key]) == pytest.approx(float(value), rel=rel, abs=1e-6), (key, row_a["step"])
-            compared += 1
-    assert compared > 20
-
-
-def assert_same_weights(one: Path, two: Path) -> None:
-    a, b = load_file(one / "hf" / "model.safetensors"), load_file(two / "hf" / "model.safetensors")
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], atol=2e-5, rtol=1e-4)
+    fit_in_subprocess([*args, *SHARDED])
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,6 @@
 """RL end to end through the real CLI on the tiny model: every objective trains, metrics are logged, the engine
 is refreshed after each update (and the gap shows it when it is not), and a crash + ``--resume`` is exact."""
 
-import csv
-from pathlib import Path
-
 import lightning as L
 import pytest
 import torch
@@ -13,26 +10,9 @@ from klear.config_load import load_config
 from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
 from klear.models import resolve_model_path
 from klear.objectives import list_objectives
+from tests.runs import RL_SHORT, TIMING, read_metrics
 
-SHORT = [
-    "model.path=tiny",
-    "reward.name=tests.modules:even_length",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=12",
-    "algorithm.mini_batch_prompts=2",
-    "algorithm.micro_batch_size=5",
-    "trainer.max_steps=4",
-    "trainer.checkpoint_every_n_steps=2",
-    "trainer.progress_bar=false",
-    "eval.num_prompts=4",
-    "eval.max_new_tokens=8",
-    "eval.every_n_steps=2",
-    "data.num_train=32",
-    "data.num_eval=4",
-    "optim.lr=1e-3",
-    "optim.warmup_steps=0",
-]
+SHORT = RL_SHORT
 REQUIRED = [
     "reward/mean",
     "eval/accuracy",
@@ -47,12 +27,6 @@ REQUIRED = [
     "actor/lr",
     "rollout/gen_tokens_per_s",
 ]
-TIMING = ("timing/", "tokens_per_s")
-
-
-def read_metrics(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as file:
-        return list(csv.DictReader(file))
 
 
 def initial_weights() -> dict[str, torch.Tensor]:

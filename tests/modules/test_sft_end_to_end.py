@@ -1,9 +1,6 @@
 """SFT end to end through the real CLI on the tiny model: loss falls, files and metrics exist, the exported
 model loads and generates, and a crash followed by ``--resume`` continues exactly where the run stopped."""
 
-import csv
-from pathlib import Path
-
 import lightning as L
 import pytest
 import torch
@@ -11,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from klear.config_load import load_config
 from klear.fit import build_stage, build_trainer, main, prepare_run_dir
+from tests.runs import read_metrics
 
 SHORT = [
     "trainer.max_steps=6",
@@ -27,11 +25,6 @@ SHORT = [
     "optim.warmup_steps=1",
 ]
 COMPARED = ["eval/accuracy", "train/grad_norm", "train/loss", "train/lr", "train/tokens"]
-
-
-def read_metrics(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as file:
-        return list(csv.DictReader(file))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ weights into it before each test, so a test that changes them leaves nothing beh
 """
 
 import copy
-import csv
 
 import lightning as L
 import pytest
@@ -21,6 +20,7 @@ from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams
 pytest.importorskip("vllm")
 
 from klear.rollout.vllm_engine import VLLMEngine  # after the skip: it imports vllm
+from tests.runs import RL_SHORT, read_metrics
 
 TOL = 1e-4  # float32 on both sides: the engines agree to ~1e-6
 
@@ -179,31 +179,7 @@ def test_bad_updates_are_errors_and_leave_the_checkpoint_weights(synced):
     assert gap(policy, engine.generate(prompts, sampling)) < TOL
 
 
-SHORT = [
-    "model.path=tiny",
-    "rollout.engine=vllm",
-    "reward.name=tests.modules:even_length",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=12",
-    "algorithm.mini_batch_prompts=2",
-    "algorithm.micro_batch_size=5",
-    "trainer.max_steps=4",
-    "trainer.checkpoint_every_n_steps=2",
-    "trainer.progress_bar=false",
-    "eval.num_prompts=4",
-    "eval.max_new_tokens=8",
-    "eval.every_n_steps=2",
-    "data.num_train=32",
-    "data.num_eval=4",
-    "optim.lr=1e-3",
-    "optim.warmup_steps=0",
-]
-
-
-def read_metrics(path) -> list[dict[str, str]]:
-    with path.open(newline="") as file:
-        return list(csv.DictReader(file))
+SHORT = [*RL_SHORT, "rollout.engine=vllm"]
 
 
 class SimulatedCrash(Exception):

@@ -3,15 +3,7 @@ gloo. Every run is the real CLI in a subprocess (Lightning launches the second r
 one-process baseline too, so no vLLM state is left in the pytest process. Skipped without vllm.
 """
 
-import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from klear.config_load import load_config
 from klear.models import load_model, load_tokenizer
@@ -19,6 +11,7 @@ from klear.models import load_model, load_tokenizer
 pytest.importorskip("vllm")
 
 from klear.rollout import vllm_engine  # after the skip: it imports vllm
+from tests.runs import assert_same_metrics, assert_same_weights, fit_in_subprocess, read_metrics
 
 RL = [
     "--config",
@@ -52,49 +45,25 @@ RL = [
 TOL = 1e-4  # float32 trainer and engine agree to ~1e-6
 
 
-def fit(args: list[str]) -> None:
-    """``python -m klear.fit ARGS`` in a subprocess, one thread per process (two cores for two processes)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "klear.fit", *args], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-
-
-def read_metrics(path: Path) -> list[dict[str, str]]:
-    with (path / "metrics.csv").open(newline="") as file:
-        return list(csv.DictReader(file))
-
-
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     output = tmp_path_factory.mktemp("vllm-one")
-    fit([*RL, f"output_dir={output}"])
+    fit_in_subprocess([*RL, f"output_dir={output}"])
     return output
 
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
 def test_two_ranks_with_an_engine_each_match_one_process(one_process, tmp_path, strategy):
-    fit([*RL, f"trainer.strategy={strategy}", "trainer.devices=2", f"output_dir={tmp_path}"])
-    one, two = read_metrics(one_process), read_metrics(tmp_path)
+    fit_in_subprocess([*RL, f"trainer.strategy={strategy}", "trainer.devices=2", f"output_dir={tmp_path}"])
+    two = read_metrics(tmp_path / "metrics.csv")
     assert [row["step"] for row in two] == ["0", "1", "2", "3", "4"]
     # Each rank's engine got the full gathered weights after every update: it agrees with the trainer.
     gaps = [float(row["rollout/logprob_gap"]) for row in two[:4] if row["rollout/logprob_gap"]]
     assert gaps and max(gaps) < TOL, gaps
     # Prompt i of a step is sampled from seed + i whichever rank samples it: the same samples, rewards,
     # evaluation and updates as one engine on all prompts.
-    compared = 0
-    for row_one, row_two in zip(one, two, strict=True):
-        for key, value in row_one.items():
-            if key.startswith("timing/") or key.endswith("tokens_per_s") or value == row_two[key] == "":
-                continue
-            assert float(row_two[key]) == pytest.approx(float(value), rel=1e-4, abs=1e-6), (key, row_one["step"])
-            compared += 1
-    assert compared > 20
-    a, b = load_file(one_process / "hf" / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], atol=2e-5, rtol=1e-4)
+    assert_same_metrics(one_process, tmp_path)
+    assert_same_weights(one_process, tmp_path)
 
 
 def test_tensor_parallel_engines_across_training_ranks_are_refused(monkeypatch):
