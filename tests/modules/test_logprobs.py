@@ -7,19 +7,16 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from klear.modules.logprobs import naive_token_logprobs, token_logprobs
 
 
+def small_config(**overrides) -> Qwen3Config:
+    """A 2-layer Qwen3 with grouped-query attention and a 97-token vocabulary."""
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, head_dim=32)
+    return Qwen3Config(vocab_size=97, num_key_value_heads=1, **sizes, **overrides)
+
+
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        tie_word_embeddings=True,
-    )
+    config = small_config(tie_word_embeddings=True)
     return Qwen3ForCausalLM(config).train()
 
 
@@ -161,16 +158,7 @@ def test_shared_prefixes_refuse_rows_they_cannot_split(model):
 def test_gradient_checkpointing_computes_whole_rows():
     # transformers drops the KV cache inside checkpointed layers in training mode: no prefix can be shared there.
     torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-    )
-    model = Qwen3ForCausalLM(config).train()
+    model = Qwen3ForCausalLM(small_config()).train()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids, targets, mask, attention = rl_rows(torch.Generator().manual_seed(6))
     calls = []
