@@ -168,8 +168,9 @@ def test_klear_scheme() -> None:
 def test_reference_forms(reward: MathReward) -> None:
     assert reward("\\boxed{0.5}", "\\boxed{\\frac{1}{2}}") == 1.0  # a boxed reference is unboxed
     assert reward("\\boxed{0.5}", "$\\frac{1}{2}$") == 1.0
-    with pytest.raises(TypeError, match="must be a str"):
-        reward("\\boxed{1}", 1)
+    assert reward("\\boxed{1}", 1) == 1.0  # a JSON number is read as its text
+    with pytest.raises(ValueError, match="must be a str or a number, got NoneType"):
+        reward("\\boxed{1}", None)
     with pytest.raises(ValueError, match="exceeds"):
         reward("\\boxed{1}", "1" * 20_000)
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from klear.rewards import BatchResult, RewardPool, batch_rewards, get_reward
+from klear.rewards import BatchResult, RewardPool, batch_rewards, get_reward, score_batch
 
 
 def misbehaving(completion: str, reference: str) -> float:
@@ -106,6 +106,41 @@ def test_argument_errors() -> None:
         pool.score(["a", "b"], ["a"])
     with pytest.raises(RuntimeError, match="closed"):
         pool.score(["a"], ["a"])
+
+
+def test_score_batch_in_this_process_with_a_plain_function() -> None:
+    """Like the pool: an exception or a NaN is an error scored failure_reward, and nothing propagates."""
+    result = score_batch(misbehaving, ["a", "raise", "nan", "b"], ["a"] * 4, failure_reward=-1.0)
+    assert result == BatchResult([1.0, -1.0, -1.0, 0.0], 0, 2, ["ok", "error", "error", "ok"])
+    assert score_batch(misbehaving, ["raise"], ["a"]).scores == [0.0]  # failure_reward defaults to 0.0
+
+
+def test_score_batch_matches_the_pool_on_the_same_items() -> None:
+    items = (["a", "raise", "nan", "b", "a"], ["a"] * 5)
+    in_process = score_batch(misbehaving, *items, failure_reward=-1.0)
+    assert score_batch(misbehaving, *items, num_workers=2, timeout=5.0, failure_reward=-1.0) == in_process
+
+
+def test_score_batch_with_the_math_reward() -> None:
+    completions = ["\\boxed{\\frac{1}{2}}", "\\boxed{9^{9^{9^9}}}", "\\boxed{2}", None]
+    references = ["0.5", "1", "\\boxed{}", "4"]  # the third reference is a dataset bug
+    result = score_batch(get_reward("math", timeout=1.0), completions, references, failure_reward=-1.0)
+    assert result == BatchResult([1.0, 0.0, -1.0, 0.0], 1, 1, ["ok", "timeout", "error", "ok"])
+
+
+def test_score_batch_with_the_code_reward_and_a_name() -> None:
+    tests = [{"input": "2", "output": "4"}, {"code": "assert double(3) == 6"}]
+    code = (
+        "```python\ndef double(x):\n    return 2 * x\nif __name__ == '__main__':\n    print(double(int(input())))\n```"
+    )
+    completions = [code, "```python\nprint(4)\n```", "no code", code]
+    references = [tests, tests, tests, [{"input": "2"}]]
+    result = score_batch("code", completions, references)
+    assert result == BatchResult([1.0, 0.5, 0.0, 0.0], 0, 1, ["ok", "ok", "ok", "error"])
+    with pytest.raises(ValueError, match="4 completions but 3 references"):
+        score_batch("code", completions, references[:3])
+    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+        score_batch("code", completions, references, num_workers=-1)
 
 
 @pytest.mark.slow

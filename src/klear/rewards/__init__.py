@@ -1,27 +1,32 @@
 """Verifiable rewards for RL: ``math`` (math-verify equivalence) and ``code`` (tests run in a sandbox).
 
-    from klear.rewards import get_reward, RewardPool, OverlongPenalty
+    from klear.rewards import get_reward, check_reference, score_batch, RewardPool, OverlongPenalty
 
     math = get_reward("math")                         # 1.0 / 0.0 on the last \\boxed{} after </think>
     math(completion, "\\frac{1}{2}")
     klear = get_reward("math", correct=1, wrong=-1, missing_think=-2, missing_think_close=-0.5)
     code = get_reward("code", timeout=2.0)            # pass fraction of the last ```python block
-    code(completion, [{"input": "1 2", "output": "3"}, {"fn_name": "add", "args": [1, 2], "expected": 3}])
+    code(completion, [{"input": "1 2", "output": "3"}, {"fn_name": "add", "args": [1, 2], "expected": 3},
+                      {"code": "assert add(2, 2) == 4"}])
 
     with RewardPool("math", num_workers=8, timeout=10.0) as pool:     # batches, per-item deadline
         result = pool.score(completions, references)                 # .scores, .timeouts, .errors
+    result = score_batch(code, completions, tests)                    # in this process (code: on threads)
+    check_reference(math, 3)                                          # "3"; ValueError for a bad reference
 
 A reward is any callable ``(completion, reference) -> float``; `register_reward` adds one under a name (a
 `Reward` subclass, whose constructor arguments become its options, or a function). Rewards never raise on model
-output and always return within their timeout, from any thread or process; the built-in ones report timeouts
-and checker failures through `Reward.evaluate` / `Reward.counts`, and `RewardPool` counts them per batch.
+output (a completion that is not text is scored as empty) and always return within their timeout, from any
+thread or process; the built-in ones report timeouts and checker failures through `Reward.evaluate` /
+`Reward.counts`, and `RewardPool` / `score_batch` count them per batch. A malformed reference is a dataset bug
+and raises ValueError; `check_reference` finds it before training.
 """
 
 from klear.rewards import code_reward, math_reward  # noqa: F401  (registers "code" and "math")
-from klear.rewards.base import Reward, RewardOutcome, get_reward, list_rewards, register_reward
+from klear.rewards.base import Reward, RewardOutcome, check_reference, get_reward, list_rewards, register_reward
 from klear.rewards.code_reward import CodeReward
 from klear.rewards.math_reward import MathReward
-from klear.rewards.pool import BatchResult, RewardPool, batch_rewards
+from klear.rewards.pool import BatchResult, RewardPool, batch_rewards, score_batch
 from klear.rewards.sandbox import Isolation, SandboxLimits, detect_isolation
 from klear.rewards.shaping import OverlongPenalty, ThinkFormat, overlong_penalty
 
@@ -37,9 +42,11 @@ __all__ = [
     "SandboxLimits",
     "ThinkFormat",
     "batch_rewards",
+    "check_reference",
     "detect_isolation",
     "get_reward",
     "list_rewards",
     "overlong_penalty",
     "register_reward",
+    "score_batch",
 ]

@@ -6,6 +6,12 @@ status (``"ok"``, ``"timeout"``, ``"error"``) so that a verification that timed 
 than silently scored like a wrong answer. `RewardPool` reads that status; `Reward.counts` keeps a running tally
 for callers that use the plain ``__call__``.
 
+Model output never makes a reward raise: a completion that is not text (None, a number, a list) is scored as the
+empty completion and says so in its detail, and bytes are decoded as UTF-8. A malformed *reference* is a dataset
+bug and does raise; `check_reference` finds those before training, for a `Reward` (its own check) or any plain
+reward function (which is called on the empty completion). `Reward.evaluate_batch` scores many pairs at once,
+in order; the code reward runs them on threads.
+
 `get_reward(name, **options)` builds a registered reward and checks the options against its constructor, so a
 misspelt option fails with its name instead of being ignored.
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,16 +58,68 @@ class Reward:
     def warmup(self, concurrency: int = 1) -> None:
         """Start the helper processes ``concurrency`` simultaneous callers will use (default: nothing to do)."""
 
-    def evaluate(self, completion: str, reference: Any) -> RewardOutcome:
-        """Score ``completion`` against ``reference`` and return the score with its status."""
-        if not isinstance(completion, str):
-            raise TypeError(f"completion must be a str, got {type(completion).__name__}")
-        outcome = self._evaluate(completion, reference)
+    def evaluate(self, completion: object, reference: Any) -> RewardOutcome:
+        """Score ``completion`` against ``reference`` and return the score with its status.
+
+        A completion is model output and never makes this raise: ``bytes`` are decoded as UTF-8 (undecodable
+        bytes replaced), anything else that is not a ``str`` (None, a number, a list) is scored as the empty
+        completion ``""`` (the reward's own no-answer score), with "completion is not text (TYPE)" in the detail.
+
+        Raises:
+            ValueError: a malformed ``reference`` (a dataset bug; `check_reference` finds it before training).
+        """
+        if isinstance(completion, bytes):
+            completion = completion.decode("utf-8", errors="replace")
+        if isinstance(completion, str):
+            outcome = self._evaluate(completion, reference)
+        else:
+            outcome = self._evaluate("", reference)
+            note = f"completion is not text ({type(completion).__name__}); scored as the empty completion"
+            detail = f"{note}: {outcome.detail}" if outcome.detail else note
+            outcome = RewardOutcome(outcome.score, outcome.status, detail)
         with self._counts_lock:
             self.counts[outcome.status] += 1
         return outcome
 
-    def __call__(self, completion: str, reference: Any) -> float:
+    def evaluate_batch(
+        self, completions: Sequence[object], references: Sequence[Any], failure_reward: float | None = None
+    ) -> list[RewardOutcome]:
+        """`evaluate` on every ``(completion, reference)`` pair; the outcomes in input order.
+
+        This one scores them one after another; subclasses may score them concurrently (`CodeReward` does).
+        With ``failure_reward=None`` the first malformed reference raises, as in `evaluate`; with a number, a
+        pair whose scoring raises gets that score with status ``"error"`` (counted in `counts`) and the others are
+        scored as usual, which is how `RewardPool` treats a reward that raises.
+        """
+        pairs = _pairs(completions, references)
+        return [self._evaluate_item(completion, reference, failure_reward) for completion, reference in pairs]
+
+    def _evaluate_item(self, completion: object, reference: Any, failure_reward: float | None) -> RewardOutcome:
+        try:
+            return self.evaluate(completion, reference)
+        except Exception as error:
+            if failure_reward is None:
+                raise
+            with self._counts_lock:  # the caller asked for a per-item error instead of the exception
+                self.counts["error"] += 1
+            return RewardOutcome(failure_reward, "error", f"the reward raised {_reason(error)}")
+
+    def check_reference(self, reference: Any) -> Any:
+        """``reference`` checked before training, and normalised into what this reward scores against.
+
+        This default scores the empty completion against ``reference``: a subclass whose `_evaluate` raises on
+        a malformed reference is covered. The built-in rewards override it with a check of their own.
+
+        Raises:
+            ValueError: with a one-line reason when the reward cannot score against ``reference``.
+        """
+        try:
+            self._evaluate("", reference)
+        except Exception as error:  # whatever it raised, the reference is what has to be fixed
+            raise ValueError(f"the {type(self).__name__} reward rejects this reference: {_reason(error)}") from error
+        return reference
+
+    def __call__(self, completion: object, reference: Any) -> float:
         return self.evaluate(completion, reference).score
 
     def __getstate__(self) -> dict[str, Any]:
@@ -77,6 +135,43 @@ class Reward:
 
 
 RewardFn = Callable[[str, Any], float]
+
+
+def check_reference(reward: Callable[..., float], reference: Any) -> Any:
+    """``reference`` checked for ``reward`` before training, and normalised (e.g. a math answer ``3`` -> ``"3"``).
+
+    A `Reward` runs its own `Reward.check_reference`; a plain reward function is called on the empty
+    completion, and an exception from it means it cannot score against ``reference``. Returns what to store
+    as the reference.
+
+    Raises:
+        ValueError: with a one-line reason for a reference ``reward`` rejects.
+    """
+    if isinstance(reward, Reward):
+        return reward.check_reference(reference)
+    if not callable(reward):
+        raise TypeError(f"reward must be callable, got {type(reward).__name__}")
+    try:
+        reward("", reference)
+    except Exception as error:  # whatever a user's function raises, the reference is what has to be fixed
+        raise ValueError(f"the reward rejects this reference: {_reason(error)}") from error
+    return reference
+
+
+def _reason(error: BaseException) -> str:
+    """One line naming ``error``: its message's first line, prefixed by its type unless that is ValueError."""
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else ""
+    if type(error) is ValueError and text:
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _pairs(completions: Sequence[object], references: Sequence[Any]) -> list[tuple[object, Any]]:
+    if len(completions) != len(references):
+        raise ValueError(f"{len(completions)} completions but {len(references)} references")
+    return list(zip(completions, references, strict=True))
+
 
 REWARDS: Registry[Any] = Registry("reward")
 

@@ -16,11 +16,18 @@ Pipeline, cheapest first:
    units. math-verify's own SIGALRM timeouts are off; ours work from any thread or process.
 
 A check that times out or breaks scores ``wrong`` with status ``"timeout"`` / ``"error"`` (counted by
-`Reward.counts` and `RewardPool`), never an exception.
+`Reward.counts` and `RewardPool`), never an exception. An empty final answer (``\\boxed{}``, ``\\boxed{ }``) is
+wrong without a check.
+
+The reference is a ``str``, or an ``int`` / ``float`` read as its text (a JSON number: ``3`` -> ``"3"``), and must
+hold an answer (not empty, also once a ``\\boxed{}`` around it is removed); anything else raises ValueError,
+both in `MathReward.check_reference` (before training) and when scoring, because scoring against an empty
+reference would reward an empty answer.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from fractions import Fraction
@@ -100,8 +107,24 @@ class MathReward(Reward):
             answer = answer_is(tail, self.max_answer_chars) if fallback == "answer_is" else last_number(tail)
         return answer
 
+    def check_reference(self, reference: Any) -> str:
+        """``reference`` as text: a ``str`` is kept, an ``int`` / ``float`` becomes ``str(value)``.
+
+        Raises:
+            ValueError: another type (None, bool, list, dict), a non-finite number, an empty answer (also inside
+                ``\\boxed{}``), or more than ``MAX_REFERENCE_CHARS`` characters.
+        """
+        if isinstance(reference, int | float) and not isinstance(reference, bool):
+            if not math.isfinite(reference):
+                raise ValueError(f"the math reward's reference must be a finite number, got {reference!r}")
+            reference = str(reference)
+        if not isinstance(reference, str):
+            raise ValueError(f"the math reward's reference must be a str or a number, got {type(reference).__name__}")
+        _reference_answer(reference)
+        return reference
+
     def _evaluate(self, completion: str, reference: Any) -> RewardOutcome:
-        gold = normalise(_reference_answer(reference))
+        gold = _reference_answer(self.check_reference(reference))
         penalty = self.format.penalty(completion)
         if penalty is not None:
             return RewardOutcome(penalty, "ok", "format penalty")
@@ -111,6 +134,8 @@ class MathReward(Reward):
         if len(answer) > self.max_answer_chars:
             return RewardOutcome(self.wrong, "ok", f"answer longer than {self.max_answer_chars} characters")
         pred = normalise(answer)
+        if not _compact(pred):  # "\boxed{}" must never match anything, whatever the reference
+            return RewardOutcome(self.wrong, "ok", "empty final answer")
         verdict = fast_verdict(gold, pred)
         if verdict is not None:
             return RewardOutcome(self.correct if verdict else self.wrong, "ok", f"answer {pred[:80]!r} (fast path)")
@@ -119,16 +144,19 @@ class MathReward(Reward):
         return RewardOutcome(score, result.status, f"answer {pred[:80]!r}; {result.detail}".rstrip("; "))
 
 
-def _reference_answer(reference: Any) -> str:
-    if not isinstance(reference, str):
-        raise TypeError(f"the math reward's reference must be a str, got {type(reference).__name__}")
+def _reference_answer(reference: str) -> str:
+    """The normalised answer of a ``str`` reference (unboxed when boxed); ValueError when too long or empty."""
     if len(reference) > MAX_REFERENCE_CHARS:
         raise ValueError(f"reference of {len(reference)} characters exceeds {MAX_REFERENCE_CHARS}: {reference[:80]!r}")
+    answer = reference
     if "\\boxed" in reference or "\\fbox" in reference:
         boxed = last_boxed(reference, MAX_REFERENCE_CHARS)
         if boxed is not None:
-            return boxed
-    return reference
+            answer = boxed
+    answer = normalise(answer)
+    if not _compact(answer):
+        raise ValueError(f"the math reward's reference holds no answer: {reference[:80]!r}")
+    return answer
 
 
 def normalise(answer: str) -> str:

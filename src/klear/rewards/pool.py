@@ -7,8 +7,12 @@
     result.timeouts, result.errors # counts to log, e.g. `self.log_dict(result.metrics())`
 
 or, for a one-off batch, ``batch_rewards("code", completions, tests, num_workers=8, timeout=60.0)``.
-The pool's ``timeout`` should exceed the reward's own (math: ``timeout`` + 1 s; code: tests x per-test
-``timeout`` + ~10 s): the reward's own limit then fires first and the worker survives.
+`score_batch` is the one entry point for callers that may or may not want workers: with ``num_workers > 0``
+it is `batch_rewards`; with 0 it scores in this process (a `Reward` through `Reward.evaluate_batch`, so the code
+reward's threads, a plain function item by item) and counts exceptions and bad scores exactly as the pool does.
+The pool's ``timeout`` should exceed the reward's own (math: ``timeout`` + 1 s; code: its ``total_timeout``,
+by default 3 x the per-test ``timeout``, + ~10 s): the reward's own limit then fires first and the worker
+survives.
 
 Each worker is a process that builds the reward once and then scores one item at a time. The parent sends the
 next item to an idle worker and watches the clock: a worker that has not answered ``timeout`` seconds after it
@@ -136,9 +140,7 @@ class RewardPool:
                 else:
                     continue
                 del busy[slot]
-                valid = isinstance(score, float) and math.isfinite(score)
-                statuses[item] = status if valid or status != "ok" else "error"  # NaN/inf/None: an error
-                scores[item] = score if valid else self.failure_reward
+                statuses[item], scores[item] = _settle(status, score, self.failure_reward)
         return BatchResult(scores, statuses.count("timeout"), statuses.count("error"), statuses)
 
     def _wait(self, deadlines: list[float], busy: dict[int, Any]) -> None:
@@ -189,6 +191,65 @@ def batch_rewards(
     """Score one batch with a temporary `RewardPool` (start-up costs ~1 s: keep a pool for repeated batches)."""
     with RewardPool(reward, num_workers, timeout, failure_reward) as pool:
         return pool.score(completions, references)
+
+
+def score_batch(
+    reward: str | RewardFn,
+    completions: Sequence[Any],
+    references: Sequence[Any],
+    num_workers: int = 0,
+    timeout: float = 30.0,
+    failure_reward: float = 0.0,
+) -> BatchResult:
+    """Score one batch, in ``num_workers`` worker processes (`batch_rewards`) or, with 0, in this process.
+
+    In this process a `Reward` scores through `Reward.evaluate_batch` (the code reward on its ``workers``
+    threads) and a plain function item by item. Either way, as in `RewardPool`: a reward that raises, or returns
+    NaN, inf or a non-number, gives ``failure_reward`` with status ``"error"`` and never propagates; a built-in
+    reward's own ``"timeout"`` / ``"error"`` keeps its score and is counted.
+
+    ``timeout`` is the pool's per-item deadline and applies only with ``num_workers > 0``: this process cannot
+    kill a call that hangs, so in-process scoring relies on the reward's own limits (the built-in rewards
+    return within their timeouts; a plain function is not interrupted).
+    """
+    if len(completions) != len(references):
+        raise ValueError(f"{len(completions)} completions but {len(references)} references")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0 (0: score in this process), got {num_workers}")
+    if num_workers:
+        return batch_rewards(reward, completions, references, num_workers, timeout, failure_reward)
+    function = get_reward(reward) if isinstance(reward, str) else reward
+    if not callable(function):
+        raise TypeError(f"reward must be a name or a callable, got {type(reward).__name__}")
+    if isinstance(function, Reward):
+        outcomes = function.evaluate_batch(completions, references, failure_reward=failure_reward)
+        settled = [_settle(outcome.status, _number(outcome.score), failure_reward) for outcome in outcomes]
+    else:
+        pairs = zip(completions, references, strict=True)
+        settled = [_settle(*_call(function, completion, reference), failure_reward) for completion, reference in pairs]
+    statuses, scores = [status for status, _ in settled], [score for _, score in settled]
+    return BatchResult(scores, statuses.count("timeout"), statuses.count("error"), statuses)
+
+
+def _call(function: RewardFn, completion: Any, reference: Any) -> tuple[str, float | None]:
+    try:
+        return "ok", float(function(completion, reference))
+    except Exception:  # as in a worker: a reward function that raises is counted, not propagated
+        return "error", None
+
+
+def _number(score: Any) -> float | None:
+    """``float(score)`` as a worker computes it, None when that fails."""
+    try:
+        return float(score)
+    except (TypeError, ValueError):
+        return None
+
+
+def _settle(status: str, score: Any, failure_reward: float) -> tuple[str, float]:
+    """An item's (status, score): NaN, inf or None is an error scored ``failure_reward``."""
+    valid = isinstance(score, float) and math.isfinite(score)
+    return (status if valid or status != "ok" else "error"), (score if valid else failure_reward)
 
 
 class _Worker:

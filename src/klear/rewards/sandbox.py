@@ -74,7 +74,8 @@ class SandboxRun:
 
     ``status`` is "ok" when the harness reported (whatever the tests did); "timeout" / "error" when the run as a
     whole was killed or broke. ``tests`` holds one of passed, wrong, error, timeout, output_limit, not_run per
-    test; ``stderr`` the tail of each test's stderr.
+    test; ``stderr`` the tail of each test's stderr; ``budget_spent`` is True when tests were not run because
+    the run's ``total_timeout`` had passed.
     """
 
     status: Literal["ok", "timeout", "error"]
@@ -82,6 +83,7 @@ class SandboxRun:
     stderr: list[str] = field(default_factory=list)
     detail: str = ""
     isolation: dict[str, Any] = field(default_factory=dict)
+    budget_spent: bool = False
 
 
 def detect_isolation(requested: IsolationLevel = "auto") -> Isolation:
@@ -157,13 +159,24 @@ def run_sandboxed(
     limits: SandboxLimits,
     isolation: Isolation,
     stop_on_failure: bool = False,
+    total_timeout: float | None = None,
 ) -> SandboxRun:
-    """Run ``code`` on each test (``{"kind": "stdio", "input"}`` or ``{"kind": "call", "fn_name", "args",
-    "kwargs"}``) and compare with ``expected`` inside the sandbox. ``stop_on_failure`` skips the remaining tests
-    after the first test that crashes or times out (all-or-nothing scoring needs no more)."""
+    """Run ``code`` on each test and compare with ``expected`` inside the sandbox.
+
+    A test is ``{"kind": "stdio", "input"}``, ``{"kind": "call", "fn_name", "args", "kwargs"}`` or
+    ``{"kind": "code", "source"}`` (its ``expected`` entry is unused: the source's own asserts decide).
+    ``stop_on_failure`` skips the remaining tests after the first that crashes, times out or fails a code
+    test's check (all-or-nothing scoring needs no more). ``total_timeout`` is the wall-clock budget of all the
+    tests together: a test gets ``limits.timeout`` or what is left of the budget if less, and tests not started
+    once it is spent are ``not_run``. None: every test may use its whole timeout (``len(tests) *
+    (limits.timeout + 0.5)``). The whole run is killed ``limits.startup_timeout`` seconds after the budget.
+    """
+    if total_timeout is None:
+        total_timeout = len(tests) * (limits.timeout + 0.5)
+    if total_timeout <= 0:
+        raise ValueError(f"total_timeout must be positive, got {total_timeout}")
     namespaces = isolation.mode == "namespaces"
     workdir = None if namespaces else tempfile.mkdtemp(prefix="klear-sandbox-")
-    total_timeout = len(tests) * (limits.timeout + 0.5)
     job = {
         "code": code,
         "tests": tests,
@@ -217,7 +230,7 @@ def _collect(process: subprocess.Popen[bytes], payload: bytes, timeout: float) -
         return SandboxRun("error", detail=f"unreadable sandbox report: {stdout[:200]!r}")
     tests = [result["status"] for result in report["results"]]
     stderr_tails = [result["stderr"] for result in report["results"]]
-    return SandboxRun("ok", tests, stderr_tails, isolation=report["isolation"])
+    return SandboxRun("ok", tests, stderr_tails, isolation=report["isolation"], budget_spent=report["budget_spent"])
 
 
 def _frame(message: dict[str, Any]) -> bytes:

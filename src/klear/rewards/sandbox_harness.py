@@ -8,11 +8,22 @@ fresh process group and, where the OS allows, as PID 1 of new PID/mount/network/
    ``/var/tmp`` and ``/dev/shm``, the work directory ``/tmp/work`` owned by the sandbox uid;
 3. for each test forks a child that sets rlimits (CPU, address space, file size, open files, processes),
    ``no_new_privs``, drops to a random unprivileged uid (when started as root) and execs the program, with
-   stdin fed from the test and stdout/stderr read through pipes under a size cap and a wall-clock deadline;
+   stdin fed from the test and stdout/stderr read through pipes under a size cap and a wall-clock deadline
+   (the per-test ``timeout``, cut short by what is left of the job's ``total_timeout``; tests not started
+   when that budget is spent are ``not_run``, and so are the rest after a failure with ``stop_on_failure``);
 4. after each test kills every process left (``kill(-1)`` from PID 1; the subreaper walk otherwise), so a
    background grandchild cannot outlive its test or disturb the next one;
 5. only then reads the expected outputs (so they never share memory with a running program, which could
    otherwise read them from a forked copy of this process) and writes one JSON verdict per test to stdout.
+
+Tests are of three kinds. ``stdio`` runs the program as ``__main__`` with the test's stdin and compares its
+stdout; ``call`` runs it as module ``solution``, calls a function and compares the JSON of its return value;
+``code`` runs it as module ``solution``, then the test's (trusted) Python source in the same namespace and
+child. A code test passes only when, after that source returned, the child writes a random per-test token to
+the result pipe and exits 0, so a program that exits early (``os._exit(0)``) never passes. A failed ``assert``
+is ``wrong``; any other exception, a ``SystemExit`` of any code, or an exit before the token is ``error``.
+Before the source runs, the ``builtins`` module and ``__builtins__`` are restored to what they were before the
+program and trace/profile hooks are removed. What is not guarded is listed in `code_reward`'s docstring.
 """
 
 from __future__ import annotations
@@ -43,7 +54,6 @@ _STDERR_CAP = 2048
 
 
 def main() -> None:
-    started = time.monotonic()
     job = _read_message()
     pid1 = job["pid1"] = job["pid_namespace"] and os.getpid() == 1
     info = {"pid1": pid1, "uid": None, "readonly_mounts": 0, "readonly_failures": 0, "tmpfs": []}
@@ -57,17 +67,26 @@ def main() -> None:
     if job["drop_uid"]:
         info["uid"] = 100_000 + int.from_bytes(os.urandom(4), "big") % 2**30  # its own uid: own NPROC count
         os.chown(workdir, info["uid"], info["uid"])
-    deadline = started + job["total_timeout"]
+    deadline = time.monotonic() + job["total_timeout"]  # the budget of the tests, after the set-up above
     runs: list[dict[str, Any]] = []
+    budget_spent = False
     for test in job["tests"]:
-        if time.monotonic() >= deadline or (job["stop_on_failure"] and runs and runs[-1]["status"] != "ok"):
-            runs.append({"status": "not_run", "stdout": b"", "stderr": b""})
+        if time.monotonic() >= deadline:
+            budget_spent = True
+        if budget_spent or (job["stop_on_failure"] and runs and _failed(runs[-1])):
+            runs.append({"status": "not_run", "stdout": b"", "result": b"", "stderr": b"", "token": None})
             continue
         test_deadline = min(deadline, time.monotonic() + job["timeout"])
         runs.append(_run_test(job, test, workdir, info["uid"], test_deadline))
     expected = _read_message()["expected"]  # only now: no program is running any more
     verdicts = [_verdict(test, run, want) for test, run, want in zip(job["tests"], runs, expected, strict=True)]
-    _write_all(1, json.dumps({"results": verdicts, "isolation": info}).encode())
+    report = {"results": verdicts, "isolation": info, "budget_spent": budget_spent}
+    _write_all(1, json.dumps(report).encode())
+
+
+def _failed(run: dict[str, Any]) -> bool:
+    """Whether a test already failed as far as we can tell before reading the expected outputs."""
+    return run["status"] != "ok" or (run["token"] is not None and run["result"] != run["token"])
 
 
 def _run_test(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int | None, deadline: float) -> dict:
@@ -75,9 +94,11 @@ def _run_test(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int 
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     res_r, res_w = os.pipe()
+    # What a code test's child writes once the check source has returned; unknown to the program beforehand.
+    token = os.urandom(16).hex().encode() if test["kind"] == "code" else None
     pid = os.fork()
     if pid == 0:
-        _child(job, test, workdir, uid, (stdin_r, out_w, err_w, res_w))
+        _child(job, test, workdir, uid, (stdin_r, out_w, err_w, res_w), token)
     for fd in (stdin_r, out_w, err_w, res_w):
         os.close(fd)
     exit_fd = _exit_fd(pid)
@@ -120,7 +141,8 @@ def _run_test(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int 
         if fd is not None and fd >= 0:
             os.close(fd)
     stdout, result, stderr = (bytes(pipes[fd].data) for fd in (out_r, res_r, err_r))
-    return {"status": status or _status_of(exit_status), "stdout": stdout, "result": result, "stderr": stderr}
+    status = status or _status_of(exit_status)
+    return {"status": status, "stdout": stdout, "result": result, "stderr": stderr, "token": token}
 
 
 class _Capture:
@@ -174,10 +196,13 @@ def _status_of(exit_status: int) -> str:
     return "ok" if os.waitstatus_to_exitcode(exit_status) == 0 else "error"
 
 
-def _child(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int | None, fds: tuple[int, ...]) -> None:
+def _child(
+    job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int | None, fds: tuple[int, ...], token: bytes | None
+) -> None:
     """The forked child: confine itself, then run the program. Never returns."""
     exit_code = 1
     try:
+        job["tests"].clear()  # our copy only: the program need not find the other tests' check sources
         os.setsid()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -197,7 +222,7 @@ def _child(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int | N
         sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         sys.argv = ["solution.py"]
-        exit_code = _execute(test, job["code"])
+        exit_code = _execute(test, job["code"], token)
     except BaseException:  # the program's own errors are reported on its stderr
         traceback.print_exc()
     finally:
@@ -221,16 +246,21 @@ def _limit_child(job: dict[str, Any], limit_processes: bool) -> None:
         prctl(_PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries cannot raise privileges again
 
 
-def _execute(test: dict[str, Any], code: str) -> int:
-    namespace: dict[str, Any] = {"__name__": "__main__" if test["kind"] == "stdio" else "solution"}
+def _execute(test: dict[str, Any], code: str, token: bytes | None) -> int:
+    kind = test["kind"]
+    namespace: dict[str, Any] = {"__name__": "__main__" if kind == "stdio" else "solution"}
     namespace["__builtins__"] = builtins
+    # Taken before the program runs, so that it cannot replace them (see the module docstring).
+    check = compile(test["source"], "test.py", "exec") if kind == "code" else None
+    builtins_dict, write, settrace, setprofile = vars(builtins), os.write, sys.settrace, sys.setprofile
+    saved_builtins = dict(builtins_dict)
     try:
         exec(compile(code, "solution.py", "exec"), namespace)
     except SystemExit as exit_:
-        if test["kind"] == "call":
+        if kind != "stdio":
             raise
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    if test["kind"] == "call":
+    if kind == "call":
         solution = namespace.get("Solution")
         method = getattr(solution, test["fn_name"], None) if isinstance(solution, type) else None
         function = getattr(solution(), test["fn_name"]) if method is not None else namespace.get(test["fn_name"])
@@ -239,11 +269,29 @@ def _execute(test: dict[str, Any], code: str) -> int:
         result = function(*test["args"], **test["kwargs"])
         sys.stdout.flush()
         _write_all(3, json.dumps(result).encode())
+    elif kind == "code":
+        settrace(None)
+        setprofile(None)
+        builtins_dict.clear()  # the program's additions go too, not only its replacements
+        builtins_dict.update(saved_builtins)
+        namespace["__builtins__"] = builtins
+        try:
+            exec(check, namespace)
+        except AssertionError:
+            write(3, b"assertion")
+            raise
+        write(3, token)
     return 0
 
 
 def _verdict(test: dict[str, Any], run: dict[str, Any], expected: Any) -> dict[str, Any]:
     verdict = {"status": run["status"], "stderr": run["stderr"][-300:].decode("utf-8", "replace")}
+    if test["kind"] == "code" and run["status"] in ("ok", "error"):
+        if run["result"] == b"assertion":
+            verdict["status"] = "wrong"
+        elif run["status"] == "ok":  # exited 0: passed only if it got past the check to write the token
+            verdict["status"] = "passed" if run["result"] == run["token"] else "error"
+        return verdict
     if run["status"] != "ok":
         return verdict
     if test["kind"] == "stdio":
