@@ -31,9 +31,9 @@ def test_broken_jsonl_rows_are_reported_with_line_numbers_and_skipped(tmp_path, 
     assert rows == ROWS
     messages = [record.getMessage() for record in caplog.records]
     assert messages[0].startswith(f"{path}:2: skipped, not valid JSON")
-    assert messages[1] == f"{path}:4: skipped, a JSON list and not an object"
+    assert messages[1] == f"{path}:4: skipped, a JSON list, not an object"
     assert messages[2] == f"{path}:6: skipped, not valid JSON (not UTF-8)"
-    assert messages[3] == f"{path}: skipped 3 broken rows of 5"
+    assert messages[3] == f"{path}: skipped 3 bad rows of 5"
     assert len(messages) == 4
 
 
@@ -44,7 +44,7 @@ def test_row_warnings_are_capped_but_all_counted(tmp_path, caplog):
         assert read_rows(path) == [{"ok": 1}]
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == MAX_ROW_WARNINGS + 1
-    assert messages[-1] == f"{path}: skipped 15 broken rows of 16 (first 10 shown)"
+    assert messages[-1] == f"{path}: skipped 15 bad rows of 16 (first 10 shown)"
 
 
 def test_json_list(tmp_path, caplog):
@@ -52,7 +52,7 @@ def test_json_list(tmp_path, caplog):
     path.write_text(json.dumps([ROWS[0], "stray", ROWS[1]]))
     with caplog.at_level(logging.WARNING, logger="klear.data.readers"):
         assert read_rows(path) == ROWS
-    assert caplog.records[0].getMessage() == f"{path}: item 1: skipped, a JSON str and not an object"
+    assert caplog.records[0].getMessage() == f"{path}:2: skipped, item 2 is a JSON str, not an object"
 
 
 @pytest.mark.parametrize(

@@ -1,19 +1,21 @@
 """Rows of training or evaluation data from a file or a Hugging Face dataset, as plain Python dicts.
 
-One entry point, `read_rows`, for everything that reads records (SFT conversations, RL prompts, eval sets, the
-data-mixing tool). It accepts ``.jsonl`` (one JSON object per line), ``.json`` (one list of objects),
-``.parquet`` (through pyarrow), and a Hugging Face ``datasets`` name or a folder written by
-``Dataset.save_to_disk``. pyarrow and datasets are imported only when such an input is read, so the core install
-does not need them.
+One parser, `read_numbered`, for everything that reads records (SFT conversations, RL prompts, eval sets, the
+data commands): it returns each row with its 1-based line (jsonl) or position (other inputs), so every skipped
+row can be reported by where it sits; `read_rows` is the same without the numbers. It accepts ``.jsonl`` (one
+JSON object per line), ``.json`` (one list of objects), ``.parquet`` (through pyarrow), and a Hugging Face
+``datasets`` name or a folder written by ``Dataset.save_to_disk``. pyarrow and datasets are imported only when
+such an input is read, so the core install does not need them.
 
 What was simplified, and why: every input is read into memory as a list of dicts. The SFT and RL sets this
 project trains on (tens to a few hundred thousand rows) fit comfortably, and a list makes shuffling, packing and
 mixing plain Python; streaming would be the next step for corpora that do not fit.
 
-Broken rows are never dropped silently: a jsonl line that is not valid JSON, not UTF-8, or not an object is
-skipped with a logging warning naming the file and line (the first `MAX_ROW_WARNINGS` of them), and a summary
-warning gives the total. Blank lines are not rows and are skipped without a warning. A missing or unreadable
-file, or an input of no accepted format, raises `DataError` with one line naming it and the accepted formats.
+Broken rows are never dropped silently: a jsonl line that is not valid JSON, not UTF-8, or not an object is a
+`BadRow`; `read_rows` skips it with a logging warning naming the file and line (the first `MAX_ROW_WARNINGS` of
+them, `warn_bad_rows`), and a summary warning gives the total. Blank lines are not rows and are skipped without
+a warning. A missing or unreadable file, or an input of no accepted format, raises `DataError` with one line
+naming it and the accepted formats.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -39,6 +42,21 @@ class DataError(ValueError):
     """A data input that cannot be read: missing, unreadable, of an unknown format, or without a needed field."""
 
 
+@dataclass(frozen=True)
+class BadRow:
+    """A row that was skipped: where it sits in ``path`` (1-based jsonl line, else 1-based position) and why."""
+
+    path: str
+    line: int
+    reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
 def read_rows(path: str | Path, split: str | None = None) -> list[dict]:
     """Every row of ``path`` as a dict, broken rows skipped with a warning naming their line.
 
@@ -48,21 +66,51 @@ def read_rows(path: str | Path, split: str | None = None) -> list[dict]:
         split: the split of a ``datasets`` input (``"train"``); optional when it has exactly one split. Files
             have no splits, so passing one with a file is an error.
     """
+    rows, bad = read_numbered(path, split)
+    warn_bad_rows(bad, totals={str(path): len(rows) + len(bad)})
+    return [row for _, row in rows]
+
+
+def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    """``([(line, row), ...], bad_rows)`` of ``path``, for callers that report rows by where they sit.
+
+    For a ``.jsonl`` file the number is the line of the file (1-based, blank lines counted), the number an editor
+    shows; for the other inputs it is the row's 1-based position. A jsonl line that is not a JSON object, or a
+    ``.json`` list item that is not an object, is a `BadRow`. Raises `DataError` (one line) for a missing or
+    unreadable input or one of no accepted format.
+    """
     text = str(path)
     local = Path(os.path.expanduser(text))
     if local.is_dir():
-        return _read_datasets(text, local, split)
+        return _numbered(_read_datasets(text, local, split))
     suffix = local.suffix.lower()
     if suffix in (".jsonl", ".json", ".parquet"):
         if split is not None:
             raise DataError(f"{text}: split={split!r} only applies to a Hugging Face dataset, not to a {suffix} file")
         if not local.is_file():
             raise DataError(f"{text}: no such file; accepted inputs: {ACCEPTED_FORMATS}")
-        readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
-        return readers[suffix](local)
+        if suffix == ".jsonl":
+            return _read_jsonl(local, text)
+        if suffix == ".json":
+            return _read_json(local, text)
+        return _numbered(_read_parquet(local))
     if local.exists() or suffix or _looks_like_path(text):
         raise DataError(f"{text}: not a readable data input; accepted inputs: {ACCEPTED_FORMATS}")
-    return _read_datasets(text, None, split)
+    return _numbered(_read_datasets(text, None, split))
+
+
+def warn_bad_rows(bad: list[BadRow], totals: dict[str, int] | None = None) -> None:
+    """Log the first `MAX_ROW_WARNINGS` bad rows of each input as ``path:line: skipped, reason``, then a count
+    per input (of ``totals[path]`` rows, when given)."""
+    by_path: dict[str, list[BadRow]] = {}
+    for row in bad:
+        by_path.setdefault(row.path, []).append(row)
+    for path, rows in by_path.items():
+        for row in sorted(rows, key=lambda r: r.line)[:MAX_ROW_WARNINGS]:
+            logger.warning("%s:%d: skipped, %s", path, row.line, row.reason)
+        of = f" of {totals[path]}" if totals and path in totals else ""
+        shown = f" (first {MAX_ROW_WARNINGS} shown)" if len(rows) > MAX_ROW_WARNINGS else ""
+        logger.warning("%s: skipped %d bad rows%s%s", path, len(rows), of, shown)
 
 
 def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
@@ -75,32 +123,31 @@ def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
     return path
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows, broken, total = [], 0, 0
+def _read_jsonl(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    rows, bad = [], []
     try:
         with path.open("rb") as f:
             for number, raw in enumerate(f, start=1):
                 if not raw.strip():
                     continue
-                total += 1
                 try:
                     row = json.loads(raw.decode("utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                    broken += 1
-                    _warn_row(broken, f"{path}:{number}: skipped, not valid JSON ({_reason(error)})")
+                except UnicodeDecodeError:
+                    bad.append(BadRow(name, number, "not valid JSON (not UTF-8)"))
                     continue
-                if not isinstance(row, dict):
-                    broken += 1
-                    _warn_row(broken, f"{path}:{number}: skipped, a JSON {type(row).__name__} and not an object")
+                except json.JSONDecodeError as error:
+                    bad.append(BadRow(name, number, f"not valid JSON ({error.msg} at column {error.colno})"))
                     continue
-                rows.append(row)
+                if isinstance(row, dict):
+                    rows.append((number, row))
+                else:
+                    bad.append(BadRow(name, number, f"a JSON {type(row).__name__}, not an object"))
     except OSError as error:
         raise _unreadable(path, error) from None
-    _summarise(path, broken, total)
-    return rows
+    return rows, bad
 
 
-def _read_json(path: Path) -> list[dict]:
+def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadRow]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
@@ -112,15 +159,17 @@ def _read_json(path: Path) -> list[dict]:
         raise DataError(message) from None
     if not isinstance(data, list):
         raise DataError(f"{path}: a JSON {type(data).__name__}; a .json input is one list of objects (or use .jsonl)")
-    rows, broken = [], 0
-    for index, item in enumerate(data):
+    rows, bad = [], []
+    for position, item in enumerate(data, start=1):
         if isinstance(item, dict):
-            rows.append(item)
+            rows.append((position, item))
         else:
-            broken += 1
-            _warn_row(broken, f"{path}: item {index}: skipped, a JSON {type(item).__name__} and not an object")
-    _summarise(path, broken, len(data))
-    return rows
+            bad.append(BadRow(name, position, f"item {position} is a JSON {type(item).__name__}, not an object"))
+    return rows, bad
+
+
+def _numbered(rows: list[dict]) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    return list(enumerate(rows, start=1)), []
 
 
 def _read_parquet(path: Path) -> list[dict]:
@@ -170,20 +219,3 @@ def _unreadable(path: Path, error: OSError) -> DataError:
 def _looks_like_path(text: str) -> bool:
     """Whether a missing input was meant as a local path rather than a hub name such as ``org/name``."""
     return text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text
-
-
-def _reason(error: Exception) -> str:
-    if isinstance(error, json.JSONDecodeError):
-        return f"{error.msg} at column {error.colno}"
-    return "not UTF-8"
-
-
-def _warn_row(broken: int, message: str) -> None:
-    if broken <= MAX_ROW_WARNINGS:
-        logger.warning(message)
-
-
-def _summarise(path: Path, broken: int, total: int) -> None:
-    if broken:
-        shown = f" (first {MAX_ROW_WARNINGS} shown)" if broken > MAX_ROW_WARNINGS else ""
-        logger.warning(f"{path}: skipped {broken} broken rows of {total}{shown}")

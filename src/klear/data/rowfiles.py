@@ -1,11 +1,11 @@
 """Rows with their line numbers in, rows and reports out: the input and output side of ``python -m klear.data``.
 
-The data commands report every row they skip by where it sits in the input, so `read_numbered` returns each
-row with its number, and the rows it could not use (`BadRow`: the number and why) instead of only logging them.
-For a ``.jsonl`` file the number is the line of the file (1-based, blank lines counted), the number an editor
-shows; for the other inputs `read_rows` accepts (``.json``, ``.parquet``, a Hugging Face dataset) it is the
-row's 1-based position. A command's own checks (a row without the text it needs) add to the same list, so a
-report counts every row that went in: kept + removed + bad.
+The data commands report every row they skip by where it sits in the input, so they read with
+`klear.data.readers.read_numbered`, which returns each row with its number and the rows it could not use
+(`BadRow`: the number and why) instead of only logging them. For a ``.jsonl`` file the number is the line of the
+file (1-based, blank lines counted), the number an editor shows; for the other inputs it is the row's 1-based
+position. A command's own checks (a row without the text it needs) add to the same list, so a report counts every
+row that went in: kept + removed + bad.
 
 Outputs are written atomically: to a temporary file beside the target, then renamed over it, so an interrupted
 command leaves either the previous file or the new one, never half of one.
@@ -14,69 +14,32 @@ command leaves either the previous file or the new one, never half of one.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from klear.data.readers import ACCEPTED_FORMATS, DataError, read_rows, write_jsonl
+from klear.data.readers import BadRow, read_numbered, warn_bad_rows, write_jsonl
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "BadRow",
+    "CommandError",
+    "bad_rows_report",
+    "read_numbered",
+    "report_path",
+    "row_text",
+    "texts_of",
+    "warn_bad_rows",
+    "write_json",
+    "write_rows",
+    "write_text",
+]
 
 TEXT_KEYS = ("problem", "question", "prompt")
 """Fields tried, in order, for a row's problem text when no key is given (math, code, generic prompt rows)."""
-MAX_WARNINGS = 10
-"""Bad rows warned about one by one per input; all of them are in the report."""
 
 
 class CommandError(ValueError):
     """A data command that cannot run as asked: one line naming the option or file and what is accepted."""
-
-
-@dataclass(frozen=True)
-class BadRow:
-    """A row that was skipped: its line (or 1-based position) in ``path`` and why."""
-
-    path: str
-    line: int
-    reason: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def read_numbered(path: str | Path) -> tuple[list[tuple[int, dict]], list[BadRow]]:
-    """``([(line, row), ...], bad_rows)`` of ``path``: a jsonl line that is not a JSON object is a bad row.
-
-    Raises `DataError` (one line) for a missing or unreadable input, as `read_rows` does.
-    """
-    local = Path(os.path.expanduser(str(path)))
-    if local.suffix.lower() != ".jsonl":
-        return [(number, row) for number, row in enumerate(read_rows(path), start=1)], []
-    if not local.is_file():
-        raise DataError(f"{path}: no such file; accepted inputs: {ACCEPTED_FORMATS}")
-    rows, bad = [], []
-    try:
-        with local.open("rb") as f:
-            for number, raw in enumerate(f, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    row = json.loads(raw.decode("utf-8"))
-                except UnicodeDecodeError:
-                    bad.append(BadRow(str(path), number, "not valid JSON (not UTF-8)"))
-                    continue
-                except json.JSONDecodeError as error:
-                    bad.append(BadRow(str(path), number, f"not valid JSON ({error.msg} at column {error.colno})"))
-                    continue
-                if isinstance(row, dict):
-                    rows.append((number, row))
-                else:
-                    bad.append(BadRow(str(path), number, f"a JSON {type(row).__name__}, not an object"))
-    except OSError as error:
-        raise DataError(f"{path}: cannot read ({error.strerror or error})") from None
-    return rows, bad
 
 
 def row_text(row: dict, key: str | None = None) -> str:
@@ -115,20 +78,6 @@ def texts_of(
 def bad_rows_report(bad: list[BadRow]) -> list[dict]:
     """The bad rows as report entries, in file and line order."""
     return [row.to_dict() for row in sorted(bad, key=lambda row: (row.path, row.line))]
-
-
-def warn_bad_rows(bad: list[BadRow]) -> None:
-    """Log the first `MAX_WARNINGS` bad rows of each input by ``path:line``, then a count per input."""
-    by_path: dict[str, list[BadRow]] = {}
-    for row in bad:
-        by_path.setdefault(row.path, []).append(row)
-    for path, rows in by_path.items():
-        for row in sorted(rows, key=lambda r: r.line)[:MAX_WARNINGS]:
-            logger.warning("%s:%d: skipped, %s", path, row.line, row.reason)
-        if len(rows) > MAX_WARNINGS:
-            logger.warning(
-                "%s: %d bad rows skipped in all (first %d shown; all are in the report)", path, len(rows), MAX_WARNINGS
-            )
 
 
 def write_rows(rows: Iterable[dict], path: str | Path) -> Path:
