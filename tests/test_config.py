@@ -36,7 +36,7 @@ def test_yaml_lists_only_deviations_and_overrides_win(tmp_path):
         (["trainer.max_steps=ten"], "bad value for 'trainer.max_steps'"),
         (["optim.schedule=linear"], "optim.schedule = 'linear' is not accepted; accepted: cosine, constant"),
         (["data.batching=bucketed"], "data.batching = 'bucketed' is not accepted; accepted: padded, grouped, packed"),
-        (["trainer.max_steps=0"], "trainer.max_steps must be >= 1"),
+        (["trainer.max_steps=0"], "trainer.max_steps = 0 is not accepted; accepted: an integer >= 1"),
         (["optim.min_lr=1.0"], "optim.min_lr (1.0) must not exceed optim.lr"),
         (["eval.samples=4"], "eval.samples > 1 needs eval.temperature > 0"),
         (["stage=pretrain"], "stage 'pretrain' is not one of"),
@@ -104,7 +104,7 @@ def test_cli_unreadable_data_file_is_one_line(tmp_path):
         (["rollout.group_size=1"], "rollout.group_size must be >= 2"),
         (["algorithm.tis_cap=2.0"], "algorithm.tis_cap needs rollout.old_logprobs=trainer"),
         (["rollout.old_logprobs=both"], "rollout.old_logprobs = 'both' is not accepted; accepted: engine, trainer"),
-        (["rollout.prompts_per_step=0"], "rollout.prompts_per_step must be >= 1"),
+        (["rollout.prompts_per_step=0"], "rollout.prompts_per_step = 0 is not accepted; accepted: an integer >= 1"),
     ],
 )
 def test_bad_rl_configs_name_the_key(overrides, message):

@@ -144,7 +144,7 @@ def klear_config(args: argparse.Namespace, output_dir: str):
     return load_config("configs/rl.yaml", overrides)
 
 
-def build_trl(args: argparse.Namespace, config, problems: list[dict], clock: Clock, output_dir: str):
+def build_trl(args: argparse.Namespace, config, problems: list, clock: Clock, output_dir: str):
     """A GRPOTrainer on the same model, prompts, reward and hyperparameters (see the module docstring)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -198,7 +198,7 @@ def build_trl(args: argparse.Namespace, config, problems: list[dict], clock: Clo
         dataloader_num_workers=0,
     )
     dataset = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": p["problem"]}], "answer": str(p["answer"])} for p in problems]
+        [{"prompt": [{"role": "user", "content": p.prompt}], "answer": p.reference} for p in problems]
     )
     model = load_model(config.model)
     model.set_attn_implementation("sdpa")  # transformers' default, whatever klear's own config chooses
@@ -223,14 +223,14 @@ def build_trl(args: argparse.Namespace, config, problems: list[dict], clock: Clo
     return trainer
 
 
-def check_same_prompts(tokenizer, problems: list[dict]) -> None:
+def check_same_prompts(tokenizer, problems: list) -> None:
     """klear's prompt encoding and TRL's (one batched chat-template call) give the same token ids."""
     from klear.data.prompts import encode_prompt
 
-    conversations = [[{"role": "user", "content": problem["problem"]}] for problem in problems[:8]]
+    conversations = [[{"role": "user", "content": problem.prompt}] for problem in problems[:8]]
     theirs = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True, return_dict=True)
     for problem, ids in zip(problems, theirs["input_ids"], strict=False):
-        if list(ids) != encode_prompt(tokenizer, problem["problem"]):
+        if list(ids) != encode_prompt(tokenizer, problem.prompt):
             raise SystemExit(f"prompt ids differ between klear and TRL for {problem['problem']!r}")
 
 

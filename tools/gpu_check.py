@@ -50,8 +50,8 @@ def gap(model, rollouts, temperature: float) -> float:
 
 def check_vllm(directory: str) -> None:
     from klear.config_load import load_config
-    from klear.data.problems import load_problems
     from klear.data.prompts import encode_prompt
+    from klear.data.synthetic import generate_problems
     from klear.models import load_model, load_tokenizer
     from klear.rollout.engine import ENGINES, SamplingParams
 
@@ -68,7 +68,7 @@ def check_vllm(directory: str) -> None:
         engine.update_weights(policy.named_parameters())
         print(f"refresh {attempt}: {time.perf_counter() - started:.3f}s")
 
-    problems = load_problems("synthetic", "train", 64, 0, [1, 2, 3, 4])
+    problems = generate_problems(64, split="train", seed=0)
     prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems]
     sampling = SamplingParams(max_new_tokens=256, temperature=1.0, n=8, seed=0)
     engine.generate(prompts[:4], sampling)  # warm-up

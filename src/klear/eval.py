@@ -8,10 +8,14 @@ reward status, length and finish reason, and the problem's correct count, avg an
 ``summary.md``; the summary table is also printed.
 
 The kind of data decides the reward unless ``--reward`` names one (a registered name or
-``package.module:Attribute``): rows with ``problem`` and ``answer`` are math, scored on the final ``\\boxed{}``
-answer (a JSON number as answer is read as its text); rows with ``question`` and ``tests`` are code, whose last
-python block runs against the tests in the sandbox. Other field names are given with ``--prompt-key`` and
-``--reference-key``. The kind is read from the first row; rows without the fields are skipped with a warning.
+``package.module:Attribute``): rows with ``problem`` and an ``answer`` text are math, scored on the final
+``\\boxed{}`` answer (a JSON number as answer is read as its text); rows whose ``answer`` (or ``tests``, with the
+prompt in ``question``) is a list of tests are code, whose last python block runs against the tests in the sandbox;
+LiveCodeBench rows are read as they are (`klear.data.code_formats`). Other field names are given with
+``--prompt-key`` and ``--reference-key``. The kind is read from the first row. Problems are loaded and checked by
+the loader RL training uses (`klear.data.problems`): a row without the fields, with a reference the reward rejects
+(malformed code tests, a math answer that is a list) or with a prompt longer than ``--max-prompt-tokens`` is
+skipped with a warning naming its file and line, and counted in the summary.
 
 Sampling uses the RL stage's engine, built by name from the same registry (``--engine``, ``hf`` by default) with
 a run config holding the model and sampling settings, so an engine added to the registry (vLLM) serves both. The
@@ -21,8 +25,7 @@ samples of a problem are a function of ``--seed`` and the problem's position alo
 seeded stream), whatever ``--batch-size`` groups together.
 
 Everything that can be wrong with the arguments, the data or the model is checked before sampling starts and
-reported as one line (exit code 2). That includes the references: each is scored once against an empty
-completion, and a reward that rejects it (malformed code tests, a non-text math answer) names the row.
+reported as one line (exit code 2), including data in which no row is usable.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import json
 import logging
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,33 +43,20 @@ from omegaconf import OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from klear.config import ModelConfig, RLRunConfig, RolloutConfig
+from klear.data.problems import Problem, ProblemSet, Task, choose_task, load_problems
 from klear.data.prompts import encode_prompt
-from klear.data.readers import DataError, read_rows, write_jsonl
+from klear.data.readers import DataError, read_numbered, warn_bad_rows, write_jsonl
 from klear.eval_metrics import markdown_table, problem_record, summarize
-from klear.models import load_model, load_tokenizer, resolve_model_path
-from klear.rewards import BatchResult, Reward, RewardOutcome, RewardPool, get_reward
+from klear.models import load_model, load_tokenizer, model_context, resolve_model_path
+from klear.rewards import get_reward, score_batch
 from klear.rewards.base import RewardFn
 from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, SamplingParams
 
 log = logging.getLogger(__name__)
 
-TASK_FIELDS: dict[str, tuple[str, str]] = {"math": ("problem", "answer"), "code": ("question", "tests")}
-"""Reward name -> (prompt field, reference field) of its data rows; other rewards read ``problem``/``answer``."""
-MAX_REPORTED = 10
-"""Skipped rows named one by one in the warning."""
-
 
 class EvalError(ValueError):
     """An evaluation that cannot start as asked: one line naming the argument or row and what is accepted."""
-
-
-@dataclass(frozen=True)
-class Task:
-    """Which reward scores the samples and which row fields hold the prompt and its reference."""
-
-    reward: str
-    prompt_key: str
-    reference_key: str
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-key", help="field with the prompt text (default: problem / question)")
     parser.add_argument("--reference-key", help="field with the reference (default: answer / tests)")
     parser.add_argument("--limit", type=int, help="evaluate only the first LIMIT problems")
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="skip longer prompts; 0: the model's context minus --max-new-tokens (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=256, help="sequences sampled together (default: %(default)s)")
     parser.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
@@ -106,11 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         output = Path(args.output or Path("outputs") / "eval" / Path(args.data).stem)
         if (output / "results.jsonl").exists() and not args.overwrite:
             raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
-        rows = read_rows(args.data)
-        task = choose_task(rows, args)
-        problems, skipped = select_problems(rows, task, args.data, args.limit)
-        reward = build_reward(task.reward)
-        check_references(reward, problems, task.reward, args.data)
+        problems, task, reward = load_eval_problems(args)
         engine, tokenizer = build_engine(args)
     except (EvalError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -119,12 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "data": args.data,
         **vars(task),
-        "rows_skipped": skipped,
+        "rows": problems.rows,
+        "rows_skipped": len(problems.bad),
+        "bad_rows": [row.to_dict() for row in problems.bad],
         **{key: getattr(args, key) for key in ("k", "n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
         "engine": args.engine,
         "device": "cuda" if torch.cuda.is_available() else "cpu",
     }
-    records, timing = run(engine, tokenizer, problems, task, reward, args)
+    records, timing = run(engine, tokenizer, problems.problems[: args.limit], task, reward, args)
     summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
     table = markdown_table(summary)
     write_jsonl(records, output / "results.jsonl")
@@ -144,6 +137,7 @@ def check_args(args: argparse.Namespace) -> None:
         ("--top-k", args.top_k >= 0, ">= 0 (0: off)"),
         ("--max-new-tokens", args.max_new_tokens >= 1, ">= 1"),
         ("--limit", args.limit is None or args.limit >= 1, ">= 1"),
+        ("--max-prompt-tokens", args.max_prompt_tokens >= 0, ">= 0 (0: what the model's context leaves)"),
         ("--batch-size", args.batch_size >= 1, ">= 1"),
         ("--num-workers", args.num_workers >= 0, ">= 0"),
         ("--reward-timeout", args.reward_timeout > 0, "> 0"),
@@ -155,66 +149,41 @@ def check_args(args: argparse.Namespace) -> None:
         raise EvalError("greedy decoding (--temperature 0) gives one answer per problem: use --k 1 without --n")
 
 
-def choose_task(rows: list[dict], args: argparse.Namespace) -> Task:
-    """The reward and fields: as given, else the task whose reference field the first row (or --reference-key) has."""
-    if not rows:
-        raise EvalError(f"{args.data}: no rows")
-    reward = args.reward
-    if reward is None:
-        found = [args.reference_key] if args.reference_key else list(rows[0])
-        matches = [name for name, (_, reference) in TASK_FIELDS.items() if reference in found]
-        if len(matches) != 1:
+def load_eval_problems(
+    args: argparse.Namespace, reward_options: dict[str, Any] | None = None
+) -> tuple[ProblemSet, Task, RewardFn]:
+    """The checked problems of ``--data`` (the RL loader: bad rows skipped by file and line), their task and reward,
+    for ``--model`` with ``--max-new-tokens`` (the prompt limit); ``klear.data curate`` loads its problems here too."""
+    rows = read_numbered(args.data)
+    task = choose_task([row for _, row in rows[0]], args.data, args.reward, args.prompt_key, args.reference_key)
+    reward = build_reward(task.reward, reward_options or {})
+    limit = args.max_prompt_tokens
+    if not limit:
+        context = _model_context(args.model)
+        limit = context - args.max_new_tokens
+        if limit < 1:
             raise EvalError(
-                f"{args.data}: cannot tell the task from the fields {sorted(found)}: math rows have 'problem' and "
-                "'answer', code rows 'question' and 'tests'; pass --reward NAME (and --prompt-key / --reference-key)"
+                f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the model's context of "
+                f"{context} tokens; pass a smaller --max-new-tokens (the built-in tiny models need ~96-160)"
             )
-        reward = matches[0]
-    prompt_key, reference_key = TASK_FIELDS.get(reward, TASK_FIELDS["math"])
-    return Task(reward, args.prompt_key or prompt_key, args.reference_key or reference_key)
+    tokenizer = _load_tokenizer(args.model)
+    problems = load_problems(
+        args.data,
+        task,
+        reward,
+        rows=rows,
+        prompt_length=lambda text: len(encode_prompt(tokenizer, text)),
+        max_prompt_tokens=limit,
+    )
+    warn_bad_rows(problems.bad, {args.data: problems.rows})
+    return problems, task, reward
 
 
-def select_problems(rows: list[dict], task: Task, source: str, limit: int | None) -> tuple[list[dict], int]:
-    """``({"index", "problem", "reference"}, ...)`` of the rows with both fields (the first ``limit``), and how
-    many rows were skipped for lacking them."""
-    problems, skipped = [], []
-    for index, row in enumerate(rows):
-        if not isinstance(row.get(task.prompt_key), str) or task.reference_key not in row:
-            skipped.append(index)
-            continue
-        reference = row[task.reference_key]
-        if task.reward == "math" and isinstance(reference, int | float) and not isinstance(reference, bool):
-            reference = str(reference)
-        problems.append({"index": index, "problem": row[task.prompt_key], "reference": reference})
-    if not problems:
-        raise EvalError(
-            f"{source}: no row has a {task.prompt_key!r} text and a {task.reference_key!r} field (first row has "
-            f"{sorted(rows[0])}); name the fields with --prompt-key / --reference-key"
-        )
-    if skipped:
-        shown = ", ".join(map(str, skipped[:MAX_REPORTED])) + (", ..." if len(skipped) > MAX_REPORTED else "")
-        log.warning(
-            "%s: skipped %d of %d rows without a %r text and a %r field (rows %s)",
-            *(source, len(skipped), len(rows), task.prompt_key, task.reference_key, shown),
-        )
-    return problems[:limit], len(skipped)
-
-
-def build_reward(name: str) -> RewardFn:
+def build_reward(name: str, options: dict[str, Any]) -> RewardFn:
     try:
-        return get_reward(name)
-    except (ValueError, TypeError) as error:  # the message names the reward and the registered ones
-        raise EvalError(f"--reward: {_first_line(error)}") from error
-
-
-def check_references(reward: RewardFn, problems: list[dict], name: str, source: str) -> None:
-    """Score an empty completion against every reference: a reward raises on a malformed one (a dataset bug)."""
-    for problem in problems:
-        try:
-            reward("", problem["reference"])
-        except Exception as error:  # whatever the reward raises, the row is what the user must fix
-            raise EvalError(
-                f"{source}: row {problem['index']}: the {name} reward rejects its reference: {_first_line(error)}"
-            ) from error
+        return get_reward(name, **options)
+    except (ValueError, TypeError) as error:  # the message names the reward (or option) and the accepted ones
+        raise EvalError(f"--reward {name}: {_first_line(error)}") from error
 
 
 def build_engine(args: argparse.Namespace) -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
@@ -225,11 +194,10 @@ def build_engine(args: argparse.Namespace) -> tuple[RolloutEngine, PreTrainedTok
         raise EvalError(f"--engine: {_first_line(error)}") from error
     on_cuda = torch.cuda.is_available()
     model_config = ModelConfig(path=args.model)
+    tokenizer = _load_tokenizer(args.model)
     try:
-        check_model_path(resolve_model_path(args.model), args.model)
-        tokenizer = load_tokenizer(model_config)
         model = load_model(model_config, on_cuda=on_cuda)
-    except (OSError, ValueError) as error:  # unknown hub name, missing tiny-sft checkpoint, unrecognised model type
+    except (OSError, ValueError) as error:  # unrecognised model type, broken weights
         raise EvalError(f"--model {args.model}: {_first_line(error)}") from error
     rollout = RolloutConfig(
         engine=args.engine,
@@ -241,6 +209,22 @@ def build_engine(args: argparse.Namespace) -> tuple[RolloutEngine, PreTrainedTok
     )
     config = OmegaConf.structured(RLRunConfig(output_dir="", seed=args.seed, model=model_config, rollout=rollout))
     return factory(model.to("cuda" if on_cuda else "cpu"), tokenizer, config), tokenizer
+
+
+def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    try:
+        check_model_path(resolve_model_path(path), path)
+        return load_tokenizer(ModelConfig(path=path))
+    except (OSError, ValueError) as error:  # unknown hub name, missing tiny-sft checkpoint
+        raise EvalError(f"--model {path}: {_first_line(error)}") from error
+
+
+def _model_context(path: str) -> int:
+    try:
+        check_model_path(resolve_model_path(path), path)
+        return model_context(ModelConfig(path=path))
+    except (OSError, ValueError) as error:
+        raise EvalError(f"--model {path}: {_first_line(error)}") from error
 
 
 def check_model_path(resolved: str, given: str) -> None:
@@ -257,13 +241,13 @@ def check_model_path(resolved: str, given: str) -> None:
 def run(
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
-    problems: list[dict],
+    problems: list[Problem],
     task: Task,
     reward: RewardFn,
     args: argparse.Namespace,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Sample ``n`` answers per problem and score them: the per-problem records, and timings."""
-    prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems]
+    prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems]
     sampling = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -278,8 +262,9 @@ def run(
     sampling_s = time.perf_counter() - timer
     log.info("scoring %d samples with the %s reward", len(rollouts), task.reward)
     timer = time.perf_counter()
-    references = [problems[rollout.prompt_index]["reference"] for rollout in rollouts]
-    result = score(reward, [rollout.text for rollout in rollouts], references, args.num_workers, args.reward_timeout)
+    references = [problems[rollout.prompt_index].reference for rollout in rollouts]
+    texts = [rollout.text for rollout in rollouts]
+    result = score_batch(reward, texts, references, num_workers=args.num_workers, timeout=args.reward_timeout)
     scoring_s = time.perf_counter() - timer
     n = args.n  # the engine returns each problem's n samples together, in problem order
     records = [
@@ -296,35 +281,12 @@ def run(
     return records, {"sampling_s": sampling_s, "scoring_s": scoring_s, "sampled_tokens_per_s": tokens / sampling_s}
 
 
-def score(
-    reward: RewardFn, completions: list[str], references: list[Any], num_workers: int, timeout: float
-) -> BatchResult:
-    """Every sample's score and status (``ok`` / ``timeout`` / ``error``), in a worker pool or in this process.
-
-    Not :class:`klear.modules.scoring.RewardScorer`, which keeps only the counts: results.jsonl names the samples
-    that timed out or failed.
-    """
-    if num_workers:
-        with RewardPool(reward, num_workers=num_workers, timeout=timeout) as pool:
-            return pool.score(completions, references)
-    outcomes = [
-        reward.evaluate(completion, reference)
-        if isinstance(reward, Reward)
-        else RewardOutcome(float(reward(completion, reference)))
-        for completion, reference in zip(completions, references, strict=True)
-    ]
-    statuses = [outcome.status for outcome in outcomes]
-    return BatchResult(
-        [outcome.score for outcome in outcomes], statuses.count("timeout"), statuses.count("error"), statuses
-    )
-
-
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
 
 if __name__ == "__main__":
-    from klear.cli import run
+    from klear import cli  # not `from klear.cli import run`: this module has a `run` of its own
 
-    run(main)
+    cli.run(main)

@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from klear.data.problems import Problem
 from klear.rollout.engine import Rollout
 
 CORRECT = 1.0
@@ -43,13 +44,13 @@ def reported_ks(k: int) -> list[int]:
 
 
 def problem_record(
-    problem: dict[str, Any],
+    problem: Problem,
     rollouts: Sequence[Rollout],
     scores: Sequence[float],
     statuses: Sequence[str],
     k: int,
 ) -> dict[str, Any]:
-    """One line of ``results.jsonl``: the problem (``index`` of its data row, text, reference), every sample, and
+    """One line of ``results.jsonl``: the problem (``line`` of its data row, text, reference), every sample, and
     the problem's correct count, avg and pass@k."""
     samples = [
         {
@@ -64,9 +65,9 @@ def problem_record(
     ]
     n, c = len(samples), sum(sample["correct"] for sample in samples)
     return {
-        "index": problem["index"],
-        "problem": problem["problem"],
-        "reference": problem["reference"],
+        "line": problem.line,
+        "problem": problem.prompt,
+        "reference": problem.reference,
         "n": n,
         "correct": c,
         "avg": c / n,
@@ -99,7 +100,10 @@ def markdown_table(summary: dict[str, Any]) -> str:
     rows = [
         ("model", f"`{summary['model']}`"),
         ("data", f"`{summary['data']}` ({summary['reward']} reward)"),
-        ("problems", f"{summary['problems']}" + (f" ({skipped} rows without the fields skipped)" if skipped else "")),
+        (
+            "problems",
+            f"{summary['problems']}" + (f" ({skipped} bad rows skipped: see summary.json)" if skipped else ""),
+        ),
         ("samples per problem", f"{n} (temperature {summary['temperature']}, top-p {summary['top_p']})"),
         (f"avg@{n} (= pass@1)", f"{summary['avg@k']:.4f}"),
         *[(f"pass@{j}", f"{value:.4f}") for j, value in summary["pass@"].items() if j != "1"],

@@ -9,10 +9,12 @@ mean (avg@k), with ``eval/pass_at_k`` alongside.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from klear.config import EvalConfig
+from klear.data.problems import Problem
 from klear.data.prompts import encode_prompt
 from klear.distributed import gather_objects, rank_range
 from klear.rollout.engine import RolloutEngine, SamplingParams
@@ -22,13 +24,14 @@ EVAL_SEED = 1234
 EVAL_DATA_SEED = 0
 """Seed of the synthetic held-out problems: the same set for every training seed."""
 
-Scorer = Callable[[list[str], list[str]], list[float]]
+Scorer = Callable[[list[str], list[Any]], list[float]]
+"""``(completions, references) -> rewards``; a reference is whatever the reward checks (an answer, a test list)."""
 
 
 def evaluate(
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
-    problems: Sequence[dict],
+    problems: Sequence[Problem],
     config: EvalConfig,
     score: Scorer,
     rank: int = 0,
@@ -41,7 +44,7 @@ def evaluate(
     """
     problems = problems[: config.num_prompts]
     mine = rank_range(len(problems), rank, world)
-    prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems[mine.start : mine.stop]]
+    prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems[mine.start : mine.stop]]
     samples = config.samples if config.temperature > 0 else 1
     sampling = SamplingParams(
         max_new_tokens=config.max_new_tokens,
@@ -51,8 +54,8 @@ def evaluate(
         seed=EVAL_SEED + mine.start,
     )
     rollouts = engine.generate(prompts, sampling) if prompts else []
-    answers = [str(problems[mine.start + rollout.prompt_index]["answer"]) for rollout in rollouts]
-    scores = score([rollout.text for rollout in rollouts], answers) if rollouts else []
+    references = [problems[mine.start + rollout.prompt_index].reference for rollout in rollouts]
+    scores = score([rollout.text for rollout in rollouts], references) if rollouts else []
     shares = gather_objects(
         ([value >= 1.0 for value in scores], [len(rollout.response_ids) for rollout in rollouts]), world
     )

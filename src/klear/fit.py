@@ -1,7 +1,9 @@
 """``python -m klear.fit --config configs/rl.yaml [--objective NAME] [--resume] [key=value ...]``.
 
 Parses and builds; the training logic lives in the stage's LightningModule. Everything that can be wrong with
-the config, the output directory or the data is checked before the Trainer starts, and reported as one line.
+the config, the output directory or the data is checked before the Trainer starts, and reported as one line. The
+config and the output directory are checked before Lightning or transformers are imported, so a typo costs a
+second; the data is checked (every row, before any step) once the model's tokenizer is loaded.
 """
 
 from __future__ import annotations
@@ -15,18 +17,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from klear.config_load import ConfigError, load_config, read_yaml, save_config
 from klear.data.readers import DataError
-from klear.rollout.callback import LogprobGapError
-from klear.run_dir import RunDir
+from klear.run_dir import RunDir, RunError, remove_path
 
 STAGES: dict[str, str] = {"sft": "klear.modules.sft:build", "rl": "klear.modules.rl:build"}
 """Stage name -> ``"module:function"`` with ``build(config, run_dir) -> (LightningModule, train_batches)``."""
 
-# Keys that may change when a run is resumed (extending it); any other difference is refused.
-RESUMABLE_CHANGES = {"trainer.max_steps", "trainer.progress_bar", "logging.tensorboard", "logging.wandb"}
-
-
-class RunError(ValueError):
-    """A run that cannot start as asked (output directory, resume): one line that says what to do."""
+# Keys that may change when a run is resumed; any other difference is refused. `output_dir` differs when a run
+# directory was copied or moved, and the data paths when the data moved: `data_report.json` checks the content.
+RESUMABLE_CHANGES = {
+    "trainer.max_steps",
+    "trainer.progress_bar",
+    "logging.tensorboard",
+    "logging.wandb",
+    "output_dir",
+    "data.train",
+    "data.eval",
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,18 +65,23 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RunError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from klear.rollout.callback import LogprobGapError
+
     trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=module_callbacks(config))
     try:
         trainer.fit(module, train_dataloaders=batches, ckpt_path=str(run_dir.last_checkpoint) if args.resume else None)
     except LogprobGapError as error:
         print(f"error: {error}", file=sys.stderr)
         return 3
+    if trainer.is_global_zero:
+        print(run_summary(run_dir))
     return 0
 
 
 def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir:
     """Check the output directory against ``--resume`` / ``--overwrite`` and write ``config.yaml``."""
-    run_dir = RunDir(config.output_dir)
+    run_dir = RunDir(config.output_dir, resume=resume)
+    run_dir.check_writable()
     if resume:
         if run_dir.last_checkpoint is None:
             raise RunError(f"--resume: no checkpoint in {run_dir.checkpoints}; start the run without --resume")
@@ -86,10 +97,30 @@ def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir
             f"--overwrite, or set output_dir=..."
         )
     elif overwrite:
-        for stale in [*run_dir.checkpoints.glob("*.ckpt"), run_dir.metrics]:
-            stale.unlink(missing_ok=True)
+        for stale in [*run_dir.checkpoints.glob("*.ckpt"), run_dir.metrics, run_dir.data_report]:
+            remove_path(stale)
     save_config(config, run_dir.config)
     return run_dir
+
+
+def run_summary(run_dir: RunDir) -> str:
+    """The closing lines of a run: where ``eval/accuracy`` went, the data rows skipped, and where the outputs are."""
+    import csv
+    import json
+
+    with run_dir.metrics.open(newline="") as file:
+        accuracy = [float(row["eval/accuracy"]) for row in csv.DictReader(file) if row.get("eval/accuracy")]
+    lines = []
+    if accuracy:
+        lines.append(f"eval/accuracy {accuracy[0]:.3f} -> {accuracy[-1]:.3f} (best {max(accuracy):.3f})")
+    if run_dir.data_report.is_file():
+        report = json.loads(run_dir.data_report.read_text())
+        skipped = {name: source["skipped"] for name, source in report.items() if source.get("skipped")}
+        if skipped:
+            counts = ", ".join(f"{count} of {report[name]['rows']} {name} rows" for name, count in skipped.items())
+            lines.append(f"skipped {counts} (each by file and line in {run_dir.data_report})")
+    lines.append(f"model: {run_dir.hf}; metrics: {run_dir.metrics}")
+    return "\n".join(lines)
 
 
 def build_stage(config: DictConfig, run_dir: RunDir):
@@ -112,7 +143,7 @@ def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callb
     import torch
     from lightning.pytorch.callbacks import RichProgressBar
 
-    from klear.run_dir import MetricsCSVLogger, StepCheckpoint
+    from klear.run_callbacks import MetricsCSVLogger, StepCheckpoint
     from klear.strategies import build_strategy
 
     on_cuda = config.trainer.accelerator == "gpu" or (
@@ -175,6 +206,6 @@ def _flatten(config: DictConfig) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    from klear.cli import run
+    from klear import cli
 
-    run(main)
+    cli.run(main)

@@ -2,8 +2,10 @@
 
 ``model.path: tiny`` is the tiny Qwen3 of :mod:`klear.data.tiny_model`, built from a seed on first use into the
 cache directory (``$KLEAR_CACHE``, default ``~/.cache/klear``) and reused afterwards; nothing is downloaded.
-``model.path: tiny-sft`` is that model after the SFT stage's default config, shipped with the package (a 1 MB
-checkpoint rebuilt by ``tools/build_tiny_sft.py``), where the RL stage's embedded default starts.
+``model.path: tiny-sft`` is that model after the SFT stage's default config (``configs/sft.yaml``, the arithmetic
+task), shipped with the package (a 1.7 MB checkpoint rebuilt by ``tools/build_tiny_sft.py``), where the RL stage's
+embedded default starts; ``tiny-sft-code`` is the same model after ``configs/sft_code.yaml`` (the programming
+task), where ``configs/rl_code.yaml`` starts.
 Any other value goes to ``from_pretrained`` unchanged, so a local directory or a hub name works the same way.
 
 ``model.attn_implementation: sdpa`` loads :mod:`klear.attention`'s ``sdpa_gqa``: transformers' sdpa, except that on
@@ -24,8 +26,11 @@ from klear import attention
 from klear.config import ModelConfig
 from klear.data.tiny_model import TINY_SIZES, build_tiny
 
-TINY_SFT_DIR = Path(__file__).parent / "data" / "checkpoints" / "tiny-sft"
-"""The shipped ``tiny-sft`` checkpoint: the tiny model after ``configs/sft.yaml`` (``tools/build_tiny_sft.py``)."""
+CHECKPOINTS_DIR = Path(__file__).parent / "data" / "checkpoints"
+SHIPPED: dict[str, str] = {"tiny-sft": "configs/sft.yaml", "tiny-sft-code": "configs/sft_code.yaml"}
+"""Shipped checkpoints (folders of ``CHECKPOINTS_DIR``) -> the SFT config that made them (tools/build_tiny_sft.py)."""
+TINY_SFT_DIR = CHECKPOINTS_DIR / "tiny-sft"
+"""The shipped ``tiny-sft`` checkpoint: the tiny model after ``configs/sft.yaml``."""
 
 
 def cache_dir() -> Path:
@@ -35,18 +40,27 @@ def cache_dir() -> Path:
 
 def resolve_model_path(path: str) -> str:
     """The directory or hub name ``from_pretrained`` receives for ``model.path``."""
-    if path == "tiny-sft":
-        if not (TINY_SFT_DIR / "model.safetensors").is_file():
+    if path in SHIPPED:
+        folder = CHECKPOINTS_DIR / path
+        if not (folder / "model.safetensors").is_file():
             raise FileNotFoundError(
-                f"the built-in tiny-sft checkpoint is missing at {TINY_SFT_DIR}; "
-                "rebuild it with: python tools/build_tiny_sft.py"
+                f"the built-in {path} checkpoint is missing at {folder}; "
+                f"rebuild it with: python tools/build_tiny_sft.py --name {path}"
             )
-        return str(TINY_SFT_DIR)
+        return str(folder)
     if path == "tiny":
         # Keyed by the sizes, so a change of the built-in sizes never reuses a stale build.
         digest = hashlib.sha256(json.dumps(TINY_SIZES, sort_keys=True).encode()).hexdigest()[:10]
         return str(build_tiny(cache_dir() / f"tiny-{digest}"))
     return path
+
+
+def model_context(config: ModelConfig) -> int:
+    """The longest sequence (prompt + response) the model of ``config.path`` takes: ``max_position_embeddings``."""
+    from transformers import AutoConfig
+
+    model_config = AutoConfig.from_pretrained(resolve_model_path(config.path))
+    return int(model_config.get_text_config().max_position_embeddings)  # multimodal configs nest the text model
 
 
 def model_dtype(config: ModelConfig, on_cuda: bool) -> torch.dtype:

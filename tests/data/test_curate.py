@@ -126,8 +126,8 @@ def test_curate_keeps_the_middle_band(data, full_run):
     }
     assert sum(report["correct_histogram"].values()) == 24 and report["correct_histogram"]["4/4"] == always
     assert [(bad["line"], bad["reason"]) for bad in report["bad_rows"]] == [
-        (25, "no 'problem' text and 'answer' field"),
-        (26, "the math reward rejects its reference: the math reward's reference must be a str, got list"),
+        (25, "no reference: 'answer' is missing (fields: ['level', 'problem'])"),
+        (26, "the math reward's reference must be a str or a number, got list"),
         (27, "not valid JSON (Expecting value at column 1)"),
     ]
     # tiny-sft solves the easy level more often than the hard one.

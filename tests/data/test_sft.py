@@ -99,8 +99,8 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
     with pytest.raises(ChatTemplateError, match="renders the conversation up to assistant turn 1 through its end"):
         tokenize_conversation(tokenizer, [*single, {"role": "user", "content": "q2"}, single[1]])
     rows = [{"messages": single}, {"messages": [*single, {"role": "user", "content": "q2"}, single[1]]}]
-    with pytest.raises(ChatTemplateError, match=r"^row 1: "):
-        build_sft_examples(rows, tokenizer, 512)
+    with pytest.raises(ChatTemplateError, match=r"^chat.jsonl:7: "):
+        build_sft_examples(rows, tokenizer, 512, source="chat.jsonl", lines=[3, 7])
 
 
 @pytest.mark.parametrize(
@@ -135,9 +135,22 @@ def test_invalid_rows_name_the_problem(row, message):
         to_messages(row)
 
 
-def test_build_names_the_bad_row(tokenizer):
-    with pytest.raises(DataError, match=r"^row 1: 'messages' must be a non-empty list"):
-        build_sft_examples([{"prompt": "p", "response": "r"}, {"messages": []}], tokenizer, 64)
+def test_bad_rows_are_skipped_by_file_and_line_and_counted(tokenizer):
+    rows = [{"prompt": "p", "response": "r"}, {"messages": []}, {"question": "q"}]
+    examples, stats = build_sft_examples(rows, tokenizer, 64, source="sft.jsonl", lines=[2, 5, 9])
+    assert len(examples) == stats.kept == 1 and stats.rows == 3
+    assert [(bad.path, bad.line) for bad in stats.bad] == [("sft.jsonl", 5), ("sft.jsonl", 9)]
+    assert str(stats.bad[0]).startswith("sft.jsonl:5: 'messages' must be a non-empty list")
+    assert str(stats).endswith("skipped 2 bad rows")
+
+
+def test_no_usable_row_is_one_error_naming_the_file_and_the_first_bad_line(tokenizer):
+    with pytest.raises(DataError, match=r"^sft.jsonl: no SFT example in 2 rows \(first: sft.jsonl:4: 'messages' must"):
+        build_sft_examples([{"messages": []}, {"messages": []}], tokenizer, 64, source="sft.jsonl", lines=[4, 6])
+    with pytest.raises(DataError, match=r"^empty.jsonl: no rows$"):
+        build_sft_examples([], tokenizer, 64, source="empty.jsonl")
+    with pytest.raises(DataError, match=r"all 1 are longer than max_length = 4"):
+        build_sft_examples([{"prompt": "p", "response": "long answer"}], tokenizer, 4)
 
 
 def chat(prompt_len: int, answer_len: int) -> dict:
@@ -158,7 +171,8 @@ def test_truncation_drop_skips_long_examples_and_counts_them(tokenizer):
         3, 1, 0, 2, 0,
     )  # fmt: skip
     assert str(stats) == (
-        "SFT examples: kept 1 of 3 rows (0 truncated), dropped 2 over max_length and 0 with no assistant token left"
+        "SFT examples: kept 1 of 3 rows (0 truncated), dropped 2 over max_length and 0 with no assistant token left, "
+        "skipped 0 bad rows"
     )
 
 

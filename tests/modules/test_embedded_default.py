@@ -1,4 +1,5 @@
-"""The promises of the embedded default, run as the README runs them (slow: minutes each on 2 CPU cores)."""
+"""The promises of the embedded defaults (arithmetic and code), run as the README runs them (slow: minutes each on 2
+CPU cores)."""
 
 import csv
 
@@ -26,3 +27,18 @@ def test_rl_main_command_gains_20_points(objective, tmp_path):
     assert main([*args, "trainer.progress_bar=false"]) == 0
     accuracy = evals(tmp_path)
     assert accuracy[-1] >= accuracy[0] + 0.2, accuracy
+
+
+@pytest.mark.slow
+def test_sft_code_default_leaves_headroom_for_rl(tmp_path):
+    assert main(["--config", "configs/sft_code.yaml", f"output_dir={tmp_path}", "trainer.progress_bar=false"]) == 0
+    accuracy = evals(tmp_path)
+    assert accuracy[0] == 0.0 and 0.2 <= accuracy[-1] <= 0.8, accuracy
+
+
+@pytest.mark.slow
+def test_code_rl_main_command_gains_15_points(tmp_path):
+    args = ["--config", "configs/rl_code.yaml", "--objective", "gppo", f"output_dir={tmp_path}"]
+    assert main([*args, "trainer.progress_bar=false"]) == 0
+    accuracy = evals(tmp_path)
+    assert accuracy[-1] >= accuracy[0] + 0.15, accuracy

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from klear.config_load import load_config
-from klear.data.problems import load_problems
 from klear.data.prompts import encode_prompt
+from klear.data.synthetic import generate_problems
 from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
 from klear.models import load_model, load_tokenizer
 from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams
@@ -30,7 +30,7 @@ def setup():
     config = load_config("configs/rl.yaml", ["model.path=tiny-sft", "rollout.engine=vllm"])
     policy, tokenizer = load_model(config.model).eval(), load_tokenizer(config.model)
     engine = ENGINES.get("vllm")(policy, tokenizer, config)
-    problems = load_problems("synthetic", "train", 16, 0, [1, 2, 3, 4])
+    problems = generate_problems(16, split="train", seed=0)
     prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems[:3]]
     yield engine, policy, tokenizer, prompts
     # In-process vLLM leaves a (gloo, one-rank) default process group behind: the tests after these get none.
@@ -147,7 +147,7 @@ def test_refresh_after_an_optimizer_step(synced):
 def test_refresh_resets_the_prefix_cache(synced):
     """A prompt longer than a KV block (128 tokens on CPU) must not reuse keys and values of the old weights."""
     engine, policy, tokenizer, prompts = synced
-    problems = load_problems("synthetic", "train", 16, 0, [1, 2, 3, 4])
+    problems = generate_problems(16, split="train", seed=0)
     long = encode_prompt(tokenizer, " ".join(problem["problem"] for problem in problems[:4]))
     assert len(long) > 200
     greedy = SamplingParams(max_new_tokens=16, temperature=0.0)

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from klear.data import code_tests, curate, decontaminate, dedup, mix_command
+from klear.data import code_tests, curate, decontaminate, dedup, mix_command, synthetic, synthetic_code
 from klear.data.readers import DataError
 from klear.data.rowfiles import CommandError, write_rows
-from klear.data.synthetic import DEFAULT_LEVELS, LEVELS, SPLITS, generate_problems
+from klear.data.synthetic import DEFAULT_LEVELS, SPLITS
 
 COMMANDS = {
-    "synthetic": "write problems of the built-in synthetic task as jsonl (problem, answer, solution, level)",
+    "synthetic": "write problems of a built-in task (arithmetic or code) as jsonl (problem, answer, solution, level)",
     "curate": "sample k answers per problem, keep problems whose pass rate is in a band (resumable)",
     "decontaminate": "drop training problems that share an n-gram with evaluation problems",
     "dedup": "drop exact and (optionally) near-duplicate problems",
@@ -34,24 +34,34 @@ COMMANDS = {
 
 def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output .jsonl")
+    parser.add_argument(
+        "--task",
+        choices=("math", "code"),
+        default="math",
+        help="math: arithmetic chains, answer in \\boxed{}; code: stdin/stdout programs with tests (default: math)",
+    )
     parser.add_argument("--split", choices=SPLITS, default="train", help="train or eval (disjoint by text)")
     parser.add_argument("--num", type=int, default=1000, help="problems (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default: %(default)s)")
     parser.add_argument(
         "--levels",
         default=",".join(map(str, DEFAULT_LEVELS)),
-        help=f"difficulty levels, comma-separated, of {sorted(LEVELS)} (default: %(default)s)",
+        help=f"difficulty levels, comma-separated, of {sorted(synthetic.LEVELS)} (default: %(default)s)",
     )
 
 
 def run_synthetic(args: argparse.Namespace) -> str:
     try:
         levels = [int(level) for level in args.levels.split(",")]
-        problems = generate_problems(args.num, split=args.split, seed=args.seed, levels=levels)
+        generate = synthetic_code.generate_code_problems if args.task == "code" else synthetic.generate_problems
+        problems = generate(args.num, split=args.split, seed=args.seed, levels=levels)
     except ValueError as error:
         raise CommandError(f"--levels {args.levels!r} / --num {args.num}: {error}") from None
     out = write_rows(problems, args.out)
-    return f"synthetic: wrote {len(problems)} {args.split} problems (levels {args.levels}, seed {args.seed}) -> {out}"
+    return (
+        f"synthetic: wrote {len(problems)} {args.task} {args.split} problems (levels {args.levels}, seed {args.seed}) "
+        f"-> {out}"
+    )
 
 
 HANDLERS = {
@@ -95,6 +105,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from klear.cli import run
+    from klear import cli  # not `from klear.cli import run`: this module has a `run` of its own
 
-    run(main)
+    cli.run(main)

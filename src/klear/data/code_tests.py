@@ -31,8 +31,7 @@ from klear.data.rowfiles import (
     write_json,
     write_rows,
 )
-from klear.eval import score
-from klear.rewards import get_reward
+from klear.rewards import get_reward, score_batch
 from klear.rewards.code_reward import parse_tests
 
 DEFAULT_MIN_TESTS = 16
@@ -91,7 +90,7 @@ def check_solutions(
     completions = [as_completion(row[solution_key]) for _, row, _ in candidates]
     tests = [tests for _, _, tests in candidates]
     deadline = max(len(t) for t in tests) * timeout + POOL_SLACK_S
-    result = score(reward, completions, tests, num_workers, deadline)
+    result = score_batch(reward, completions, tests, num_workers=num_workers, timeout=deadline)
     kept, removed = [], []
     for (line, row, row_tests), value, status in zip(candidates, result.scores, result.statuses, strict=True):
         if value >= 1.0:

@@ -32,7 +32,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -51,19 +51,18 @@ from klear.data.pass_rates import (
     load_results,
     row_digest,
 )
+from klear.data.problems import Problem
 from klear.data.prompts import encode_prompt
 from klear.data.rowfiles import (
     BadRow,
     CommandError,
     bad_rows_report,
-    read_numbered,
-    warn_bad_rows,
     write_json,
     write_rows,
 )
-from klear.eval import EvalError, Task, build_engine, choose_task, score
+from klear.eval import EvalError, build_engine, load_eval_problems
 from klear.eval_metrics import CORRECT
-from klear.rewards import BatchResult, RewardPool, get_reward
+from klear.rewards import BatchResult, RewardPool, score_batch
 from klear.rewards.base import RewardFn
 from klear.rollout.engine import SamplingParams
 
@@ -76,15 +75,6 @@ SAMPLING_KEYS = (
     *("reward", "reward_options", "prompt_key", "reference_key"),
 )
 """What a problem's samples and scores depend on: a rerun into the same folder must keep these."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    line: int
-    row: dict
-    prompt: str
-    reference: Any
-    digest: str
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +96,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: %(default)s)")
     parser.add_argument("--top-k", type=int, default=0, help="0: off (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=32768, help="response budget; tiny models need ~96")
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="skip longer prompts; 0: the model's context minus --max-new-tokens",
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=256, help="sequences the engine samples together")
     parser.add_argument("--chunk", type=int, default=256, help="problems per engine call and per results write")
@@ -133,21 +129,12 @@ def run(args: argparse.Namespace) -> str:
     args.reward_options = parse_options(args.reward_option)
     check_args(args)
     out = Path(args.out or Path("outputs") / "curate" / Path(args.data).stem)
-    rows, bad = read_numbered(args.data)
     try:
-        task = choose_task([row for _, row in rows], args)
+        loaded, task, reward = load_eval_problems(args, args.reward_options)
     except EvalError as error:
         raise CommandError(str(error)) from None
     args.reward, args.prompt_key, args.reference_key = task.reward, task.prompt_key, task.reference_key
-    reward = build_reward(task.reward, args.reward_options)
-    problems = select_problems(rows, task, reward, args.data, bad)
-    warn_bad_rows(bad)
-    if not problems:
-        raise CommandError(
-            f"{args.data}: no usable problem in {len(bad)} rows (each needs a {task.prompt_key!r} text and "
-            f"a {task.reference_key!r} reference its reward accepts); name the fields with --prompt-key / "
-            "--reference-key, or see the warnings above"
-        )
+    problems, bad = loaded.problems, loaded.bad
     records = open_results(out, {key: getattr(args, key) for key in SAMPLING_KEYS}, problems, args.overwrite)
     pending = [i for i, problem in enumerate(problems) if problem.line not in records]
     earlier = len(problems) - len(pending)
@@ -188,40 +175,13 @@ def check_args(args: argparse.Namespace) -> None:
         ("--num-workers", args.num_workers >= 0, ">= 0"),
         ("--reward-timeout", args.reward_timeout > 0, "> 0"),
         ("--max-problems", args.max_problems is None or args.max_problems >= 1, ">= 1"),
+        ("--max-prompt-tokens", args.max_prompt_tokens >= 0, ">= 0"),
     ]
     for flag, ok, requirement in requirements:
         if not ok:
             raise CommandError(f"{flag} must be {requirement}, got {getattr(args, flag[2:].replace('-', '_'))}")
     if args.temperature == 0 and args.k > 1:
         raise CommandError("greedy decoding (--temperature 0) gives one answer per problem: a pass rate needs k > 1")
-
-
-def build_reward(name: str, options: dict[str, Any]) -> RewardFn:
-    try:
-        return get_reward(name, **options)
-    except (ValueError, TypeError) as error:  # the message names the reward, or the option and the accepted ones
-        raise CommandError(f"--reward {name}: {error}") from None
-
-
-def select_problems(
-    rows: list[tuple[int, dict]], task: Task, reward: RewardFn, path: str, bad: list[BadRow]
-) -> list[Problem]:
-    """The rows with a prompt text and a reference the reward accepts; every other row is added to ``bad``."""
-    problems = []
-    for line, row in rows:
-        if not isinstance(row.get(task.prompt_key), str) or task.reference_key not in row:
-            bad.append(BadRow(path, line, f"no {task.prompt_key!r} text and {task.reference_key!r} field"))
-            continue
-        reference = row[task.reference_key]
-        if task.reward == "math" and isinstance(reference, int | float) and not isinstance(reference, bool):
-            reference = str(reference)
-        try:
-            reward("", reference)  # a reward raises on a malformed reference (a dataset bug), never on a completion
-        except Exception as error:  # whatever it raises, the row is what the user must fix
-            bad.append(BadRow(path, line, f"the {task.reward} reward rejects its reference: {error}"))
-            continue
-        problems.append(Problem(line, row, row[task.prompt_key], reference, row_digest(row)))
-    return problems
 
 
 def open_results(out: Path, settings: dict, problems: list[Problem], overwrite: bool) -> dict[int, dict]:
@@ -237,7 +197,7 @@ def open_results(out: Path, settings: dict, problems: list[Problem], overwrite: 
         write_json(settings, out / SETTINGS)
     for problem in problems:
         record = records.get(problem.line)
-        if record is not None and record["hash"] != problem.digest:
+        if record is not None and record["hash"] != row_digest(problem.row):
             raise CommandError(
                 f"line {problem.line} of the data changed since {out / RESULTS} was written; "
                 "pick another --out or --overwrite to start over"
@@ -275,7 +235,7 @@ def _record(problem: Problem, rollouts: list, result: BatchResult, start: int, k
     correct = sum(value >= CORRECT for value in scores)
     return {
         "line": problem.line,
-        "hash": problem.digest,
+        "hash": row_digest(problem.row),
         "k": k,
         "correct": correct,
         "pass_rate": correct / k,
@@ -342,7 +302,7 @@ def write_outputs(
 def _scorer(reward: RewardFn, num_workers: int, timeout: float) -> Iterator[Callable[[list, list], BatchResult]]:
     """Score batches in this process, or in one `RewardPool` kept for the whole run (its start-up costs seconds)."""
     if not num_workers:
-        yield lambda completions, references: score(reward, completions, references, 0, timeout)
+        yield lambda completions, references: score_batch(reward, completions, references)
         return
     with RewardPool(reward, num_workers=num_workers, timeout=timeout) as pool:
         yield pool.score

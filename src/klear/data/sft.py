@@ -16,6 +16,9 @@ every partial rendering to be a token prefix of the full one; a template that re
 ones follow (Qwen3's drops the reasoning of turns before the last user message) breaks that, and the examples
 are refused with an error saying so instead of being mislabelled.
 
+A row that is not a valid conversation (unknown layout, a wrong role, no assistant turn) is skipped, named by its
+file and line and counted; a data file with no usable row is refused before training.
+
 Truncation policy for examples longer than ``max_length`` tokens, counted in `SFTStats`:
 - ``"drop"`` (the default) skips them. A long-CoT example cut short teaches the model to stop mid-reasoning
   without an answer or an end-of-turn token, so dropping is the safer default for reasoning data.
@@ -26,11 +29,11 @@ Truncation policy for examples longer than ``max_length`` tokens, counted in `SF
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from klear.data.readers import DataError
+from klear.data.readers import BadRow, DataError
 
 IGNORE_INDEX = -100
 """Label of a token that is not learned (HF's and PyTorch's cross-entropy ``ignore_index``)."""
@@ -56,11 +59,14 @@ class SFTStats:
     """Over ``max_length`` with ``truncation="drop"``."""
     dropped_no_assistant: int = 0
     """No assistant token left after a ``"right"`` cut."""
+    bad: list[BadRow] = field(default_factory=list)
+    """Rows that are not a valid conversation, skipped (file, line and why)."""
 
     def __str__(self) -> str:
         return (
             f"SFT examples: kept {self.kept} of {self.rows} rows ({self.truncated} truncated), dropped "
-            f"{self.dropped_too_long} over max_length and {self.dropped_no_assistant} with no assistant token left"
+            f"{self.dropped_too_long} over max_length and {self.dropped_no_assistant} with no assistant token left, "
+            f"skipped {len(self.bad)} bad rows"
         )
 
 
@@ -121,13 +127,19 @@ def tokenize_conversation(
 
 
 def build_sft_examples(
-    rows: Iterable[dict], tokenizer: PreTrainedTokenizerBase, max_length: int, truncation: str = "drop"
+    rows: Iterable[dict],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    truncation: str = "drop",
+    source: str = "rows",
+    lines: Sequence[int] | None = None,
 ) -> tuple[list[dict[str, list[int]]], SFTStats]:
     """Tokenize every row into ``{"input_ids", "labels"}`` lists of at most ``max_length`` tokens.
 
     Returns the examples (in row order) and the counts of what was kept, truncated and dropped. A row that is not
-    a valid conversation raises `DataError` naming its index and the problem: a schema error is almost always
-    a whole-file problem (wrong column names), so it stops the run instead of skipping rows one by one.
+    a valid conversation is skipped and recorded in ``stats.bad`` with ``source`` and its line (``lines[i]``, the
+    1-based line of row ``i`` in the file; by default its 1-based position). Raises `DataError` when no row gives
+    an example, and `ChatTemplateError` (naming the row) when the template cannot be masked at all.
     """
     if truncation not in TRUNCATIONS:
         raise ValueError(f"unknown truncation {truncation!r}; expected one of {TRUNCATIONS}")
@@ -136,12 +148,14 @@ def build_sft_examples(
     examples, stats = [], SFTStats()
     for index, row in enumerate(rows):
         stats.rows += 1
+        line = lines[index] if lines is not None else index + 1
         try:
             example = tokenize_conversation(tokenizer, to_messages(row))
         except ChatTemplateError as error:
-            raise ChatTemplateError(f"row {index}: {error}") from None
+            raise ChatTemplateError(f"{source}:{line}: {error}") from None
         except ValueError as error:
-            raise DataError(f"row {index}: {error}") from None
+            stats.bad.append(BadRow(source, line, str(error)))
+            continue
         if len(example["input_ids"]) > max_length:
             example = _truncate(example, max_length, truncation)
             if example is None and truncation == "drop":
@@ -153,6 +167,11 @@ def build_sft_examples(
         if example is not None:
             examples.append(example)
             stats.kept += 1
+    if not examples:
+        why = f"first: {stats.bad[0]}" if stats.bad else f"all {stats.rows} are longer than max_length = {max_length}"
+        raise DataError(
+            f"{source}: no SFT example in {stats.rows} rows ({why})" if stats.rows else f"{source}: no rows"
+        )
     return examples, stats
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 MAX_VALUE = 99
@@ -134,18 +134,25 @@ def plain_solution(record: dict) -> str:
     return record["solution"].replace(f"\\boxed{{{record['answer']}}}", record["answer"])
 
 
-def sft_rows(records: Sequence[dict], plain_fraction: float = 0.0, seed: int = 0) -> list[dict]:
-    """Chat rows for SFT; a seeded ``plain_fraction`` of them states the final answer without ``\\boxed{}``.
+def sft_rows(
+    records: Sequence[dict],
+    plain_fraction: float = 0.0,
+    seed: int = 0,
+    plain: Callable[[dict], str] = plain_solution,
+) -> list[dict]:
+    """Chat rows for SFT; a seeded ``plain_fraction`` of them use the solution ``plain(record)`` writes instead:
+    by default the final answer stated without ``\\boxed{}``.
 
     Distilled long-CoT corpora mix answer styles, and the math verifier accepts only a boxed answer (as in the
     paper). An SFT model trained on the mix writes the unboxed style about as often as its data did and loses
     those answers to the verifier, however right they are: the first thing RL against the verifier corrects,
-    before it sharpens the arithmetic itself.
+    before it sharpens the arithmetic itself. (The code task's ``plain`` prints its result with a label, which
+    stdout tests reject in the same way.)
     """
     if not 0.0 <= plain_fraction <= 1.0:
         raise ValueError(f"plain_fraction must be in [0, 1], got {plain_fraction}")
     rng = random.Random(f"klear-synthetic-styles-{seed}")
-    return [to_chat(record, plain_solution(record) if rng.random() < plain_fraction else None) for record in records]
+    return [to_chat(record, plain(record) if rng.random() < plain_fraction else None) for record in records]
 
 
 def _draw_step(rng: random.Random, value: int, max_operand: int) -> tuple[str, int]:

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from klear.advantages import compute_advantages, zero_variance
 from klear.data.batches import ResumableBatches
-from klear.data.problems import load_problems
+from klear.data.problems import Problem, Task
 from klear.data.prompts import encode_prompt
 from klear.distributed import gather_objects, rank_range
 from klear.evaluation import EVAL_DATA_SEED
@@ -39,7 +39,7 @@ from klear.models import load_model, load_tokenizer
 from klear.modules.rl_batch import RolloutBatch, build_rollout_batch, split_rows
 from klear.modules.rl_loss import RLLoss, batch_logprobs
 from klear.modules.scoring import RewardScorer
-from klear.modules.stage import StageModule
+from klear.modules.stage import StageModule, stage_problems
 from klear.objectives import get_objective
 from klear.rollout.engine import ENGINES, Rollout, SamplingParams
 from klear.run_dir import RunDir
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 class RLModule(StageModule):
     """GRPO-family RL of ``config.model`` with the objective ``config.objective``."""
 
-    def __init__(self, config: DictConfig, train_problems: list[dict], eval_problems: list[dict]) -> None:
+    def __init__(self, config: DictConfig, train_problems: list[Problem], eval_problems: list[Problem]) -> None:
         super().__init__(config)
         objective = OmegaConf.to_container(config.objective)
         self.objective = get_objective(objective.pop("name"), **objective)
@@ -77,13 +77,17 @@ class RLModule(StageModule):
         if self.engine is None:
             self.engine = ENGINES.get(self.config.rollout.engine)(self.model, self.tokenizer, self.config)
 
+    def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
+        """A step's batch is a list of problems (text and references): nothing to move to the device."""
+        return batch
+
     def policy_tensors(self):
         """``(hf_name, full tensor)`` of every policy parameter, for the engine refresh."""
         return full_tensors(self.model)
 
     # ---------------------------------------------------------------------------------------------- step
 
-    def training_step(self, problems: list[dict], batch_idx: int) -> None:
+    def training_step(self, problems: list[Problem], batch_idx: int) -> None:
         timer = time.perf_counter()
         rollouts, rewards, metrics = self.rollout(problems, step=batch_idx)
         metrics["timing/rollout_s"] = time.perf_counter() - timer
@@ -100,7 +104,7 @@ class RLModule(StageModule):
         self.log("reward", metrics["reward/mean"], prog_bar=True, logger=False)
         self._log_step(metrics, step=batch_idx)
 
-    def rollout(self, problems: list[dict], step: int) -> tuple[list[Rollout], torch.Tensor, dict[str, float]]:
+    def rollout(self, problems: list[Problem], step: int) -> tuple[list[Rollout], torch.Tensor, dict[str, float]]:
         """Sample, score and filter groups; refill from fresh prompts up to ``max_regenerations`` rounds."""
         algorithm, wanted = self.config.algorithm, len(problems)
         kept: list[tuple[list[Rollout], torch.Tensor, torch.Tensor]] = []
@@ -132,7 +136,7 @@ class RLModule(StageModule):
         shaped = torch.stack([group_shaped for _, _, group_shaped in kept])
         return rollouts, torch.stack([raw, shaped]), metrics
 
-    def _sample_and_score(self, problems: list[dict], step: int, attempt: int):
+    def _sample_and_score(self, problems: list[Problem], step: int, attempt: int):
         rollout = self.config.rollout
         sampling = SamplingParams(
             max_new_tokens=rollout.max_new_tokens,
@@ -143,13 +147,13 @@ class RLModule(StageModule):
             seed=_seed(self.config.seed, step, attempt),
         )
         mine = rank_range(len(problems), self.global_rank, self.trainer.world_size)
-        prompts = [encode_prompt(self.tokenizer, problem["problem"]) for problem in problems[mine.start : mine.stop]]
+        prompts = [encode_prompt(self.tokenizer, problem.prompt) for problem in problems[mine.start : mine.stop]]
         timer = time.perf_counter()
         rollouts = self.engine.generate(prompts, replace(sampling, seed=sampling.seed + mine.start)) if prompts else []
         seconds = time.perf_counter() - timer
         for sample in rollouts:
             sample.prompt_index += mine.start
-        references = [problems[r.prompt_index]["answer"] for r in rollouts]
+        references = [problems[r.prompt_index].reference for r in rollouts]
         if rollouts:
             raw, shaped, counts = self.scorer.score(rollouts, references)
         else:
@@ -163,7 +167,7 @@ class RLModule(StageModule):
         groups = [rollouts[i * n : (i + 1) * n] for i in range(len(problems))]
         return groups, raw.view(-1, n), shaped.view(-1, n), counts
 
-    def _fresh_problems(self, count: int, step: int, attempt: int) -> list[dict]:
+    def _fresh_problems(self, count: int, step: int, attempt: int) -> list[Problem]:
         generator = torch.Generator().manual_seed(_seed(self.config.seed, step, attempt))
         picks = torch.randint(len(self.train_problems), (count,), generator=generator).tolist()
         return [self.train_problems[i] for i in picks]
@@ -267,13 +271,21 @@ def _class_path(objective: torch.nn.Module) -> str:
 
 
 def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatches]:
-    """The RL module and its resumable prompt batches; data problems raise before any training starts."""
-    data = config.data
-    keys = {"prompt_key": data.prompt_key, "reference_key": data.reference_key}
-    train = load_problems(data.train, "train", data.num_train, config.seed, data.levels, **keys)
-    evaluation = load_problems(data.eval, "eval", data.num_eval, EVAL_DATA_SEED, data.levels, **keys)
-    module = RLModule(config, train, evaluation)
+    """The RL module and its resumable prompt batches. Every data row is checked here, before any training: a bad
+    one is skipped by file and line (and listed in ``data_report.json``), a source with no usable row stops."""
+    from klear.rewards import get_reward
+
+    data, tokenizer = config.data, load_tokenizer(config.model)
+    task = Task(config.reward.name, data.prompt_key, data.reference_key)
+    reward = get_reward(config.reward.name, **config.reward.options)
+    train = stage_problems(config, "train", tokenizer, task, reward, config.seed, config.rollout.max_new_tokens)
+    evaluation = stage_problems(config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens)
+    run_dir.record_data({"train": train.report(), "eval": evaluation.report()})
+    module = RLModule(config, train.problems, evaluation.problems)
     batches = ResumableBatches(
-        train, batch_size=config.rollout.prompts_per_step, num_batches=config.trainer.max_steps, seed=config.seed
+        train.problems,
+        batch_size=config.rollout.prompts_per_step,
+        num_batches=config.trainer.max_steps,
+        seed=config.seed,
     )
     return module, batches

@@ -2,8 +2,9 @@
 
 A timeout or a broken check is scored with the reward's failure value *and counted* (``reward/timeouts``,
 ``reward/errors``), never silently. With ``num_workers > 0`` the checks run in a :class:`RewardPool`, whose
-per-item deadline is enforced from outside the worker; with 0 they run here, where the built-in rewards still
-enforce their own timeouts (math checks in a killable process, code in the sandbox).
+per-item deadline is enforced from outside the worker; with 0 they run here (`klear.rewards.score_batch`), where
+the built-in rewards still enforce their own timeouts (math checks in a killable process, code in the sandbox, its
+programs run in parallel threads by default).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from klear.config import RewardConfig
-from klear.rewards import OverlongPenalty, Reward, RewardPool, get_reward
+from klear.rewards import OverlongPenalty, RewardPool, get_reward, score_batch
 from klear.rollout.engine import Rollout
 
 
@@ -69,21 +70,13 @@ class RewardScorer:
         return self._raw(completions, references)[0].tolist()
 
     def _raw(self, completions: list[str], references: list[Any]) -> tuple[Tensor, dict[str, int]]:
-        if self.num_workers:
+        if self.num_workers:  # one pool for the whole run: starting workers costs seconds
             if self._pool is None:
                 self._pool = RewardPool(self.reward, num_workers=self.num_workers, timeout=self.timeout)
             result = self._pool.score(completions, references)
-            return torch.tensor(result.scores), {"timeouts": result.timeouts, "errors": result.errors}
-        scores, counts = [], {"timeouts": 0, "errors": 0}
-        for completion, reference in zip(completions, references, strict=True):
-            if isinstance(self.reward, Reward):
-                outcome = self.reward.evaluate(completion, reference)
-                scores.append(outcome.score)
-                if outcome.status != "ok":
-                    counts[f"{outcome.status}s"] += 1
-            else:
-                scores.append(float(self.reward(completion, reference)))
-        return torch.tensor(scores, dtype=torch.float32), counts
+        else:  # in this process; a reward that parallelises its own batches (code: the sandboxes) does so
+            result = score_batch(self.reward, completions, references)
+        return torch.tensor(result.scores, dtype=torch.float32), {"timeouts": result.timeouts, "errors": result.errors}
 
     def close(self) -> None:
         if self._pool is not None:

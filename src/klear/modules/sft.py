@@ -19,16 +19,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from klear.data.batches import ResumableBatches
 from klear.data.packing import collate, plan_batches
-from klear.data.problems import load_problems
-from klear.data.readers import read_rows
+from klear.data.problems import SYNTHETIC_REWARDS, Problem, Task, content_digest, synthetic_records
+from klear.data.readers import read_numbered, warn_bad_rows
 from klear.data.sft import IGNORE_INDEX, build_sft_examples
-from klear.data.synthetic import generate_problems, sft_rows
+from klear.data.synthetic import plain_solution, sft_rows
+from klear.data.synthetic_code import labelled_solution
 from klear.distributed import padded_share
 from klear.evaluation import EVAL_DATA_SEED
 from klear.models import load_model, load_tokenizer
 from klear.modules.logprobs import token_logprobs
 from klear.modules.scoring import RewardScorer
-from klear.modules.stage import StageModule
+from klear.modules.stage import StageModule, stage_problems
 from klear.optim import clip_grad_norm
 from klear.rollout.hf import HFEngine, engine_model
 from klear.run_dir import RunDir
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 class SFTModule(StageModule):
     """Supervised fine-tuning of ``config.model`` on tokenized chat examples."""
 
-    def __init__(self, config: DictConfig, eval_problems: list[dict]) -> None:
+    def __init__(self, config: DictConfig, eval_problems: list[Problem]) -> None:
         super().__init__(config)
         self.save_hyperparameters({"config": OmegaConf.to_container(config, resolve=True)})
         self.tokenizer = load_tokenizer(config.model)
@@ -126,17 +127,32 @@ def _micro_batches(batch: dict[str, torch.Tensor], targets: torch.Tensor, size: 
 
 
 def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatches]:
-    """The SFT module and its resumable batches; data problems raise before any training starts."""
-    data = config.data
-    if data.train == "synthetic":
-        records = generate_problems(data.num_train, split="train", seed=config.seed, levels=data.levels)
-        rows = sft_rows(records, data.plain_fraction, seed=config.seed)
-    else:
-        rows = read_rows(data.train)
-    eval_problems = load_problems(data.eval, "eval", data.num_eval, EVAL_DATA_SEED, data.levels)
-    module = SFTModule(config, eval_problems)
-    examples, stats = build_sft_examples(rows, module.tokenizer, data.max_length, data.truncation)
+    """The SFT module and its resumable batches. Every row is checked here, before any training: a row that is not
+    a conversation is skipped by file and line (and listed in ``data_report.json``); no usable row stops the run."""
+    from klear.rewards import get_reward
+
+    data, tokenizer = config.data, load_tokenizer(config.model)
+    lines, rows, bad = sft_source(data.train, data.num_train, config.seed, data.levels, data.plain_fraction)
+    examples, stats = build_sft_examples(
+        rows, tokenizer, data.max_length, data.truncation, source=data.train, lines=lines
+    )
+    stats.bad[:0] = bad
+    warn_bad_rows(stats.bad, {data.train: stats.rows + len(bad)})
     log.info("SFT data: %s", stats)
+    task = Task(config.eval.reward)
+    eval_problems = stage_problems(
+        config, "eval", tokenizer, task, get_reward(task.reward), EVAL_DATA_SEED, config.eval.max_new_tokens
+    )
+    train_report = {
+        "source": data.train,
+        "rows": stats.rows + len(bad),
+        "examples": len(examples),
+        "skipped": len(stats.bad),
+        "digest": content_digest(examples),
+        "bad_rows": [row.to_dict() for row in stats.bad],
+    }
+    run_dir.record_data({"train": train_report, "eval": eval_problems.report()})
+    module = SFTModule(config, eval_problems.problems)
     plan = plan_batches(
         [len(example["input_ids"]) for example in examples],
         data.batching,
@@ -153,3 +169,14 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
         collate=lambda planned: collate(examples, planned[0], pad, packed=data.batching == "packed"),
     )
     return module, batches
+
+
+def sft_source(source: str, num: int, seed: int, levels: list[int], plain_fraction: float):
+    """``(lines, rows, bad_rows)`` of the SFT data: the conversations of a built-in task, or a file's rows."""
+    if source in SYNTHETIC_REWARDS:
+        records = synthetic_records(source, "train", num, seed, levels)
+        plain = plain_solution if source == "synthetic" else labelled_solution
+        rows = sft_rows(records, plain_fraction, seed=seed, plain=plain)
+        return list(range(1, len(rows) + 1)), rows, []
+    numbered, bad = read_numbered(source)
+    return [line for line, _ in numbered], [row for _, row in numbered], bad

@@ -3,23 +3,33 @@ FSDP2 sharding, evaluation (before the first step, every ``eval.every_n_steps`` 
 metrics per step, and the Hugging Face export at the end.
 
 A stage sets ``self.model``, ``self.tokenizer``, ``self.scorer`` and ``self.eval_problems`` in its constructor
-and says which engine evaluates (:meth:`StageModule.eval_engine`).
+and says which engine evaluates (:meth:`StageModule.eval_engine`). Its ``build`` loads its problems with
+:func:`stage_problems`, which checks every row before the Trainer exists.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import lightning as L
 import torch
 from omegaconf import DictConfig
 from torch import nn
+from transformers import PreTrainedTokenizerBase
 
+from klear.config_load import ConfigError
+from klear.data.problems import ProblemSet, Task, load_problems
+from klear.data.prompts import encode_prompt
+from klear.data.readers import warn_bad_rows
 from klear.evaluation import evaluate
+from klear.models import model_context
 from klear.optim import build_optimizer, build_scheduler
 from klear.rollout.engine import RolloutEngine
 from klear.run_dir import RunDir
 from klear.strategies import export_hf, shard_model, uses_fsdp2
+
+log = logging.getLogger(__name__)
 
 
 class StageModule(L.LightningModule):
@@ -87,3 +97,45 @@ class StageModule(L.LightningModule):
         if self.trainer.is_global_zero:
             for logger in self.loggers:
                 logger.log_metrics(metrics, step=step)
+
+
+def stage_problems(
+    config: DictConfig,
+    split: str,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    reward: Any,
+    seed: int,
+    max_new_tokens: int,
+) -> ProblemSet:
+    """The checked problems of ``config.data[split]`` (``train`` or ``eval``), skipped rows warned about.
+
+    Prompts longer than ``data.max_prompt_tokens`` are skipped; when that is 0 (or the stage has no such key), the
+    limit is what the model's context leaves after ``max_new_tokens``, so no kept prompt can overflow generation.
+    """
+    data = config.data
+    limit = data.get("max_prompt_tokens", 0)
+    if not limit:
+        context = model_context(config.model)
+        limit = context - max_new_tokens
+        if limit < 1:
+            key = "rollout.max_new_tokens" if split == "train" else "eval.max_new_tokens"
+            raise ConfigError(
+                f"{key} = {max_new_tokens} leaves no room for a prompt in the model's context of {context} tokens"
+            )
+    problems = load_problems(
+        data[split],
+        task,
+        reward,
+        split=split,
+        num=data[f"num_{split}"],
+        seed=seed,
+        levels=data.levels,
+        prompt_length=lambda text: len(encode_prompt(tokenizer, text)),
+        max_prompt_tokens=limit,
+    )
+    warn_bad_rows(problems.bad, {data[split]: problems.rows})
+    log.info(
+        "data.%s: %d problems from %s (%d rows skipped)", split, len(problems.problems), data[split], len(problems.bad)
+    )
+    return problems

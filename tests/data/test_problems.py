@@ -1,0 +1,111 @@
+"""The one problem loader (RL training, in-training eval, klear.eval, curate): references checked by the reward
+before anything runs, bad rows skipped by file and 1-based line and counted, prompt-length limits, task detection."""
+
+import json
+
+import pytest
+
+from klear.data.problems import Task, choose_task, content_digest, load_problems
+from klear.data.readers import DataError
+from klear.rewards import get_reward
+
+TESTS = [{"input": "1 2\n", "output": "3\n"}]
+
+
+def write_lines(path, lines):
+    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    return str(path)
+
+
+def test_bad_math_rows_are_skipped_by_their_file_line_and_the_rest_kept(tmp_path):
+    source = write_lines(
+        tmp_path / "math.jsonl",
+        [
+            {"problem": "1+1?", "answer": "2"},  # line 1: kept
+            "",  # line 2: blank, not a row
+            {"problem": "2+2?", "answer": 4},  # line 3: a JSON number is read as its text
+            {"problem": "list?", "answer": ["4"]},  # line 4: a list is no math answer
+            {"problem": "none?", "answer": None},  # line 5
+            {"problem": "empty?", "answer": "  "},  # line 6: an empty answer would match an empty \boxed{}
+            {"problem": "dict?", "answer": {"value": 1}},  # line 7
+            "{broken json",  # line 8
+            {"question": "no problem field", "answer": "1"},  # line 9
+            {"problem": "3+3?", "answer": "6"},  # line 10: kept
+        ],
+    )
+    loaded = load_problems(source, Task("math"), get_reward("math"))
+    assert [(p.line, p.prompt, p.reference) for p in loaded.problems] == [
+        (1, "1+1?", "2"),
+        (3, "2+2?", "4"),
+        (10, "3+3?", "6"),
+    ]
+    assert sorted(bad.line for bad in loaded.bad) == [4, 5, 6, 7, 8, 9]
+    assert all(bad.path == source for bad in loaded.bad)
+    reasons = {bad.line: bad.reason for bad in loaded.bad}
+    assert "got list" in reasons[4] and "got NoneType" in reasons[5] and "holds no answer" in reasons[6]
+    assert reasons[9].startswith("no prompt text: 'problem' is missing")
+    assert loaded.rows == 9 and loaded.report()["skipped"] == 6
+
+
+def test_malformed_code_tests_are_skipped_and_good_ones_kept(tmp_path):
+    source = write_lines(
+        tmp_path / "code.jsonl",
+        [
+            {"problem": "add", "answer": TESTS},
+            {"problem": "str tests", "answer": "print(3)"},
+            {"problem": "no tests", "answer": []},
+            {"problem": "bad key", "answer": [{"input": "1", "outptu": "2"}]},
+        ],
+    )
+    loaded = load_problems(source, Task("code"), get_reward("code"))
+    assert [p.line for p in loaded.problems] == [1] and loaded.problems[0].reference == TESTS
+    assert [bad.line for bad in loaded.bad] == [2, 3, 4]
+
+
+def test_no_usable_row_is_one_error_naming_the_file_and_the_first_bad_line(tmp_path):
+    source = write_lines(
+        tmp_path / "empty_refs.jsonl", [{"problem": "a", "answer": ""}, {"problem": "b", "answer": ""}]
+    )
+    with pytest.raises(
+        DataError, match=r"empty_refs.jsonl: no usable problem in 2 rows .* first: .*empty_refs.jsonl:1: "
+    ):
+        load_problems(source, Task("math"), get_reward("math"))
+
+
+def test_prompts_over_the_limit_are_skipped_and_counted(tmp_path):
+    source = write_lines(
+        tmp_path / "long.jsonl", [{"problem": "x" * 50, "answer": "1"}, {"problem": "y", "answer": "1"}]
+    )
+    loaded = load_problems(source, Task("math"), get_reward("math"), prompt_length=len, max_prompt_tokens=10)
+    assert [p.line for p in loaded.problems] == [2]
+    assert (
+        loaded.bad[0].line == 1 and "prompt of 50 tokens is longer than max_prompt_tokens = 10" in loaded.bad[0].reason
+    )
+
+
+def test_synthetic_sources_are_checked_too_and_their_digest_follows_the_content():
+    arithmetic = load_problems("synthetic", Task("math"), get_reward("math"), num=8, seed=0, levels=[1, 2])
+    code = load_problems("synthetic-code", Task("code"), get_reward("code"), num=8, seed=0, levels=[1, 2])
+    assert len(arithmetic.problems) == len(code.problems) == 8 and not arithmetic.bad
+    assert isinstance(arithmetic.problems[0].reference, str) and isinstance(code.problems[0].reference, list)
+    again = load_problems("synthetic", Task("math"), get_reward("math"), num=8, seed=0, levels=[1, 2])
+    other = load_problems("synthetic", Task("math"), get_reward("math"), num=8, seed=1, levels=[1, 2])
+    assert arithmetic.digest() == again.digest() != other.digest()
+    assert content_digest([1, {"b": 2, "a": 1}]) == content_digest([1, {"a": 1, "b": 2}])
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ({"problem": "p", "answer": "1"}, Task("math", "problem", "answer")),
+        ({"problem": "p", "answer": TESTS}, Task("code", "problem", "answer")),
+        ({"question": "p", "tests": TESTS}, Task("code", "question", "tests")),
+    ],
+)
+def test_the_task_is_told_from_the_first_row(row, expected):
+    assert choose_task([row], "data.jsonl") == expected
+
+
+def test_an_unknown_layout_names_its_fields():
+    with pytest.raises(DataError, match=r"cannot tell the task from the fields \['prompt', 'solution'\]"):
+        choose_task([{"prompt": "x", "solution": "y"}], "data.jsonl")

@@ -1,0 +1,173 @@
+"""Every command of the README, run as a user runs it: ``python -m klear.<command>`` in a subprocess with the
+README's arguments on the embedded default, plus overrides that only shorten a run and move its outputs into a
+temporary directory. Each test checks the exit status, the files and the numbers written, and that no traceback
+reaches the terminal. (The full-length runs of the README's tables are the ``slow`` tests.)"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.runs import read_metrics
+
+SHORT_RL = ["trainer.max_steps=2", "trainer.checkpoint_every_n_steps=1", "eval.num_prompts=16", "eval.samples=2"]
+"""A two-step RL run with a smaller held-out set: the command's config otherwise as shipped."""
+
+
+def klear(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m ARGS``; a traceback anywhere on the terminal fails the test."""
+    result = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr[-4000:]
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def evals(output: Path) -> list[float]:
+    return [float(row["eval/accuracy"]) for row in read_metrics(output / "metrics.csv") if row["eval/accuracy"]]
+
+
+def run_outputs(output: Path) -> None:
+    """The files every run writes (see the README's Outputs)."""
+    for name in ("config.yaml", "metrics.csv", "data_report.json", "hf/config.json", "hf/model.safetensors"):
+        assert (output / name).is_file(), name
+    assert list((output / "checkpoints").glob("step-*.ckpt"))
+
+
+def test_the_main_command_rl_with_gppo(tmp_path):
+    output = tmp_path / "rl"
+    result = klear("klear.fit", "--objective", "gppo", "--config", "configs/rl.yaml", f"output_dir={output}", *SHORT_RL)
+    run_outputs(output)
+    assert len(read_metrics(output / "metrics.csv")) == 3 and len(evals(output)) == 2
+    assert evals(output)[0] > 0.2  # tiny-sft solves part of the held-out problems from the start
+    assert "eval/accuracy" in result.stdout and str(output / "hf") in result.stdout  # the closing summary
+
+
+def test_code_rl_on_the_built_in_code_task_runs_programs_in_the_sandbox(tmp_path):
+    output = tmp_path / "rl-code"
+    klear("klear.fit", "--config", "configs/rl_code.yaml", "--objective", "gppo", f"output_dir={output}", *SHORT_RL)
+    run_outputs(output)
+    rows = read_metrics(output / "metrics.csv")
+    assert all(0.0 < float(row["reward/mean"]) < 1.0 for row in rows[:2])  # programs that pass some tests
+    assert all(float(row["reward/timeouts"]) == float(row["reward/errors"]) == 0 for row in rows[:2])
+    assert 0.1 < evals(output)[0] < 0.9  # tiny-sft-code's programs pass every test for part of the problems
+    report = json.loads((output / "data_report.json").read_text())
+    assert report["train"]["source"] == "synthetic-code" and report["train"]["skipped"] == 0
+
+
+def test_sft_command(tmp_path):
+    output = tmp_path / "sft"
+    args = ["trainer.max_steps=3", "data.num_train=64", "eval.num_prompts=8", "eval.every_n_steps=0"]
+    klear("klear.fit", "--config", "configs/sft.yaml", f"output_dir={output}", *args)
+    run_outputs(output)
+    assert all(float(row["train/loss"]) > 0 for row in read_metrics(output / "metrics.csv")[:3])
+
+
+def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
+    klear("klear.data", "synthetic", "--split", "eval", "--num", "20", "--out", "eval.jsonl", cwd=tmp_path)
+    root = Path(__file__).parents[1]
+    result = klear(
+        "klear.eval", "--model", "tiny-sft", "--data", "eval.jsonl", "--k", "4", "--max-new-tokens", "96", cwd=tmp_path
+    )
+    summary = json.loads((tmp_path / "outputs" / "eval" / "eval" / "summary.json").read_text())
+    assert summary["problems"] == 20 and summary["samples"] == 80 and summary["reward"] == "math"
+    assert 0.0 < summary["avg@k"] <= summary["pass@k"] <= 1.0
+    assert "| avg@4 (= pass@1) |" in result.stdout
+    assert root.is_dir()
+
+
+def test_eval_on_synthetic_code_runs_the_sandbox(tmp_path):
+    klear(
+        "klear.data",
+        "synthetic",
+        "--task",
+        "code",
+        "--split",
+        "eval",
+        "--num",
+        "12",
+        "--out",
+        "code.jsonl",
+        cwd=tmp_path,
+    )
+    klear(
+        *("klear.eval", "--model", "tiny-sft-code", "--data", "code.jsonl", "--k", "2", "--max-new-tokens", "160"),
+        *("--num-workers", "2", "--output", "out"),
+        cwd=tmp_path,
+    )
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["reward"] == "code" and summary["problems"] == 12 and summary["reward_errors"] == 0
+    assert 0.0 < summary["avg@k"] < 1.0
+
+
+def test_data_commands_on_the_embedded_default(tmp_path):
+    def data(*args: str) -> str:
+        return klear("klear.data", *args, cwd=tmp_path).stdout
+
+    assert "wrote 300 math train problems" in data(
+        "synthetic", "--split", "train", "--num", "300", "--out", "train.jsonl"
+    )
+    data("synthetic", "--split", "eval", "--num", "60", "--out", "eval.jsonl")
+    assert data("dedup", "--data", "train.jsonl", "--out", "train.dedup.jsonl").startswith("dedup: kept ")
+    summary = data("decontaminate", "--data", "train.dedup.jsonl", "--eval", "eval.jsonl", "--out", "train.clean.jsonl")
+    assert summary.startswith("decontaminate: kept ")
+    curated = data(
+        *("curate", "--data", "train.clean.jsonl", "--model", "tiny-sft", "--band", "(0, 1)", "--k", "4"),
+        *("--max-new-tokens", "96", "--out", "curated", "--max-problems", "16"),
+    )
+    assert curated.startswith("curate: 16 of ") and (tmp_path / "curated" / "kept.jsonl").is_file()
+    data("synthetic", "--task", "code", "--num", "20", "--out", "code.jsonl")
+    # The synthetic code rows carry their reference program as "solution": it passes all of its tests.
+    tested = data(
+        "filter-tests", "--data", "code.jsonl", "--tests-key", "answer", "--min-tests", "4", "--out", "ok.jsonl"
+    )
+    assert tested.startswith("filter-tests: kept 20 of 20 rows")
+
+
+def test_compare_command(tmp_path):
+    args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--seeds", "0", f"output_dir={tmp_path}"]
+    overrides = [
+        "trainer.max_steps=2",
+        "eval.num_prompts=8",
+        "eval.samples=1",
+        "eval.temperature=0",
+        "rollout.prompts_per_step=8",
+    ]
+    result = klear("klear.compare", *args, *overrides, "--jobs", "2")
+    assert {"comparison.md", "comparison.csv", "comparison.png"} <= {path.name for path in tmp_path.iterdir()}
+    assert "comparison.png" in result.stdout
+    assert "| ppo |" in (tmp_path / "comparison.md").read_text()
+
+
+@pytest.mark.parametrize("flag", ["--print-config", "--list-objectives"])
+def test_fit_information_flags(flag):
+    result = klear("klear.fit", "--config", "configs/rl_code.yaml", flag)
+    assert (
+        ("reward:" in result.stdout and "name: code" in result.stdout)
+        if flag == "--print-config"
+        else ("gppo:" in result.stdout)
+    )
+
+
+def test_the_readme_snippet_turning_humaneval_rows_into_klear_rows(tmp_path, monkeypatch):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("**Code benchmarks as training data.**") :]
+    snippet = section[section.index("```python\n") + len("```python\n") : section.index("\n```\n")]
+    row = {
+        "task_id": "HumanEval/0",
+        "prompt": 'def add(a, b):\n    """Return a + b."""\n',
+        "canonical_solution": "    return a + b\n",
+        "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n",
+        "entry_point": "add",
+    }
+    (tmp_path / "HumanEval.jsonl").write_text(json.dumps(row) + "\n" + "not json\n")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "README.md", "exec"), {})
+    (converted,) = [json.loads(line) for line in (tmp_path / "data" / "humaneval.klear.jsonl").read_text().splitlines()]
+    assert converted["answer"] == [{"code": row["test"] + "\ncheck(add)\n"}] and row["prompt"] in converted["problem"]
+    from klear.rewards import get_reward
+
+    program = "```python\n" + row["prompt"] + row["canonical_solution"] + "```"
+    assert get_reward("code")(program, converted["answer"]) == 1.0
+    assert get_reward("code")(program.replace("a + b", "a - b"), converted["answer"]) == 0.0

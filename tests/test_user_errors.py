@@ -1,0 +1,174 @@
+"""Bad input as users give it, through the real commands in subprocesses: a bad config, output directory or data
+source stops with one line naming the key or file and what is accepted (exit code 2), before anything heavy is
+imported; a bad data row is skipped with a warning naming its file and 1-based line and counted; a resume is
+refused when the data changed and allowed from a copied run directory. Never a traceback."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.runs import RL_SHORT, read_metrics
+
+RL_QUICK = [*RL_SHORT, "trainer.max_steps=2", "eval.every_n_steps=0"]
+
+
+def klear(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m klear.<command> ARGS`` as a user runs it; a traceback on the terminal fails the test."""
+    result = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]
+    return result
+
+
+def one_line_error(result: subprocess.CompletedProcess, code: int = 2) -> str:
+    assert result.returncode == code, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, result.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.top_p=0"], "rollout.top_p = 0.0 is not accepted; accepted: a number in (0, 1]"),
+        (["rollout.temperature=-1"], "rollout.temperature = -1.0 is not accepted; accepted: a number > 0"),
+        (["rollout.temperature=0"], "greedy decoding gives every sample of a group the same response"),
+        (["eval.samples=0"], "eval.samples = 0 is not accepted; accepted: an integer >= 1"),
+        (["eval.num_prompts=0"], "eval.num_prompts = 0 is not accepted; accepted: an integer >= 1"),
+        (["optim.lr=-1"], "optim.lr = -1.0 is not accepted; accepted: a number > 0"),
+        (["objective.eps_low=abc"], "objective.eps_low = 'abc' is not accepted; accepted: a number"),
+        (["objective.eps_low=2"], "objective 'gppo': eps_low must be in [0, 1)"),
+        (["reward.options.timeout=abc"], "reward.options.timeout = 'abc' is not accepted; accepted: a number"),
+        (["data.levels=[9]"], "data.levels = [9] is not accepted; accepted: a list of 1, 2, 3, 4"),
+        (["rollout.group_size=1"], "rollout.group_size must be >= 2"),
+    ],
+)
+def test_bad_values_are_one_line_naming_the_key_before_heavy_imports(overrides, message):
+    # In a fresh interpreter: the check must come before Lightning, transformers or the model are loaded.
+    code = (
+        "import sys; from klear.fit import main; "
+        f"code = main(['--config', 'configs/rl.yaml', *{overrides!r}]); "
+        "heavy = sorted(name for name in ('lightning', 'transformers', 'vllm') if name in sys.modules); "
+        "print('exit', code, 'heavy', heavy)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "exit 2 heavy []", result.stdout + result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+def test_a_yaml_syntax_error_names_its_line(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("stage: rl\nrollout:\n  top_p: [1\n")
+    error = one_line_error(klear("klear.fit", "--config", str(config)))
+    assert "is not valid YAML" in error and "(line 3, column 10)" in error
+
+
+def test_an_output_dir_that_is_a_file_or_cannot_be_written(tmp_path):
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a directory")
+    error = one_line_error(klear("klear.fit", "--config", "configs/rl.yaml", f"output_dir={blocker}", *RL_QUICK))
+    assert f"output_dir '{blocker}' is a file" in error
+    error = one_line_error(klear("klear.fit", "--config", "configs/rl.yaml", "output_dir=/proc/klear-run", *RL_QUICK))
+    assert "output_dir '/proc/klear-run' is not writable" in error
+
+
+def write_rows(path, rows) -> str:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return str(path)
+
+
+def test_bad_rl_rows_are_skipped_by_file_line_before_training_and_counted(tmp_path):
+    good = [{"problem": f"Start with {i}. Add 1.", "answer": str(i + 1)} for i in range(12)]
+    rows = [
+        *good[:4],
+        {"problem": "int answer", "answer": 7},  # line 5: read as "7", kept
+        {"problem": "list answer", "answer": [7]},  # line 6
+        {"problem": "dict answer", "answer": {"value": 7}},  # line 7
+        {"problem": "no answer", "answer": None},  # line 8
+        {"problem": "empty answer", "answer": ""},  # line 9: would score an empty \boxed{} as right
+        {"problem": "x" * 5_000_000, "answer": "1"},  # line 10: 5 MB, far over the model's context
+        "{not json",  # line 11
+        *good[4:],
+    ]
+    data = write_rows(tmp_path / "train.jsonl", rows)
+    output = tmp_path / "run"
+    args = ["--config", "configs/rl.yaml", f"output_dir={output}", *RL_QUICK, f"data.train={data}"]
+    result = klear("klear.fit", *args, "reward.name=math", "rollout.max_new_tokens=16")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for line in (6, 7, 8, 9, 10, 11):
+        assert f"{data}:{line}: skipped" in result.stderr, line
+    assert f"{data}:10: skipped, prompt of " in result.stderr and "longer than max_prompt_tokens = 496" in result.stderr
+    assert "skipped 6 of 19 train rows" in result.stdout  # the closing summary
+    report = json.loads((output / "data_report.json").read_text())
+    assert report["train"]["problems"] == 13 and [row["line"] for row in report["train"]["bad_rows"]] == [
+        6, 7, 8, 9, 10, 11
+    ]  # fmt: skip
+    assert len(read_metrics(output / "metrics.csv")) == 3
+
+
+def test_data_without_a_usable_row_is_refused_before_training(tmp_path):
+    data = write_rows(tmp_path / "empty_refs.jsonl", [{"problem": "a", "answer": ""}, {"problem": "b", "answer": " "}])
+    args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path / 'run'}", *RL_QUICK, f"data.train={data}"]
+    error = one_line_error(klear("klear.fit", *args, "reward.name=math"))
+    assert f"{data}: no usable problem in 2 rows" in error and f"first: {data}:1: " in error
+    assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_a_malformed_code_test_is_skipped_not_a_crash_mid_run(tmp_path):
+    tests = [{"input": "2\n", "output": "4\n"}]
+    rows = [{"problem": f"Read n, print n * {i}.", "answer": tests} for i in range(8)]
+    rows.insert(3, {"problem": "bad tests", "answer": [{"input": 2, "output": "4"}]})  # line 4
+    rows.insert(5, {"problem": "tests as text", "answer": "assert f(2) == 4"})  # line 6
+    data = write_rows(tmp_path / "code.jsonl", rows)
+    args = ["--config", "configs/rl_code.yaml", f"output_dir={tmp_path / 'run'}", *RL_QUICK, f"data.train={data}"]
+    result = klear("klear.fit", *args, "reward.name=code", "data.eval=synthetic-code")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{data}:4: skipped" in result.stderr and f"{data}:6: skipped" in result.stderr
+
+
+def test_an_empty_or_broken_sft_file_is_one_line_naming_it(tmp_path):
+    empty = write_rows(tmp_path / "empty.jsonl", [])
+    args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path / 'run'}", "trainer.max_steps=1"]
+    assert one_line_error(klear("klear.fit", *args, f"data.train={empty}")) == f"error: {empty}: no rows"
+    broken = write_rows(tmp_path / "broken.jsonl", [{"prompt": "p"}, "oops", {"messages": []}])
+    error = one_line_error(klear("klear.fit", *args, f"data.train={broken}"))
+    assert error.startswith(f"error: {broken}: no SFT example in 2 rows (first: {broken}:1: ")
+
+
+def test_a_copied_run_directory_resumes_and_extends(tmp_path):
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    args = ["--config", "configs/rl.yaml", *RL_QUICK]
+    assert klear("klear.fit", *args, f"output_dir={original}").returncode == 0
+    shutil.copytree(original, copy)
+    result = klear("klear.fit", *args, f"output_dir={copy}", "--resume", "trainer.max_steps=3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [row["step"] for row in read_metrics(copy / "metrics.csv")] == ["0", "1", "2", "3"]
+    assert [row["step"] for row in read_metrics(original / "metrics.csv")] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("change", ["answer", "row count"])
+def test_resume_refuses_data_that_changed(tmp_path, change):
+    rows = [{"problem": f"Start with {i}. Add 2.", "answer": str(i + 2)} for i in range(16)]
+    data = tmp_path / "train.jsonl"
+    write_rows(data, rows)
+    args = ["--config", "configs/rl.yaml", *RL_QUICK, f"data.train={data}", f"output_dir={tmp_path / 'run'}"]
+    assert klear("klear.fit", *args, "reward.name=math").returncode == 0
+    if change == "answer":
+        rows[3]["answer"] = "99"  # same row count, other content
+    else:
+        rows.append({"problem": "Start with 1. Add 1.", "answer": "2"})
+    write_rows(data, rows)
+    error = one_line_error(klear("klear.fit", *args, "reward.name=math", "--resume", "trainer.max_steps=3"))
+    assert "--resume: the train data" in error and "differs from the data the run started on" in error
+
+
+def test_compare_with_every_run_failing_claims_no_figure(tmp_path):
+    objective = "tests.test_compare:Broken"
+    args = ["--config", "configs/rl.yaml", "--objectives", objective, "--seeds", "0", f"output_dir={tmp_path}"]
+    result = klear("klear.compare", *args, *RL_QUICK)
+    assert result.returncode == 1
+    assert "comparison.png" not in result.stdout and not (tmp_path / "comparison.png").exists()
+    assert "every run failed" in one_line_error(result, code=1)
