@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 MAX_VALUE = 99
@@ -105,16 +105,28 @@ def generate_problems(n: int, *, split: str = "train", seed: int = 0, levels: Se
     Deterministic in ``(n, split, seed, levels)``; a longer list starts with the shorter one. Problems may repeat
     within a split (the space of short chains is small), never across splits.
     """
+    return draw_split(make_problem, n, split, random.Random(f"klear-synthetic-{seed}-{split}"), levels, LEVELS)
+
+
+def draw_split(
+    make: Callable[[random.Random, int], dict],
+    n: int,
+    split: str,
+    rng: random.Random,
+    levels: Sequence[int],
+    known: Mapping[int, object],
+) -> list[dict]:
+    """``n`` records ``make(rng, level)`` of ``split``, levels in turn, each redrawn until its text hashes into
+    ``split``: what keeps the splits of a built-in task disjoint (this task's and the code task's)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     if not levels:
-        raise ValueError("levels is empty; pass at least one of " + str(sorted(LEVELS)))
-    rng = random.Random(f"klear-synthetic-{seed}-{split}")
+        raise ValueError("levels is empty; pass at least one of " + str(sorted(known)))
     records = []
     for i in range(n):
-        record = make_problem(rng, levels[i % len(levels)])
+        record = make(rng, levels[i % len(levels)])
         while split_of(record["problem"]) != split:
-            record = make_problem(rng, levels[i % len(levels)])
+            record = make(rng, levels[i % len(levels)])
         records.append(record)
     return records
 

@@ -39,7 +39,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from klear.data.synthetic import SPLITS, split_of
+from klear.data.synthetic import draw_split
 
 NUM_TESTS = 4
 """stdin/stdout tests per problem."""
@@ -102,18 +102,8 @@ def generate_code_problems(
     n: int, *, split: str = "train", seed: int = 0, levels: Sequence[int] = DEFAULT_LEVELS
 ) -> list[dict]:
     """``n`` problems of ``split``, levels in round-robin order; deterministic in ``(n, split, seed, levels)``."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    if not levels:
-        raise ValueError("levels is empty; pass at least one of " + str(sorted(LEVELS)))
     rng = random.Random(f"klear-synthetic-code-{seed}-{split}")
-    records = []
-    for i in range(n):
-        record = make_code_problem(rng, levels[i % len(levels)])
-        while split_of(record["problem"]) != split:
-            record = make_code_problem(rng, levels[i % len(levels)])
-        records.append(record)
-    return records
+    return draw_split(make_code_problem, n, split, rng, levels, LEVELS)
 
 
 def labelled_solution(record: dict) -> str:
