@@ -117,6 +117,11 @@ def test_data_commands_on_the_embedded_default(tmp_path):
         *("--max-new-tokens", "96", "--out", "curated", "--max-problems", "16"),
     )
     assert curated.startswith("curate: 16 of ") and (tmp_path / "curated" / "kept.jsonl").is_file()
+    mixed = data(
+        *("mix", "--source", "name=distilled,path=curated/kept.jsonl", "--easy-pass-rate", "0.7"),
+        *("--reward", "math", "--out", "mix.jsonl"),
+    )
+    assert (tmp_path / "mix.jsonl").is_file() and "mix" in mixed
     data("synthetic", "--task", "code", "--num", "20", "--out", "code.jsonl")
     # The synthetic code rows carry their reference program as "solution": it passes all of its tests.
     tested = data(

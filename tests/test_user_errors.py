@@ -4,6 +4,7 @@ imported; a bad data row is skipped with a warning naming its file and 1-based l
 refused when the data changed and allowed from a copied run directory. Never a traceback."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,9 +16,12 @@ from tests.runs import RL_SHORT, read_metrics
 RL_QUICK = [*RL_SHORT, "trainer.max_steps=2", "eval.every_n_steps=0"]
 
 
-def klear(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def klear(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m klear.<command> ARGS`` as a user runs it; a traceback on the terminal fails the test."""
-    result = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout)
+    environment = {**os.environ, **(env or {})}
+    result = subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout, env=environment
+    )
     assert "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]
     return result
 
@@ -43,6 +47,7 @@ def one_line_error(result: subprocess.CompletedProcess, code: int = 2) -> str:
         (["reward.options.timeout=abc"], "reward.options.timeout = 'abc' is not accepted; accepted: a number"),
         (["data.levels=[9]"], "data.levels = [9] is not accepted; accepted: a list of 1, 2, 3, 4"),
         (["rollout.group_size=1"], "rollout.group_size must be >= 2"),
+        (["data.train=synthetic-code"], "data.train=synthetic-code is checked by the code reward, not math"),
     ],
 )
 def test_bad_values_are_one_line_naming_the_key_before_heavy_imports(overrides, message):
@@ -57,6 +62,15 @@ def test_bad_values_are_one_line_naming_the_key_before_heavy_imports(overrides, 
     assert result.stdout.strip() == "exit 2 heavy []", result.stdout + result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+def test_a_model_path_that_is_no_model_is_one_line(tmp_path):
+    args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path}", *RL_QUICK]
+    error = one_line_error(klear("klear.fit", *args, "model.path=./no/such/model"))
+    assert "model.path = './no/such/model': no model directory there" in error
+    hub_name = "model.path=nobody-klear/no-such-model"  # a hub name that is not cached and cannot be downloaded
+    error = one_line_error(klear("klear.fit", *args, hub_name, env={"HF_HUB_OFFLINE": "1"}))
+    assert "model.path = 'nobody-klear/no-such-model' cannot be loaded" in error
 
 
 def test_a_yaml_syntax_error_names_its_line(tmp_path):

@@ -1,4 +1,6 @@
-"""Reward throughput: math pairs/s and code tests/s, one reward in this process vs a `RewardPool`.
+"""Reward throughput: math pairs/s and code tests/s, one at a time in this process vs `score_batch` in this process
+(the default of the RL loop, `klear.eval` and `curate`: the code reward runs its sandboxes on threads) vs a
+`RewardPool`.
 
 The math set mixes answers the in-process fast path settles (integers, plain fractions) with answers that
 need sympy in the checker process (radicals, sets, intervals, percent, units), right and wrong in equal
@@ -8,7 +10,7 @@ numbers are steady-state throughput, not start-up.
 
     python tools/bench_rewards.py [--workers N] [--math-pairs 400] [--programs 24] [--tests 10]
 
-Prints one summary line per reward: sequential rate, pool rate, and their ratio.
+Prints one summary line per reward: the sequential rate, the batch and pool rates, and their ratios to it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import argparse
 import os
 import time
 
-from klear.rewards import RewardPool, get_reward
+from klear.rewards import RewardPool, get_reward, score_batch
 
 MATH_CASES = [  # (boxed answer, reference) templates over k; half need sympy, half do not; right and wrong
     ("{k}", "{k}"),
@@ -53,26 +55,34 @@ def code_batch(programs: int, tests: int) -> tuple[list[str], list[list[dict]]]:
     return completions, [cases] * programs
 
 
-def measure(reward, completions: list, references: list, workers: int, timeout: float) -> tuple[float, float]:
-    """Seconds for the batch sequentially in this process, then with a warmed-up pool."""
+def measure(reward, completions: list, references: list, workers: int, timeout: float) -> tuple[float, ...]:
+    """Seconds for the batch one at a time in this process, with `score_batch` in this process, then with a
+    warmed-up pool; all three must give the same scores."""
     start = time.perf_counter()
     sequential = [reward(c, r) for c, r in zip(completions, references, strict=True)]
     sequential_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    batch = score_batch(reward, completions, references)
+    batch_seconds = time.perf_counter() - start
     with RewardPool(reward, num_workers=workers, timeout=timeout) as pool:
         pool.score(completions[:workers], references[:workers])  # every worker warm
         start = time.perf_counter()
         result = pool.score(completions, references)
         pool_seconds = time.perf_counter() - start
-    if result.scores != sequential or result.timeouts or result.errors:
-        raise RuntimeError(f"pool and sequential scores differ ({result.timeouts} timeouts, {result.errors} errors)")
-    return sequential_seconds, pool_seconds
+    for name, scored in (("batch", batch), ("pool", result)):
+        if scored.scores != sequential or scored.timeouts or scored.errors:
+            raise RuntimeError(
+                f"{name} and sequential scores differ ({scored.timeouts} timeouts, {scored.errors} errors)"
+            )
+    return sequential_seconds, batch_seconds, pool_seconds
 
 
-def report(name: str, unit: str, count: int, seconds: tuple[float, float], workers: int) -> None:
-    sequential, pool = count / seconds[0], count / seconds[1]
+def report(name: str, unit: str, count: int, seconds: tuple[float, ...], workers: int) -> None:
+    sequential, batch, pool = (count / value for value in seconds)
     print(
-        f"{name}: sequential {sequential:,.1f} {unit}/s, pool ({workers} workers) {pool:,.1f} {unit}/s, "
-        f"ratio {pool / sequential:.2f}x ({count} {unit})"
+        f"{name}: sequential {sequential:,.1f} {unit}/s, score_batch in this process {batch:,.1f} {unit}/s "
+        f"(ratio {batch / sequential:.2f}x), pool ({workers} workers) {pool:,.1f} {unit}/s "
+        f"(ratio {pool / sequential:.2f}x) ({count} {unit})"
     )
 
 

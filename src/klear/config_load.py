@@ -88,6 +88,10 @@ def check_config(config: DictConfig) -> None:
     if not all(0 <= beta < 1 for beta in config.optim.betas):
         raise ConfigError(f"optim.betas = {list(config.optim.betas)} is not accepted; accepted: two numbers in [0, 1)")
     _check_levels(config.data)
+    _check_synthetic_rewards(config)
+    problem = model_path_problem(config.model.path)
+    if problem:
+        raise ConfigError(f"model.path = {config.model.path!r}: {problem}")
     for switch, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if config.logging[switch] and importlib.util.find_spec(package) is None:
             raise ConfigError(f"logging.{switch}=true needs the {package} package: pip install {package}")
@@ -166,8 +170,40 @@ def _check_levels(data: DictConfig) -> None:
         unknown = [level for level in data.levels if task is not None and level not in task.LEVELS]
         if unknown or not data.levels:
             accepted = ", ".join(map(str, sorted(task.LEVELS if task else synthetic.LEVELS)))
+            raise ConfigError(f"data.levels = {list(data.levels)} is not accepted; accepted: a list of {accepted}")
+
+
+BUILTIN_MODELS = ("tiny", "tiny-sft", "tiny-sft-code")
+"""``model.path`` values of the built-in models (see `klear.models`)."""
+
+
+def model_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a model, when it can only be a local path (hub names are ``name`` or ``org/name``)
+    and holds no model directory; None when it may be one (a hub name is only checked when it is loaded)."""
+    if path in BUILTIN_MODELS:
+        return None
+    local = Path(path).expanduser()
+    looks_local = local.exists() or path.startswith(("/", ".", "~")) or path.count("/") > 1
+    if looks_local and not (local / "config.json").is_file():
+        return (
+            "no model directory there (a folder with config.json); give a Hugging Face model directory or hub "
+            f"name, or a built-in model: {', '.join(BUILTIN_MODELS)}"
+        )
+    return None
+
+
+def _check_synthetic_rewards(config: DictConfig) -> None:
+    """A built-in task is checked by its own reward (``synthetic``: math, ``synthetic-code``: code)."""
+    from klear.data.problems import SYNTHETIC_REWARDS
+
+    reward_key = "reward.name" if config.stage == "rl" else "eval.reward"
+    reward = config.reward.name if config.stage == "rl" else config.eval.reward
+    for key in ("train", "eval") if config.stage == "rl" else ("eval",):
+        wanted = SYNTHETIC_REWARDS.get(config.data[key])
+        if wanted and reward in SYNTHETIC_REWARDS.values() and reward != wanted:
             raise ConfigError(
-                f"data.levels = {list(data.levels)} is not accepted; accepted: a list of {accepted}"
+                f"data.{key}={config.data[key]} is checked by the {wanted} reward, not {reward}; "
+                f"set {reward_key}={wanted}"
             )
 
 

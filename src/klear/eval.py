@@ -43,11 +43,12 @@ from omegaconf import OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from klear.config import ModelConfig, RLRunConfig, RolloutConfig
+from klear.config_load import model_path_problem
 from klear.data.problems import Problem, ProblemSet, Task, choose_task, load_problems
 from klear.data.prompts import encode_prompt
 from klear.data.readers import DataError, read_numbered, warn_bad_rows, write_jsonl
 from klear.eval_metrics import markdown_table, problem_record, summarize
-from klear.models import load_model, load_tokenizer, model_context, resolve_model_path
+from klear.models import load_model, load_tokenizer, model_context
 from klear.rewards import get_reward, score_batch
 from klear.rewards.base import RewardFn
 from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, SamplingParams
@@ -213,7 +214,7 @@ def build_engine(args: argparse.Namespace) -> tuple[RolloutEngine, PreTrainedTok
 
 def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     try:
-        check_model_path(resolve_model_path(path), path)
+        check_model_path(path)
         return load_tokenizer(ModelConfig(path=path))
     except (OSError, ValueError) as error:  # unknown hub name, missing tiny-sft checkpoint
         raise EvalError(f"--model {path}: {_first_line(error)}") from error
@@ -221,21 +222,17 @@ def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 def _model_context(path: str) -> int:
     try:
-        check_model_path(resolve_model_path(path), path)
+        check_model_path(path)
         return model_context(ModelConfig(path=path))
     except (OSError, ValueError) as error:
         raise EvalError(f"--model {path}: {_first_line(error)}") from error
 
 
-def check_model_path(resolved: str, given: str) -> None:
-    """A value that can only be a local path (hub names are ``name`` or ``org/name``) must be a model directory."""
-    local = Path(resolved).expanduser()
-    looks_local = local.exists() or resolved.startswith(("/", ".", "~")) or resolved.count("/") > 1
-    if looks_local and not (local / "config.json").is_file():
-        raise EvalError(
-            f"--model {given}: no model directory there (a folder with config.json); give a Hugging Face model "
-            "directory or hub name, or a built-in model: tiny, tiny-sft"
-        )
+def check_model_path(path: str) -> None:
+    """``--model`` must be a model directory where it can only be a local path (`model_path_problem`)."""
+    problem = model_path_problem(path)
+    if problem:
+        raise EvalError(f"--model {path}: {problem}")
 
 
 def run(

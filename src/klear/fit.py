@@ -126,7 +126,11 @@ def run_summary(run_dir: RunDir) -> str:
 def build_stage(config: DictConfig, run_dir: RunDir):
     module_name, _, function = STAGES[config.stage].partition(":")
     build: Callable = getattr(importlib.import_module(module_name), function)
-    return build(config, run_dir)
+    try:
+        return build(config, run_dir)
+    except OSError as error:  # transformers: a hub name that is not cached and cannot be downloaded, broken files
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RunError(f"model.path = {config.model.path!r} cannot be loaded: {message}") from error
 
 
 def module_callbacks(config: DictConfig) -> list:

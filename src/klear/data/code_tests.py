@@ -4,8 +4,9 @@ The paper's code RL data kept problems with at least 16 test cases, and filterin
 wrong made code RL rise more steadily (its Fig. 4): a test the reference solution fails rewards wrong programs
 and punishes right ones. A row is kept when
 
-1. its tests (``--tests-key``, the ``code`` reward's format: ``{"input", "output"}`` or functional
-   ``{"fn_name", "args", "expected"}``) are well formed and at least ``--min-tests`` of them, and
+1. its tests (``--tests-key``, the ``code`` reward's format: ``{"input", "output"}``, functional
+   ``{"fn_name", "args", "expected"}`` or test programs ``{"code"}``) are well formed and at least ``--min-tests``
+   of them, and
 2. its reference solution (``--solution-key``; a bare program, or text with a fenced python block as a model
    would write it) passes every one of them, run by the ``code`` reward in the project's sandbox.
 

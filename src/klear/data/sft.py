@@ -43,8 +43,9 @@ PAIR_KEYS = (("prompt", "response"), ("problem", "solution"))
 TRUNCATIONS = ("drop", "right")
 
 
-class ChatTemplateError(ValueError):
-    """The tokenizer's chat template renders a conversation in a way the assistant-token mask cannot follow."""
+class ChatTemplateError(DataError):
+    """The tokenizer's chat template renders a conversation in a way the assistant-token mask cannot follow (a
+    `DataError`: the run stops before training with one line naming the row)."""
 
 
 @dataclass
