@@ -215,7 +215,11 @@ MATH_ROW = {"problem": "Start with 1. Add 1.", "answer": "2"}
         ([MATH_ROW], ["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
         ([MATH_ROW], ["--model", str(Path(__file__).parent)], f"--model {Path(__file__).parent}: no model directory"),
         ([MATH_ROW], ["--model", "outputs/missing/hf"], "--model outputs/missing/hf: no model directory there"),
-        ([MATH_ROW], ["--max-new-tokens", "600"], "--max-new-tokens 600 leaves no room for a prompt in the model's"),
+        (
+            [MATH_ROW],
+            ["--max-new-tokens", "600"],
+            "--max-new-tokens 600: 600 new tokens leave no room for a prompt in the model's 512",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, rows, extra, message):

@@ -48,7 +48,7 @@ from klear.data.problems import Problem, ProblemSet, Task, choose_task, load_pro
 from klear.data.prompts import encode_prompt
 from klear.data.readers import DataError, read_numbered, warn_bad_rows, write_jsonl
 from klear.eval_metrics import markdown_table, problem_record, summarize
-from klear.models import load_model, load_tokenizer, model_context
+from klear.models import load_model, load_tokenizer, prompt_budget
 from klear.rewards import get_reward, score_batch
 from klear.rewards.base import RewardFn
 from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, SamplingParams
@@ -158,15 +158,7 @@ def load_eval_problems(
     rows = read_numbered(args.data)
     task = choose_task([row for _, row in rows[0]], args.data, args.reward, args.prompt_key, args.reference_key)
     reward = build_reward(task.reward, reward_options or {})
-    limit = args.max_prompt_tokens
-    if not limit:
-        context = _model_context(args.model)
-        limit = context - args.max_new_tokens
-        if limit < 1:
-            raise EvalError(
-                f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the model's context of "
-                f"{context} tokens; pass a smaller --max-new-tokens (the built-in tiny models need ~96-160)"
-            )
+    limit = args.max_prompt_tokens or _prompt_budget(args.model, args.max_new_tokens)
     tokenizer = _load_tokenizer(args.model)
     problems = load_problems(
         args.data,
@@ -220,12 +212,17 @@ def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
         raise EvalError(f"--model {path}: {_first_line(error)}") from error
 
 
-def _model_context(path: str) -> int:
+def _prompt_budget(path: str, max_new_tokens: int) -> int:
+    check_model_path(path)
     try:
-        check_model_path(path)
-        return model_context(ModelConfig(path=path))
-    except (OSError, ValueError) as error:
+        return prompt_budget(ModelConfig(path=path), max_new_tokens)
+    except OSError as error:
         raise EvalError(f"--model {path}: {_first_line(error)}") from error
+    except ValueError as error:  # the response budget leaves no room for a prompt
+        raise EvalError(
+            f"--max-new-tokens {max_new_tokens}: {error}; pass a smaller --max-new-tokens (the built-in tiny models "
+            "need ~96-160)"
+        ) from error
 
 
 def check_model_path(path: str) -> None:

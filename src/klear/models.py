@@ -63,6 +63,17 @@ def model_context(config: ModelConfig) -> int:
     return int(model_config.get_text_config().max_position_embeddings)  # multimodal configs nest the text model
 
 
+def prompt_budget(config: ModelConfig, max_new_tokens: int) -> int:
+    """The most prompt tokens that fit the model's context with ``max_new_tokens`` after them (the default of
+    ``data.max_prompt_tokens`` and ``--max-prompt-tokens``). Raises ValueError when no prompt fits."""
+    context = model_context(config)
+    if context - max_new_tokens < 1:
+        raise ValueError(
+            f"{max_new_tokens} new tokens leave no room for a prompt in the model's {context}-token context"
+        )
+    return context - max_new_tokens
+
+
 def model_dtype(config: ModelConfig, on_cuda: bool) -> torch.dtype:
     if config.dtype == "auto":
         return torch.bfloat16 if on_cuda else torch.float32

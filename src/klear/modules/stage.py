@@ -23,7 +23,7 @@ from klear.data.problems import ProblemSet, Task, load_problems
 from klear.data.prompts import encode_prompt
 from klear.data.readers import warn_bad_rows
 from klear.evaluation import evaluate
-from klear.models import model_context
+from klear.models import prompt_budget
 from klear.optim import build_optimizer, build_scheduler
 from klear.rollout.engine import RolloutEngine
 from klear.run_dir import RunDir
@@ -116,13 +116,11 @@ def stage_problems(
     data = config.data
     limit = data.get("max_prompt_tokens", 0)
     if not limit:
-        context = model_context(config.model)
-        limit = context - max_new_tokens
-        if limit < 1:
+        try:
+            limit = prompt_budget(config.model, max_new_tokens)
+        except ValueError as error:
             key = "rollout.max_new_tokens" if split == "train" else "eval.max_new_tokens"
-            raise ConfigError(
-                f"{key} = {max_new_tokens} leaves no room for a prompt in the model's context of {context} tokens"
-            )
+            raise ConfigError(f"{key} = {max_new_tokens}: {error}") from None
     problems = load_problems(
         data[split],
         task,
