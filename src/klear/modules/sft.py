@@ -136,7 +136,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     examples, stats = build_sft_examples(
         rows, tokenizer, data.max_length, data.truncation, source=data.train, lines=lines
     )
-    stats.bad[:0] = bad
+    stats.bad = sorted(bad + stats.bad, key=lambda row: row.line)  # file order, as the problem loader reports
     warn_bad_rows(stats.bad, {data.train: stats.rows + len(bad)})
     log.info("SFT data: %s", stats)
     task = Task(config.eval.reward)
