@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 RL_SHORT = [
     "model.path=tiny",
-    "reward.name=tests.modules:even_length",
+    "reward.name=tests.stages:even_length",
     "rollout.prompts_per_step=4",
     "rollout.group_size=4",
     "rollout.max_new_tokens=12",

@@ -180,7 +180,7 @@ def test_resume_refuses_data_that_changed(tmp_path, change):
 
 
 def test_compare_with_every_run_failing_claims_no_figure(tmp_path):
-    objective = "tests.test_compare:Broken"
+    objective = "tests.compare.test_compare:Broken"
     args = ["--config", "configs/rl.yaml", "--objectives", objective, "--seeds", "0", f"output_dir={tmp_path}"]
     result = klear("klear.compare", *args, *RL_QUICK)
     assert result.returncode == 1

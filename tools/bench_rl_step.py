@@ -8,7 +8,7 @@ synthetic task's problems, and each step is one rollout followed by exactly one 
 - sampling: group size, ``max_new_tokens``, temperature, top-p, top-k, the same stop tokens (the model's
   generation config and the tokenizer's eos); TRL generates with its default path (transformers' ``generate``,
   KV cache, no vLLM, no continuous batching);
-- reward: klear's ``math`` reward through the same :class:`klear.modules.scoring.RewardScorer` code path, wrapped
+- reward: klear's ``math`` reward through the same :class:`klear.rewards.scorer.RewardScorer` code path, wrapped
   as a plain TRL reward function;
 - objective: DAPO clip-higher (eps 0.2 / 0.28), token-mean over the update (TRL ``loss_type="dapo"``), no KL term,
   no reference model, no entropy bonus; advantages: group z-scores on both;
@@ -19,8 +19,8 @@ synthetic task's problems, and each step is one rollout followed by exactly one 
   exactly as klear does with ``rollout.old_logprobs=engine``);
 - precision float32, no gradient checkpointing (TRL's defaults are bf16 and checkpointing: switched off here);
   TRL's model gets transformers' default attention (``sdpa``), as a TRL user's would; klear's default
-  ``model.attn_implementation: sdpa`` loads klear's ``sdpa_gqa`` (:mod:`klear.attention`: the same values, without
-  the copy of the grouped K/V heads that transformers' ``sdpa`` makes under a mask on CPU);
+  ``model.attn_implementation: sdpa`` loads klear's ``sdpa_gqa`` (:mod:`klear.models.attention`: the same values,
+  without the copy of the grouped K/V heads that transformers' ``sdpa`` makes under a mask on CPU);
 - klear's zero-variance group filter is off, so both train on every response.
 
 Not matched, because it is what each framework does: TRL keeps finished rows in the batch until the longest one
@@ -114,7 +114,7 @@ class Clock:
 
 
 def klear_config(args: argparse.Namespace, output_dir: str):
-    from klear.config_load import load_config
+    from klear.config.load import load_config
 
     overrides = [
         f"output_dir={output_dir}",
@@ -150,14 +150,15 @@ def build_trl(args: argparse.Namespace, config, problems: list, clock: Clock, ou
     from trl import GRPOConfig, GRPOTrainer
 
     from klear.models import load_model, load_tokenizer
-    from klear.modules.scoring import RewardScorer
+    from klear.rewards import score_batch
+    from klear.rewards.scorer import RewardScorer
 
     scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens)
 
     def math_reward(completions, answer, completion_ids, **_) -> list[float]:
         clock.pieces["tokens"] += sum(len(ids) for ids in completion_ids)
         texts = [completion[-1]["content"] for completion in completions]
-        return scorer.correctness(texts, [str(a) for a in answer])
+        return score_batch(scorer.reward, texts, [str(a) for a in answer]).scores
 
     updates_per_rollout = args.prompts * args.group // args.micro_batch
     training = GRPOConfig(
@@ -238,8 +239,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     import lightning as L
     import torch
 
-    import klear.modules.rl
-    import klear.modules.rl_loss
+    import klear.stages.rl
+    import klear.stages.update
     from klear.fit import build_stage, build_trainer, module_callbacks, prepare_run_dir
 
     torch.set_num_threads(args.threads)
@@ -265,9 +266,9 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
             engine.generate = klear_clock.wrap("generate", counted)
             module.scorer.score = klear_clock.wrap("reward", module.scorer.score)
             module.manual_backward = klear_clock.wrap("backward", module.manual_backward)
-            # Every log-prob pass of a step (no-grad, loss, KL reference) goes through rl_loss.batch_logprobs.
-            rl_loss = klear.modules.rl_loss
-            rl_loss.token_logprobs = klear_clock.wrap("logprob_fwd", rl_loss.token_logprobs)
+            # Every log-prob pass of a step (no-grad, loss, KL reference) goes through update.batch_logprobs.
+            update = klear.stages.update
+            update.token_logprobs = klear_clock.wrap("logprob_fwd", update.token_logprobs)
             klear_clock.start()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx: int) -> None:

@@ -23,7 +23,7 @@ import torch
 from klear.data.packing import SCHEMES, make_batches, padding_fraction, plan_batches, sft_loss
 from klear.data.sft import IGNORE_INDEX, build_sft_examples
 from klear.data.synthetic import generate_problems
-from klear.data.tiny_model import build_tiny, load_tiny
+from klear.models.tiny import build_tiny, load_tiny
 
 
 def synthetic_examples(tokenizer, n: int, max_length: int) -> list[dict]:

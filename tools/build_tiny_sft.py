@@ -17,9 +17,9 @@ import json
 import shutil
 from pathlib import Path
 
-from klear.data.tiny_model import TINY_SIZES
 from klear.fit import main as fit
 from klear.models import CHECKPOINTS_DIR, SHIPPED
+from klear.models.tiny import TINY_SIZES
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ QWEN3_0_6B = {
 
 
 def build(directory: str) -> None:
-    from klear.data.tiny_model import build_tiny
+    from klear.models.tiny import build_tiny
 
     started = time.perf_counter()
     path = build_tiny(directory, seed=0, **QWEN3_0_6B)
@@ -49,7 +49,7 @@ def gap(model, rollouts, temperature: float) -> float:
 
 
 def check_vllm(directory: str) -> None:
-    from klear.config_load import load_config
+    from klear.config.load import load_config
     from klear.data.prompts import encode_prompt
     from klear.data.synthetic import generate_problems
     from klear.models import load_model, load_tokenizer
@@ -60,7 +60,9 @@ def check_vllm(directory: str) -> None:
     )
     policy, tokenizer = load_model(config.model, on_cuda=True).cuda().eval(), load_tokenizer(config.model)
     started = time.perf_counter()
-    engine = ENGINES.get("vllm")(policy, tokenizer, config)
+    engine = ENGINES.get("vllm")(
+        policy, tokenizer, model=config.model, rollout=config.rollout, seed=config.seed, precision="bf16-mixed"
+    )
     print(f"engine start: {time.perf_counter() - started:.1f}s")
     for attempt in range(2):  # the first refresh pays one-off costs
         torch.cuda.synchronize()

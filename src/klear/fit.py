@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from klear.config_load import ConfigError, load_config, read_yaml, save_config
+from klear.config.load import ConfigError, load_config, read_yaml, save_config
 from klear.data.readers import DataError
-from klear.run_dir import RunDir, RunError, remove_path
+from klear.runtime.run_dir import RunDir, RunError, remove_path
 
-STAGES: dict[str, str] = {"sft": "klear.modules.sft:build", "rl": "klear.modules.rl:build"}
+STAGES: dict[str, str] = {"sft": "klear.stages.sft:build", "rl": "klear.stages.rl:build"}
 """Stage name -> ``"module:function"`` with ``build(config, run_dir) -> (LightningModule, train_batches)``."""
 
 # Keys that may change when a run is resumed; any other difference is refused. `output_dir` differs when a run
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RunError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from klear.rollout.callback import LogprobGapError
+    from klear.rollout.refresh import LogprobGapError
 
     trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=module_callbacks(config))
     try:
@@ -136,7 +136,7 @@ def build_stage(config: DictConfig, run_dir: RunDir):
 def module_callbacks(config: DictConfig) -> list:
     """Callbacks a stage needs: the RL stage's engine refresh."""
     if config.stage == "rl":
-        from klear.rollout.callback import RolloutRefresh
+        from klear.rollout.refresh import RolloutRefresh
 
         return [RolloutRefresh(config.rollout.logprob_gap_warn, config.rollout.logprob_gap_stop)]
     return []
@@ -144,19 +144,13 @@ def module_callbacks(config: DictConfig) -> list:
 
 def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callbacks: list | None = None):
     import lightning as L
-    import torch
     from lightning.pytorch.callbacks import RichProgressBar
 
-    from klear.run_callbacks import MetricsCSVLogger, StepCheckpoint
-    from klear.strategies import build_strategy
+    from klear.runtime.checkpoints import StepCheckpoint
+    from klear.runtime.device import default_precision, uses_cuda
+    from klear.runtime.metrics_log import MetricsCSVLogger
+    from klear.runtime.strategies import build_strategy
 
-    on_cuda = config.trainer.accelerator == "gpu" or (
-        config.trainer.accelerator == "auto" and torch.cuda.is_available()
-    )
-    precision = config.trainer.precision
-    if precision == "auto":
-        # fsdp2 computes in bfloat16 through its own mixed-precision policy (trainer.fsdp_mixed_precision).
-        precision = "bf16-mixed" if on_cuda and config.trainer.strategy != "fsdp2" else "32-true"
     loggers = [MetricsCSVLogger(run_dir.root, resume_step=run_dir.resume_step() if resume else None)]
     if config.logging.tensorboard:
         from lightning.pytorch.loggers import TensorBoardLogger
@@ -170,11 +164,11 @@ def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callb
     if config.trainer.progress_bar:
         callbacks.append(RichProgressBar(leave=True))
     return L.Trainer(
-        accelerator="gpu" if on_cuda else "cpu",
+        accelerator="gpu" if uses_cuda(config.trainer.accelerator) else "cpu",
         devices=config.trainer.devices,
         num_nodes=config.trainer.num_nodes,
         strategy=build_strategy(config),
-        precision=precision,
+        precision=default_precision(config),
         max_epochs=1,
         max_steps=-1,
         logger=loggers,

@@ -34,7 +34,7 @@ from klear.data.code_formats import (
     unpack_compressed_str,
 )
 from klear.data.readers import write_jsonl
-from klear.data.rowfiles import read_numbered
+from klear.prep.rowfiles import read_numbered
 from klear.rewards import get_reward
 from klear.rewards.code_reward import parse_tests
 

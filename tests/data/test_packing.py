@@ -16,8 +16,8 @@ from klear.data.packing import (
 )
 from klear.data.sft import IGNORE_INDEX, build_sft_examples
 from klear.data.synthetic import generate_problems
-from klear.data.tiny_model import tiny_config
-from klear.data.tokenizer import build_tokenizer
+from klear.models.tiny import tiny_config
+from klear.models.tokenizer import build_tokenizer
 
 X = IGNORE_INDEX
 PAD = 256

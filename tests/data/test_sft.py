@@ -11,7 +11,7 @@ from klear.data.sft import (
     tokenize_conversation,
 )
 from klear.data.synthetic import generate_problems, to_chat
-from klear.data.tokenizer import CHAT_TEMPLATE, build_tokenizer
+from klear.models.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
 # The byte-level tokenizer: text is its UTF-8 bytes; the specials have fixed ids.
 IM_START, IM_END, THINK, END_THINK = 257, 258, 259, 260

@@ -6,8 +6,17 @@ import re
 
 import pytest
 
-from klear.data import LEVELS, generate_problems, make_problem, split_of, to_chat, write_jsonl
-from klear.data.synthetic import MAX_VALUE, plain_solution, sft_rows
+from klear.data.readers import write_jsonl
+from klear.data.synthetic import (
+    LEVELS,
+    MAX_VALUE,
+    generate_problems,
+    make_problem,
+    plain_solution,
+    sft_rows,
+    split_of,
+    to_chat,
+)
 
 PHRASE = re.compile(r"(add|subtract|multiply by) (\d+)", re.IGNORECASE)
 APPLY = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply by": lambda a, b: a * b}

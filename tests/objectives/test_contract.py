@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from klear.objectives import LOSS_AGG_MODES, get_objective, list_objectives
-from tests.objectives.contract import check_contract
+from tests.objectives.contract import (
+    check_contract,
+    check_forward_linear,
+    check_surrogate_linear,
+    check_token_gradient_scales,
+)
 
 
 @pytest.mark.parametrize("name", list_objectives())
@@ -71,3 +76,41 @@ def test_shape_errors_are_clear():
         objective(torch.zeros(3, 5), torch.zeros(3, 5), torch.zeros(2, 5), torch.ones(3, 5))
     with pytest.raises(ValueError, match="batch size"):
         objective(torch.zeros(3, 5), torch.zeros(3, 5), torch.zeros(2), torch.ones(3, 5))
+
+
+@pytest.mark.parametrize("name", list_objectives())
+def test_every_registered_surrogate_is_linear_in_each_advantage(name):
+    check_surrogate_linear(get_objective(name))
+
+
+@pytest.mark.parametrize("loss_agg", LOSS_AGG_MODES)
+@pytest.mark.parametrize("name", list_objectives())
+def test_every_registered_forward_is_linear_in_the_advantages(name, loss_agg, padded_batch):
+    check_forward_linear(get_objective(name, loss_agg=loss_agg), padded_batch)
+
+
+@pytest.mark.parametrize("name", list_objectives())
+def test_every_token_level_objective_scales_each_token_gradient_with_its_weight(name, padded_batch):
+    # A registered objective declares whether it is token-level (`Objective.token_level`); the config refuses
+    # algorithm.tis_cap for one that is not. The declaration is checked both ways.
+    objective = get_objective(name)
+    if objective.token_level:
+        check_token_gradient_scales(objective, padded_batch)
+    else:
+        with pytest.raises(AssertionError):
+            check_token_gradient_scales(objective, padded_batch)
+
+
+def test_gspo_spreads_a_sequence_mean_weight_over_its_tokens():
+    # What per-token weights do to GSPO instead: one sequence, A = 1, x - x_old = (0.1, -0.05, 0.02), so
+    # s = exp(0.0233) inside the clip range. Weights (0.5, 1, 2) scale every token's gradient by their mean, 7/6.
+    objective = get_objective("gspo", eps_low=0.2, eps_high=0.28)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    grads = []
+    for advantages in (torch.ones(1, 3), torch.tensor([[0.5, 1.0, 2.0]])):
+        logprobs = torch.tensor([[0.1, -0.05, 0.02]], requires_grad=True)
+        objective(logprobs, torch.zeros(1, 3), advantages, mask).loss.backward()
+        grads.append(logprobs.grad)
+    # Unweighted: d/dx_t of -s (seq-mean-token-mean of one sequence) = -s / 3 = -0.3412 for every token.
+    torch.testing.assert_close(grads[0], torch.full((1, 3), -torch.tensor(0.07 / 3).exp().item() / 3))
+    torch.testing.assert_close(grads[1], grads[0] * 7 / 6)

@@ -1,4 +1,4 @@
-"""Every row of the worked gradient table in OBJECTIVES.md: loss value and dL/dx for one token.
+"""Every row of the worked gradient table in docs/objectives.md: loss value and dL/dx for one token.
 
 eps_low = 0.2, eps_high = 0.28, |A| = 1, dual clip c = 3 where the row says so. x = log r with x_old = 0,
 so dL/dx is read off ``logprobs.grad`` directly (one token, token-mean: the normaliser is 1).

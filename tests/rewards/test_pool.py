@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from klear.rewards import BatchResult, RewardPool, batch_rewards, get_reward, score_batch
+from klear.rewards import BatchResult, Reward, RewardOutcome, RewardPool, batch_rewards, get_reward, score_batch
 
 
 def misbehaving(completion: str, reference: str) -> float:
@@ -26,6 +26,26 @@ def misbehaving(completion: str, reference: str) -> float:
     return float(completion == reference)
 
 
+class Flaky(Reward):
+    """A `Reward` (picklable: module level) that raises on "raise", returns NaN on "nan", reports its own timeout
+    on "slow", and scores a match 0.5 and correct (its score values are not 1.0)."""
+
+    def _evaluate(self, completion: str, reference: str) -> RewardOutcome:
+        if completion == "raise":
+            raise RuntimeError("the checker broke")
+        if completion == "nan":
+            return RewardOutcome(math.nan, correct=False)
+        if completion == "slow":
+            return RewardOutcome(-0.5, "timeout", "the check ran out of time")
+        match = completion == reference
+        return RewardOutcome(0.5 if match else -0.5, correct=match)
+
+
+def outcome_reward(completion: str, reference: str) -> RewardOutcome | float:
+    """A plain function that says itself which answers are correct: "half" is correct at 0.5, "many" is not at 2."""
+    return {"half": RewardOutcome(0.5, correct=True), "many": RewardOutcome(2.0, correct=False)}.get(completion, 1.0)
+
+
 @pytest.fixture(scope="module")
 def pool() -> RewardPool:
     with RewardPool(misbehaving, num_workers=2, timeout=1.0, failure_reward=-1.0) as pool:
@@ -35,7 +55,8 @@ def pool() -> RewardPool:
 def test_scores_come_back_in_input_order(pool: RewardPool) -> None:
     completions = [str(i % 3) for i in range(20)]
     result = pool.score(completions, ["1"] * 20)
-    assert result == BatchResult([float(i % 3 == 1) for i in range(20)], 0, 0, ["ok"] * 20)
+    correct = [i % 3 == 1 for i in range(20)]
+    assert result == BatchResult([float(flag) for flag in correct], 0, 0, ["ok"] * 20, correct)
 
 
 def test_a_stuck_worker_is_killed_replaced_and_counted(pool: RewardPool) -> None:
@@ -45,6 +66,7 @@ def test_a_stuck_worker_is_killed_replaced_and_counted(pool: RewardPool) -> None
     assert result.scores == [1.0, -1.0, 0.0, -1.0, 1.0]
     assert (result.timeouts, result.errors) == (2, 0)
     assert result.statuses == ["ok", "timeout", "ok", "timeout", "ok"]
+    assert result.correct == [True, False, False, False, True]
     assert result.metrics() == {"reward/timeouts": 2.0, "reward/errors": 0.0}
     assert pool.score(["a", "a"], ["a", "a"]).scores == [1.0, 1.0]  # the replacements work
 
@@ -53,6 +75,7 @@ def test_crashes_exceptions_and_nan_are_errors(pool: RewardPool) -> None:
     result = pool.score(["crash", "raise", "nan", "a"], ["a"] * 4)
     assert result.scores == [-1.0, -1.0, -1.0, 1.0]
     assert (result.timeouts, result.errors) == (0, 3)
+    assert result.correct == [False, False, False, True]
     assert pool.score(["a"], ["a"]).scores == [1.0]
 
 
@@ -62,7 +85,7 @@ def test_a_worker_killed_between_batches_is_replaced(pool: RewardPool) -> None:
         worker.process.kill()
         worker.process.join()
     result = pool.score(["a", "b", "a"], ["a"] * 3)
-    assert result == BatchResult([1.0, 0.0, 1.0], 0, 0, ["ok"] * 3)
+    assert result == BatchResult([1.0, 0.0, 1.0], 0, 0, ["ok"] * 3, [True, False, True])
 
 
 def test_safe_to_call_from_threads(pool: RewardPool) -> None:
@@ -87,6 +110,7 @@ def test_builtin_reward_timeouts_are_counted() -> None:
         result = pool.score(completions, references)
     assert result.scores == [1.0, 0.0, 1.0, 0.0]
     assert (result.timeouts, result.errors) == (1, 0)
+    assert result.correct == [True, False, True, False]
 
 
 def test_batch_rewards_with_a_name() -> None:
@@ -95,6 +119,7 @@ def test_batch_rewards_with_a_name() -> None:
     result = batch_rewards("code", completions, [tests] * 3, num_workers=2, timeout=30.0)
     assert result.scores == [1.0, 0.5, 0.0]
     assert (result.timeouts, result.errors) == (0, 0)
+    assert result.correct == [True, False, False]  # correct only when every test passes
 
 
 def test_argument_errors() -> None:
@@ -111,7 +136,7 @@ def test_argument_errors() -> None:
 def test_score_batch_in_this_process_with_a_plain_function() -> None:
     """Like the pool: an exception or a NaN is an error scored failure_reward, and nothing propagates."""
     result = score_batch(misbehaving, ["a", "raise", "nan", "b"], ["a"] * 4, failure_reward=-1.0)
-    assert result == BatchResult([1.0, -1.0, -1.0, 0.0], 0, 2, ["ok", "error", "error", "ok"])
+    assert result == BatchResult([1.0, -1.0, -1.0, 0.0], 0, 2, ["ok", "error", "error", "ok"], [True] + [False] * 3)
     assert score_batch(misbehaving, ["raise"], ["a"]).scores == [0.0]  # failure_reward defaults to 0.0
 
 
@@ -121,11 +146,39 @@ def test_score_batch_matches_the_pool_on_the_same_items() -> None:
     assert score_batch(misbehaving, *items, num_workers=2, timeout=5.0, failure_reward=-1.0) == in_process
 
 
+def test_a_raising_reward_gives_the_same_result_in_this_process_and_in_workers() -> None:
+    """A `Reward` that raises on some items, returns NaN or times out on others: scores, statuses, counts and
+    correctness are the same in this process and in a pool, and its own correctness is kept at a score of 0.5."""
+    completions = ["a", "raise", "b", "nan", "slow", None, "a"]
+    in_process = score_batch(Flaky(), completions, ["a"] * 7, failure_reward=-1.0)
+    expected = BatchResult(
+        [0.5, -1.0, -0.5, -1.0, -0.5, -0.5, 0.5],
+        1,
+        2,
+        ["ok", "error", "ok", "error", "timeout", "ok", "ok"],
+        [True, False, False, False, False, False, True],
+    )
+    assert in_process == expected
+    assert score_batch(Flaky(), completions, ["a"] * 7, num_workers=2, timeout=5.0, failure_reward=-1.0) == expected
+    with RewardPool(Flaky(), num_workers=1, timeout=5.0, failure_reward=-1.0) as pool:
+        assert pool.score(completions, ["a"] * 7) == expected
+
+
+def test_a_function_may_say_itself_what_is_correct() -> None:
+    """A plain function's float is correct at >= 1.0; a `RewardOutcome` it returns overrides that convention."""
+    items = (["half", "many", "x"], ["a"] * 3)
+    expected = BatchResult([0.5, 2.0, 1.0], 0, 0, ["ok"] * 3, [True, False, True])
+    assert score_batch(outcome_reward, *items) == expected
+    assert score_batch(outcome_reward, *items, num_workers=1, timeout=5.0) == expected
+
+
 def test_score_batch_with_the_math_reward() -> None:
     completions = ["\\boxed{\\frac{1}{2}}", "\\boxed{9^{9^{9^9}}}", "\\boxed{2}", None]
     references = ["0.5", "1", "\\boxed{}", "4"]  # the third reference is a dataset bug
     result = score_batch(get_reward("math", timeout=1.0), completions, references, failure_reward=-1.0)
-    assert result == BatchResult([1.0, 0.0, -1.0, 0.0], 1, 1, ["ok", "timeout", "error", "ok"])
+    assert result == BatchResult(
+        [1.0, 0.0, -1.0, 0.0], 1, 1, ["ok", "timeout", "error", "ok"], [True, False, False, False]
+    )
 
 
 def test_score_batch_with_the_code_reward_and_a_name() -> None:
@@ -136,7 +189,7 @@ def test_score_batch_with_the_code_reward_and_a_name() -> None:
     completions = [code, "```python\nprint(4)\n```", "no code", code]
     references = [tests, tests, tests, [{"input": "2"}]]
     result = score_batch("code", completions, references)
-    assert result == BatchResult([1.0, 0.5, 0.0, 0.0], 0, 1, ["ok", "ok", "ok", "error"])
+    assert result == BatchResult([1.0, 0.5, 0.0, 0.0], 0, 1, ["ok", "ok", "ok", "error"], [True, False, False, False])
     with pytest.raises(ValueError, match="4 completions but 3 references"):
         score_batch("code", completions, references[:3])
     with pytest.raises(ValueError, match="num_workers must be >= 0"):
@@ -152,3 +205,4 @@ def test_churn_of_hangs_and_crashes_is_counted_exactly() -> None:
     expected = {"a": 1.0, "b": 0.0, "hang": -1.0, "crash": -1.0, "raise": -1.0}
     assert result.scores == [expected[kind] for kind in kinds]
     assert (result.timeouts, result.errors) == (6, 12)
+    assert result.correct == [kind == "a" for kind in kinds]

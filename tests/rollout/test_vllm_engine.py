@@ -10,7 +10,7 @@ import lightning as L
 import pytest
 import torch
 
-from klear.config_load import load_config
+from klear.config.load import load_config
 from klear.data.prompts import encode_prompt
 from klear.data.synthetic import generate_problems
 from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
@@ -29,7 +29,7 @@ TOL = 1e-4  # float32 on both sides: the engines agree to ~1e-6
 def setup():
     config = load_config("configs/rl.yaml", ["model.path=tiny-sft", "rollout.engine=vllm"])
     policy, tokenizer = load_model(config.model).eval(), load_tokenizer(config.model)
-    engine = ENGINES.get("vllm")(policy, tokenizer, config)
+    engine = ENGINES.get("vllm")(policy, tokenizer, model=config.model, rollout=config.rollout, seed=config.seed)
     problems = generate_problems(16, split="train", seed=0)
     prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems[:3]]
     yield engine, policy, tokenizer, prompts

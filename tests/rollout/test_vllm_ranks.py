@@ -5,7 +5,7 @@ one-process baseline too, so no vLLM state is left in the pytest process. Skippe
 
 import pytest
 
-from klear.config_load import load_config
+from klear.config.load import load_config
 from klear.models import load_model, load_tokenizer
 
 pytest.importorskip("vllm")
@@ -17,7 +17,7 @@ RL = [
     "--config",
     "configs/rl.yaml",
     "model.path=tiny",
-    "reward.name=tests.modules:even_length",
+    "reward.name=tests.stages:even_length",
     "rollout.engine=vllm",
     # 3 prompts over 2 ranks: uneven shares (rank 1 samples one prompt), and a refill of fewer prompts than
     # ranks when a group has nothing to learn (rank 1 then samples none and does not call its engine).
@@ -73,4 +73,4 @@ def test_tensor_parallel_engines_across_training_ranks_are_refused(monkeypatch):
     monkeypatch.setattr(vllm_engine, "_training_ranks", lambda: 2)
     policy, tokenizer = load_model(config.model), load_tokenizer(config.model)
     with pytest.raises(ValueError, match="tensor_parallel_size must be 1, got 2"):
-        vllm_engine.build_vllm_engine(policy, tokenizer, config)
+        vllm_engine.build_vllm_engine(policy, tokenizer, model=config.model, rollout=config.rollout)

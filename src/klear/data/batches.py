@@ -27,7 +27,6 @@ class ResumableBatches(Generic[Item]):
         num_batches: batches in the whole run (the length Lightning sees).
         seed: the order of pass ``k`` is ``randperm(len(items))`` seeded with ``seed + k``.
         collate: turns a list of items into a batch; identity by default.
-        rank, world_size: each data-parallel rank takes every ``world_size``-th batch of the same order.
     """
 
     def __init__(
@@ -37,8 +36,6 @@ class ResumableBatches(Generic[Item]):
         num_batches: int,
         seed: int = 0,
         collate: Callable[[list[Item]], Any] | None = None,
-        rank: int = 0,
-        world_size: int = 1,
     ) -> None:
         if not items:
             raise ValueError("no training items: the data is empty")
@@ -47,8 +44,6 @@ class ResumableBatches(Generic[Item]):
         self.num_batches = num_batches
         self.seed = seed
         self.collate = collate or (lambda batch: batch)
-        self.rank = rank
-        self.world_size = world_size
         self.position = 0
         self._cached: tuple[int, torch.Tensor] | None = None
 
@@ -57,12 +52,12 @@ class ResumableBatches(Generic[Item]):
 
     def __iter__(self) -> Iterator[Any]:
         while self.position < self.num_batches:
-            batch = self.batch_at(self.position * self.world_size + self.rank)
+            batch = self.batch_at(self.position)
             self.position += 1
             yield self.collate(batch)
 
     def batch_at(self, index: int) -> list[Item]:
-        """The items of global batch ``index`` (counting the batches of all ranks)."""
+        """The items of batch ``index`` of the run."""
         start = index * self.batch_size
         return [self.items[self._item_index(start + offset)] for offset in range(self.batch_size)]
 

@@ -33,7 +33,10 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from klear.data.readers import BadRow, DataError
+from klear.data.problems import SYNTHETIC_REWARDS, synthetic_records
+from klear.data.readers import BadRow, DataError, read_numbered
+from klear.data.synthetic import plain_solution, sft_rows
+from klear.data.synthetic_code import labelled_solution
 
 IGNORE_INDEX = -100
 """Label of a token that is not learned (HF's and PyTorch's cross-entropy ``ignore_index``)."""
@@ -225,3 +228,16 @@ def _truncate(example: dict[str, list[int]], max_length: int, truncation: str) -
     if all(label == IGNORE_INDEX for label in labels[1:]):
         return None
     return {"input_ids": example["input_ids"][:max_length], "labels": labels}
+
+
+def sft_source(source: str, num: int, seed: int, levels: list[int], plain_fraction: float):
+    """``(lines, rows, bad_rows)`` of the SFT data: the conversations of a built-in task (``num`` of them, drawn
+    with ``seed`` from ``levels``, ``plain_fraction`` of them with a plainly stated answer), or a file's rows."""
+
+    if source in SYNTHETIC_REWARDS:
+        records = synthetic_records(source, "train", num, seed, levels)
+        plain = plain_solution if source == "synthetic" else labelled_solution
+        rows = sft_rows(records, plain_fraction, seed=seed, plain=plain)
+        return list(range(1, len(rows) + 1)), rows, []
+    numbered, bad = read_numbered(source)
+    return [line for line, _ in numbered], [row for _, row in numbered], bad

@@ -20,7 +20,7 @@ What was simplified, and why:
 - difficulty has two axes, the number of steps and the size of added or subtracted operands (``LEVELS``).
   Per-step errors compound along the chain, and two-digit operands (carries and borrows across both digits)
   are learned last, so after the default SFT the levels sit around 55/45/35/25% greedy accuracy (mean of
-  five seeds) and RL has headroom on all of them (``tools/calibrate_tiny.py`` measures this);
+  five seeds) and RL has headroom on all of them (the eval of ``configs/sft.yaml`` shows it);
 - the prompt has no formatting instruction ("put the answer in \\boxed{}"): the format is learned in SFT,
   and the shorter prompt keeps training and rollouts cheap. `sft_rows` can state a share of the answers
   plainly instead (``plain_fraction``), as mixed distilled corpora do; the verifier rejects those, which is

@@ -1,12 +1,14 @@
-"""Policy objectives: a registry of clipping schemes that share ratio, masking, aggregation and metrics.
+"""Policy objectives: a registry of schemes that share ratio, masking, aggregation and metrics.
 
-``get_objective("gppo")`` builds one by name; a new scheme subclasses :class:`PolicyObjective`, overrides
-``surrogate(ratio, advantages)`` and registers with ``@register_objective("name")``, or is found by its import
-path ``"package.module:ClassName"`` without registering.
+``get_objective("gppo")`` builds one by name. A new clipping scheme subclasses :class:`PolicyObjective` (which
+holds ``eps_low`` / ``eps_high``), a scheme without clip bounds subclasses the root :class:`Objective`; either
+overrides ``surrogate(ratio, advantages)`` (:func:`gradient_weighted` builds a loss from a gradient weight) and
+registers with ``@register_objective("name")``, or is found by its import path ``"package.module:ClassName"``
+without registering. Formulas, the gradient table and the extension rules: ``docs/objectives.md``.
 """
 
 from klear.objectives.aggregation import LOSS_AGG_MODES, aggregate, loss_normalizer
-from klear.objectives.base import MAX_LOG_RATIO, ObjectiveOutput, PolicyObjective
+from klear.objectives.base import MAX_LOG_RATIO, Objective, ObjectiveOutput, PolicyObjective, gradient_weighted
 from klear.objectives.cispo import CISPO
 from klear.objectives.gppo import GPPO
 from klear.objectives.gspo import GSPO
@@ -29,12 +31,14 @@ __all__ = [
     "MAX_LOG_RATIO",
     "OBJECTIVES",
     "DAPOClip",
+    "Objective",
     "ObjectiveOutput",
     "PPOClip",
     "PolicyObjective",
     "aggregate",
     "check_hyperparameters",
     "get_objective",
+    "gradient_weighted",
     "list_objectives",
     "loss_normalizer",
     "objective_class",

@@ -1,18 +1,22 @@
-"""The policy-objective base class: everything a clipping scheme does not change, written once.
+"""The objective base classes: everything a scheme does not change, written once.
 
-A clipping scheme is a per-token function of the importance ratio and the advantage. Everything around it —
+A policy objective is a per-token function of the importance ratio and the advantage. Everything around it —
 the log-ratio, its overflow clamp, masking of padding, expanding per-sequence advantages, loss aggregation and
-the metrics — is the same for every scheme and lives here. A new scheme subclasses :class:`PolicyObjective`
-and overrides :meth:`PolicyObjective.surrogate`; see ``OBJECTIVES.md`` in the design notes for the formulas.
+the metrics — is the same for every scheme and lives in :class:`Objective`, the root class. Clip bounds are
+not universal (a soft gate or a plain policy gradient has none), so they live one level down, in
+:class:`PolicyObjective`, the base of every clipping scheme. A new scheme subclasses one of the two and
+overrides ``surrogate(ratio, advantages)``; ``docs/objectives.md`` has the formulas and a worked gradient table.
 
 Conventions: ``logprobs`` carries the gradient (``x``), ``old_logprobs`` is the behaviour policy's log-prob
 (``x_old``, constant), ``ratio = exp(x - x_old)``, and the per-token loss is *minimised*, so a method whose
-gradient weight is ``F`` has ``dL/dx = -F * A``.
+gradient weight is ``F`` has ``dL/dx = -F * A`` (:func:`gradient_weighted` builds exactly that loss).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -33,39 +37,79 @@ class ObjectiveOutput:
     metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
-class PolicyObjective(nn.Module):
-    """Base of every policy objective: ratio, masking, aggregation and metrics around a ``surrogate``.
+def gradient_weighted(weight: Tensor, ratio: Tensor, advantages: Tensor) -> Tensor:
+    """The per-token loss ``-A * sg(w) * r / sg(r)``: value ``-A * w``, gradient ``dL/dx = -A * w``.
+
+    The building block of a scheme defined by its gradient weight (``F`` in ``docs/objectives.md``): GPPO's
+    bound-or-ratio, CISPO's clipped ratio, a soft gate, or ``1`` for the plain policy gradient ``-A * log pi``.
+    ``r / sg(r)`` is exactly 1 in value but carries ``dr/dx = r``, which cancels the ``1 / r`` of the quotient,
+    so the gradient is ``-A * w`` whatever the ratio; ``w`` itself gets no gradient.
 
     Args:
-        eps_low: lower clip range, the bound is ``1 - eps_low``; ``None`` means no lower bound where the
-            scheme allows it (CISPO).
-        eps_high: upper clip range, the bound is ``1 + eps_high``.
+        weight: (B, T) gradient weight ``w``, held constant (detached here).
+        ratio: (B, T) importance ratio, carrying the gradient.
+        advantages: (B, T) advantages.
+    """
+    r = ratio.detach()
+    return -advantages * weight.detach() * (ratio / r)
+
+
+def _hyperparameter_names(cls: type) -> list[str]:
+    """The named parameters of ``cls``'s constructor (``inspect`` follows the construction check's wrapper)."""
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return [p.name for p in parameters if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _check_stored_hyperparameters(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a subclass's ``__init__`` so that a constructor argument not stored under its own name fails here."""
+
+    @functools.wraps(init)
+    def checked_init(self: Objective, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        # Only the outermost constructor checks: a parent's, reached through super().__init__(), returns before
+        # the subclass has stored its own arguments.
+        if type(self).__init__ is checked_init:
+            self._check_hyperparameters_stored()
+
+    return checked_init
+
+
+class Objective(nn.Module):
+    """Root of every policy objective: ratio, masking, aggregation and metrics around a ``surrogate``.
+
+    Subclass it directly for a scheme without clip bounds (a soft gate, a plain policy gradient); a clipping
+    scheme subclasses :class:`PolicyObjective`, which adds ``eps_low`` / ``eps_high``.
+
+    Args:
         loss_agg: one of ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
             ``seq-mean-token-sum-norm``.
 
     A subclass that adds hyperparameters takes them as flat constructor arguments and stores each one as an
-    attribute of the same name, so :meth:`hyperparameters`, configs and checkpoints see them.
+    attribute of the same name, so :meth:`hyperparameters`, configs and checkpoints see them; a constructor that
+    does not is a ``TypeError`` when the objective is built.
     """
 
-    #: Whether ``eps_low=None`` (no lower bound) makes sense for this scheme; only CISPO sets it.
-    allows_no_lower_bound: ClassVar[bool] = False
+    #: Whether each token's loss depends on its own log-prob alone, so that a per-token advantage weight
+    #: (``algorithm.tis_cap``) scales that token's gradient; False for a sequence-level ratio (GSPO), for which
+    #: the config refuses ``tis_cap``.
+    token_level: ClassVar[bool] = True
 
-    def __init__(self, eps_low: float | None = 0.2, eps_high: float = 0.2, loss_agg: str = "token-mean") -> None:
+    def __init__(self, loss_agg: str = "token-mean") -> None:
         super().__init__()
-        if eps_low is None and not self.allows_no_lower_bound:
-            raise ValueError(f"{type(self).__name__} needs a lower clip bound: eps_low=None is only for cispo")
-        if eps_low is not None and not 0.0 <= eps_low < 1.0:
-            raise ValueError(f"eps_low must be in [0, 1) (the lower bound is 1 - eps_low), got {eps_low}")
-        if eps_high is None or eps_high < 0.0:
-            raise ValueError(f"eps_high must be >= 0, got {eps_high}")
-        self.eps_low = eps_low
-        self.eps_high = eps_high
         self.loss_agg = check_loss_agg(loss_agg)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _check_stored_hyperparameters(cls.__dict__["__init__"])
 
     # ----------------------------------------------------------------------------------------------- hooks
 
     def surrogate(self, ratio: Tensor, advantages: Tensor) -> Tensor:
-        """Per-token loss to minimise, same shape as ``ratio``. The one method a clipping scheme overrides.
+        """Per-token loss to minimise, same shape as ``ratio``. The one method a scheme overrides.
+
+        It must be positively homogeneous in each token's advantage (``surrogate(r, w * A) = w * surrogate(r, A)``
+        for ``w > 0``, value and gradient): truncated importance sampling scales advantages per token.
 
         Args:
             ratio: (B, T) importance ratio ``exp(x - x_old)``, carrying the gradient.
@@ -80,14 +124,10 @@ class PolicyObjective(nn.Module):
     def clipped(self, ratio: Tensor, advantages: Tensor) -> tuple[Tensor, Tensor]:
         """Boolean (B, T) masks of tokens clipped at the low and the high bound, for the metrics only.
 
-        PPO-style: a low clip is ``A < 0`` with ``r < 1 - eps_low``, a high clip ``A > 0`` with
-        ``r > 1 + eps_high`` (the tokens whose surrogate the bound replaces).
+        Without clip bounds no token is clipped: both masks are all ``False`` (the metrics read 0).
         """
-        high = (advantages > 0) & (ratio > 1.0 + self.eps_high)
-        if self.eps_low is None:
-            return torch.zeros_like(high), high
-        low = (advantages < 0) & (ratio < 1.0 - self.eps_low)
-        return low, high
+        none = torch.zeros(ratio.shape, dtype=torch.bool, device=ratio.device)
+        return none, none
 
     # --------------------------------------------------------------------------------------------- forward
 
@@ -129,18 +169,23 @@ class PolicyObjective(nn.Module):
 
     def hyperparameters(self) -> dict[str, Any]:
         """The constructor arguments this objective was built with, by name."""
-        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
-        missing = [name for name in names if name not in self.__dict__]
-        if missing:
-            raise AttributeError(
-                f"{type(self).__name__} must store its constructor arguments {missing} as attributes of the same name"
-            )
-        return {name: self.__dict__[name] for name in names}
+        self._check_hyperparameters_stored()
+        return {name: self.__dict__[name] for name in _hyperparameter_names(type(self))}
 
     def extra_repr(self) -> str:
         return ", ".join(f"{key}={value!r}" for key, value in self.hyperparameters().items())
 
     # ------------------------------------------------------------------------------------------- internals
+
+    def _check_hyperparameters_stored(self) -> None:
+        missing = [name for name in _hyperparameter_names(type(self)) if name not in self.__dict__]
+        if missing:
+            names = ", ".join(map(repr, missing))
+            attributes = ", ".join(f"self.{name}" for name in missing)
+            raise TypeError(
+                f"{type(self).__name__}.__init__ must store its constructor argument(s) {names} as {attributes} "
+                "(attributes of the same name are how hyperparameters(), configs and checkpoints read them back)"
+            )
 
     @staticmethod
     def _expand_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
@@ -178,3 +223,40 @@ class PolicyObjective(nn.Module):
             # k3 estimator of KL(old || new): (r - 1) - log r, non-negative per token.
             "approx_kl": token_mean(ratio - 1.0 - log_ratio),
         }
+
+
+class PolicyObjective(Objective):
+    """Base of every clipping scheme: :class:`Objective` plus the clip bounds and PPO-style clip metrics.
+
+    Args:
+        eps_low: lower clip range, the bound is ``1 - eps_low``; ``None`` means no lower bound where the
+            scheme allows it (CISPO).
+        eps_high: upper clip range, the bound is ``1 + eps_high``.
+        loss_agg: as for :class:`Objective`.
+    """
+
+    #: Whether ``eps_low=None`` (no lower bound) makes sense for this scheme; only CISPO sets it.
+    allows_no_lower_bound: ClassVar[bool] = False
+
+    def __init__(self, eps_low: float | None = 0.2, eps_high: float = 0.2, loss_agg: str = "token-mean") -> None:
+        if eps_low is None and not self.allows_no_lower_bound:
+            raise ValueError(f"{type(self).__name__} needs a lower clip bound: eps_low=None is only for cispo")
+        if eps_low is not None and not 0.0 <= eps_low < 1.0:
+            raise ValueError(f"eps_low must be in [0, 1) (the lower bound is 1 - eps_low), got {eps_low}")
+        if eps_high is None or eps_high < 0.0:
+            raise ValueError(f"eps_high must be >= 0, got {eps_high}")
+        super().__init__(loss_agg=loss_agg)
+        self.eps_low = eps_low
+        self.eps_high = eps_high
+
+    def clipped(self, ratio: Tensor, advantages: Tensor) -> tuple[Tensor, Tensor]:
+        """Boolean (B, T) masks of tokens clipped at the low and the high bound, for the metrics only.
+
+        PPO-style: a low clip is ``A < 0`` with ``r < 1 - eps_low``, a high clip ``A > 0`` with
+        ``r > 1 + eps_high`` (the tokens whose surrogate the bound replaces).
+        """
+        high = (advantages > 0) & (ratio > 1.0 + self.eps_high)
+        if self.eps_low is None:
+            return torch.zeros_like(high), high
+        low = (advantages < 0) & (ratio < 1.0 - self.eps_low)
+        return low, high

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from klear.objectives.base import PolicyObjective
+from klear.objectives.base import PolicyObjective, gradient_weighted
 from klear.objectives.registry import register_objective
 
 
 @register_objective("cispo")
 class CISPO(PolicyObjective):
-    """CISPO: ``L = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi``; here ``-A * sg(clip(r)/r) * r``.
+    """CISPO: ``L = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi``; here ``-A * sg(clip(r)) * r / sg(r)``.
 
     Paper: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention"
     (arXiv 2506.13585). Unlike PPO, no token is dropped: every token gets gradient ``-clip(r)*A``, for both
@@ -29,8 +29,7 @@ class CISPO(PolicyObjective):
     def surrogate(self, ratio: Tensor, advantages: Tensor) -> Tensor:
         r = ratio.detach()
         low = None if self.eps_low is None else 1.0 - self.eps_low
-        weight = r.clamp(min=low, max=1.0 + self.eps_high)
-        return -advantages * (weight / r) * ratio
+        return gradient_weighted(r.clamp(min=low, max=1.0 + self.eps_high), ratio, advantages)
 
     def clipped(self, ratio: Tensor, advantages: Tensor) -> tuple[Tensor, Tensor]:
         high = ratio > 1.0 + self.eps_high

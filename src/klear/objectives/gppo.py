@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from klear.objectives.base import PolicyObjective
+from klear.objectives.base import PolicyObjective, gradient_weighted
 from klear.objectives.ppo import apply_dual_clip, check_dual_clip
 from klear.objectives.registry import register_objective
 
@@ -49,8 +49,7 @@ class GPPO(PolicyObjective):
         r = ratio.detach()
         high = (advantages > 0) & (r > 1.0 + self.eps_high)
         low = (advantages < 0) & (r < 1.0 - self.eps_low)
-        # The bound replaces the ratio's value; ratio / sg(ratio) == 1 in value but carries d ratio / dx.
+        # The bound replaces the ratio as the token's value and gradient weight (PPO would zero the gradient).
         weight = torch.where(high, self.beta_high * (1.0 + self.eps_high), r)
         weight = torch.where(low, self.beta_low * (1.0 - self.eps_low), weight)
-        loss = -advantages * weight * (ratio / r)
-        return apply_dual_clip(loss, advantages, self.dual_clip)
+        return apply_dual_clip(gradient_weighted(weight, ratio, advantages), advantages, self.dual_clip)

@@ -19,8 +19,11 @@ class GSPO(PolicyObjective):
     so every token of a sequence shares one ratio and one clipping decision (a clipped sequence gets no
     gradient at all). ``s`` is broadcast over the sequence's tokens, so with ``seq-mean-token-mean`` (the
     default, GSPO's own averaging) the loss is exactly the mean of ``L_seq`` over sequences.
-    Paper's defaults: a tiny clip range, eps 3e-4 / 4e-4, no dual clip.
+    Paper's defaults: a tiny clip range, eps 3e-4 / 4e-4, no dual clip. Not token-level: a per-token advantage
+    weight changes the shared ratio's gradient for the whole sequence, so ``algorithm.tis_cap`` is refused.
     """
+
+    token_level = False
 
     def __init__(
         self,

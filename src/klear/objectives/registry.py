@@ -1,4 +1,8 @@
-"""The objective registry: ``get_objective("gppo", eps_high=0.3)``, ``@register_objective("mine")``."""
+"""The objective registry: ``get_objective("gppo", eps_high=0.3)``, ``@register_objective("mine")``.
+
+It holds any :class:`~klear.objectives.base.Objective` subclass: the clipping schemes (``PolicyObjective``)
+and schemes without clip bounds alike.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,26 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from klear.objectives.base import PolicyObjective
+from klear.objectives.base import Objective
 from klear.registry import Registry
 
-OBJECTIVES: Registry[type[PolicyObjective]] = Registry("objective", base=PolicyObjective)
+
+class _ObjectiveRegistry(Registry[type[Objective]]):
+    """The generic registry, with a type error that names both base classes a scheme may subclass."""
+
+    def _check_type(self, component: object, name: str) -> None:
+        if not (isinstance(component, type) and issubclass(component, Objective)):
+            raise TypeError(
+                f"objective {name!r} must be a subclass of PolicyObjective (a clipping scheme) or of Objective "
+                f"(a scheme without clip bounds), got {component!r}"
+            )
 
 
-def register_objective(name: str) -> Callable[[type[PolicyObjective]], type[PolicyObjective]]:
-    """Class decorator: make a :class:`PolicyObjective` subclass available by ``name``."""
+OBJECTIVES: Registry[type[Objective]] = _ObjectiveRegistry("objective", base=Objective)
+
+
+def register_objective(name: str) -> Callable[[type[Objective]], type[Objective]]:
+    """Class decorator: make an :class:`Objective` subclass (e.g. a ``PolicyObjective``) available by ``name``."""
     return OBJECTIVES.register(name)
 
 
@@ -22,7 +38,7 @@ def list_objectives() -> list[str]:
     return OBJECTIVES.names()
 
 
-def objective_class(name_or_path: str) -> type[PolicyObjective]:
+def objective_class(name_or_path: str) -> type[Objective]:
     """The class registered as ``name_or_path``, or imported from ``"package.module:ClassName"``."""
     return OBJECTIVES.get(name_or_path)
 
@@ -48,7 +64,11 @@ def check_hyperparameters(name_or_path: str, hyperparameters: dict[str, Any]) ->
         )
 
 
-def get_objective(name_or_path: str, **hyperparameters: Any) -> PolicyObjective:
-    """Build the objective registered as ``name_or_path`` (or at an import path) with ``hyperparameters``."""
+def get_objective(name_or_path: str, **hyperparameters: Any) -> Objective:
+    """Build the objective registered as ``name_or_path`` (or at an import path) with ``hyperparameters``.
+
+    Every built-in scheme is a :class:`~klear.objectives.base.PolicyObjective`; a user's scheme without clip
+    bounds is an :class:`~klear.objectives.base.Objective`.
+    """
     check_hyperparameters(name_or_path, hyperparameters)
     return objective_class(name_or_path)(**hyperparameters)

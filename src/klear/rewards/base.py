@@ -1,10 +1,14 @@
 """The reward contract: a `Reward` scores one completion against one reference, and a name -> reward table.
 
-A reward is a plain callable ``reward(completion, reference) -> float`` so the RL loop (and users, TRL-style)
-can pass any function. The built-in rewards subclass `Reward`, which adds `evaluate`: the same score plus a
-status (``"ok"``, ``"timeout"``, ``"error"``) so that a verification that timed out or broke is counted rather
-than silently scored like a wrong answer. `RewardPool` reads that status; `Reward.counts` keeps a running tally
-for callers that use the plain ``__call__``.
+A reward is a callable ``reward(completion, reference) -> float`` so the RL loop (and users, TRL-style) can
+pass any function. `get_reward` always returns a `Reward`, whose `evaluate` gives the score with a status
+(``"ok"``, ``"timeout"``, ``"error"``), so that a verification that timed out or broke is counted rather than
+silently scored like a wrong answer, and with ``correct``: whether the sample counts as solved, which the
+reward decides whatever its score values (a math reward configured with ``correct=0.5`` still solves a problem
+at 0.5). A registered plain function is wrapped in a `FunctionReward`; it is correct when its score reaches
+`CORRECT_SCORE` (1.0), unless it returns a `RewardOutcome` that says otherwise. `as_reward` turns any name or
+callable into a `Reward` for the callers that accept both. `RewardPool` reads status and correctness;
+`Reward.counts` keeps a running tally for callers that use the plain ``__call__``.
 
 Model output never makes a reward raise: a completion that is not text (None, a number, a list) is scored as the
 empty completion and says so in its detail, and bytes are decoded as UTF-8. A malformed *reference* is a dataset
@@ -22,12 +26,15 @@ import inspect
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from klear.registry import Registry
 
 Status = Literal["ok", "timeout", "error"]
+
+CORRECT_SCORE = 1.0
+"""A score that reaches this is correct, when the reward does not decide correctness itself (plain functions)."""
 
 
 @dataclass(frozen=True)
@@ -38,15 +45,30 @@ class RewardOutcome:
         score: the reward (already the configured failure value when ``status`` is not ``"ok"``).
         status: ``"ok"``; ``"timeout"`` when checking ran past its deadline; ``"error"`` when the checker broke.
         detail: a short human-readable reason (which answer was extracted, which tests failed, ...).
+        correct: whether the sample solves the problem (math: the answer is equivalent to the reference; code:
+            every test passed). None (default) applies the convention of plain reward functions: ``status`` is
+            ``"ok"`` and ``score >= CORRECT_SCORE``. Once built it is always a bool; a timeout or an error is never
+            correct (``correct=True`` with another status raises ValueError).
     """
 
     score: float
     status: Status = "ok"
     detail: str = ""
+    correct: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.correct is None:
+            score = _number(self.score)
+            object.__setattr__(self, "correct", self.status == "ok" and score is not None and score >= CORRECT_SCORE)
+        elif self.correct and self.status != "ok":
+            raise ValueError(f"a reward outcome with status {self.status!r} cannot be correct")
+        else:
+            object.__setattr__(self, "correct", bool(self.correct))
 
 
 class Reward:
-    """Base class of the built-in rewards: subclasses implement `_evaluate`; never raise on model output."""
+    """Base class of every reward `get_reward` builds: subclasses implement `_evaluate`, returning a `RewardOutcome`
+    with its score, status and correctness verdict; never raise on model output."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -59,7 +81,7 @@ class Reward:
         """Start the helper processes ``concurrency`` simultaneous callers will use (default: nothing to do)."""
 
     def evaluate(self, completion: object, reference: Any) -> RewardOutcome:
-        """Score ``completion`` against ``reference`` and return the score with its status.
+        """Score ``completion`` against ``reference``: the score with its status and whether it is correct.
 
         A completion is model output and never makes this raise: ``bytes`` are decoded as UTF-8 (undecodable
         bytes replaced), anything else that is not a ``str`` (None, a number, a list) is scored as the empty
@@ -76,7 +98,7 @@ class Reward:
             outcome = self._evaluate("", reference)
             note = f"completion is not text ({type(completion).__name__}); scored as the empty completion"
             detail = f"{note}: {outcome.detail}" if outcome.detail else note
-            outcome = RewardOutcome(outcome.score, outcome.status, detail)
+            outcome = replace(outcome, detail=detail)
         with self._counts_lock:
             self.counts[outcome.status] += 1
         return outcome
@@ -89,7 +111,8 @@ class Reward:
         This one scores them one after another; subclasses may score them concurrently (`CodeReward` does).
         With ``failure_reward=None`` the first malformed reference raises, as in `evaluate`; with a number, a
         pair whose scoring raises gets that score with status ``"error"`` (counted in `counts`) and the others are
-        scored as usual, which is how `RewardPool` treats a reward that raises.
+        scored as usual. `score_batch` and the workers of `RewardPool` both score through this method, so a
+        reward that raises is treated alike in this process and in a worker.
         """
         pairs = _pairs(completions, references)
         return [self._evaluate_item(completion, reference, failure_reward) for completion, reference in pairs]
@@ -134,10 +157,63 @@ class Reward:
         self._counts_lock = threading.Lock()
 
 
+class FunctionReward(Reward):
+    """A plain reward function ``fn(completion, reference, **options)`` as a `Reward` (picklable when ``fn`` is).
+
+    ``fn`` returns a number, correct when it reaches `CORRECT_SCORE`, or a `RewardOutcome` to say otherwise
+    (its ``score`` is then the reward). Its reference check calls it on the empty completion: an exception from
+    it means it cannot score against that reference.
+
+    Args:
+        fn: the function; a module-level one to be usable in `RewardPool` workers.
+        options: keyword options passed on every call.
+    """
+
+    def __init__(self, fn: Callable[..., float | RewardOutcome], options: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        if not callable(fn):
+            raise TypeError(f"reward must be callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.options = dict(options or {})
+
+    def _evaluate(self, completion: str, reference: Any) -> RewardOutcome:
+        result = self.fn(completion, reference, **self.options)
+        return result if isinstance(result, RewardOutcome) else RewardOutcome(result)
+
+    def check_reference(self, reference: Any) -> Any:
+        try:
+            self.fn("", reference, **self.options)
+        except Exception as error:  # whatever a user's function raises, the reference is what has to be fixed
+            raise ValueError(f"the reward rejects this reference: {_reason(error)}") from error
+        return reference
+
+    def __repr__(self) -> str:
+        options = "".join(f", {key}={value!r}" for key, value in self.options.items())
+        return f"FunctionReward({getattr(self.fn, '__qualname__', self.fn)!r}{options})"
+
+
 RewardFn = Callable[[str, Any], float]
+"""What the commands and `score_batch` accept besides a name: a `Reward` or any such callable (`as_reward`)."""
 
 
-def check_reference(reward: Callable[..., float], reference: Any) -> Any:
+def as_reward(reward: str | RewardFn) -> Reward:
+    """``reward`` as a `Reward`: a name or import path is built with its default options (`get_reward`), a
+    `Reward` is returned as it is, and any other callable is wrapped in a `FunctionReward`.
+
+    Raises:
+        TypeError: ``reward`` is neither a name nor a callable.
+        ValueError: an unknown name (the message lists the registered ones).
+    """
+    if isinstance(reward, str):
+        return get_reward(reward)
+    if isinstance(reward, Reward):
+        return reward
+    if callable(reward):
+        return FunctionReward(reward)
+    raise TypeError(f"reward must be a name or a callable, got {type(reward).__name__}")
+
+
+def check_reference(reward: RewardFn, reference: Any) -> Any:
     """``reference`` checked for ``reward`` before training, and normalised (e.g. a math answer ``3`` -> ``"3"``).
 
     A `Reward` runs its own `Reward.check_reference`; a plain reward function is called on the empty
@@ -146,16 +222,11 @@ def check_reference(reward: Callable[..., float], reference: Any) -> Any:
 
     Raises:
         ValueError: with a one-line reason for a reference ``reward`` rejects.
+        TypeError: ``reward`` is not callable.
     """
-    if isinstance(reward, Reward):
-        return reward.check_reference(reference)
     if not callable(reward):
         raise TypeError(f"reward must be callable, got {type(reward).__name__}")
-    try:
-        reward("", reference)
-    except Exception as error:  # whatever a user's function raises, the reference is what has to be fixed
-        raise ValueError(f"the reward rejects this reference: {_reason(error)}") from error
-    return reference
+    return as_reward(reward).check_reference(reference)
 
 
 def _reason(error: BaseException) -> str:
@@ -165,6 +236,14 @@ def _reason(error: BaseException) -> str:
     if type(error) is ValueError and text:
         return text
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _number(score: Any) -> float | None:
+    """``float(score)``, or None when ``score`` is not a number."""
+    try:
+        return float(score)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _pairs(completions: Sequence[object], references: Sequence[Any]) -> list[tuple[object, Any]]:
@@ -185,8 +264,12 @@ def list_rewards() -> list[str]:
     return REWARDS.names()
 
 
-def get_reward(name: str, **options: Any) -> RewardFn:
+def get_reward(name: str, **options: Any) -> Reward:
     """Build the reward registered as ``name`` (or imported from ``"package.module:Attribute"``) with ``options``.
+
+    Always a `Reward`: a class is built with ``options`` as its constructor arguments (an instance that is not a
+    `Reward` is wrapped in a `FunctionReward`), a function is wrapped with ``options`` bound, and an imported
+    `Reward` instance is returned as it is (it takes no options).
 
     Raises:
         ValueError: unknown name (the message lists the registered ones) or unknown option (named, with the
@@ -195,24 +278,19 @@ def get_reward(name: str, **options: Any) -> RewardFn:
     component = REWARDS.get(name)
     if isinstance(component, type):
         _check_options(name, inspect.signature(component.__init__), options, skip=1)
-        return component(**options)
+        built = component(**options)
+        if not callable(built):
+            raise TypeError(f"reward {name!r} builds {built!r}, which is not callable")
+        return as_reward(built)
+    if isinstance(component, Reward):
+        if options:
+            raise ValueError(f"reward {name!r} is a Reward instance, built already: it takes no options")
+        return component
     if not callable(component):
         raise TypeError(f"reward {name!r} resolves to {component!r}, which is neither a class nor a function")
-    if not options:
-        return component
-    _check_options(name, inspect.signature(component), options, skip=2)
-    return _Partial(component, options)
-
-
-class _Partial:
-    """``fn`` with keyword options bound; picklable when ``fn`` is (unlike a lambda)."""
-
-    def __init__(self, fn: Callable[..., float], options: dict[str, Any]) -> None:
-        self.fn = fn
-        self.options = options
-
-    def __call__(self, completion: str, reference: Any) -> float:
-        return self.fn(completion, reference, **self.options)
+    if options:
+        _check_options(name, inspect.signature(component), options, skip=2)
+    return FunctionReward(component, options)
 
 
 def _check_options(name: str, signature: inspect.Signature, options: dict[str, Any], skip: int) -> None:

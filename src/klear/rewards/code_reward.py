@@ -64,7 +64,7 @@ TOTAL_TIMEOUTS = 3  # the default budget of one completion, in per-test timeouts
 
 @register_reward("code")
 class CodeReward(Reward):
-    """Pass fraction in [0, 1] of the completion's program on ``tests``.
+    """Pass fraction in [0, 1] of the completion's program on ``tests``; correct when every test passes.
 
     Args:
         hard: all-or-nothing reward instead of the pass fraction.
@@ -114,14 +114,15 @@ class CodeReward(Reward):
         tests, expected = parse_tests(reference)
         code = last_code_block(after_reasoning(completion))
         if code is None:
-            return RewardOutcome(0.0, "ok", "no ```python block after the reasoning")
+            return RewardOutcome(0.0, "ok", "no ```python block after the reasoning", correct=False)
         limits, isolation, budget = self.limits, self.isolation, self.total_timeout
         run = run_sandboxed(code, tests, expected, limits, isolation, stop_on_failure=self.hard, total_timeout=budget)
         if run.status != "ok":
-            return RewardOutcome(0.0, run.status, run.detail)
+            return RewardOutcome(0.0, run.status, run.detail, correct=False)
         passed = run.tests.count("passed")
-        score = float(passed == len(tests)) if self.hard else passed / len(tests)
-        return RewardOutcome(score, "ok", self._describe(run, passed))
+        solved = passed == len(tests)
+        score = float(solved) if self.hard else passed / len(tests)
+        return RewardOutcome(score, "ok", self._describe(run, passed), correct=solved)
 
     def _describe(self, run: SandboxRun, passed: int) -> str:
         """ "2/3 passed (passed: 2, wrong: 1)", with the tests the budget left out named apart."""

@@ -53,6 +53,8 @@ _FRACTION = re.compile(r"^([+-]?)(?:(\d{1,100})/(\d{1,100})|\\frac\{(\d{1,100})\
 class MathReward(Reward):
     """1.0 (``correct``) when the completion's final answer equals ``reference``, else 0.0 (``wrong``).
 
+    The outcome is correct exactly when the answer is equivalent to the reference, whatever the scores are.
+
     Args:
         correct: score of a correct answer (Klear: 1.0).
         wrong: score of a wrong, missing or uncheckable answer (Klear: -1.0).
@@ -127,21 +129,26 @@ class MathReward(Reward):
         gold = _reference_answer(self.check_reference(reference))
         penalty = self.format.penalty(completion)
         if penalty is not None:
-            return RewardOutcome(penalty, "ok", "format penalty")
+            return RewardOutcome(penalty, "ok", "format penalty", correct=False)
         answer = self.extract(completion)
         if answer is None:
-            return RewardOutcome(self.wrong, "ok", "no final answer found")
+            return RewardOutcome(self.wrong, "ok", "no final answer found", correct=False)
         if len(answer) > self.max_answer_chars:
-            return RewardOutcome(self.wrong, "ok", f"answer longer than {self.max_answer_chars} characters")
+            return RewardOutcome(
+                self.wrong, "ok", f"answer longer than {self.max_answer_chars} characters", correct=False
+            )
         pred = normalise(answer)
         if not _compact(pred):  # "\boxed{}" must never match anything, whatever the reference
-            return RewardOutcome(self.wrong, "ok", "empty final answer")
+            return RewardOutcome(self.wrong, "ok", "empty final answer", correct=False)
         verdict = fast_verdict(gold, pred)
         if verdict is not None:
-            return RewardOutcome(self.correct if verdict else self.wrong, "ok", f"answer {pred[:80]!r} (fast path)")
+            score = self.correct if verdict else self.wrong
+            return RewardOutcome(score, "ok", f"answer {pred[:80]!r} (fast path)", correct=verdict)
         result = math_checker.check_equivalent(gold, pred, self.timeout, self.memory_mb, self.startup_timeout)
-        score = self.correct if result.equal else self.wrong
-        return RewardOutcome(score, result.status, f"answer {pred[:80]!r}; {result.detail}".rstrip("; "))
+        equal = result.equal and result.status == "ok"
+        score = self.correct if equal else self.wrong
+        detail = f"answer {pred[:80]!r}; {result.detail}".rstrip("; ")
+        return RewardOutcome(score, result.status, detail, correct=equal)
 
 
 def _reference_answer(reference: str) -> str:

@@ -4,12 +4,14 @@
     with RewardPool(reward, num_workers=8, timeout=10.0) as pool:
         result = pool.score(completions, references)     # BatchResult
     result.scores                  # list[float], in input order
+    result.correct                 # list[bool]: each outcome's `correct`, False for a timeout or an error
     result.timeouts, result.errors # counts to log, e.g. `self.log_dict(result.metrics())`
 
 or, for a one-off batch, ``batch_rewards("code", completions, tests, num_workers=8, timeout=60.0)``.
 `score_batch` is the one entry point for callers that may or may not want workers: with ``num_workers > 0``
-it is `batch_rewards`; with 0 it scores in this process (a `Reward` through `Reward.evaluate_batch`, so the code
-reward's threads, a plain function item by item) and counts exceptions and bad scores exactly as the pool does.
+it is `batch_rewards`; with 0 it scores in this process. Both score through `Reward.evaluate_batch` (a plain
+function is wrapped by `as_reward`; the code reward runs its threads there) and settle every outcome the same way
+(`_settle`), so an exception, a NaN or a non-number gives the same score, status and count either way.
 The pool's ``timeout`` should exceed the reward's own (math: ``timeout`` + 1 s; code: its ``total_timeout``,
 by default 3 x the per-test ``timeout``, + ~10 s): the reward's own limit then fires first and the worker
 survives.
@@ -18,11 +20,12 @@ Each worker is a process that builds the reward once and then scores one item at
 next item to an idle worker and watches the clock: a worker that has not answered ``timeout`` seconds after it
 received its item is SIGKILLed, replaced by a fresh one, and its item gets ``failure_reward`` and is counted in
 ``timeouts``. A worker that dies, or a reward that raises, gives ``failure_reward`` counted in ``errors``; a
-built-in reward's own ``"timeout"`` / ``"error"`` status (a math check that ran out of time, a sandbox that
-broke) is counted the same way, keeping the reward's score. Nothing is scored as failed without being counted.
+reward's own ``"timeout"`` / ``"error"`` status (a math check that ran out of time, a sandbox that broke) is
+counted the same way, keeping the reward's score. Nothing is scored as failed without being counted, and nothing
+that timed out or failed is correct.
 
 Workers are started with ``spawn`` (safe whatever threads the trainer runs), so a reward given as a callable
-must be picklable (a module-level function or a `Reward` instance) and scripts need the usual
+must be picklable (a `Reward` instance or a module-level function) and scripts need the usual
 ``if __name__ == "__main__":`` guard. `score` is safe to call from any thread (calls are serialised). Workers
 are daemonic: a reward function used here must not start ``multiprocessing`` children itself (the built-in
 rewards start their helpers with ``subprocess``, which is allowed).
@@ -43,20 +46,34 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from klear.rewards.base import Reward, RewardFn, get_reward
+from klear.rewards.base import Reward, RewardFn, RewardOutcome, _number, as_reward
 
 _STARTUP_TIMEOUT = 120.0  # importing torch/sympy in a fresh process on a loaded machine
 _MAX_STARTUP_DEATHS = 3  # consecutive workers killed while starting before the pool gives up
 
 
+Settled = tuple[str, float, bool]
+"""An item's (status, score, correct) once scored."""
+
+
 @dataclass(frozen=True)
 class BatchResult:
-    """Scores in input order, how many items timed out or failed, and each item's status."""
+    """Scores in input order, how many items timed out or failed, each item's status and whether it is correct
+    (the reward's `RewardOutcome.correct`; never for an item that timed out or failed)."""
 
     scores: list[float]
     timeouts: int
     errors: int
     statuses: list[str] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, settled: Sequence[Settled]) -> BatchResult:
+        """The result of items settled in input order."""
+        statuses = [status for status, _, _ in settled]
+        scores = [score for _, score, _ in settled]
+        correct = [flag for _, _, flag in settled]
+        return cls(scores, statuses.count("timeout"), statuses.count("error"), statuses, correct)
 
     def metrics(self, prefix: str = "reward/") -> dict[str, float]:
         return {f"{prefix}timeouts": float(self.timeouts), f"{prefix}errors": float(self.errors)}
@@ -66,8 +83,8 @@ class RewardPool:
     """``num_workers`` processes scoring with ``reward``, each item within ``timeout`` seconds.
 
     Args:
-        reward: a registered name or import path (built with its default options), or a picklable callable
-            ``fn(completion, reference) -> float`` such as ``get_reward("math", wrong=-1.0)``.
+        reward: a registered name or import path (built with its default options), a `Reward` such as
+            ``get_reward("math", wrong=-1.0)``, or a picklable function ``fn(completion, reference) -> float``.
         num_workers: worker processes.
         timeout: seconds one item may take once its worker has it.
         failure_reward: score of an item that timed out or failed.
@@ -82,15 +99,13 @@ class RewardPool:
     ) -> None:
         if num_workers < 1 or timeout <= 0:
             raise ValueError(f"need num_workers >= 1 and timeout > 0, got {num_workers}, {timeout}")
-        self._spec = get_reward(reward) if isinstance(reward, str) else reward  # a bad name fails here, once
-        if not callable(self._spec):
-            raise TypeError(f"reward must be a name or a callable, got {type(reward).__name__}")
+        self._spec = as_reward(reward)  # a bad name fails here, once
         self.timeout = timeout
         self.failure_reward = failure_reward
         self._context = multiprocessing.get_context("spawn")
         self._startup_deaths = 0
         self._lock = threading.Lock()
-        self._workers = [_Worker(self._context, self._spec) for _ in range(num_workers)]
+        self._workers = [self._new_worker() for _ in range(num_workers)]
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
         try:
             self._wait_all_ready()
@@ -108,8 +123,7 @@ class RewardPool:
             return self._score(list(completions), list(references))
 
     def _score(self, completions: list[str], references: list[Any]) -> BatchResult:
-        scores: list[float] = [self.failure_reward] * len(completions)
-        statuses = ["ok"] * len(completions)
+        settled: list[Settled] = [("error", self.failure_reward, False)] * len(completions)
         pending = deque(range(len(completions)))
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (item, deadline)
         while pending or busy:
@@ -130,18 +144,18 @@ class RewardPool:
                 item, deadline = busy[slot]
                 if worker.connection.poll(0):
                     try:
-                        _, status, score = worker.connection.recv()
+                        _, *answer = worker.connection.recv()
+                        settled[item] = tuple(answer)
                     except (EOFError, OSError):  # the worker died: segfault, OOM kill, os._exit in the reward
-                        status, score = "error", None
+                        settled[item] = ("error", self.failure_reward, False)
                         self._replace(slot)
                 elif time.monotonic() >= deadline:
-                    status, score = "timeout", None
+                    settled[item] = ("timeout", self.failure_reward, False)
                     self._replace(slot)
                 else:
                     continue
                 del busy[slot]
-                statuses[item], scores[item] = _settle(status, score, self.failure_reward)
-        return BatchResult(scores, statuses.count("timeout"), statuses.count("error"), statuses)
+        return BatchResult.of(settled)
 
     def _wait(self, deadlines: list[float], busy: dict[int, Any]) -> None:
         """Block until a busy worker answers, a deadline passes, or a starting worker is ready."""
@@ -167,7 +181,10 @@ class RewardPool:
     def _replace(self, slot: int) -> None:
         """Kill the worker in ``slot`` and start another; it joins in once it says it is ready."""
         self._workers[slot].kill()
-        self._workers[slot] = _Worker(self._context, self._spec)
+        self._workers[slot] = self._new_worker()
+
+    def _new_worker(self) -> _Worker:
+        return _Worker(self._context, self._spec, self.failure_reward)
 
     def close(self) -> None:
         with self._lock:
@@ -203,10 +220,11 @@ def score_batch(
 ) -> BatchResult:
     """Score one batch, in ``num_workers`` worker processes (`batch_rewards`) or, with 0, in this process.
 
-    In this process a `Reward` scores through `Reward.evaluate_batch` (the code reward on its ``workers``
-    threads) and a plain function item by item. Either way, as in `RewardPool`: a reward that raises, or returns
-    NaN, inf or a non-number, gives ``failure_reward`` with status ``"error"`` and never propagates; a built-in
-    reward's own ``"timeout"`` / ``"error"`` keeps its score and is counted.
+    ``reward`` is a name, a `Reward` or a plain function (`as_reward`). In this process it scores through
+    `Reward.evaluate_batch` (the code reward on its ``workers`` threads), as a pool worker does, so the result is
+    the same either way: a reward that raises, or returns NaN, inf or a non-number, gives ``failure_reward`` with
+    status ``"error"`` and never propagates; a reward's own ``"timeout"`` / ``"error"`` keeps its score and is
+    counted; ``correct`` is the outcome's, and False for every timeout and error.
 
     ``timeout`` is the pool's per-item deadline and applies only with ``num_workers > 0``: this process cannot
     kill a call that hangs, so in-process scoring relies on the reward's own limits (the built-in rewards
@@ -218,44 +236,24 @@ def score_batch(
         raise ValueError(f"num_workers must be >= 0 (0: score in this process), got {num_workers}")
     if num_workers:
         return batch_rewards(reward, completions, references, num_workers, timeout, failure_reward)
-    function = get_reward(reward) if isinstance(reward, str) else reward
-    if not callable(function):
-        raise TypeError(f"reward must be a name or a callable, got {type(reward).__name__}")
-    if isinstance(function, Reward):
-        outcomes = function.evaluate_batch(completions, references, failure_reward=failure_reward)
-        settled = [_settle(outcome.status, _number(outcome.score), failure_reward) for outcome in outcomes]
-    else:
-        pairs = zip(completions, references, strict=True)
-        settled = [_settle(*_call(function, completion, reference), failure_reward) for completion, reference in pairs]
-    statuses, scores = [status for status, _ in settled], [score for _, score in settled]
-    return BatchResult(scores, statuses.count("timeout"), statuses.count("error"), statuses)
+    outcomes = as_reward(reward).evaluate_batch(completions, references, failure_reward=failure_reward)
+    return BatchResult.of([_settle(outcome, failure_reward) for outcome in outcomes])
 
 
-def _call(function: RewardFn, completion: Any, reference: Any) -> tuple[str, float | None]:
-    try:
-        return "ok", float(function(completion, reference))
-    except Exception:  # as in a worker: a reward function that raises is counted, not propagated
-        return "error", None
-
-
-def _number(score: Any) -> float | None:
-    """``float(score)`` as a worker computes it, None when that fails."""
-    try:
-        return float(score)
-    except (TypeError, ValueError):
-        return None
-
-
-def _settle(status: str, score: Any, failure_reward: float) -> tuple[str, float]:
-    """An item's (status, score): NaN, inf or None is an error scored ``failure_reward``."""
-    valid = isinstance(score, float) and math.isfinite(score)
-    return (status if valid or status != "ok" else "error"), (score if valid else failure_reward)
+def _settle(outcome: RewardOutcome, failure_reward: float) -> Settled:
+    """An item's (status, score, correct): a score that is NaN, inf or not a number is an error scored
+    ``failure_reward``; only an item whose status stays ``"ok"`` can be correct."""
+    score = _number(outcome.score)
+    valid = score is not None and math.isfinite(score)
+    status = outcome.status if valid or outcome.status != "ok" else "error"
+    return status, (score if valid else failure_reward), bool(outcome.correct) and valid and status == "ok"
 
 
 class _Worker:
-    def __init__(self, context: Any, spec: RewardFn) -> None:
+    def __init__(self, context: Any, reward: Reward, failure_reward: float) -> None:
         self.connection, child_end = context.Pipe()
-        self.process = context.Process(target=_work, args=(child_end, spec), daemon=True, name="klear-reward")
+        arguments = (child_end, reward, failure_reward)
+        self.process = context.Process(target=_work, args=arguments, daemon=True, name="klear-reward")
         self.process.start()
         child_end.close()  # so that the worker's death reads as EOF here
         self.started = time.monotonic()
@@ -296,25 +294,17 @@ def _stop_all(workers: list[_Worker]) -> None:
             worker.connection.close()
 
 
-def _work(connection: Connection, function: RewardFn) -> None:
+def _work(connection: Connection, reward: Reward, failure_reward: float) -> None:
     """Worker loop: warm the reward up, say "ready", then score items until told to stop (None)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which then closes the pool
     try:
-        if isinstance(function, Reward):
-            function.warmup()
+        reward.warmup()
     except Exception as error:
         connection.send(f"{type(error).__name__}: {error}")
         return
     connection.send("ready")
     while (message := connection.recv()) is not None:
         item, completion, reference = message
-        try:
-            if isinstance(function, Reward):
-                outcome = function.evaluate(completion, reference)
-                status, score = outcome.status, outcome.score
-            else:
-                status, score = "ok", function(completion, reference)
-            score = float(score)
-        except Exception:
-            status, score = "error", None
-        connection.send((item, status, score))
+        # As `score_batch` in the parent: `evaluate_batch` turns an exception into an "error" outcome.
+        (outcome,) = reward.evaluate_batch([completion], [reference], failure_reward=failure_reward)
+        connection.send((item, *_settle(outcome, failure_reward)))

@@ -85,8 +85,10 @@ class RolloutEngine(Protocol):
 
 
 EngineFactory = Callable[..., RolloutEngine]
-"""``factory(policy, tokenizer, config) -> RolloutEngine``: ``policy`` is the training model (an engine may copy
-it or build its own from ``config.model.path``), ``config`` the run config (``config.rollout`` its options)."""
+"""``factory(policy, tokenizer, *, model, rollout, seed, precision) -> RolloutEngine``: ``policy`` is the training
+model (an engine may copy it or build its own from ``model.path``), ``model`` and ``rollout`` the run's
+``model`` and ``rollout`` sections (``ModelConfig``, ``RolloutConfig`` or their DictConfigs), ``seed`` the
+engine's default seed and ``precision`` the trainer's (``32-true``, ``bf16-mixed``)."""
 
 ENGINES: Registry[EngineFactory] = Registry("rollout engine")
 
@@ -94,9 +96,9 @@ ENGINES: Registry[EngineFactory] = Registry("rollout engine")
 def _lazy(path: str) -> EngineFactory:
     """A factory that imports ``"module:function"`` only when an engine is built."""
 
-    def factory(policy, tokenizer, config) -> RolloutEngine:
+    def factory(policy, tokenizer, **settings) -> RolloutEngine:
         module, _, function = path.partition(":")
-        return getattr(importlib.import_module(module), function)(policy, tokenizer, config)
+        return getattr(importlib.import_module(module), function)(policy, tokenizer, **settings)
 
     factory.__qualname__ = factory.__name__ = path
     return factory

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, DynamicLayer
 
+from klear.config import ModelConfig, RolloutConfig
 from klear.rollout.engine import Rollout, SamplingParams
 
 COMPACT_BELOW = 0.75
@@ -203,13 +204,21 @@ class HFEngine:
         ]
 
 
-def build_hf_engine(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, config) -> HFEngine:
+def build_hf_engine(
+    policy: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    model: ModelConfig,
+    rollout: RolloutConfig,
+    seed: int = 0,
+    precision: str = "32-true",
+) -> HFEngine:
     """The ``hf`` engine of the RL stage: a frozen copy of the policy, refreshed in place after every update.
 
     A copy rather than the policy itself, so the engine is exactly what a separate inference engine would be:
     weights that change only through :meth:`HFEngine.update_weights`, which ``rollout/logprob_gap`` checks.
     """
-    return HFEngine(engine_model(policy, config.model), tokenizer, batch_size=config.rollout.batch_size)
+    return HFEngine(engine_model(policy, model), tokenizer, batch_size=rollout.batch_size)  # seeded per call
 
 
 def engine_model(policy: nn.Module, model_config) -> nn.Module:

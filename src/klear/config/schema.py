@@ -1,0 +1,325 @@
+"""Run configuration: one dataclass per section, merged with ``OmegaConf.structured``.
+
+Defaults live here and only here; each field is documented once, right under it. YAML files in ``configs/``
+list only their deviations, and ``key=value`` overrides come last. Merging into the structured schema is what
+makes an unknown key or a wrong type fail with its name; the checks in :mod:`klear.config.load` add the
+closed sets of accepted values (``choices``) and combinations the types cannot express.
+
+``trainer.max_steps`` counts training steps in both stages: one step is one batch of ``data.batch_size`` rows and
+one optimizer update in SFT (accumulated over micro-batches of ``data.micro_batch_size`` rows), and one
+rollout -> update iteration in RL, whatever number of mini-batch optimizer updates that takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def choice(default: Any, *choices: Any) -> Any:
+    """A field whose value must be one of ``choices`` (checked after merging, with the accepted values)."""
+    return field(default=default, metadata={"choices": (default, *choices)})
+
+
+@dataclass(frozen=True)
+class Range:
+    """Accepted numbers: ``low`` (excluded when ``open_low``) up to ``high`` (excluded when ``open_high``)."""
+
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.open_low else value >= self.low)
+        below = self.high is None or (value < self.high if self.open_high else value <= self.high)
+        return above and below
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.open_low else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.open_high else '<='} {self.high:g}"
+        return f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+
+
+def at_least(default: Any, low: float) -> Any:
+    """A number field that must be ``>= low`` (checked after merging, naming the key and the bound)."""
+    return field(default=default, metadata={"range": Range(low)})
+
+
+def positive(default: Any, why: str = "") -> Any:
+    """A number field that must be ``> 0``; ``why`` is added to the error message."""
+    return field(default=default, metadata={"range": Range(0, open_low=True), **({"why": why} if why else {})})
+
+
+def within(default: Any, low: float, high: float, open_low: bool = False, open_high: bool = False) -> Any:
+    """A number field in ``[low, high]``; ``open_low`` / ``open_high`` exclude the ends."""
+    return field(default=default, metadata={"range": Range(low, high, open_low, open_high)})
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"
+    """A Hugging Face model directory or hub name; ``tiny``: the built-in tiny Qwen3 (built locally from a seed);
+    ``tiny-sft``: that model after ``configs/sft.yaml`` (shipped; where the RL stage starts by default)."""
+    dtype: str = choice("auto", "float32", "bfloat16")
+    """Parameter dtype; ``auto`` is bfloat16 on CUDA and float32 on CPU (and float32 master weights under
+    ``trainer.strategy=fsdp2``, which computes in bfloat16 through its mixed-precision policy)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+    attn_implementation: str = choice("sdpa", "eager", "flash_attention_2")
+    """The transformers attention kernel."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = positive(8e-5)
+    """Peak learning rate of AdamW (the paper's SFT: 8e-5 decayed to 4e-5)."""
+    min_lr: float = at_least(4e-5, 0)
+    """Learning rate at the end of the cosine schedule."""
+    schedule: str = choice("cosine", "constant")
+    """After warmup: cosine decay to ``min_lr`` over ``trainer.max_steps``, or constant."""
+    warmup_steps: int = at_least(10, 0)
+    """Linear warmup from 0 over this many optimizer steps."""
+    weight_decay: float = at_least(0.1, 0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = positive(1e-8)
+    grad_clip: float = at_least(1.0, 0)
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = at_least(300, 1)
+    """Training steps (see the module docstring for what one step is in each stage)."""
+    accelerator: str = choice("auto", "cpu", "gpu")
+    devices: int = at_least(1, 1)
+    """Devices per node."""
+    num_nodes: int = at_least(1, 1)
+    precision: str = choice("auto", "32-true", "bf16-true", "bf16-mixed")
+    """``auto``: bf16-mixed on CUDA, 32-true on CPU."""
+    strategy: str = choice("auto", "ddp", "fsdp2")
+    """``auto``: single device; ``ddp``: data parallel over ``devices`` x ``num_nodes``; ``fsdp2``: the same
+    ranks with parameters, gradients and optimizer state sharded (``fully_shard`` per decoder layer and root)."""
+    fsdp_mixed_precision: bool = True
+    """``fsdp2`` on CUDA: bfloat16 parameters for compute, float32 master weights and gradient reduction."""
+    fsdp_cpu_offload: bool = False
+    """``fsdp2``: keep sharded parameters, gradients and optimizer state in CPU memory between uses."""
+    fsdp_reshard_after_forward: bool = True
+    """``fsdp2``: free the gathered layer after its forward (ZeRO-3); false keeps it until backward (ZeRO-2)."""
+    log_every_n_steps: int = at_least(1, 1)
+    checkpoint_every_n_steps: int = at_least(100, 0)
+    """Save a resumable checkpoint every this many steps (and at the end); 0 only at the end."""
+    progress_bar: bool = True
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = False
+    """Also write TensorBoard event files under ``<output_dir>/tensorboard``."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs ``pip install wandb``)."""
+    wandb_project: str = "klear"
+
+
+@dataclass
+class EvalConfig:
+    every_n_steps: int = at_least(50, 0)
+    """Evaluate before the first update, every this many steps, and after the last; 0: only before and after."""
+    num_prompts: int = at_least(200, 1)
+    """Held-out prompts scored at each evaluation (the same ones every time)."""
+    max_new_tokens: int = at_least(96, 1)
+    temperature: float = at_least(0.0, 0)
+    """0: greedy decoding, accuracy of the single answer. Above 0: sampled, ``samples`` per prompt (avg@k)."""
+    top_p: float = within(1.0, 0, 1, open_low=True)
+    samples: int = at_least(1, 1)
+    """Samples per prompt when ``temperature > 0``; ``eval/accuracy`` is their mean (avg@k)."""
+    batch_size: int = at_least(100, 1)
+    reward: str = "math"
+    """SFT: the reward that decides correctness (its verdict: math an equivalent answer, code every test
+    passed; ``code`` for ``synthetic-code``); the RL stage evaluates with its training reward."""
+
+
+@dataclass
+class SFTDataConfig:
+    train: str = "synthetic"
+    """``synthetic`` (the built-in arithmetic task), ``synthetic-code`` (the built-in programming task) or a
+    jsonl/json/parquet file or Hugging Face dataset of chat (``messages``) or ``prompt``/``response`` rows."""
+    eval: str = "synthetic"
+    """Held-out problems with ``problem`` and ``answer`` fields, ``synthetic`` or ``synthetic-code``; checked by
+    ``eval.reward``."""
+    num_train: int = at_least(4000, 1)
+    """Synthetic task: training problems generated."""
+    num_eval: int = at_least(200, 1)
+    """Synthetic task: held-out problems generated."""
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    """Synthetic task: difficulty levels mixed in equal parts."""
+    plain_fraction: float = within(0.0, 0, 1)
+    """Synthetic tasks: share of reference solutions in an output style the verifier rejects, as mixed distilled
+    corpora have: the arithmetic task states the final answer without ``\\boxed{}``, the code task prints its
+    result with a label (``print("Result:", x)``)."""
+    max_length: int = at_least(160, 2)
+    """Tokens per training sequence (packed row or single example)."""
+    truncation: str = choice("drop", "right")
+    """Examples longer than ``max_length``: skip them (``drop``: a cut chain of thought would teach stopping
+    mid-reasoning) or keep the first ``max_length`` tokens (``right``); both are counted and logged."""
+    batching: str = choice("padded", "grouped", "packed")
+    """``padded``: random rows padded to the longest; ``grouped``: similar lengths batched together; ``packed``:
+    several examples per row of ``max_length`` (positions restart per example, attention stays inside each)."""
+    batch_size: int = at_least(32, 1)
+    """Rows per optimizer step."""
+    micro_batch_size: int = at_least(0, 0)
+    """Rows per forward/backward pass (gradients are accumulated up to ``batch_size``); 0: ``batch_size``."""
+
+
+@dataclass
+class SFTRunConfig:
+    stage: str = "sft"
+    output_dir: str = "outputs/sft"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+@dataclass
+class RLDataConfig:
+    train: str = "synthetic"
+    """``synthetic`` (the built-in arithmetic task), ``synthetic-code`` (the built-in programming task), or a
+    jsonl/json/parquet file or Hugging Face dataset of problems with a reference (LiveCodeBench rows as they are).
+    Rows the reward cannot check, or whose prompt is too long, are skipped by file and line and counted."""
+    eval: str = "synthetic"
+    """Held-out problems scored by ``eval/accuracy``: ``synthetic``, ``synthetic-code`` or a file, as ``train``."""
+    prompt_key: str = "problem"
+    """Field holding the problem text (often ``question`` in code datasets)."""
+    reference_key: str = "answer"
+    """Field holding what the reward checks against: a final answer (math) or a list of tests (code; often
+    ``tests`` in code datasets)."""
+    max_prompt_tokens: int = at_least(0, 0)
+    """Longest prompt in tokens (chat template included); longer ones are skipped and counted. 0: the model's
+    context (``max_position_embeddings``) minus ``rollout.max_new_tokens`` (``eval.max_new_tokens`` for ``eval``)."""
+    num_train: int = at_least(4000, 1)
+    """Synthetic task: training problems generated."""
+    num_eval: int = at_least(200, 1)
+    """Synthetic task: held-out problems generated."""
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    """Synthetic task: difficulty levels mixed in equal parts."""
+
+
+@dataclass
+class VLLMConfig:
+    """Options of the vLLM rollout engine (``rollout.engine: vllm``), see :mod:`klear.rollout.vllm_engine`."""
+
+    tensor_parallel_size: int = at_least(1, 1)
+    """GPUs the engine shards the model over (vLLM tensor parallelism)."""
+    gpu_memory_utilization: float = within(0.5, 0, 1, open_low=True)
+    """Share of the GPU's memory vLLM may take for weights, activations and KV cache; the trainer shares the GPU."""
+    kv_cache_memory_bytes: int = at_least(0, 0)
+    """KV cache size in bytes. 0: on GPU, what ``gpu_memory_utilization`` leaves; on CPU, 256 MiB (unset, vLLM's
+    CPU backend would reserve a share of the machine's memory, many GiB)."""
+    dtype: str = choice("auto", "float32", "bfloat16")
+    """Engine weights and compute; ``auto`` follows ``trainer.precision``: bfloat16 for bf16 precisions (and on
+    CUDA by default), float32 otherwise."""
+    enable_sleep_mode: bool = True
+    """Release the engine's GPU memory while the trainer updates (vLLM sleep level 1: weights offloaded to CPU
+    memory, KV cache dropped) and take it back before each refresh. vLLM's CPU backend has none: ignored there."""
+    enforce_eager: bool | None = None
+    """Skip torch.compile and CUDA graphs. ``None``: eager on CPU (compiling costs more than it saves there),
+    compiled with CUDA graphs on GPU."""
+    max_model_len: int = at_least(0, 0)
+    """Longest prompt + response in tokens; 0: the model's ``max_position_embeddings``."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """Rollout engine name (``hf``, ``vllm``) or import path; it receives the new weights after every update."""
+    prompts_per_step: int = at_least(128, 1)
+    """Prompts sampled per RL step (the reference recipe: 128)."""
+    group_size: int = at_least(8, 1)
+    """Responses per prompt (GRPO's group)."""
+    max_new_tokens: int = at_least(32768, 1)
+    temperature: float = positive(1.0, why="greedy decoding gives every sample of a group the same response")
+    """Sampling temperature, > 0 (greedy decoding would leave every group without reward variance to learn)."""
+    top_p: float = within(1.0, 0, 1, open_low=True)
+    top_k: int = at_least(0, 0)
+    """0: off."""
+    batch_size: int = at_least(256, 1)
+    """Sequences the engine samples together."""
+    old_logprobs: str = choice("engine", "trainer")
+    """Behaviour log-probs for the ratio: the engine's sampled-token log-probs, or a no-grad trainer pass."""
+    logprob_gap_warn: float = at_least(0.05, 0)
+    """Warn when ``rollout/logprob_gap`` (mean |trainer - engine| log-prob) exceeds this."""
+    logprob_gap_stop: float = at_least(0.0, 0)
+    """Stop the run with an error when ``rollout/logprob_gap`` exceeds this (0: never); checkpoints stay."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Options of the ``vllm`` engine."""
+
+
+@dataclass
+class RewardConfig:
+    name: str = "math"
+    """Registered reward name or import path."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the reward (e.g. ``correct: 1``, ``wrong: -1`` for Klear's scheme)."""
+    num_workers: int = at_least(0, 0)
+    """Worker processes scoring in parallel with a per-item deadline; 0 scores in this process."""
+    timeout: float = positive(30.0)
+    """Per-item deadline of the worker pool (seconds)."""
+    overlong_buffer: int = at_least(0, 0)
+    """DAPO soft overlong punishment: penalty from 0 to -1 over the last this-many tokens; 0: off."""
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"
+    """Advantage estimator: ``grpo`` (group z-score), ``dr_grpo`` (no std), ``rloo`` (leave-one-out)."""
+    filter_groups: bool = True
+    """Drop groups whose rewards are all equal (zero advantage everywhere; DAPO's dynamic sampling)."""
+    max_regenerations: int = at_least(0, 0)
+    """Extra sampling rounds, on fresh prompts, to refill the batch after filtering; 0: train on what is left."""
+    mini_batch_prompts: int = at_least(16, 1)
+    """Prompts (x ``group_size`` responses) per optimizer update; the reference recipe: 16 of 128, 8 updates."""
+    epochs: int = at_least(1, 1)
+    """Passes over the step's rollouts."""
+    micro_batch_size: int = at_least(32, 1)
+    """Sequences per forward/backward pass (gradients accumulate to a mini-batch)."""
+    mask_truncated: bool = False
+    """Exclude responses cut at ``max_new_tokens`` from the loss."""
+    tis_cap: float = at_least(0.0, 0)
+    """Truncated importance sampling: weight tokens by min(pi_old_trainer / pi_engine, cap); 0: off."""
+    sft_alpha: float = at_least(0.0, 0)
+    """Klear's positive-sample SFT loss weight: alpha x NLL of fully correct responses (paper: 0.1)."""
+    kl_coef: float = at_least(0.0, 0)
+    """KL penalty to the frozen initial policy; 0: off, no reference model is loaded."""
+    kl_estimator: str = choice("k3", "k1")
+    entropy_coef: float = at_least(0.0, 0)
+    """Entropy bonus weight (subtracted from the loss); 0: off."""
+
+
+@dataclass
+class RLRunConfig:
+    stage: str = "rl"
+    output_dir: str = "outputs/rl"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path="tiny-sft"))
+    data: RLDataConfig = field(default_factory=RLDataConfig)
+    objective: dict[str, Any] = field(default_factory=lambda: {"name": "gppo"})
+    """``name`` (registered or ``package.module:Class``) and the objective's own hyperparameters."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-6, min_lr=1e-6, schedule="constant", warmup_steps=10)
+    )
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+SCHEMAS: dict[str, type] = {"sft": SFTRunConfig, "rl": RLRunConfig}
+"""Stage name -> the run config dataclass of that stage."""

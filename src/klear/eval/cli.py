@@ -1,0 +1,200 @@
+"""``python -m klear.eval --model PATH --data FILE.jsonl --k K``: avg@k and unbiased pass@k on math or code problems.
+
+Every problem is put to the model through its chat template, ``n`` samples are drawn (``--n``, default ``k``) at
+the paper's protocol (temperature 0.6, top-p 0.95), each is scored by a verifiable reward, and a sample counts as
+correct when the reward says so (math: its final answer is equivalent to the reference; code: it passes every
+test), whatever the reward's score values (see :mod:`klear.eval.metrics` for the estimators). The output
+directory gets ``results.jsonl`` (one line per problem: its row index in the data, text, reference, every
+sample's text, score, correctness, reward status, length and finish reason, and the problem's correct count, avg
+and pass@k), ``summary.json`` and ``summary.md``; the summary table is also printed.
+
+The kind of data decides the reward unless ``--reward`` names one (a registered name or
+``package.module:Attribute``): rows with ``problem`` and an ``answer`` text are math, scored on the final
+``\\boxed{}`` answer (a JSON number as answer is read as its text); rows whose ``answer`` (or ``tests``, with the
+prompt in ``question``) is a list of tests are code, whose last python block runs against the tests in the sandbox;
+LiveCodeBench rows are read as they are (`klear.data.code_formats`). Other field names are given with
+``--prompt-key`` and ``--reference-key``. The kind is read from the first row. Problems are loaded and checked by
+`klear.eval.tasks` with the loader RL training uses (`klear.data.problems`): a row without the fields, with a
+reference the reward rejects (malformed code tests, a math answer that is a list) or with a prompt longer than
+``--max-prompt-tokens`` is skipped with a warning naming its file and line, and counted in the summary.
+
+Sampling uses the RL stage's engine, built by name from the same registry (``--engine``, ``hf`` by default) with
+the model and sampling settings (`klear.eval.sampler`), so an engine added to the registry (vLLM) serves both. The
+``hf`` engine samples from a copy of the loaded model, as in RL; the loaded one is released right after, so peak
+memory is twice the model only while the engine is built. The model runs on the GPU when there is one. The
+samples of a problem are a function of ``--seed`` and the problem's position alone (each sample has its own
+seeded stream), whatever ``--batch-size`` groups together.
+
+Everything that can be wrong with the arguments, the data or the model is checked before sampling starts and
+reported as one line (exit code 2), including data in which no row is usable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from klear.data.problems import Problem, Task
+from klear.data.prompts import encode_prompt
+from klear.data.readers import DataError, write_jsonl
+from klear.eval.metrics import markdown_table, problem_record, summarize
+from klear.eval.sampler import build_engine
+from klear.eval.tasks import EvalError, build_reward, check_model_path, load_eval_problems
+from klear.rewards import Reward, score_batch
+from klear.rollout.engine import RolloutEngine, SamplingParams
+from klear.runtime.device import uses_cuda
+
+__all__ = [  # the loaders live in `klear.eval.tasks` and `klear.eval.sampler`; importable from here as well
+    "EvalError",
+    "build_engine",
+    "build_reward",
+    "check_args",
+    "check_model_path",
+    "load_eval_problems",
+    "main",
+    "parse_args",
+    "run",
+]
+
+log = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m klear.eval", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="HF model directory or hub name; built-in: tiny, tiny-sft")
+    parser.add_argument("--data", required=True, help="jsonl/json/parquet file or HF dataset of problems")
+    parser.add_argument("--k", type=int, default=1, help="report pass@k (and avg@k) (default: %(default)s)")
+    parser.add_argument("--n", type=int, help="samples per problem for the estimators, >= k (default: k)")
+    parser.add_argument("--temperature", type=float, default=0.6, help="0: greedy (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=0, help="0: off (default: %(default)s)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=32768, help="response budget; tiny models need ~96 (default: %(default)s)"
+    )
+    parser.add_argument("--reward", help="reward name or import path (default: from the fields: math or code)")
+    parser.add_argument("--prompt-key", help="field with the prompt text (default: problem / question)")
+    parser.add_argument("--reference-key", help="field with the reference (default: answer / tests)")
+    parser.add_argument("--limit", type=int, help="evaluate only the first LIMIT problems")
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="skip longer prompts; 0: the model's context minus --max-new-tokens (default: %(default)s)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=256, help="sequences sampled together (default: %(default)s)")
+    parser.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
+    parser.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")
+    parser.add_argument("--engine", default="hf", help="rollout engine name or import path (default: %(default)s)")
+    parser.add_argument("--output", help="output directory (default: outputs/eval/<data file stem>)")
+    parser.add_argument("--overwrite", action="store_true", help="replace earlier results in the output directory")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
+    args = parse_args(argv)
+    if args.n is None:
+        args.n = args.k
+    try:
+        check_args(args)
+        output = Path(args.output or Path("outputs") / "eval" / Path(args.data).stem)
+        if (output / "results.jsonl").exists() and not args.overwrite:
+            raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
+        problems, task, reward = load_eval_problems(args)
+        engine, tokenizer = build_engine(args)
+    except (EvalError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    summary = {
+        "model": args.model,
+        "data": args.data,
+        **vars(task),
+        "rows": problems.rows,
+        "rows_skipped": len(problems.bad),
+        "bad_rows": [row.to_dict() for row in problems.bad],
+        **{key: getattr(args, key) for key in ("k", "n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
+        "engine": args.engine,
+        "device": "cuda" if uses_cuda("auto") else "cpu",
+    }
+    records, timing = run(engine, tokenizer, problems.problems[: args.limit], task, reward, args)
+    summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
+    table = markdown_table(summary)
+    write_jsonl(records, output / "results.jsonl")
+    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (output / "summary.md").write_text(table + "\n")
+    print(table)
+    log.info("wrote %s, summary.json and summary.md", output / "results.jsonl")
+    return 0
+
+
+def check_args(args: argparse.Namespace) -> None:
+    requirements = [
+        ("--k", args.k >= 1, ">= 1"),
+        ("--n", args.n >= args.k, f">= --k ({args.k})"),
+        ("--temperature", args.temperature >= 0, ">= 0"),
+        ("--top-p", 0 < args.top_p <= 1, "in (0, 1]"),
+        ("--top-k", args.top_k >= 0, ">= 0 (0: off)"),
+        ("--max-new-tokens", args.max_new_tokens >= 1, ">= 1"),
+        ("--limit", args.limit is None or args.limit >= 1, ">= 1"),
+        ("--max-prompt-tokens", args.max_prompt_tokens >= 0, ">= 0 (0: what the model's context leaves)"),
+        ("--batch-size", args.batch_size >= 1, ">= 1"),
+        ("--num-workers", args.num_workers >= 0, ">= 0"),
+        ("--reward-timeout", args.reward_timeout > 0, "> 0"),
+    ]
+    for flag, ok, requirement in requirements:
+        if not ok:
+            raise EvalError(f"{flag} must be {requirement}, got {getattr(args, flag[2:].replace('-', '_'))}")
+    if args.temperature == 0 and args.n > 1:
+        raise EvalError("greedy decoding (--temperature 0) gives one answer per problem: use --k 1 without --n")
+
+
+def run(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
+    task: Task,
+    reward: Reward,
+    args: argparse.Namespace,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Sample ``n`` answers per problem and score them: the per-problem records, and timings."""
+    prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems]
+    sampling = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        n=args.n,
+        seed=args.seed,
+    )
+    log.info("sampling %d problems x %d with the %s engine", len(prompts), args.n, args.engine)
+    timer = time.perf_counter()
+    rollouts = engine.generate(prompts, sampling)
+    sampling_s = time.perf_counter() - timer
+    log.info("scoring %d samples with the %s reward", len(rollouts), task.reward)
+    timer = time.perf_counter()
+    references = [problems[rollout.prompt_index].reference for rollout in rollouts]
+    texts = [rollout.text for rollout in rollouts]
+    result = score_batch(reward, texts, references, num_workers=args.num_workers, timeout=args.reward_timeout)
+    scoring_s = time.perf_counter() - timer
+    n = args.n  # the engine returns each problem's n samples together, in problem order
+    records = [
+        problem_record(
+            problem,
+            rollouts[i * n : (i + 1) * n],
+            result.scores[i * n : (i + 1) * n],
+            result.statuses[i * n : (i + 1) * n],
+            result.correct[i * n : (i + 1) * n],
+            args.k,
+        )
+        for i, problem in enumerate(problems)
+    ]
+    tokens = sum(len(rollout.response_ids) for rollout in rollouts)
+    return records, {"sampling_s": sampling_s, "scoring_s": scoring_s, "sampled_tokens_per_s": tokens / sampling_s}

@@ -1,0 +1,78 @@
+"""Held-out accuracy during training: generate answers to fixed problems and score them with a reward.
+
+The problems, their order and (when sampling) the seed are the same at every evaluation, so the curve of
+``eval/accuracy`` measures the policy and nothing else. Greedy decoding gives the accuracy of the single most
+likely answer; with a temperature, ``samples`` answers per problem are drawn and ``eval/accuracy`` is their
+mean (avg@k), with ``eval/pass_at_k`` alongside (`klear.eval.metrics.pass_at_k` with ``n = k = samples``: the
+share of problems with at least one correct answer). Whether an answer is correct is the reward's verdict
+(`klear.rewards.scorer.RewardScorer.correctness`), not a threshold on its score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from klear.config import EvalConfig
+from klear.data.problems import Problem
+from klear.data.prompts import encode_prompt
+from klear.eval.metrics import pass_at_k
+from klear.rollout.engine import RolloutEngine, SamplingParams
+from klear.runtime.distributed import gather_objects, rank_range
+
+EVAL_SEED = 1234
+"""Sampling seed of every evaluation (independent of the training seed, so runs compare on equal terms)."""
+EVAL_DATA_SEED = 0
+"""Seed of the synthetic held-out problems: the same set for every training seed."""
+
+Scorer = Callable[[list[str], list[Any]], list[bool]]
+"""``(completions, references) -> correct``, whether each completion is correct (`RewardScorer.correctness`); a
+reference is whatever the reward checks (an answer, a test list)."""
+
+
+def evaluate(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    config: EvalConfig,
+    score: Scorer,
+    rank: int = 0,
+    world: int = 1,
+) -> dict[str, float]:
+    """``eval/accuracy`` (the share of correct answers over problems x samples), response length and pass@k.
+
+    With ``world`` data-parallel ranks, each samples and scores its contiguous share of the problems (prompt
+    ``i`` is seeded by ``EVAL_SEED + i`` wherever it runs) and all ranks return the metrics of the whole set.
+    """
+    problems = problems[: config.num_prompts]
+    mine = rank_range(len(problems), rank, world)
+    prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems[mine.start : mine.stop]]
+    samples = config.samples if config.temperature > 0 else 1
+    sampling = SamplingParams(
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        n=samples,
+        seed=EVAL_SEED + mine.start,
+    )
+    rollouts = engine.generate(prompts, sampling) if prompts else []
+    references = [problems[mine.start + rollout.prompt_index].reference for rollout in rollouts]
+    verdicts = score([rollout.text for rollout in rollouts], references) if rollouts else []
+    not_bool = [verdict for verdict in verdicts if not isinstance(verdict, bool)]
+    if not_bool:  # a list of rewards would otherwise be read as "correct" wherever it is non-zero
+        raise TypeError(
+            f"the eval scorer must return one bool per completion (RewardScorer.correctness), got {not_bool[0]!r}"
+        )
+    shares = gather_objects((list(verdicts), [len(rollout.response_ids) for rollout in rollouts]), world)
+    correct = [value for share in shares for value in share[0]]
+    lengths = [value for share in shares for value in share[1]]
+    metrics = {
+        "eval/accuracy": sum(correct) / len(correct),
+        "eval/response_length": sum(lengths) / len(lengths),
+    }
+    if samples > 1:
+        counts = [sum(correct[i * samples : (i + 1) * samples]) for i in range(len(problems))]
+        metrics[f"eval/pass_at_{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(counts)
+    return metrics

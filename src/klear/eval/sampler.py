@@ -1,0 +1,60 @@
+"""The engine that samples an evaluation's answers, shared by ``python -m klear.eval`` and ``klear.data curate``.
+
+`build_engine` builds the RL stage's rollout engine by name from the same registry (`klear.rollout.engine.ENGINES`:
+``hf`` by default, ``vllm`` on GPUs, or an import path), over the model of ``--model``, with the sampling settings
+of the command as its rollout options. The model runs on the GPU when there is one (`klear.runtime.device.uses_cuda`),
+and the engine is told the precision a training run would have there: ``bf16-mixed`` on a GPU, ``32-true`` on a
+CPU (the ``vllm`` engine's ``dtype: auto`` follows it). The ``hf`` engine samples from a copy of the loaded model, as
+in RL; the loaded one is released right after, so peak memory is twice the model only while the engine is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from transformers import PreTrainedTokenizerBase
+
+from klear.config import ModelConfig, RolloutConfig
+from klear.eval.tasks import EvalError, first_line, load_eval_tokenizer
+from klear.models import load_model
+from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine
+from klear.runtime.device import uses_cuda
+
+
+def build_engine(args: argparse.Namespace) -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
+    """The engine ``args.engine`` over the model ``args.model``, and its tokenizer.
+
+    The engine gets ``args.max_new_tokens``, ``args.temperature``, ``args.top_p``, ``args.top_k`` and
+    ``args.batch_size`` as its rollout options and ``args.seed`` as its seed.
+
+    Raises:
+        EvalError: an unknown engine, or a model that cannot be loaded.
+    """
+    try:
+        factory: EngineFactory = ENGINES.get(args.engine)
+    except ValueError as error:
+        raise EvalError(f"--engine: {first_line(error)}") from error
+    on_cuda = uses_cuda("auto")
+    model_config = ModelConfig(path=args.model)
+    tokenizer = load_eval_tokenizer(args.model)
+    try:
+        model = load_model(model_config, on_cuda=on_cuda)
+    except (OSError, ValueError) as error:  # unrecognised model type, broken weights
+        raise EvalError(f"--model {args.model}: {first_line(error)}") from error
+    rollout = RolloutConfig(
+        engine=args.engine,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        batch_size=args.batch_size,
+    )
+    engine = factory(
+        model.to("cuda" if on_cuda else "cpu"),
+        tokenizer,
+        model=model_config,
+        rollout=rollout,
+        seed=args.seed,
+        precision="bf16-mixed" if on_cuda else "32-true",
+    )
+    return engine, tokenizer

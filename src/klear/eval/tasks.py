@@ -1,0 +1,101 @@
+"""The problems of an evaluation, shared by ``python -m klear.eval`` and ``python -m klear.data curate``.
+
+`load_eval_problems` reads a problem file once, picks the task from its first row (math rows have ``problem``
+and an ``answer`` text, code rows a list of tests; ``--reward``, ``--prompt-key`` and ``--reference-key`` override
+the choice, see `klear.data.problems.choose_task`), builds the task's reward, and loads the problems with the loader
+RL training uses (`klear.data.problems.load_problems`): a row without the fields, with a reference the reward
+rejects or with a prompt longer than the limit is skipped with a warning naming its file and line. What cannot be
+evaluated at all — an unknown reward or option, a model path that is not a model, a response budget that leaves no
+room for a prompt — raises `EvalError`, one line naming the argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from klear.config import ModelConfig
+from klear.config.load import model_path_problem
+from klear.data.problems import ProblemSet, Task, choose_task, load_problems
+from klear.data.prompts import encode_prompt
+from klear.data.readers import read_numbered, warn_bad_rows
+from klear.models import load_tokenizer, prompt_budget
+from klear.rewards import Reward, get_reward
+
+
+class EvalError(ValueError):
+    """An evaluation that cannot start as asked: one line naming the argument or row and what is accepted."""
+
+
+def load_eval_problems(
+    args: argparse.Namespace, reward_options: dict[str, Any] | None = None
+) -> tuple[ProblemSet, Task, Reward]:
+    """The checked problems of ``args.data`` (bad rows skipped by file and line), their task and reward.
+
+    Reads ``args.data``, ``args.reward``, ``args.prompt_key``, ``args.reference_key``, ``args.model`` (its tokenizer
+    measures the prompts) and ``args.max_prompt_tokens`` (0: the model's context minus ``args.max_new_tokens``).
+
+    Raises:
+        EvalError: an unknown reward or option, or a model that cannot be loaded or leaves no room for a prompt.
+        klear.data.readers.DataError: an unreadable file, or one without a usable row.
+    """
+    rows = read_numbered(args.data)
+    task = choose_task([row for _, row in rows[0]], args.data, args.reward, args.prompt_key, args.reference_key)
+    reward = build_reward(task.reward, reward_options or {})
+    limit = args.max_prompt_tokens or _prompt_budget(args.model, args.max_new_tokens)
+    tokenizer = load_eval_tokenizer(args.model)
+    problems = load_problems(
+        args.data,
+        task,
+        reward,
+        rows=rows,
+        prompt_length=lambda text: len(encode_prompt(tokenizer, text)),
+        max_prompt_tokens=limit,
+    )
+    warn_bad_rows(problems.bad, {args.data: problems.rows})
+    return problems, task, reward
+
+
+def build_reward(name: str, options: dict[str, Any]) -> Reward:
+    """The reward ``name`` with ``options``; `EvalError` naming the reward or option when it cannot be built."""
+    try:
+        return get_reward(name, **options)
+    except (ValueError, TypeError) as error:  # the message names the reward (or option) and the accepted ones
+        raise EvalError(f"--reward {name}: {first_line(error)}") from error
+
+
+def load_eval_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of the model at ``path`` (``--model``); `EvalError` when there is none."""
+    try:
+        check_model_path(path)
+        return load_tokenizer(ModelConfig(path=path))
+    except (OSError, ValueError) as error:  # unknown hub name, missing tiny-sft checkpoint
+        raise EvalError(f"--model {path}: {first_line(error)}") from error
+
+
+def check_model_path(path: str) -> None:
+    """``--model`` must be a model directory where it can only be a local path (`model_path_problem`)."""
+    problem = model_path_problem(path)
+    if problem:
+        raise EvalError(f"--model {path}: {problem}")
+
+
+def _prompt_budget(path: str, max_new_tokens: int) -> int:
+    check_model_path(path)
+    try:
+        return prompt_budget(ModelConfig(path=path), max_new_tokens)
+    except OSError as error:
+        raise EvalError(f"--model {path}: {first_line(error)}") from error
+    except ValueError as error:  # the response budget leaves no room for a prompt
+        raise EvalError(
+            f"--max-new-tokens {max_new_tokens}: {error}; pass a smaller --max-new-tokens (the built-in tiny models "
+            "need ~96-160)"
+        ) from error
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, or its type name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,100 @@
+"""Loading the policy model and tokenizer named by ``model.path``: a Hugging Face model or the built-in tiny one.
+
+``model.path: tiny`` is the tiny Qwen3 of :mod:`klear.models.tiny`, built from a seed on first use into the
+cache directory (``$KLEAR_CACHE``, default ``~/.cache/klear``) and reused afterwards; nothing is downloaded.
+``model.path: tiny-sft`` is that model after the SFT stage's default config (``configs/sft.yaml``, the arithmetic
+task), shipped with the package (a 1.7 MB checkpoint rebuilt by ``tools/build_tiny_sft.py``), where the RL stage's
+embedded default starts; ``tiny-sft-code`` is the same model after ``configs/sft_code.yaml`` (the programming
+task), where ``configs/rl_code.yaml`` starts.
+Any other value goes to ``from_pretrained`` unchanged, so a local directory or a hub name works the same way.
+
+``model.attn_implementation: sdpa`` loads :mod:`klear.models.attention`'s ``sdpa_gqa``: transformers' sdpa, except
+that on CPU a masked grouped-query attention no longer copies its K/V heads (same values).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from klear.config import ModelConfig
+from klear.models import attention
+from klear.models.tiny import TINY_SIZES, build_tiny
+
+CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
+SHIPPED: dict[str, str] = {"tiny-sft": "configs/sft.yaml", "tiny-sft-code": "configs/sft_code.yaml"}
+"""Shipped checkpoints (folders of ``CHECKPOINTS_DIR``) -> the SFT config that made them (tools/build_tiny_sft.py)."""
+TINY_SFT_DIR = CHECKPOINTS_DIR / "tiny-sft"
+"""The shipped ``tiny-sft`` checkpoint: the tiny model after ``configs/sft.yaml``."""
+
+
+def cache_dir() -> Path:
+    """Where built-in models are built: ``$KLEAR_CACHE`` or ``~/.cache/klear``."""
+    return Path(os.environ.get("KLEAR_CACHE", Path.home() / ".cache" / "klear"))
+
+
+def resolve_model_path(path: str) -> str:
+    """The directory or hub name ``from_pretrained`` receives for ``model.path``."""
+    if path in SHIPPED:
+        folder = CHECKPOINTS_DIR / path
+        if not (folder / "model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"the built-in {path} checkpoint is missing at {folder}; "
+                f"rebuild it with: python tools/build_tiny_sft.py --name {path}"
+            )
+        return str(folder)
+    if path == "tiny":
+        # Keyed by the sizes, so a change of the built-in sizes never reuses a stale build.
+        digest = hashlib.sha256(json.dumps(TINY_SIZES, sort_keys=True).encode()).hexdigest()[:10]
+        return str(build_tiny(cache_dir() / f"tiny-{digest}"))
+    return path
+
+
+def model_context(config: ModelConfig) -> int:
+    """The longest sequence (prompt + response) the model of ``config.path`` takes: ``max_position_embeddings``."""
+    from transformers import AutoConfig
+
+    model_config = AutoConfig.from_pretrained(resolve_model_path(config.path))
+    return int(model_config.get_text_config().max_position_embeddings)  # multimodal configs nest the text model
+
+
+def prompt_budget(config: ModelConfig, max_new_tokens: int) -> int:
+    """The most prompt tokens that fit the model's context with ``max_new_tokens`` after them (the default of
+    ``data.max_prompt_tokens`` and ``--max-prompt-tokens``). Raises ValueError when no prompt fits."""
+    context = model_context(config)
+    if context - max_new_tokens < 1:
+        raise ValueError(
+            f"{max_new_tokens} new tokens leave no room for a prompt in the model's {context}-token context"
+        )
+    return context - max_new_tokens
+
+
+def model_dtype(config: ModelConfig, on_cuda: bool) -> torch.dtype:
+    if config.dtype == "auto":
+        return torch.bfloat16 if on_cuda else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
+
+
+def load_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.path))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(config: ModelConfig, on_cuda: bool = False) -> PreTrainedModel:
+    """The causal LM of ``config.path`` in the configured dtype, in train mode."""
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(config.path),
+        dtype=model_dtype(config, on_cuda),
+        attn_implementation=attention.NAME if config.attn_implementation == "sdpa" else config.attn_implementation,
+    )
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model.train()

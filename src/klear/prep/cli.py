@@ -1,0 +1,106 @@
+"""``python -m klear.data COMMAND``: data preparation for SFT and RL, on any jsonl data.
+
+    synthetic      write problems of the built-in task (the embedded default) as jsonl
+    curate         sample k answers per problem with a model, keep problems in a pass-rate band (resumable)
+    decontaminate  drop training problems sharing an n-gram with evaluation problems
+    dedup          drop exact (and optionally near) duplicate problems
+    filter-tests   keep code problems with enough tests that their reference solution passes
+    mix            build an SFT mix: top-K sources, the easy-only correctness filter, weights
+
+Every command reads jsonl (json, parquet and Hugging Face datasets too, through `klear.data.readers`), skips a
+bad row with a warning naming its line and counts it in its report, writes its outputs atomically, and prints
+one summary line with its counts. A bad option or unreadable input stops it with one line (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from klear.data import synthetic, synthetic_code
+from klear.data.readers import DataError
+from klear.data.synthetic import DEFAULT_LEVELS, SPLITS
+from klear.prep import code_tests, curate, decontaminate, dedup
+from klear.prep import mix as mix_command
+from klear.prep.rowfiles import CommandError, write_rows
+
+COMMANDS = {
+    "synthetic": "write problems of a built-in task (arithmetic or code) as jsonl (problem, answer, solution, level)",
+    "curate": "sample k answers per problem, keep problems whose pass rate is in a band (resumable)",
+    "decontaminate": "drop training problems that share an n-gram with evaluation problems",
+    "dedup": "drop exact and (optionally) near-duplicate problems",
+    "filter-tests": "keep code problems with enough tests that their reference solution passes",
+    "mix": "build an SFT mix: top-K sources by quality, the easy-only correctness filter, weights",
+}
+
+
+def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="output .jsonl")
+    parser.add_argument(
+        "--task",
+        choices=("math", "code"),
+        default="math",
+        help="math: arithmetic chains, answer in \\boxed{}; code: stdin/stdout programs with tests (default: math)",
+    )
+    parser.add_argument("--split", choices=SPLITS, default="train", help="train or eval (disjoint by text)")
+    parser.add_argument("--num", type=int, default=1000, help="problems (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed (default: %(default)s)")
+    parser.add_argument(
+        "--levels",
+        default=",".join(map(str, DEFAULT_LEVELS)),
+        help=f"difficulty levels, comma-separated, of {sorted(synthetic.LEVELS)} (default: %(default)s)",
+    )
+
+
+def run_synthetic(args: argparse.Namespace) -> str:
+    try:
+        levels = [int(level) for level in args.levels.split(",")]
+        generate = synthetic_code.generate_code_problems if args.task == "code" else synthetic.generate_problems
+        problems = generate(args.num, split=args.split, seed=args.seed, levels=levels)
+    except ValueError as error:
+        raise CommandError(f"--levels {args.levels!r} / --num {args.num}: {error}") from None
+    out = write_rows(problems, args.out)
+    return (
+        f"synthetic: wrote {len(problems)} {args.task} {args.split} problems (levels {args.levels}, seed {args.seed}) "
+        f"-> {out}"
+    )
+
+
+HANDLERS = {
+    "synthetic": (add_synthetic_arguments, run_synthetic),
+    "curate": (curate.add_arguments, curate.run),
+    "decontaminate": (decontaminate.add_arguments, decontaminate.run),
+    "dedup": (dedup.add_arguments, dedup.run),
+    "filter-tests": (code_tests.add_arguments, code_tests.run),
+    "mix": (mix_command.add_arguments, mix_command.run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m klear.data",
+        description="Data preparation for SFT and RL, on any jsonl data (see the README's Data preparation).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (add_arguments, _) in HANDLERS.items():
+        add_arguments(commands.add_parser(name, help=COMMANDS[name], description=COMMANDS[name]))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        summary = HANDLERS[args.command][1](args)
+    except (CommandError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.command == "curate":
+            message = "interrupted: finished problems are saved in results.jsonl; rerun the same command to continue"
+        else:
+            message = "interrupted: no output written"
+        print(message, file=sys.stderr)
+        return 130
+    print(summary)
+    return 0

@@ -1,0 +1,328 @@
+"""``python -m klear.data curate``: sample k answers per problem, score them, keep the problems in a pass-rate band.
+
+The paper keeps an RL problem only when a strong model solves it often enough (math: most of 16 samples
+right; code: at least half of 16 samples pass every test). This command measures that on any problem file:
+every problem is put to ``--model`` through its chat template, ``--k`` answers are sampled with the RL stage's
+engine (``--engine``, any name of the `ENGINES` registry: ``hf``, or ``vllm`` on GPUs), each is scored by a
+reward of the registry (picked from the row fields as ``klear.eval`` does: ``problem``/``answer`` rows are math,
+``question``/``tests`` rows code; ``--reward`` and ``--reward-option`` as in the RL config), and a sample is
+correct when the reward says so (math: an equivalent final answer, code: every test passed; whatever the score
+values set with ``--reward-option``). The pass rate is correct / k. Problems are loaded by `klear.eval.tasks` and
+the engine is built by `klear.eval.sampler`, as ``klear.eval`` does.
+
+``--out DIR`` receives:
+- ``results.jsonl``: one line per problem (its data line, correct count, pass rate, every sample's score,
+  reward timeouts and errors, mean length, truncated samples), appended a chunk at a time. It is the state a
+  rerun continues from: finished problems are never sampled again (see `klear.prep.pass_rates`), so a run
+  stopped by Ctrl-C, a crash or ``--max-problems`` goes on where it stopped when the same command is rerun,
+  and a rerun with only another ``--band`` samples nothing at all;
+- ``kept.jsonl``: the rows whose pass rate is in the band, in data order, each with a ``pass_rate`` field (the
+  field the SFT correctness filter of ``mix`` reads; ``--band '[0, 1]'`` keeps every row, annotated);
+- ``report.json``: counts (kept, below and above the band, bad rows, pending), the settings, the histogram of
+  correct counts and every bad row by line; ``settings.json``: what the samples depend on, checked on rerun.
+
+Scale: problems go to the engine ``--chunk`` at a time (an engine batches ``--batch-size`` sequences of
+them; vLLM schedules the whole chunk at once), rewards are scored in ``--num-workers`` processes, and a chunk's
+samples depend only on ``--seed`` and the chunk's position, so a resumed run gives the results an uninterrupted
+one would (when it stopped at a chunk boundary, as Ctrl-C and ``--max-problems`` multiples of ``--chunk`` do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from itertools import groupby
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from klear.data.problems import Problem
+from klear.data.prompts import encode_prompt
+from klear.eval.sampler import build_engine
+from klear.eval.tasks import EvalError, load_eval_problems
+from klear.prep.mixing import PASS_RATE_KEY
+from klear.prep.pass_rates import (
+    PRESETS,
+    Band,
+    append_results,
+    check_settings,
+    chunk_seed,
+    load_results,
+    row_digest,
+)
+from klear.prep.rowfiles import (
+    BadRow,
+    CommandError,
+    bad_rows_report,
+    write_json,
+    write_rows,
+)
+from klear.rewards import BatchResult, Reward, RewardPool, score_batch
+from klear.rollout.engine import SamplingParams
+
+log = logging.getLogger(__name__)
+
+RESULTS, SETTINGS, KEPT, REPORT = "results.jsonl", "settings.json", "kept.jsonl", "report.json"
+DEFAULT_K = 16
+SAMPLING_KEYS = (
+    *("model", "engine", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed"),
+    *("reward", "reward_options", "prompt_key", "reference_key"),
+)
+"""What a problem's samples and scores depend on: a rerun into the same folder must keep these."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="problems: jsonl/json/parquet file or HF dataset")
+    parser.add_argument("--model", required=True, help="HF model directory or hub name; built-in: tiny, tiny-sft")
+    parser.add_argument(
+        "--out", help="output folder, also the state a rerun continues (default: outputs/curate/<stem>)"
+    )
+    rule = parser.add_mutually_exclusive_group(required=True)
+    rule.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="the paper's rule: math keeps (0.5, 1], code [0.5, 1], both with k=16 and the reward of that name",
+    )
+    rule.add_argument("--band", help="pass rates kept, e.g. '(0, 1)' (drops always- and never-solved); '(' excludes")
+    parser.add_argument("--k", type=int, help=f"samples per problem (default: {DEFAULT_K})")
+    parser.add_argument("--engine", default="hf", help="rollout engine name or import path (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="as RL samples (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=0, help="0: off (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=32768, help="response budget; tiny models need ~96")
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="skip longer prompts; 0: the model's context minus --max-new-tokens",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=256, help="sequences the engine samples together")
+    parser.add_argument("--chunk", type=int, default=256, help="problems per engine call and per results write")
+    parser.add_argument("--reward", help="reward name or import path (default: from the fields, or the preset's)")
+    parser.add_argument(
+        "--reward-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="reward option, value read as YAML (e.g. fallbacks=[answer_is]); repeatable",
+    )
+    parser.add_argument("--prompt-key", help="field with the prompt text (default: problem / question)")
+    parser.add_argument("--reference-key", help="field with the reference (default: answer / tests)")
+    parser.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
+    parser.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")
+    parser.add_argument("--max-problems", type=int, help="sample at most this many problems now; rerun to go on")
+    parser.add_argument("--overwrite", action="store_true", help="discard earlier results in --out")
+
+
+def run(args: argparse.Namespace) -> str:
+    preset = PRESETS.get(args.preset, {})
+    args.reward = args.reward or preset.get("reward")
+    args.k = preset.get("k", DEFAULT_K) if args.k is None else args.k
+    band = Band.parse(args.band or preset["band"])
+    args.reward_options = parse_options(args.reward_option)
+    check_args(args)
+    out = Path(args.out or Path("outputs") / "curate" / Path(args.data).stem)
+    try:
+        loaded, task, reward = load_eval_problems(args, args.reward_options)
+    except EvalError as error:
+        raise CommandError(str(error)) from None
+    args.reward, args.prompt_key, args.reference_key = task.reward, task.prompt_key, task.reference_key
+    problems, bad = loaded.problems, loaded.bad
+    records = open_results(out, {key: getattr(args, key) for key in SAMPLING_KEYS}, problems, args.overwrite)
+    pending = [i for i, problem in enumerate(problems) if problem.line not in records]
+    earlier = len(problems) - len(pending)
+    pending = pending[: args.max_problems]
+    if pending:
+        records |= sample(args, reward, problems, pending, out / RESULTS)
+    runs = {"sampled_now": len(pending), "from_earlier_runs": earlier}
+    counts = write_outputs(out, problems, records, band, bad, args, runs)
+    left = f", {counts['pending']} pending: rerun to continue" if counts["pending"] else ""
+    return (
+        f"curate: {counts['done']} of {len(problems)} problems have pass rates ({len(pending)} sampled now, "
+        f"{earlier} from earlier runs{left}); kept {counts['kept']} in {band}, {counts['below_band']} below, "
+        f"{counts['above_band']} above; skipped {counts['bad_rows']} bad rows; reward timeouts/errors "
+        f"{counts['reward_timeouts']}/{counts['reward_errors']}, truncated samples {counts['truncated_samples']} "
+        f"-> {out / KEPT} (report: {out / REPORT})"
+    )
+
+
+def parse_options(items: list[str]) -> dict[str, Any]:
+    options = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CommandError(f"--reward-option {item!r}: expected KEY=VALUE, e.g. fallbacks=[answer_is]")
+        options[key.strip()] = yaml.safe_load(value)
+    return options
+
+
+def check_args(args: argparse.Namespace) -> None:
+    requirements = [
+        ("--k", args.k >= 1, ">= 1"),
+        ("--temperature", args.temperature >= 0, ">= 0"),
+        ("--top-p", 0 < args.top_p <= 1, "in (0, 1]"),
+        ("--top-k", args.top_k >= 0, ">= 0 (0: off)"),
+        ("--max-new-tokens", args.max_new_tokens >= 1, ">= 1"),
+        ("--batch-size", args.batch_size >= 1, ">= 1"),
+        ("--chunk", args.chunk >= 1, ">= 1"),
+        ("--num-workers", args.num_workers >= 0, ">= 0"),
+        ("--reward-timeout", args.reward_timeout > 0, "> 0"),
+        ("--max-problems", args.max_problems is None or args.max_problems >= 1, ">= 1"),
+        ("--max-prompt-tokens", args.max_prompt_tokens >= 0, ">= 0"),
+    ]
+    for flag, ok, requirement in requirements:
+        if not ok:
+            raise CommandError(f"{flag} must be {requirement}, got {getattr(args, flag[2:].replace('-', '_'))}")
+    if args.temperature == 0 and args.k > 1:
+        raise CommandError("greedy decoding (--temperature 0) gives one answer per problem: a pass rate needs k > 1")
+
+
+def open_results(out: Path, settings: dict, problems: list[Problem], overwrite: bool) -> dict[int, dict]:
+    """The records of an earlier run in ``out`` (checked against this one), after writing this run's settings."""
+    if overwrite and out.exists():
+        for name in (RESULTS, SETTINGS, KEPT, REPORT):
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    records = load_results(out / RESULTS)
+    if records:
+        check_settings(out / SETTINGS, settings)
+    else:  # nothing sampled yet (or a first run that stopped before its first chunk): these settings hold
+        write_json(settings, out / SETTINGS)
+    for problem in problems:
+        record = records.get(problem.line)
+        if record is not None and record["hash"] != row_digest(problem.row):
+            raise CommandError(
+                f"line {problem.line} of the data changed since {out / RESULTS} was written; "
+                "pick another --out or --overwrite to start over"
+            )
+    return records
+
+
+def sample(
+    args: argparse.Namespace, reward: Reward, problems: list[Problem], pending: list[int], path: Path
+) -> dict[int, dict]:
+    """Sample and score the ``pending`` problems chunk by chunk, appending each chunk's records to ``path``."""
+    try:
+        engine, tokenizer = build_engine(args)
+    except EvalError as error:
+        raise CommandError(str(error)) from None
+    sampling = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k, n=args.k)
+    records: dict[int, dict] = {}
+    k = args.k
+    with _scorer(reward, args.num_workers, args.reward_timeout) as scorer, _progress(len(pending)) as progress:
+        for chunk, indices in groupby(pending, key=lambda i: i // args.chunk):
+            batch = [problems[i] for i in indices]
+            prompts = [encode_prompt(tokenizer, problem.prompt) for problem in batch]
+            rollouts = engine.generate(prompts, replace(sampling, seed=chunk_seed(args.seed, chunk)))
+            result = scorer([r.text for r in rollouts], [batch[r.prompt_index].reference for r in rollouts])
+            new = [_record(problem, rollouts[j * k : (j + 1) * k], result, j * k, k) for j, problem in enumerate(batch)]
+            append_results(path, new)
+            records |= {record["line"]: record for record in new}
+            progress(len(batch))
+    return records
+
+
+def _record(problem: Problem, rollouts: list, result: BatchResult, start: int, k: int) -> dict[str, Any]:
+    scores = result.scores[start : start + k]
+    statuses = result.statuses[start : start + k]
+    correct = sum(result.correct[start : start + k])
+    return {
+        "line": problem.line,
+        "hash": row_digest(problem.row),
+        "k": k,
+        "correct": correct,
+        "pass_rate": correct / k,
+        "scores": scores,
+        "timeouts": statuses.count("timeout"),
+        "errors": statuses.count("error"),
+        "mean_length": sum(len(r.response_ids) for r in rollouts) / k,
+        "truncated": sum(r.finish_reason == "length" for r in rollouts),
+    }
+
+
+def write_outputs(
+    out: Path,
+    problems: list[Problem],
+    records: dict[int, dict],
+    band: Band,
+    bad: list[BadRow],
+    args: argparse.Namespace,
+    runs: dict[str, int],
+) -> dict[str, Any]:
+    """Write ``kept.jsonl`` and ``report.json`` from every finished problem; returns the report's counts."""
+    kept, where, histogram = [], Counter(), Counter()
+    for problem in problems:
+        record = records.get(problem.line)
+        if record is None:
+            where["pending"] += 1
+            continue
+        place = band.where(record["correct"], record["k"])
+        where[place] += 1
+        histogram[f"{record['correct']}/{record['k']}"] += 1
+        if place == "in":
+            kept.append({**problem.row, PASS_RATE_KEY: record["pass_rate"]})
+    done = [records[p.line] for p in problems if p.line in records]
+    counts = {
+        "rows": len(problems) + len(bad),
+        "problems": len(problems),
+        "done": len(done),
+        "pending": where["pending"],
+        "kept": where["in"],
+        "below_band": where["below"],
+        "above_band": where["above"],
+        "bad_rows": len(bad),
+        "reward_timeouts": sum(r["timeouts"] for r in done),
+        "reward_errors": sum(r["errors"] for r in done),
+        "truncated_samples": sum(r["truncated"] for r in done),
+        **runs,
+    }
+    write_rows(kept, out / KEPT)
+    report = {
+        "command": "curate",
+        "data": args.data,
+        "band": str(band),
+        "preset": args.preset,
+        "settings": {key: getattr(args, key) for key in SAMPLING_KEYS},
+        "counts": counts,
+        "correct_histogram": dict(sorted(histogram.items(), key=lambda item: int(item[0].split("/")[0]))),
+        "bad_rows": bad_rows_report(bad),
+    }
+    write_json(report, out / REPORT)
+    return counts
+
+
+@contextlib.contextmanager
+def _scorer(reward: Reward, num_workers: int, timeout: float) -> Iterator[Callable[[list, list], BatchResult]]:
+    """Score batches in this process, or in one `RewardPool` kept for the whole run (its start-up costs seconds)."""
+    if not num_workers:
+        yield lambda completions, references: score_batch(reward, completions, references)
+        return
+    with RewardPool(reward, num_workers=num_workers, timeout=timeout) as pool:
+        yield pool.score
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable[[int], None]]:
+    """A progress bar on a terminal; elsewhere (batch jobs, CI) a log line per chunk."""
+    console = Console(stderr=True)
+    columns = (TextColumn("curate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
+        task = progress.add_task("curate", total=total)
+        done = 0
+
+        def advance(count: int) -> None:
+            nonlocal done
+            done += count
+            progress.advance(task, count)
+            if not console.is_terminal:
+                log.info("curate: sampled %d of %d problems", done, total)
+
+        yield advance

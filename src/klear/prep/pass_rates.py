@@ -1,0 +1,134 @@
+"""Pass-rate bands and the resumable results file of ``python -m klear.data curate``.
+
+A band is an interval of pass rates written as in mathematics, ``[0.5, 1]`` or ``(0, 1)``: a square bracket
+includes its end, a parenthesis excludes it. Comparisons are exact (``correct / k`` as a fraction), so a
+problem with 8 of 16 samples correct is inside ``[0.5, 1]`` and outside ``(0.5, 1]`` whatever floating point
+would say. The paper's two rules are the presets:
+
+- ``math``: a majority of 16 samples correct, i.e. pass rate in ``(0.5, 1]``;
+- ``code``: pass@16 (the share of 16 samples passing every test) at least 0.5, i.e. ``[0.5, 1]``. The rule's
+  other half, at least 16 tests per problem, is ``filter-tests --min-tests 16``.
+
+The results file holds one JSON line per finished problem and is only ever appended to, a whole chunk of
+problems per write (flushed and synced), so an interrupted run loses at most the chunk it was sampling. A line
+cut short by a crash mid-write is dropped on the next start (and counted as not done). Each line carries the
+problem's line in the data and a digest of the row, so a rerun on a changed file stops instead of mixing
+results of different problems.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from klear.prep.rowfiles import CommandError
+
+log = logging.getLogger(__name__)
+
+PRESETS: dict[str, dict] = {
+    "math": {"reward": "math", "k": 16, "band": "(0.5, 1]"},
+    "code": {"reward": "code", "k": 16, "band": "[0.5, 1]"},
+}
+"""The paper's RL data rules: the reward that decides correctness, samples per problem, and the band kept."""
+_BAND = re.compile(r"^\s*([\[(])\s*([0-9.]+)\s*,\s*([0-9.]+)\s*([\])])\s*$")
+
+
+@dataclass(frozen=True)
+class Band:
+    """Pass rates from ``low`` to ``high``; an open end excludes that value."""
+
+    low: Fraction
+    high: Fraction
+    low_open: bool
+    high_open: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Band:
+        match = _BAND.match(text)
+        if match is None:
+            raise CommandError(f"--band {text!r}: write an interval such as '[0.5, 1]' or '(0, 1)' ('(' excludes)")
+        opening, low, high, closing = match.groups()
+        try:
+            band = cls(Fraction(low), Fraction(high), opening == "(", closing == ")")
+        except ValueError:
+            raise CommandError(f"--band {text!r}: the ends must be numbers in [0, 1]") from None
+        empty = band.low == band.high and (band.low_open or band.high_open)
+        if not 0 <= band.low <= band.high <= 1 or empty:
+            raise CommandError(f"--band {text!r}: needs 0 <= low <= high <= 1 and must hold some pass rate")
+        return band
+
+    def where(self, correct: int, k: int) -> str:
+        """``"below"``, ``"in"`` or ``"above"`` the band, for ``correct`` of ``k`` samples."""
+        rate = Fraction(correct, k)
+        if rate < self.low or (self.low_open and rate == self.low):
+            return "below"
+        if rate > self.high or (self.high_open and rate == self.high):
+            return "above"
+        return "in"
+
+    def __str__(self) -> str:
+        return (
+            f"{'(' if self.low_open else '['}{float(self.low):g}, {float(self.high):g}{')' if self.high_open else ']'}"
+        )
+
+
+def row_digest(row: dict) -> str:
+    """A short digest of a row's content (key order ignored), to tell whether a rerun reads the same data."""
+    text = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def chunk_seed(seed: int, chunk: int) -> int:
+    """The sampling seed of one chunk of problems: the same chunk gets the same samples in every run."""
+    return int.from_bytes(hashlib.sha256(f"klear-curate-{seed}-{chunk}".encode()).digest()[:8], "big") >> 1
+
+
+def load_results(path: Path) -> dict[int, dict]:
+    """The finished problems of a results file by data line; a torn last line is cut off the file and ignored."""
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        log.warning("%s: dropped a partial last line (an interrupted write); that problem will be sampled", path)
+        with path.open("r+b") as f:
+            f.truncate(end)
+    records = {}
+    for number, raw in enumerate(data[:end].splitlines(), start=1):
+        try:
+            record = json.loads(raw)
+            records[int(record["line"])] = record
+        except (ValueError, KeyError, TypeError):
+            raise CommandError(
+                f"{path}:{number}: not a curate results line; use another --out or --overwrite"
+            ) from None
+    return records
+
+
+def append_results(path: Path, records: list[dict]) -> None:
+    """Append ``records`` in one write, flushed to disk before returning."""
+    with path.open("a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check_settings(path: Path, settings: dict) -> None:
+    """Stop when ``path`` (the settings of the earlier run in this folder) differs from ``settings``."""
+    if not path.exists():
+        raise CommandError(f"{path.parent} holds results but no {path.name}; pick another --out or --overwrite")
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    changed = [
+        f"{key}={saved.get(key)!r} (now {value!r})" for key, value in settings.items() if saved.get(key) != value
+    ]
+    if changed:
+        raise CommandError(
+            f"{path.parent} holds results sampled with {', '.join(changed)}; rerun with the same settings to "
+            "continue, or pick another --out (or --overwrite to start over)"
+        )

@@ -1,0 +1,55 @@
+"""Checkpoints of a run: ``checkpoints/step-N.ckpt`` saved atomically, and resume past the end of a finished run."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lightning as L
+
+from klear.runtime import lightning_compat
+from klear.runtime.run_dir import CHECKPOINT_GLOB, RunDir, remove_path
+
+
+class StepCheckpoint(L.Callback):
+    """Save ``checkpoints/step-N.ckpt`` every ``every_n_steps`` training steps and at the end of training.
+
+    The file (a directory of per-rank shards under fsdp2) is written under a temporary name and renamed into
+    place, then older checkpoints are removed, so
+    a crash at any moment (``kill -9`` included) leaves a complete newest checkpoint whose name is its step.
+    """
+
+    def __init__(self, run_dir: RunDir, every_n_steps: int) -> None:
+        self.run_dir = run_dir
+        self.every_n_steps = every_n_steps
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        step = batch_idx + 1
+        if self.every_n_steps and step % self.every_n_steps == 0:
+            self.save(trainer, step)
+
+    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.save(trainer, lightning_compat.completed_steps(trainer))
+
+    def on_load_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Let ``--resume trainer.max_steps=N`` extend a finished run: the checkpoint saved at the end of training
+        marks the run's single epoch as complete, which would end the resumed run before its first step."""
+        lightning_compat.reopen_finished_epoch(checkpoint, trainer.num_training_batches)
+
+    def save(self, trainer: L.Trainer, step: int) -> None:
+        target = self.run_dir.checkpoint(step)
+        if target.exists():
+            return
+        temporary = target.with_suffix(".tmp")
+        if trainer.is_global_zero:
+            self.run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
+            remove_path(temporary)  # the leftover of a save that was killed
+        trainer.strategy.barrier("klear-checkpoint-start")
+        trainer.save_checkpoint(temporary)  # a file, or a directory of shards under fsdp2
+        trainer.strategy.barrier("klear-checkpoint-saved")
+        if trainer.is_global_zero:
+            os.replace(temporary, target)
+            for older in self.run_dir.checkpoints.glob(CHECKPOINT_GLOB):
+                if older != target:
+                    remove_path(older)
+        trainer.strategy.barrier("klear-checkpoint")

@@ -1,0 +1,33 @@
+"""Where a run computes, decided once: ``trainer.accelerator`` and whether a GPU is there.
+
+``fit`` builds the Trainer on this device, the stages load the policy in the dtype that goes with it
+(`policy_on_cuda`), and the commands that load a model outside a run (``klear.eval``, ``curate``) ask
+`uses_cuda` with ``auto``. Under ``fsdp2`` the policy's parameters are float32 master weights whatever the
+device: its mixed-precision policy computes in bfloat16.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+
+def uses_cuda(accelerator: str = "auto") -> bool:
+    """Whether ``trainer.accelerator`` means a CUDA GPU: ``gpu`` yes, ``cpu`` no, ``auto`` when one is visible."""
+    if accelerator == "gpu":
+        return True
+    return accelerator == "auto" and torch.cuda.is_available()
+
+
+def policy_on_cuda(config: DictConfig) -> bool:
+    """Whether the policy loads with the CUDA dtype (``model.dtype: auto`` -> bfloat16): on a GPU, except under
+    ``fsdp2``, whose sharded parameters stay float32 master weights."""
+    return uses_cuda(config.trainer.accelerator) and config.trainer.strategy != "fsdp2"
+
+
+def default_precision(config: DictConfig) -> str:
+    """``trainer.precision: auto``: bf16-mixed on a GPU (fsdp2 mixes precision through its own policy, so
+    32-true there), 32-true on a CPU."""
+    if config.trainer.precision != "auto":
+        return config.trainer.precision
+    return "bf16-mixed" if policy_on_cuda(config) else "32-true"

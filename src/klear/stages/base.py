@@ -1,0 +1,139 @@
+"""What the SFT and RL modules share: manual optimization over ``config.model``, the optimizer and schedule,
+FSDP2 sharding, evaluation (before the first step, every ``eval.every_n_steps`` and after the last), one row of
+metrics per step, and the Hugging Face export at the end.
+
+A stage sets ``self.model``, ``self.tokenizer``, ``self.scorer`` and ``self.eval_problems`` in its constructor
+and says which engine evaluates (:meth:`StageModule.eval_engine`). Its ``build`` loads its problems with
+:func:`stage_problems`, which checks every row before the Trainer exists.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from klear.config.load import ConfigError
+from klear.data.problems import ProblemSet, Task, load_problems
+from klear.data.prompts import encode_prompt
+from klear.data.readers import warn_bad_rows
+from klear.eval.in_training import evaluate
+from klear.models import prompt_budget
+from klear.rollout.engine import RolloutEngine
+from klear.runtime.optim import build_optimizer, build_scheduler
+from klear.runtime.run_dir import RunDir
+from klear.runtime.strategies import export_hf, shard_model, uses_fsdp2
+
+log = logging.getLogger(__name__)
+
+
+class StageModule(L.LightningModule):
+    """Base of the stages' LightningModules (see the module docstring)."""
+
+    def __init__(self, config: DictConfig) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.config = config
+        self.step_metrics: dict[str, float] = {}
+        """The metrics of the last logged step (the engine refresh reads ``rollout/logprob_gap`` there)."""
+        self._eval_metrics: dict[str, float] = {}
+
+    def sharded_models(self) -> list[nn.Module]:
+        """The models ``fsdp2`` shards: the policy, and whatever else a stage runs forward passes of."""
+        return [self.model]
+
+    def configure_model(self) -> None:
+        """``fsdp2``: shard :meth:`sharded_models` over the data-parallel mesh."""
+        if uses_fsdp2(self.config) and self.device_mesh is not None:
+            for model in self.sharded_models():
+                shard_model(model, self.device_mesh["data_parallel"], self.config)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = build_optimizer(self.model, self.config.optim)
+        scheduler = build_scheduler(optimizer, self.config.optim, self.config.trainer.max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # --------------------------------------------------------------------------------------- evaluation
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        every = self.config.eval.every_n_steps
+        if batch_idx == 0 or (every and batch_idx % every == 0):
+            self._eval_metrics = self.run_eval()
+            self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
+
+    def on_train_end(self) -> None:
+        self._log_step(self.run_eval(), step=self.config.trainer.max_steps)
+        export_hf(self, RunDir(self.config.output_dir).hf)
+
+    def eval_engine(self) -> RolloutEngine:
+        """The engine that samples the evaluation, holding the current weights."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def run_eval(self) -> dict[str, float]:
+        """Evaluation of the current weights, the problems split across data-parallel ranks."""
+        return evaluate(
+            self.eval_engine(),
+            self.tokenizer,
+            self.eval_problems,
+            self.config.eval,
+            self.scorer.correctness,
+            rank=self.global_rank,
+            world=self.trainer.world_size,
+        )
+
+    # -------------------------------------------------------------------------------------------- output
+
+    def _log_step(self, metrics: dict[str, float], step: int) -> None:
+        """One row per step in every logger: this step's metrics plus a pending evaluation."""
+        metrics = {key: value for key, value in {**metrics, **self._eval_metrics}.items() if value is not None}
+        self._eval_metrics = {}
+        self.step_metrics = metrics
+        if self.trainer.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=step)
+
+
+def stage_problems(
+    config: DictConfig,
+    split: str,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    reward: Any,
+    seed: int,
+    max_new_tokens: int,
+) -> ProblemSet:
+    """The checked problems of ``config.data[split]`` (``train`` or ``eval``), skipped rows warned about.
+
+    Prompts longer than ``data.max_prompt_tokens`` are skipped; when that is 0 (or the stage has no such key), the
+    limit is what the model's context leaves after ``max_new_tokens``, so no kept prompt can overflow generation.
+    """
+    data = config.data
+    limit = data.get("max_prompt_tokens", 0)
+    if not limit:
+        try:
+            limit = prompt_budget(config.model, max_new_tokens)
+        except ValueError as error:
+            key = "rollout.max_new_tokens" if split == "train" else "eval.max_new_tokens"
+            raise ConfigError(f"{key} = {max_new_tokens}: {error}") from None
+    problems = load_problems(
+        data[split],
+        task,
+        reward,
+        split=split,
+        num=data[f"num_{split}"],
+        seed=seed,
+        levels=data.levels,
+        prompt_length=lambda text: len(encode_prompt(tokenizer, text)),
+        max_prompt_tokens=limit,
+    )
+    warn_bad_rows(problems.bad, {data[split]: problems.rows})
+    log.info(
+        "data.%s: %d problems from %s (%d rows skipped)", split, len(problems.problems), data[split], len(problems.bad)
+    )
+    return problems

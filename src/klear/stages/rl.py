@@ -1,0 +1,314 @@
+"""RL with verifiable rewards: rollout -> reward -> advantage -> objective -> log, once per step.
+
+One step: sample ``group_size`` responses for each of ``prompts_per_step`` prompts from the rollout engine,
+score them, drop groups with nothing to learn (all rewards equal), turn rewards into advantages, then update the
+policy with the configured objective over mini-batches of ``mini_batch_prompts`` groups (one optimizer update
+each, for ``epochs`` passes). The :class:`~klear.rollout.refresh.RolloutRefresh` callback then pushes the new
+weights into the engine. Manual optimization, because one step takes a variable number of optimizer updates and
+the objective's normaliser must cover each update's whole mini-batch across micro-batches and ranks.
+
+Everything random in a step is seeded by ``(seed, step)``: which prompts, which samples, which mini-batches.
+So resuming from a checkpoint replays exactly what an uninterrupted run would have done, and two runs that
+differ only in the objective see identical rollouts at step 0.
+
+Data parallel (``ddp``, ``fsdp2``): every rank receives the step's prompts, samples and scores its contiguous
+share of them (each prompt's samples are seeded by its index in the step, so the split changes nothing), and
+the ranks exchange their scored rollouts, so filtering, refills and advantages are decided on the whole step
+identically everywhere. Each mini-batch is then split across the ranks, whose objective normaliser and
+metrics are summed over all of them: N ranks make the update one process would make on the whole step.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import warnings
+from dataclasses import replace
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import PreTrainedTokenizerBase
+
+from klear.data.batches import ResumableBatches
+from klear.data.problems import Problem, Task
+from klear.data.prompts import encode_prompt
+from klear.eval.in_training import EVAL_DATA_SEED
+from klear.models import load_model, load_tokenizer
+from klear.objectives import get_objective
+from klear.rewards import Reward, get_reward
+from klear.rewards.scorer import RewardScorer
+from klear.rollout.engine import ENGINES, SamplingParams
+from klear.runtime.device import default_precision, policy_on_cuda
+from klear.runtime.distributed import gather_objects, rank_range
+from klear.runtime.run_dir import RunDir
+from klear.runtime.step_metrics import StepMetrics
+from klear.runtime.strategies import full_tensors
+from klear.stages.advantages import compute_advantages, zero_variance
+from klear.stages.base import StageModule, stage_problems
+from klear.stages.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch, split_rows
+from klear.stages.update import PolicyUpdate, batch_logprobs
+
+log = logging.getLogger(__name__)
+
+
+class RLModule(StageModule):
+    """GRPO-family RL of ``config.model`` with the objective ``config.objective``."""
+
+    def __init__(
+        self,
+        config: DictConfig,
+        train_problems: list[Problem],
+        eval_problems: list[Problem],
+        tokenizer: PreTrainedTokenizerBase,
+        reward: Reward,
+    ) -> None:
+        super().__init__(config)
+        objective = OmegaConf.to_container(config.objective)
+        self.objective = get_objective(objective.pop("name"), **objective)
+        self.save_hyperparameters(
+            {"config": OmegaConf.to_container(config, resolve=True), "objective_class": _class_path(self.objective)}
+        )
+        self.tokenizer = tokenizer
+        self.model = load_model(config.model, on_cuda=policy_on_cuda(config))
+        self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if config.algorithm.kl_coef else None
+        self.policy_update = PolicyUpdate(
+            self.objective,
+            config.algorithm,
+            temperature=config.rollout.temperature,
+            max_new_tokens=config.rollout.max_new_tokens,
+            grad_clip=config.optim.grad_clip,
+            reference=self.reference,
+        )
+        self.train_problems = train_problems
+        self.eval_problems = eval_problems
+        self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
+        self.engine = None
+
+    def sharded_models(self) -> list[torch.nn.Module]:
+        """The policy and the frozen reference."""
+        return [self.model] + ([self.reference] if self.reference is not None else [])
+
+    def on_fit_start(self) -> None:
+        # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
+        if self.engine is None:
+            config = self.config
+            self.engine = ENGINES.get(config.rollout.engine)(
+                self.model,
+                self.tokenizer,
+                model=config.model,
+                rollout=config.rollout,
+                seed=config.seed,
+                precision=default_precision(config),
+            )
+
+    def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
+        """A step's batch is a list of problems (text and references): nothing to move to the device."""
+        return batch
+
+    def policy_tensors(self):
+        """``(hf_name, full tensor)`` of every policy parameter, for the engine refresh."""
+        return full_tensors(self.model)
+
+    # ---------------------------------------------------------------------------------------------- step
+
+    def training_step(self, problems: list[Problem], batch_idx: int) -> None:
+        timer = time.perf_counter()
+        scored, metrics = self.rollout(problems, step=batch_idx)
+        metrics["timing/rollout_s"] = time.perf_counter() - timer
+        self.engine.sleep()
+        if len(scored):
+            timer = time.perf_counter()
+            metrics.update(self.update(scored, step=batch_idx))
+            metrics["timing/update_s"] = time.perf_counter() - timer
+        with warnings.catch_warnings():
+            # A step whose groups were all filtered made no optimizer update; the schedule still counts it.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            self.lr_schedulers().step()
+        metrics["actor/lr"] = self.lr_schedulers().get_last_lr()[0]
+        self.log("reward", metrics["reward/mean"], prog_bar=True, logger=False)
+        self._log_step(metrics, step=batch_idx)
+
+    def rollout(self, problems: list[Problem], step: int) -> tuple[ScoredGroups, dict[str, float]]:
+        """Sample, score and filter groups; refill from fresh prompts up to ``max_regenerations`` rounds."""
+        algorithm, wanted, n = self.config.algorithm, len(problems), self.config.rollout.group_size
+        kept: list[ScoredGroups] = []
+        metrics: dict[str, float] = {}
+        for attempt in range(algorithm.max_regenerations + 1):
+            scored, counts, seconds = self._sample_and_score(problems, step, attempt)
+            filtered = (
+                zero_variance(scored.shaped) if algorithm.filter_groups else torch.zeros(len(scored), dtype=torch.bool)
+            )
+            if attempt == 0:
+                metrics = self._rollout_metrics(scored, counts, filtered, seconds)
+            kept.append(scored.select([i for i in range(len(scored)) if not filtered[i]]))
+            if sum(len(part) for part in kept) >= wanted:
+                break
+            problems = self._fresh_problems(wanted - sum(len(part) for part in kept), step, attempt + 1)
+        scored = ScoredGroups.concat(kept, n)
+        scored = scored.select(list(range(min(wanted, len(scored)))))
+        metrics["rollout/kept_groups"] = len(scored)
+        if len(scored) < wanted:
+            log.warning(
+                "step %d: only %d of %d prompt groups have reward variance to learn from (the rest were all "
+                "right or all wrong); training on those%s",
+                step,
+                len(scored),
+                wanted,
+                "" if len(scored) else " — none, so this step makes no update",
+            )
+        return scored, metrics
+
+    def _sample_and_score(self, problems: list[Problem], step: int, attempt: int):
+        """This rank samples and scores its share of ``problems``; all ranks get the whole step's groups, the
+        reward's failure counts and the generation time of the slowest rank."""
+        rollout = self.config.rollout
+        sampling = SamplingParams(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            n=rollout.group_size,
+            seed=_seed(self.config.seed, step, attempt),
+        )
+        mine = rank_range(len(problems), self.global_rank, self.trainer.world_size)
+        prompts = [encode_prompt(self.tokenizer, problem.prompt) for problem in problems[mine.start : mine.stop]]
+        timer = time.perf_counter()
+        rollouts = self.engine.generate(prompts, replace(sampling, seed=sampling.seed + mine.start)) if prompts else []
+        seconds = time.perf_counter() - timer
+        for sample in rollouts:
+            sample.prompt_index += mine.start
+        if rollouts:
+            scores = self.scorer.score(rollouts, [problems[r.prompt_index].reference for r in rollouts])
+            share = (rollouts, scores.raw, scores.shaped, scores.correct, scores.metrics(), seconds)
+        else:
+            empty = torch.empty(0)
+            share = (rollouts, empty, empty, empty.bool(), {"reward/timeouts": 0.0, "reward/errors": 0.0}, seconds)
+        shares = gather_objects(share, self.trainer.world_size)
+        n = rollout.group_size
+        rollouts = [sample for part in shares for sample in part[0]]
+        scored = ScoredGroups(
+            [rollouts[i * n : (i + 1) * n] for i in range(len(problems))],
+            *(torch.cat([part[field] for part in shares]).view(-1, n) for field in (1, 2, 3)),
+        )
+        counts = {key: sum(part[4][key] for part in shares) for key in shares[0][4]}
+        return scored, counts, max(part[5] for part in shares)
+
+    def _fresh_problems(self, count: int, step: int, attempt: int) -> list[Problem]:
+        generator = torch.Generator().manual_seed(_seed(self.config.seed, step, attempt))
+        picks = torch.randint(len(self.train_problems), (count,), generator=generator).tolist()
+        return [self.train_problems[i] for i in picks]
+
+    def update(self, scored: ScoredGroups, step: int) -> dict[str, float]:
+        """Advantages, behaviour log-probs, then one optimizer update per mini-batch for ``epochs`` passes."""
+        started = time.perf_counter()
+        algorithm, optimizer, n = self.config.algorithm, self.optimizers(), self.config.rollout.group_size
+        advantages = compute_advantages(algorithm.advantage, scored.shaped).flatten()
+        batch = build_rollout_batch(
+            scored.rollouts,
+            advantages,
+            scored.shaped.flatten(),
+            scored.correct.flatten(),
+            self.tokenizer.pad_token_id,
+            algorithm.mask_truncated,
+        ).to(self.device)
+        gap = None
+        rank, world = self.global_rank, self.trainer.world_size
+        if self.config.rollout.old_logprobs == "trainer":
+            batch.old_logprobs = self._no_grad_logprobs(batch, rank, world)
+            gap = _mean_abs(batch.old_logprobs - batch.engine_logprobs, batch.mask)
+        strategy = self.trainer.strategy
+
+        def reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
+            return strategy.reduce(tensor, reduce_op=op)
+
+        totals, updates = StepMetrics(), 0
+        for epoch in range(algorithm.epochs):
+            order = torch.randperm(
+                len(scored), generator=torch.Generator().manual_seed(_seed(self.config.seed, step, epoch))
+            )
+            for group_slice in split_rows(len(scored), algorithm.mini_batch_prompts):
+                rows = _rows_of_groups(order[group_slice], n).to(self.device)
+                share = batch.share(rows, rank, world)
+                metrics = self.policy_update.step(self.model, share, optimizer, self.manual_backward, reduce, world)
+                if gap is None:  # first forward before any update of this step: trainer vs engine, same weights
+                    gap = metrics["rollout/logprob_gap"]
+                totals.add_result(metrics, self.policy_update.kinds)
+                updates += 1
+        result = totals.mean(updates)
+        result["rollout/logprob_gap"] = gap
+        result["actor/updates"] = updates
+        result["actor/train_tokens_per_s"] = (
+            float(batch.attention_mask.sum()) * algorithm.epochs / (time.perf_counter() - started)
+        )
+        return result
+
+    @torch.no_grad()
+    def _no_grad_logprobs(self, batch: RolloutBatch, rank: int, world: int) -> torch.Tensor:
+        """Trainer log-probs of every row of ``batch``: each rank computes its share, then all exchange them."""
+        share = batch.share(torch.arange(len(batch), device=batch.mask.device), rank, world)
+        pieces = []
+        for rows in split_rows(len(share), self.config.algorithm.micro_batch_size):
+            logprobs, _ = batch_logprobs(self.model, share.select(rows), self.config.rollout.temperature)
+            pieces.append(torch.nn.functional.pad(logprobs, (0, batch.input_ids.shape[1] - logprobs.shape[1])))
+        logprobs = torch.cat(pieces)
+        if world > 1:
+            logprobs = self.all_gather(logprobs).flatten(0, 1)  # rank order = row order, padding at the end
+        return logprobs[: len(batch)]
+
+    def eval_engine(self):
+        """The rollout engine itself, awake: it holds the policy's weights since the last refresh."""
+        self.engine.wake_up()
+        return self.engine
+
+    # -------------------------------------------------------------------------------------------- output
+
+    def _rollout_metrics(self, scored: ScoredGroups, counts: dict[str, float], filtered, seconds: float):
+        rollouts = scored.rollouts
+        tokens = sum(len(rollout.response_ids) for rollout in rollouts)
+        return {
+            "reward/mean": float(scored.shaped.mean()),
+            "reward/raw_mean": float(scored.raw.mean()),
+            "reward/correct_frac": float(scored.correct.float().mean()),
+            **counts,
+            "rollout/response_length": tokens / len(rollouts),
+            "rollout/truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+            "rollout/filtered_groups": float(filtered.float().mean()),
+            "rollout/gen_tokens_per_s": tokens / max(seconds, 1e-9),
+        }
+
+
+def _seed(seed: int, step: int, attempt: int) -> int:
+    """A distinct 62-bit seed for each (run seed, step, attempt or epoch); room is left to add prompt indices."""
+    return (seed * 1_000_003 + step * 7_919 + attempt * 104_729) % 2**62
+
+
+def _rows_of_groups(groups: torch.Tensor, group_size: int) -> torch.Tensor:
+    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()
+
+
+def _mean_abs(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(values.abs()[mask].mean()) if mask.any() else 0.0
+
+
+def _class_path(objective: torch.nn.Module) -> str:
+    return f"{type(objective).__module__}:{type(objective).__qualname__}"
+
+
+def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatches]:
+    """The RL module and its resumable prompt batches. Every data row is checked here, before any training: a bad
+    one is skipped by file and line (and listed in ``data_report.json``), a source with no usable row stops."""
+    data, tokenizer = config.data, load_tokenizer(config.model)
+    task = Task(config.reward.name, data.prompt_key, data.reference_key)
+    reward = get_reward(config.reward.name, **config.reward.options)
+    train = stage_problems(config, "train", tokenizer, task, reward, config.seed, config.rollout.max_new_tokens)
+    evaluation = stage_problems(config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens)
+    run_dir.record_data({"train": train.report(), "eval": evaluation.report()})
+    module = RLModule(config, train.problems, evaluation.problems, tokenizer, reward)
+    batches = ResumableBatches(
+        train.problems,
+        batch_size=config.rollout.prompts_per_step,
+        num_batches=config.trainer.max_steps,
+        seed=config.seed,
+    )
+    return module, batches

@@ -1,0 +1,168 @@
+"""Long chain-of-thought SFT: masked NLL on assistant tokens, one optimizer update per step.
+
+Manual optimization, like the RL stage, for one reason: the loss of an optimizer step is the token mean over
+*all* its micro-batches (and data-parallel ranks), which gradient accumulation by averaging micro-batch means
+does not compute when micro-batches hold different numbers of assistant tokens. The step's token count is known
+up front (the whole step's rows arrive as one batch), so every micro-batch is divided by the global count.
+
+Each step's row of ``metrics.csv`` holds ``train/loss`` and, on evaluation steps, ``eval/accuracy`` of the model
+*before* that step's update; the last row (step ``max_steps``) holds the final evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import PreTrainedTokenizerBase
+
+from klear.data.batches import ResumableBatches
+from klear.data.packing import collate, plan_batches
+from klear.data.problems import Problem, Task, content_digest
+from klear.data.readers import warn_bad_rows
+from klear.data.sft import IGNORE_INDEX, build_sft_examples, sft_source
+from klear.eval.in_training import EVAL_DATA_SEED
+from klear.models import load_model, load_tokenizer
+from klear.rewards import Reward, get_reward
+from klear.rewards.scorer import RewardScorer
+from klear.rollout.hf import HFEngine, engine_model
+from klear.runtime.device import policy_on_cuda
+from klear.runtime.distributed import padded_share
+from klear.runtime.optim import clip_grad_norm
+from klear.runtime.run_dir import RunDir
+from klear.runtime.strategies import full_tensors, uses_fsdp2
+from klear.stages.base import StageModule, stage_problems
+from klear.stages.logprobs import token_logprobs
+
+log = logging.getLogger(__name__)
+
+
+class SFTModule(StageModule):
+    """Supervised fine-tuning of ``config.model`` on tokenized chat examples."""
+
+    def __init__(
+        self, config: DictConfig, eval_problems: list[Problem], tokenizer: PreTrainedTokenizerBase, reward: Reward
+    ) -> None:
+        super().__init__(config)
+        self.save_hyperparameters({"config": OmegaConf.to_container(config, resolve=True)})
+        self.tokenizer = tokenizer
+        self.model = load_model(config.model, on_cuda=policy_on_cuda(config))
+        self.eval_problems = eval_problems
+        self.scorer = RewardScorer(reward)  # the evaluation's reward (eval.reward)
+        self._eval_engine: HFEngine | None = None
+
+    # ------------------------------------------------------------------------------------------ training
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        started = time.perf_counter()
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        # Every rank receives the step's batch and trains on its share of the rows (see klear.runtime.distributed).
+        rows, real = padded_share(torch.arange(batch["input_ids"].shape[0]), self.global_rank, self.trainer.world_size)
+        batch = {key: value[rows.to(value.device)] for key, value in batch.items()}
+        batch["labels"] = batch["labels"].masked_fill(~real.to(batch["labels"].device)[:, None], IGNORE_INDEX)
+        targets = _shift_left(batch["labels"])
+        local_tokens = (targets != IGNORE_INDEX).sum()
+        total_tokens = self.trainer.strategy.reduce(local_tokens.float(), reduce_op="sum").clamp(min=1)
+        world = self.trainer.world_size  # data-parallel gradients are averaged: undo it for a global token mean
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in _micro_batches(batch, targets, self.config.data.micro_batch_size):
+            logprobs, _ = token_logprobs(
+                self.model,
+                micro["input_ids"],
+                micro["targets"],
+                micro["targets"] != IGNORE_INDEX,
+                attention_mask=micro.get("attention_mask"),
+                position_ids=micro.get("position_ids"),
+            )
+            loss = -logprobs.sum() / total_tokens
+            self.manual_backward(loss * world)
+            loss_sum += loss.detach()
+        grad_norm = clip_grad_norm(self.model, self.config.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        loss = self.trainer.strategy.reduce(loss_sum, reduce_op="sum")
+        self.log("loss", loss, prog_bar=True, logger=False)
+        elapsed = time.perf_counter() - started
+        self._log_step(
+            {
+                "train/loss": loss.item(),
+                "train/grad_norm": grad_norm,
+                "train/lr": scheduler.get_last_lr()[0],
+                "train/tokens": total_tokens.item(),
+                "train/tokens_per_s": batch["input_ids"].numel() * world / elapsed,
+            },
+            step=batch_idx,
+        )
+
+    def eval_engine(self) -> HFEngine:
+        """An engine over the model itself; a sharded model cannot generate rank by rank (each forward is a
+        collective), so under fsdp2 a whole copy, refreshed before every evaluation."""
+        if self._eval_engine is None:
+            sharded = uses_fsdp2(self.config)
+            model = engine_model(self.model, self.config.model) if sharded else self.model
+            self._eval_engine = HFEngine(model, self.tokenizer, batch_size=self.config.eval.batch_size)
+        if self._eval_engine.model is not self.model:
+            self._eval_engine.update_weights(full_tensors(self.model))
+        return self._eval_engine
+
+
+def _shift_left(labels: torch.Tensor) -> torch.Tensor:
+    """Targets aligned with inputs: position ``t`` predicts ``labels[t + 1]``; the last position predicts nothing."""
+    return torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
+
+
+def _micro_batches(batch: dict[str, torch.Tensor], targets: torch.Tensor, size: int):
+    """Rows of ``batch`` in groups of ``size`` (0: all), each trimmed to its longest row when right-padded."""
+    rows = batch["input_ids"].shape[0]
+    size = size or rows
+    for start in range(0, rows, size):
+        micro = {key: value[start : start + size] for key, value in batch.items() if key != "labels"}
+        micro["targets"] = targets[start : start + size]
+        if "attention_mask" in micro:
+            width = int(micro["attention_mask"].sum(-1).max())
+            micro = {key: value[:, :width] for key, value in micro.items()}
+        yield micro
+
+
+def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatches]:
+    """The SFT module and its resumable batches. Every row is checked here, before any training: a row that is not
+    a conversation is skipped by file and line (and listed in ``data_report.json``); no usable row stops the run."""
+    data, tokenizer = config.data, load_tokenizer(config.model)
+    lines, rows, bad = sft_source(data.train, data.num_train, config.seed, data.levels, data.plain_fraction)
+    examples, stats = build_sft_examples(
+        rows, tokenizer, data.max_length, data.truncation, source=data.train, lines=lines
+    )
+    stats.bad = sorted(bad + stats.bad, key=lambda row: row.line)  # file order, as the problem loader reports
+    warn_bad_rows(stats.bad, {data.train: stats.rows + len(bad)})
+    log.info("SFT data: %s", stats)
+    task, reward = Task(config.eval.reward), get_reward(config.eval.reward)
+    eval_problems = stage_problems(config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens)
+    train_report = {
+        "source": data.train,
+        "rows": stats.rows + len(bad),
+        "examples": len(examples),
+        "skipped": len(stats.bad),
+        "digest": content_digest(examples),
+        "bad_rows": [row.to_dict() for row in stats.bad],
+    }
+    run_dir.record_data({"train": train_report, "eval": eval_problems.report()})
+    module = SFTModule(config, eval_problems.problems, tokenizer, reward)
+    plan = plan_batches(
+        [len(example["input_ids"]) for example in examples],
+        data.batching,
+        data.batch_size,
+        config.seed,
+        data.max_length,
+    )
+    pad = module.tokenizer.pad_token_id
+    batches = ResumableBatches(
+        plan,
+        batch_size=1,
+        num_batches=config.trainer.max_steps,
+        seed=config.seed,
+        collate=lambda planned: collate(examples, planned[0], pad, packed=data.batching == "packed"),
+    )
+    return module, batches

@@ -1,0 +1,197 @@
+"""One optimizer update of the RL policy: the objective plus the optional terms of the reference recipe.
+
+``loss = objective + sft_alpha * NLL(fully correct responses) + kl_coef * KL(policy || reference)
+- entropy_coef * entropy``, each term normalised over the whole mini-batch (all its micro-batches and all
+data-parallel ranks) so that gradient accumulation computes exactly the full mini-batch gradient.
+
+Truncated importance sampling (``tis_cap``) corrects for the engine sampling from slightly different numbers
+than the trainer computes (bf16 kernels, vLLM): each token's advantage is scaled by
+``min(pi_old_trainer / pi_engine, cap)``. That is only right for a token-level objective, whose per-token loss
+and gradient scale with a positive weight on that token's advantage (``Objective.token_level``, checked for every
+registered objective by the contract tests); the config refuses ``tis_cap`` for GSPO, whose sequence ratio
+spreads the weights over the whole sequence.
+
+Metrics are token means over the update (each micro-batch weighted by its share of the update's tokens, on all
+ranks), except the loss terms, which are already each micro-batch's share of the update's loss and add up, and
+``objective/ratio_max``, a maximum. They are reduced across ranks once per update (`StepMetrics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from klear.objectives import aggregate
+from klear.runtime.optim import clip_grad_norm
+from klear.runtime.step_metrics import Kind, StepMetrics
+from klear.stages.logprobs import token_logprobs
+from klear.stages.rollout_batch import RolloutBatch, split_rows
+
+MAXIMA = frozenset({"objective/ratio_max"})
+"""The update's metrics that are maxima over its tokens; every other one is a sum (see the module docstring)."""
+
+Reduce = Callable[[Tensor, str], Tensor]
+"""``reduce(tensor, op)`` across the data-parallel ranks, ``op`` ``"sum"`` or ``"max"`` (Lightning's
+``strategy.reduce``)."""
+
+
+class PolicyUpdate:
+    """Computes and applies one optimizer update from a mini-batch of rollouts.
+
+    Args:
+        objective: the policy objective (``klear.objectives``).
+        algorithm: the run's ``algorithm`` section (``micro_batch_size``, ``tis_cap``, ``sft_alpha``,
+            ``kl_coef``, ``kl_estimator``, ``entropy_coef``).
+        temperature: the sampling temperature, at which log-probs are computed (0, greedy: untempered).
+        max_new_tokens: the response budget (the ``seq-mean-token-sum-norm`` normaliser).
+        grad_clip: gradient-norm clip (0: off).
+        reference: the frozen reference policy of the KL term (``None`` when ``kl_coef`` is 0).
+    """
+
+    def __init__(
+        self,
+        objective: nn.Module,
+        algorithm,
+        temperature: float,
+        max_new_tokens: int,
+        grad_clip: float,
+        reference: nn.Module | None = None,
+    ) -> None:
+        self.objective = objective
+        self.algorithm = algorithm
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+        self.grad_clip = grad_clip
+        self.reference = reference
+
+    @property
+    def kinds(self) -> dict[str, Kind]:
+        """How each metric of :meth:`step` combines over updates: maxima, else sums (then means)."""
+        return dict.fromkeys(MAXIMA, "max")
+
+    def step(
+        self,
+        model: nn.Module,
+        batch: RolloutBatch,
+        optimizer: torch.optim.Optimizer,
+        backward: Callable[[Tensor], None],
+        reduce: Reduce,
+        world: int,
+    ) -> dict[str, float]:
+        """Forward/backward over micro-batches, clip, step. Returns the mini-batch's metrics.
+
+        Args:
+            backward: runs the backward pass of a loss (Lightning's ``manual_backward``).
+            reduce: the cross-rank reduction (see `Reduce`); ``world`` the number of data-parallel ranks.
+        """
+        micro_batches = [batch.select(rows) for rows in split_rows(len(batch), self.algorithm.micro_batch_size)]
+        # Padding rows of a data-parallel share are not sequences of the step: they count in no normaliser.
+        local = sum(self.objective.normalizer(m.mask[m.real], max_len=self.max_new_tokens) for m in micro_batches)
+        totals = reduce(
+            torch.stack(
+                [
+                    torch.as_tensor(local, dtype=torch.float32, device=batch.mask.device),
+                    (batch.mask & batch.correct[:, None]).sum().float(),
+                    batch.mask.sum().float(),
+                ]
+            ),
+            "sum",
+        )
+        normalizer, correct_tokens, tokens = totals[0], totals[1], totals[2].clamp(min=1)
+        metrics = StepMetrics()
+        for micro in micro_batches:
+            loss = self._micro_loss(model, micro, normalizer, correct_tokens, metrics, micro.mask.sum() / tokens)
+            # Gradients are averaged over data-parallel ranks (DDP and FSDP2 alike): undo it for a global sum.
+            backward(loss * world)
+        grad_norm = clip_grad_norm(model, self.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        result = metrics.reduce(reduce)
+        result["actor/grad_norm"] = grad_norm
+        return result
+
+    def _micro_loss(
+        self,
+        model: nn.Module,
+        micro: RolloutBatch,
+        normalizer: Tensor,
+        correct_tokens: Tensor,
+        metrics: StepMetrics,
+        weight: Tensor,
+    ) -> Tensor:
+        """This micro-batch's share of the update's loss; its metrics are added to ``metrics`` (token means
+        weighted by ``weight``, its share of the update's tokens)."""
+        algorithm, mode, mask = self.algorithm, self.objective.loss_agg, micro.mask
+        logprobs, entropy = batch_logprobs(model, micro, self.temperature, with_entropy=True)
+        advantages = micro.advantages[:, None].expand_as(logprobs)
+        if algorithm.tis_cap:
+            tis = torch.exp(micro.old_logprobs - micro.engine_logprobs).clamp(max=algorithm.tis_cap)
+            advantages = advantages * torch.where(mask, tis, 0.0)
+        output = self.objective(logprobs, micro.old_logprobs, advantages, mask, normalizer=normalizer)
+        loss = output.loss
+        for key, value in output.metrics.items():
+            name = f"objective/{key}"
+            if name in MAXIMA:
+                metrics.add(name, value, "max")
+            else:
+                metrics.add(name, value * weight)
+        metrics.add("actor/pg_loss", output.loss)
+        metrics.add("actor/entropy", _masked_mean(entropy.detach(), mask) * weight)
+        gap = _masked_mean((logprobs.detach() - micro.engine_logprobs).abs(), mask)
+        metrics.add("rollout/logprob_gap", gap * weight)
+        if algorithm.sft_alpha:
+            nll = positive_nll(logprobs, mask, micro.correct, correct_tokens)
+            loss = loss + algorithm.sft_alpha * nll
+            metrics.add("actor/sft_loss", nll)
+        if algorithm.kl_coef:
+            kl = self._kl(micro, logprobs)
+            loss = loss + algorithm.kl_coef * aggregate(kl, mask, mode, normalizer)
+            metrics.add("actor/kl", _masked_mean(kl.detach(), mask) * weight)
+        if algorithm.entropy_coef:
+            loss = loss - algorithm.entropy_coef * aggregate(entropy, mask, mode, normalizer)
+        return loss
+
+    def _kl(self, micro: RolloutBatch, logprobs: Tensor) -> Tensor:
+        """Per-token KL(policy || reference) estimate: k1 = log(pi / ref), k3 = ref/pi - log(ref/pi) - 1."""
+        with torch.no_grad():
+            reference, _ = batch_logprobs(self.reference, micro, self.temperature)
+        log_ratio = torch.where(micro.mask, reference - logprobs, 0.0)
+        if self.algorithm.kl_estimator == "k1":
+            return -log_ratio
+        return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def batch_logprobs(
+    model: nn.Module, batch: RolloutBatch, temperature: float, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) of ``batch``'s response tokens under ``model`` at the sampling temperature
+    (``0``, greedy, scores the untempered distribution); a group's shared prompt is computed once."""
+    return token_logprobs(
+        model,
+        batch.input_ids,
+        batch.targets,
+        batch.mask,
+        attention_mask=batch.attention_mask,
+        temperature=temperature or 1.0,
+        with_entropy=with_entropy,
+        share_prefixes=True,
+    )
+
+
+def positive_nll(logprobs: Tensor, mask: Tensor, correct: Tensor, correct_tokens: Tensor) -> Tensor:
+    """Klear's positive-sample SFT term: NLL of fully correct responses, over the update's correct tokens.
+
+    Args:
+        logprobs: (B, T) log-probs of the sampled tokens.
+        mask: (B, T) response tokens.
+        correct: (B,) fully correct responses.
+        correct_tokens: response tokens of correct responses in the whole update (all micro-batches and ranks).
+    """
+    positive = mask & correct[:, None]
+    return -torch.where(positive, logprobs, 0.0).sum() / correct_tokens.clamp(min=1)
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask, values.float(), 0.0).sum() / mask.sum().clamp(min=1)

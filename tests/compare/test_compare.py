@@ -1,0 +1,116 @@
+"""python -m klear.compare through its real CLI: every run, reports consistent with the CSV, identical step-0
+rollouts across objectives for a seed, resume skips finished runs, a failing run is reported and the rest kept."""
+
+import csv
+import re
+
+import pytest
+from torch import Tensor
+
+from klear.compare.cli import main
+from klear.compare.report import area_under_curve
+from klear.compare.stats import mean_ci, paired_t_test, t_quantile
+from klear.objectives import PolicyObjective
+
+SHORT = [
+    "model.path=tiny",
+    "reward.name=tests.stages:even_length",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=12",
+    "algorithm.mini_batch_prompts=1",
+    "trainer.max_steps=3",
+    "eval.num_prompts=4",
+    "eval.max_new_tokens=8",
+    "eval.every_n_steps=1",
+    "data.num_train=16",
+    "data.num_eval=4",
+    "optim.lr=3e-3",
+    "optim.warmup_steps=0",
+]
+
+
+class Broken(PolicyObjective):
+    """An objective that fails at its first step, to check that a failed run does not lose the others."""
+
+    def surrogate(self, ratio: Tensor, advantages: Tensor) -> Tensor:
+        raise RuntimeError("broken on purpose")
+
+
+def read_csv(path) -> list[dict[str, str]]:
+    with path.open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory):
+    output = tmp_path_factory.mktemp("compare")
+    args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--seeds", "0,1", "--jobs", "2"]
+    assert main([*args, f"output_dir={output}", *SHORT]) == 0
+    return output, args
+
+
+def test_files_and_every_run(comparison):
+    output, _ = comparison
+    assert {path.name for path in output.iterdir()} >= {"comparison.csv", "comparison.md", "comparison.png", "runs"}
+    rows = read_csv(output / "comparison.csv")
+    assert {(row["label"], row["seed"]) for row in rows} == {("ppo", "0"), ("ppo", "1"), ("gppo", "0"), ("gppo", "1")}
+    assert sorted({row["step"] for row in rows}) == ["0.0", "1.0", "2.0", "3.0"]
+
+
+def test_step_zero_rollouts_are_identical_across_objectives(comparison):
+    rows = read_csv(comparison[0] / "comparison.csv")
+    first = {(row["label"], row["seed"]): row for row in rows if row["step"] == "0.0"}
+    for seed in ("0", "1"):
+        for key in ("reward/mean", "rollout/response_length", "eval/accuracy"):
+            assert first[("ppo", seed)][key] == first[("gppo", seed)][key], key
+    assert first[("ppo", "0")]["rollout/response_length"] != first[("ppo", "1")]["rollout/response_length"]
+
+
+def test_table_matches_the_csv(comparison):
+    output, _ = comparison
+    rows = read_csv(output / "comparison.csv")
+    table = (output / "comparison.md").read_text()
+    for label in ("ppo", "gppo"):
+        finals = []
+        for seed in ("0", "1"):
+            evals = [row for row in rows if row["label"] == label and row["seed"] == seed and row["eval/accuracy"]]
+            finals.append(float(max(evals, key=lambda row: float(row["step"]))["eval/accuracy"]))
+        mean, half = mean_ci(finals)
+        line = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+        assert line.split("|")[4].strip() == f"{mean:.3f} ± {half:.3f}", line
+    assert re.search(r"- ppo - gppo: [+-]\d\.\d{3} \(p = \d\.\d{3}, (not )?significant", table)
+
+
+def test_rerun_skips_finished_runs(comparison, capsys):
+    output, args = comparison
+    before = {path: path.stat().st_mtime for path in output.glob("runs/*/metrics.csv")}
+    assert main([*args, f"output_dir={output}", *SHORT]) == 0
+    assert capsys.readouterr().out.count("skip ") == 4
+    assert {path: path.stat().st_mtime for path in output.glob("runs/*/metrics.csv")} == before
+
+
+def test_a_failed_run_is_reported_and_the_others_kept(tmp_path, capsys):
+    objectives = f"dapo,{__name__}:Broken"
+    args = ["--config", "configs/rl.yaml", "--objectives", objectives, "--seeds", "0", f"output_dir={tmp_path}"]
+    assert main([*args, *SHORT, "trainer.max_steps=1"]) == 1
+    table = (tmp_path / "comparison.md").read_text()
+    assert "Failed runs" in table and f"{__name__}_Broken-seed0" in table
+    assert "| dapo | 1 |" in table
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_bad_arguments_stop_before_any_run(tmp_path, capsys):
+    assert main(["--config", "configs/rl.yaml", "--objectives", "ppo,gpo", f"output_dir={tmp_path}"]) == 2
+    assert "unknown objective 'gpo'" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    assert main(["--config", "configs/rl.yaml", "--objectives", "ppo", "--variants", "nolabel"]) == 2
+
+
+def test_statistics_by_hand():
+    assert t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-5)
+    assert t_quantile(0.975, 30) == pytest.approx(2.042272, abs=1e-5)
+    assert mean_ci([1.0, 2.0, 3.0]) == pytest.approx((2.0, 4.302653 / 3**0.5), abs=1e-5)
+    # differences 0.5, 0.1, 0.9, 1.0: mean 0.625, sd 0.4113, t = 3.039 on 3 df -> p = 0.0559
+    assert paired_t_test([1, 2, 3, 4], [0.5, 1.9, 2.1, 3.0]) == pytest.approx(0.0559, abs=1e-3)
+    assert area_under_curve([(0, 0.0), (10, 1.0), (20, 1.0)]) == pytest.approx(0.75)

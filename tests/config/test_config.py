@@ -1,0 +1,142 @@
+"""Configs: every shipped YAML validates, and bad input stops with one line naming the key and accepted values."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from klear.config.load import ConfigError, load_config
+
+CONFIGS = sorted(str(path) for path in (Path(__file__).parents[1] / "configs").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS)
+def test_every_shipped_config_loads_and_validates(path):
+    config = load_config(path)
+    assert config.stage in ("sft", "rl") and config.trainer.max_steps >= 1
+
+
+def test_yaml_lists_only_deviations_and_overrides_win(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("stage: sft\ntrainer:\n  max_steps: 7\noptim:\n  lr: 1.0e-4\n")
+    config = load_config(path, ["optim.lr=2e-4", "data.levels=[1,2]"])
+    assert config.trainer.max_steps == 7 and config.optim.lr == 2e-4 and list(config.data.levels) == [1, 2]
+    assert config.optim.min_lr == 4e-5  # untouched default
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.pth=x"], "unknown config key 'model.pth'; accepted keys of section 'model': path, dtype"),
+        (["trainer.max_step=3"], "unknown config key 'trainer.max_step'"),
+        (["nonsense=1"], "unknown config key 'nonsense'; accepted keys of stage 'sft': stage, output_dir"),
+        (["trainer.max_steps=ten"], "bad value for 'trainer.max_steps'"),
+        (["optim.schedule=linear"], "optim.schedule = 'linear' is not accepted; accepted: cosine, constant"),
+        (["data.batching=bucketed"], "data.batching = 'bucketed' is not accepted; accepted: padded, grouped, packed"),
+        (["trainer.max_steps=0"], "trainer.max_steps = 0 is not accepted; accepted: an integer >= 1"),
+        (["optim.min_lr=1.0"], "optim.min_lr (1.0) must not exceed optim.lr"),
+        (["eval.samples=4"], "eval.samples > 1 needs eval.temperature > 0"),
+        (["stage=pretrain"], "stage 'pretrain' is not one of"),
+        (["trainer.max_steps"], "is not of the form key=value"),
+        (["trainer.strategy=fsdp"], "trainer.strategy = 'fsdp' is not accepted; accepted: auto, ddp, fsdp2"),
+        (["trainer.strategy=fsdp2", "trainer.precision=bf16-mixed"], "fsdp2 does mixed precision itself"),
+    ],
+)
+def test_bad_configs_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, overrides)
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("trainer: [unclosed\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(broken)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(listed)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "klear.fit", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_prints_the_resolved_config():
+    result = run_cli("--config", "configs/sft.yaml", "--print-config", "trainer.max_steps=9")
+    assert result.returncode == 0, result.stderr
+    printed = OmegaConf.create(result.stdout)
+    assert printed.stage == "sft" and printed.trainer.max_steps == 9 and printed.optim.lr == 2e-3  # from the YAML
+    assert printed.optim.betas == [0.9, 0.95]  # a default
+
+
+def test_cli_error_is_one_line_and_exit_code_2(tmp_path):
+    result = run_cli("--config", "configs/sft.yaml", "model.pth=x", f"output_dir={tmp_path}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: unknown config key 'model.pth'; accepted keys of section 'model': path, dtype, "
+        "gradient_checkpointing, attn_implementation"
+    ]
+    assert not (tmp_path / "config.yaml").exists()  # nothing was started
+
+
+def test_cli_unreadable_data_file_is_one_line(tmp_path):
+    result = run_cli("--config", "configs/sft.yaml", f"data.train={tmp_path}/missing.jsonl", f"output_dir={tmp_path}/o")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "missing.jsonl" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["objective.eps_hgh=0.3"], "objective 'gppo' has no hyperparameter 'eps_hgh'; accepted: eps_low, eps_high"),
+        (["objective.name=gpo"], "unknown objective 'gpo'; registered: cispo, dapo, gppo, gspo, ppo"),
+        (["objective.dual_clip=0.5"], "dual_clip must be > 1"),
+        (["reward.name=maths"], "unknown reward 'maths'"),
+        (["algorithm.advantage=ppo"], "unknown advantage estimator 'ppo'; registered: dr_grpo, grpo, rloo"),
+        (["rollout.engine=sglang"], "unknown rollout engine 'sglang'"),
+        (["rollout.group_size=1"], "rollout.group_size must be >= 2"),
+        (["algorithm.tis_cap=2.0"], "algorithm.tis_cap needs rollout.old_logprobs=trainer"),
+        (
+            ["objective.name=gspo", "algorithm.tis_cap=2.0", "rollout.old_logprobs=trainer"],
+            "algorithm.tis_cap = 2.0 weights each token's advantage, which objective 'gspo' (one ratio per sequence)",
+        ),
+        (["rollout.old_logprobs=both"], "rollout.old_logprobs = 'both' is not accepted; accepted: engine, trainer"),
+        (["rollout.prompts_per_step=0"], "rollout.prompts_per_step = 0 is not accepted; accepted: an integer >= 1"),
+    ],
+)
+def test_bad_rl_configs_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config("configs/rl.yaml", overrides)
+
+
+def test_objective_flag_selects_any_registered_objective_or_import_path():
+    assert load_config("configs/rl.yaml", objective="cispo").objective.name == "cispo"
+    path = "tests.objectives.test_user_objective:SoftClip"
+    assert load_config("configs/rl.yaml", ["objective.sharpness=2.0"], objective=path).objective.sharpness == 2.0
+    with pytest.raises(ConfigError, match="applies to stages with an objective section"):
+        load_config("configs/sft.yaml", objective="gppo")
+
+
+def test_optional_loggers_need_their_package():
+
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(ConfigError, match="needs the wandb package"):
+            load_config("configs/sft.yaml", ["logging.wandb=true"])
+    else:
+        assert load_config("configs/sft.yaml", ["logging.wandb=true"]).logging.wandb
+
+
+def test_vllm_engine_without_vllm_installed_names_the_install(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"rollout\.engine=vllm needs vLLM: pip install -e '\.\[vllm\]'"):
+        load_config("configs/rl.yaml", ["rollout.engine=vllm"])

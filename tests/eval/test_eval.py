@@ -1,0 +1,260 @@
+"""``python -m klear.eval``: the pass@k estimator against hand-computed values, the aggregation, end-to-end runs on
+the shipped tiny-sft model (math and code data), and one-line errors for bad input."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from klear.data.problems import Problem
+from klear.data.readers import write_jsonl
+from klear.data.synthetic import generate_problems
+from klear.eval.cli import main
+from klear.eval.metrics import pass_at_k, problem_record, reported_ks, summarize
+from klear.rewards import MathReward, get_reward
+from klear.rollout.engine import Rollout
+
+# ------------------------------------------------------------------------------------------ pass@k estimator
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (10, 3, 1, 0.3),  # pass@1 = c / n
+        (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (10, 3, 5, 11 / 12),  # 1 - C(7,5)/C(10,5) = 1 - 21/252
+        (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+        (4, 0, 4, 0.0),  # n == k, nothing correct
+        (4, 1, 4, 1.0),  # n == k: solved when any sample is correct
+        (6, 0, 3, 0.0),  # c == 0
+        (6, 6, 3, 1.0),  # c == n
+        (5, 4, 2, 1.0),  # n - c = 1 < k: every pair holds a correct sample
+        (1, 1, 1, 1.0),
+        (1, 0, 1, 0.0),
+    ],
+)
+def test_pass_at_k_hand_computed(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_equals_the_ratio_of_binomials():
+    for n in range(1, 21):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                expected = 1.0 - math.comb(n - c, k) / math.comb(n, k)
+                assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_is_stable_for_many_samples():
+    # C(100000, 64) has ~250 digits; the product form never builds it.
+    assert pass_at_k(100_000, 1, 1) == pytest.approx(1e-5, rel=1e-9)
+    assert pass_at_k(100_000, 1, 64) == pytest.approx(64 / 100_000, rel=1e-9)  # one correct: k / n
+    assert pass_at_k(1024, 512, 16) == pytest.approx(1.0 - math.comb(512, 16) / math.comb(1024, 16), rel=1e-9)
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(4, 5, 1), (4, -1, 1), (4, 2, 0), (4, 2, 5), (0, 0, 1)])
+def test_pass_at_k_rejects_impossible_arguments(n, c, k):
+    with pytest.raises(ValueError, match=f"n={n}, c={c}, k={k}"):
+        pass_at_k(n, c, k)
+
+
+@pytest.mark.parametrize(
+    ("k", "expected"), [(1, [1]), (2, [1, 2]), (4, [1, 2, 4]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8])]
+)
+def test_reported_ks_are_powers_of_two_and_k(k, expected):
+    assert reported_ks(k) == expected
+
+
+# -------------------------------------------------------------------------------------------- aggregation
+
+
+def rollout(index: int, length: int, finish: str = "stop") -> Rollout:
+    return Rollout(
+        prompt_index=index, prompt_ids=[1], response_ids=[7] * length, text=f"answer {index}", finish_reason=finish
+    )
+
+
+def test_records_and_summary_aggregate_by_hand():
+    # Problem 0: 1 of 4 correct (one sample timed out, one truncated); problem 1: all 4 correct (one scored above 1).
+    # Correctness is the reward's verdict, given beside the scores: it is not read from them.
+    first = problem_record(
+        Problem("p0", "1", line=3),
+        [rollout(0, 10), rollout(0, 20, "length"), rollout(0, 30), rollout(0, 40)],
+        [1.0, 0.0, 0.5, 0.0],
+        ["ok", "ok", "ok", "timeout"],
+        [True, False, False, False],
+        k=2,
+    )
+    second = problem_record(
+        Problem("p1", "2", line=5),
+        [rollout(1, 10)] * 4,
+        [1.0, 1.0, 1.5, 0.5],
+        ["ok"] * 4,
+        [True] * 4,
+        k=2,
+    )
+    assert (first["line"], first["n"], first["correct"], first["avg"]) == (3, 4, 1, 0.25)
+    assert [sample["correct"] for sample in first["samples"]] == [True, False, False, False]
+    assert [sample["score"] for sample in second["samples"]] == [1.0, 1.0, 1.5, 0.5]
+    assert first["pass@k"] == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2)
+    assert (second["correct"], second["pass@k"]) == (4, 1.0)
+    assert first["samples"][1] == {
+        "text": "answer 0",
+        "score": 0.0,
+        "correct": False,
+        "status": "ok",
+        "length": 20,
+        "finish_reason": "length",
+    }
+
+    summary = summarize([first, second], k=2)
+    assert summary["problems"] == 2 and summary["samples"] == 8
+    assert summary["avg@k"] == pytest.approx(5 / 8)
+    assert summary["pass@"] == pytest.approx({"1": 5 / 8, "2": (0.5 + 1.0) / 2})
+    assert summary["pass@k"] == summary["pass@"]["2"]
+    assert summary["mean_response_length"] == pytest.approx((10 + 20 + 30 + 40 + 4 * 10) / 8)
+    assert summary["truncated_frac"] == pytest.approx(1 / 8)
+    assert (summary["reward_timeouts"], summary["reward_errors"]) == (0 + 1, 0)
+
+
+# ----------------------------------------------------------------------------------------- end to end
+
+
+def read_results(output: Path) -> tuple[list[dict], dict]:
+    records = [json.loads(line) for line in (output / "results.jsonl").read_text().splitlines()]
+    return records, json.loads((output / "summary.json").read_text())
+
+
+def test_math_end_to_end_on_tiny_sft(tmp_path, capsys):
+    problems = generate_problems(6, split="eval", seed=0, levels=[1, 2])
+    rows = [{"problem": p["problem"], "answer": p["answer"], "level": p["level"]} for p in problems]
+    rows.insert(2, {"question": "a row of another kind"})  # skipped with a warning, counted
+    rows[4]["answer"] = int(rows[4]["answer"])  # a JSON number is read as its text
+    data = write_jsonl(rows, tmp_path / "arith.jsonl")
+    output = tmp_path / "out"
+    argv = ["--model", "tiny-sft", "--data", str(data), "--k", "2", "--n", "4", "--max-new-tokens", "64"]
+    assert main([*argv, "--output", str(output)]) == 0
+
+    records, summary = read_results(output)
+    assert (output / "summary.md").read_text().strip() in capsys.readouterr().out
+    assert len(records) == 6 and summary["rows_skipped"] == 1 and summary["rows"] == 7
+    assert summary["bad_rows"] == [{"path": str(data), "line": 3, "reason": summary["bad_rows"][0]["reason"]}]
+    assert [record["line"] for record in records] == [1, 2, 4, 5, 6, 7]  # 1-based lines of the data file
+    assert [record["reference"] for record in records] == [str(p["answer"]) for p in problems]
+    assert (summary["reward"], summary["prompt_key"], summary["reference_key"]) == ("math", "problem", "answer")
+    assert (summary["k"], summary["n"], summary["temperature"], summary["top_p"]) == (2, 4, 0.6, 0.95)
+    math_reward = get_reward("math")
+    for record in records:
+        assert record["n"] == len(record["samples"]) == 4
+        for sample in record["samples"]:
+            assert sample["score"] == math_reward(sample["text"], record["reference"])
+            assert sample["correct"] == (sample["score"] >= 1.0)
+            assert sample["status"] == "ok" and 1 <= sample["length"] <= 64
+        assert record["correct"] == sum(sample["correct"] for sample in record["samples"])
+        assert record["pass@k"] == pytest.approx(pass_at_k(4, record["correct"], 2))
+
+    # The summary is recomputed from results.jsonl.
+    samples = [sample for record in records for sample in record["samples"]]
+    assert summary["samples"] == len(samples) == 24
+    assert summary["avg@k"] == pytest.approx(sum(sample["correct"] for sample in samples) / 24)
+    assert summary["pass@k"] == pytest.approx(sum(record["pass@k"] for record in records) / 6)
+    assert summary["pass@"]["1"] == pytest.approx(summary["avg@k"])
+    assert summary["truncated_frac"] == pytest.approx(sum(s["finish_reason"] == "length" for s in samples) / 24)
+    assert summary["mean_response_length"] == pytest.approx(sum(sample["length"] for sample in samples) / 24)
+    assert 0.0 < summary["avg@k"] <= summary["pass@k"] <= 1.0  # tiny-sft solves some of these
+
+    # Same seed, same samples; an existing result is not replaced without --overwrite.
+    assert main([*argv, "--output", str(output)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main([*argv, "--output", str(output), "--overwrite"]) == 0
+    assert read_results(output)[0] == records
+
+
+HALF_MATH = MathReward(correct=0.5, wrong=-0.5)
+"""A math reward whose correct score is 0.5, for ``--reward tests.eval.test_eval:HALF_MATH``."""
+
+
+def test_correctness_is_the_rewards_verdict_not_its_score(tmp_path):
+    """The same samples scored with ``correct=0.5``: each is correct exactly when it is with the default scores."""
+    problems = generate_problems(6, split="eval", seed=0, levels=[1, 2])
+    data = write_jsonl([{"problem": p["problem"], "answer": p["answer"]} for p in problems], tmp_path / "a.jsonl")
+    argv = ["--model", "tiny-sft", "--data", str(data), "--k", "2", "--max-new-tokens", "64"]
+    assert main([*argv, "--output", str(tmp_path / "default")]) == 0
+    assert main([*argv, "--output", str(tmp_path / "half"), "--reward", f"{__name__}:HALF_MATH"]) == 0
+    default, default_summary = read_results(tmp_path / "default")
+    half, half_summary = read_results(tmp_path / "half")
+    records = zip(default, half, strict=True)
+    pairs = [pair for x, y in records for pair in zip(x["samples"], y["samples"], strict=True)]
+    assert all(a["text"] == b["text"] for a, b in pairs)  # same seed: same samples
+    assert [b["correct"] for _, b in pairs] == [a["correct"] for a, _ in pairs]
+    assert [b["score"] for _, b in pairs] == [0.5 if a["correct"] else -0.5 for a, _ in pairs]
+    assert any(b["correct"] for _, b in pairs)  # tiny-sft solves some of these: at a score of 0.5 they count
+    for key in ("avg@k", "pass@k", "pass@"):
+        assert half_summary[key] == default_summary[key]
+
+
+def test_code_end_to_end_on_tiny_sft(tmp_path):
+    rows = [
+        {"question": "Read n and print n * 2.", "tests": [{"input": "2\n", "output": "4\n"}]},
+        {"question": "Define add(a, b).", "tests": [{"fn_name": "add", "args": [1, 2], "expected": 3}]},
+    ]
+    data = write_jsonl(rows, tmp_path / "code.jsonl")
+    output = tmp_path / "out"
+    argv = ["--model", "tiny-sft", "--data", str(data), "--k", "2", "--max-new-tokens", "16", "--output", str(output)]
+    assert main(argv) == 0
+    records, summary = read_results(output)
+    assert (summary["reward"], summary["prompt_key"], summary["reference_key"]) == ("code", "question", "tests")
+    assert [record["reference"] for record in records] == [row["tests"] for row in rows]
+    assert [record["problem"] for record in records] == [row["question"] for row in rows]
+    samples = [sample for record in records for sample in record["samples"]]
+    assert len(samples) == 4
+    assert all(
+        sample["score"] == 0.0 and sample["status"] == "ok" for sample in samples
+    )  # the tiny model writes no code
+    assert (summary["avg@k"], summary["pass@k"], summary["reward_errors"], summary["reward_timeouts"]) == (0, 0, 0, 0)
+
+
+# ------------------------------------------------------------------------------------------- bad input
+
+
+def write(tmp_path: Path, rows: list[dict]) -> str:
+    return str(write_jsonl(rows, tmp_path / "data.jsonl"))
+
+
+MATH_ROW = {"problem": "Start with 1. Add 1.", "answer": "2"}
+
+
+@pytest.mark.parametrize(
+    ("rows", "extra", "message"),
+    [
+        (None, [], "missing.jsonl: no such file"),
+        ([{"prompt": "x", "solution": "y"}], [], "cannot tell the task from the fields ['prompt', 'solution']"),
+        ([{"problem": "x", "answer": "1", "tests": []}], [], "cannot tell the task"),
+        ([{"question": "x", "tests": []}], ["--reward", "math"], "no usable problem in 1 rows"),
+        ([{"prompt": "x", "answer": "1"}], [], "no usable problem in 1 rows (each needs a 'problem' text"),
+        ([{"question": "x", "tests": [{"input": "1"}]}], [], "data.jsonl:1: code test 0: unknown keys"),
+        ([{"problem": "x", "answer": ""}], [], "data.jsonl:1: the math reward's reference holds no answer"),
+        ([MATH_ROW], ["--reward", "nope"], "unknown reward 'nope'"),
+        ([MATH_ROW], ["--engine", "nope"], "unknown rollout engine 'nope'"),
+        ([MATH_ROW], ["--k", "4", "--n", "2"], "--n must be >= --k (4), got 2"),
+        ([MATH_ROW], ["--k", "2", "--temperature", "0"], "greedy decoding"),
+        ([MATH_ROW], ["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+        ([MATH_ROW], ["--model", str(Path(__file__).parent)], f"--model {Path(__file__).parent}: no model directory"),
+        ([MATH_ROW], ["--model", "outputs/missing/hf"], "--model outputs/missing/hf: no model directory there"),
+        (
+            [MATH_ROW],
+            ["--max-new-tokens", "600"],
+            "--max-new-tokens 600: 600 new tokens leave no room for a prompt in the model's 512",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, rows, extra, message):
+    data = str(tmp_path / "missing.jsonl") if rows is None else write(tmp_path, rows)
+    base = ["--model", "tiny-sft", "--data", data, "--output", str(tmp_path / "out"), "--max-new-tokens", "64"]
+    code = main([*base, *extra])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert not (tmp_path / "out").exists()

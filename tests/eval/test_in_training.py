@@ -1,0 +1,90 @@
+"""Correctness in evaluation is the reward's verdict: a math reward configured with ``correct=0.5`` still scores
+right answers as correct, in the in-training `evaluate` and in the ``klear.eval`` records and summary; pass@k is
+`pass_at_k`'s."""
+
+from __future__ import annotations
+
+import pytest
+
+from klear.config import EvalConfig
+from klear.data.problems import Problem
+from klear.eval.in_training import evaluate
+from klear.eval.metrics import pass_at_k, problem_record, summarize
+from klear.models.tokenizer import build_tokenizer
+from klear.rewards import RewardScorer, get_reward, score_batch
+from klear.rollout.engine import Rollout, SamplingParams
+
+PROBLEMS = [Problem("Start with 1. Add 1.", "2"), Problem("Start with 2. Add 1.", "3"), Problem("Start at 0.", "0")]
+
+
+class ScriptedEngine:
+    """Answers prompt ``i`` with ``answers[i][j]`` for its ``j``-th sample: a rollout engine without a model."""
+
+    def __init__(self, answers: list[list[str]]) -> None:
+        self.answers = answers
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Rollout]:
+        return [
+            Rollout(i, prompt, [5] * (j + 1), self.answers[i][j])
+            for i, prompt in enumerate(prompts)
+            for j in range(sampling.n)
+        ]
+
+
+def config(samples: int) -> EvalConfig:
+    return EvalConfig(num_prompts=3, max_new_tokens=8, temperature=1.0 if samples > 1 else 0.0, samples=samples)
+
+
+def test_right_answers_are_correct_at_a_score_of_half() -> None:
+    scorer = RewardScorer("math", {"correct": 0.5, "wrong": -1.0})
+    engine = ScriptedEngine([["\\boxed{2}"], ["\\boxed{3}"], ["\\boxed{0}"]])
+    metrics = evaluate(engine, build_tokenizer(), PROBLEMS, config(1), scorer.correctness)
+    assert metrics == {"eval/accuracy": 1.0, "eval/response_length": 1.0}
+
+
+def test_accuracy_and_pass_at_k_from_the_verdicts() -> None:
+    scorer = RewardScorer("math", {"correct": 0.5})
+    answers = [
+        ["\\boxed{2}", "\\boxed{1}", "\\boxed{2}", "none"],  # 2 of 4
+        ["\\boxed{4}", "\\boxed{3.0}", "\\boxed{5}", "\\boxed{6}"],  # 1 of 4
+        ["\\boxed{1}"] * 4,  # 0 of 4
+    ]
+    metrics = evaluate(ScriptedEngine(answers), build_tokenizer(), PROBLEMS, config(4), scorer.correctness)
+    assert metrics["eval/accuracy"] == pytest.approx(3 / 12)
+    assert metrics["eval/response_length"] == pytest.approx(2.5)
+    assert metrics["eval/pass_at_4"] == pytest.approx(2 / 3)  # problems with a correct sample
+    assert metrics["eval/pass_at_4"] == pytest.approx(sum(pass_at_k(4, c, 4) for c in (2, 1, 0)) / 3)
+
+
+def test_a_scorer_of_rewards_is_refused() -> None:
+    """A list of raw rewards would make every non-zero reward "correct": the scorer must give bools."""
+    engine = ScriptedEngine([["\\boxed{2}"]] * 3)
+    reward = get_reward("math", correct=0.5)
+
+    def rewards(texts: list[str], references: list[str]) -> list[float]:
+        return [reward(text, reference) for text, reference in zip(texts, references, strict=True)]
+
+    with pytest.raises(TypeError, match=r"must return one bool per completion .* got 0\.5"):
+        evaluate(engine, build_tokenizer(), PROBLEMS, config(1), rewards)
+
+
+def test_eval_records_count_right_answers_at_a_score_of_half() -> None:
+    """What ``python -m klear.eval`` writes for a reward whose correct score is 0.5: avg@k and pass@k of 1.0."""
+    texts = ["\\boxed{2}", "\\boxed{2.0}", "\\boxed{3}", "\\boxed{3}"]
+    result = score_batch(get_reward("math", correct=0.5, wrong=-1.0), texts, ["2", "2", "3", "3"])
+    assert result.scores == [0.5] * 4 and result.correct == [True] * 4
+    rollouts = [Rollout(i // 2, [1], [5], text) for i, text in enumerate(texts)]
+    records = [
+        problem_record(
+            problem,
+            rollouts[2 * i : 2 * i + 2],
+            result.scores[2 * i : 2 * i + 2],
+            result.statuses[2 * i : 2 * i + 2],
+            result.correct[2 * i : 2 * i + 2],
+            k=2,
+        )
+        for i, problem in enumerate(PROBLEMS[:2])
+    ]
+    assert [record["correct"] for record in records] == [2, 2]
+    summary = summarize(records, k=2)
+    assert (summary["avg@k"], summary["pass@k"]) == (1.0, 1.0)

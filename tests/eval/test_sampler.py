@@ -1,0 +1,63 @@
+"""`klear.eval.sampler.build_engine`: the engine factory gets the policy, its tokenizer and the model, rollout,
+seed and precision settings as keywords; `klear.eval.tasks` turns what cannot be evaluated into `EvalError`."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from klear.data.readers import write_jsonl
+from klear.eval import cli
+from klear.eval.sampler import build_engine
+from klear.eval.tasks import EvalError, load_eval_problems
+from klear.rewards import MathReward
+
+CALLS: list[tuple] = []
+
+
+def recording_engine(policy, tokenizer, **settings):
+    """An engine factory (by import path) that records how it was called."""
+    CALLS.append((policy, tokenizer, settings))
+    return "engine"
+
+
+def arguments(**overrides) -> argparse.Namespace:
+    values = dict(
+        model="tiny-sft", engine=f"{__name__}:recording_engine", max_new_tokens=32, temperature=0.6, top_p=0.95,
+        top_k=5, batch_size=7, seed=3, data="", reward=None, prompt_key=None, reference_key=None, max_prompt_tokens=0,
+    )  # fmt: skip
+    return argparse.Namespace(**{**values, **overrides})
+
+
+def test_the_factory_is_called_with_the_settings_as_keywords() -> None:
+    CALLS.clear()
+    engine, tokenizer = build_engine(arguments())
+    assert engine == "engine" and len(CALLS) == 1
+    policy, given_tokenizer, settings = CALLS[0]
+    assert given_tokenizer is tokenizer and next(policy.parameters()).device.type == "cpu"
+    assert sorted(settings) == ["model", "precision", "rollout", "seed"]
+    assert (settings["model"].path, settings["seed"], settings["precision"]) == ("tiny-sft", 3, "32-true")
+    rollout = settings["rollout"]
+    assert (rollout.engine, rollout.max_new_tokens, rollout.temperature, rollout.top_p) == (
+        f"{__name__}:recording_engine",
+        32,
+        0.6,
+        0.95,
+    )
+    assert (rollout.top_k, rollout.batch_size) == (5, 7)
+
+
+def test_the_cli_names_still_import() -> None:
+    assert (cli.build_engine, cli.load_eval_problems, cli.EvalError) == (build_engine, load_eval_problems, EvalError)
+
+
+def test_what_cannot_be_evaluated_is_an_eval_error(tmp_path) -> None:
+    with pytest.raises(EvalError, match=r"^--engine: unknown rollout engine 'nope'"):
+        build_engine(arguments(engine="nope"))
+    data = str(write_jsonl([{"problem": "Start with 1. Add 1.", "answer": "2"}], tmp_path / "a.jsonl"))
+    with pytest.raises(EvalError, match=r"^--reward math: unknown option 'scale' for reward 'math'"):
+        load_eval_problems(arguments(data=data), {"scale": 2.0})
+    problems, task, reward = load_eval_problems(arguments(data=data), {"correct": 0.5})
+    assert (task.reward, [p.reference for p in problems.problems]) == ("math", ["2"])
+    assert isinstance(reward, MathReward) and reward.correct == 0.5

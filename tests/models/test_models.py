@@ -1,0 +1,54 @@
+"""Model resolution: the built-in tiny model is built locally, and each shipped checkpoint (tiny-sft, tiny-sft-code)
+still matches the code that made it (sizes, tokenizer) and still solves a share of its task's held-out problems."""
+
+import json
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from klear.config import EvalConfig
+from klear.data.problems import Task, load_problems
+from klear.eval.in_training import evaluate
+from klear.models import CHECKPOINTS_DIR, SHIPPED, resolve_model_path
+from klear.models.tiny import TINY_SIZES
+from klear.models.tokenizer import build_tokenizer
+from klear.rewards import get_reward
+from klear.rewards.scorer import RewardScorer
+from klear.rollout.hf import HFEngine
+
+TASKS = {"tiny-sft": ("synthetic", "math", 96), "tiny-sft-code": ("synthetic-code", "code", 160)}
+"""Shipped checkpoint -> its held-out source, reward and response budget."""
+
+
+def test_hub_names_and_paths_pass_through():
+    assert resolve_model_path("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+    assert resolve_model_path("/some/dir") == "/some/dir"
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_checkpoint_matches_the_code(name):
+    folder = CHECKPOINTS_DIR / name
+    assert resolve_model_path(name) == str(folder)
+    stamp = json.loads((folder / "klear_tiny_sft.json").read_text())
+    assert stamp["tiny_sizes"] == TINY_SIZES, f"rebuild it: python tools/build_tiny_sft.py --name {name}"
+    assert f"--config {SHIPPED[name]} " in stamp["command"]
+    config = json.loads((folder / "config.json").read_text())
+    assert {key: config[key] for key in TINY_SIZES} == TINY_SIZES
+    shipped, built = AutoTokenizer.from_pretrained(folder), build_tokenizer()
+    assert shipped.get_vocab() == built.get_vocab() and shipped.chat_template == built.chat_template
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_checkpoint_solves_held_out_problems(name):
+    folder = CHECKPOINTS_DIR / name
+    source, reward, max_new_tokens = TASKS[name]
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    problems = load_problems(source, Task(reward), get_reward(reward), split="eval", num=100, levels=[1, 2, 3, 4])
+    # The protocol of the stamp's accuracy (and of the README): sampled at 0.6 / top-p 0.95, avg@4.
+    config = EvalConfig(num_prompts=100, max_new_tokens=max_new_tokens, temperature=0.6, top_p=0.95, samples=4)
+    engine = HFEngine(model, tokenizer)
+    metrics = evaluate(engine, tokenizer, problems.problems, config, RewardScorer(reward).correctness)
+    stamp = json.loads((folder / "klear_tiny_sft.json").read_text())
+    assert 0.1 <= metrics["eval/accuracy"] <= 0.9
+    assert metrics["eval/accuracy"] == pytest.approx(stamp["eval_accuracy_end"], abs=0.15)

@@ -1,7 +1,0 @@
-"""A reward for RL machinery tests: random tiny-model outputs vary on it, so every group has something to learn."""
-
-from tests.modules import even_length
-
-
-def test_even_length_reward():
-    assert even_length("ab", "x") == 1.0 and even_length("abc", "x") == 0.0

@@ -1,0 +1,104 @@
+"""``python -m klear.data filter-tests`` on a hand-checked fixture, the solutions run in the real sandbox.
+
+fixtures/code_tests.jsonl (``--min-tests 3``; stdin tests "1 0"->1, "2 3"->5, "4 4"->8):
+   1 good            kept: a + b passes 3 of 3
+   2 two-tests       removed: 2 tests < 3
+   3 wrong-solution  removed: a - b passes only "1 0" (1 of 3)
+   4 malformed       removed: its first test has no "output"
+   5 functional      kept: LeetCode-style tests, the solution a fenced block after <think>
+   6 wrong-test      removed: the third test expects 9 for "4 4", so the right solution passes 2 of 3
+   7 no-tests        bad row: no "tests"
+   8 no-solution     bad row when solutions are checked; kept with --no-solution-check
+   9 tests-as-text   bad row: "tests" is a JSON string, not a list
+  10 truncated       bad row: not valid JSON
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from klear.data.__main__ import main
+from klear.prep import code_tests
+from klear.prep.code_tests import as_completion
+from klear.rewards import CodeReward, RewardOutcome
+
+FIXTURE = str(Path(__file__).parent / "fixtures" / "code_tests.jsonl")
+
+
+def run(tmp_path: Path, capsys, *extra: str) -> tuple[list[str], dict, str]:
+    out = tmp_path / "kept.jsonl"
+    assert main(["filter-tests", "--data", FIXTURE, "--out", str(out), "--min-tests", "3", *extra]) == 0
+    summary = capsys.readouterr().out.strip()
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    return ids, json.loads((tmp_path / "kept.report.json").read_text()), summary
+
+
+def test_as_completion_fences_a_bare_program_only():
+    assert as_completion("print(1)") == "```python\nprint(1)\n```"
+    assert as_completion("text\n```python\nprint(1)\n```") == "text\n```python\nprint(1)\n```"
+
+
+def test_filter_tests_runs_reference_solutions_in_the_sandbox(tmp_path, capsys):
+    ids, report, summary = run(tmp_path, capsys)
+    assert ids == ["good", "functional"]
+    assert report["counts"] == {
+        "rows": 10,
+        "kept": 2,
+        "too_few_tests": 1,
+        "malformed_tests": 1,
+        "solution_fails": 2,
+        "bad_rows": 4,
+    }
+    removed = [(r["line"], r["reason"], r["tests"]) for r in report["removed"]]
+    assert removed == [
+        (2, "too_few_tests", 2),
+        (3, "solution_fails", 3),
+        (4, "malformed_tests", 3),
+        (6, "solution_fails", 3),
+    ]
+    details = {r["line"]: r["detail"] for r in report["removed"]}
+    assert details[2] == "2 < 3"
+    assert details[3] == "passed 1 of 3 tests"
+    assert details[6] == "passed 2 of 3 tests"
+    assert "missing keys ['output']" in details[4]
+    assert [(b["line"], b["reason"]) for b in report["bad_rows"]] == [
+        (7, "'tests' is missing (fields: ['id', 'question', 'solution']); expected a list of tests"),
+        (8, "no reference solution text in 'solution' (fields: ['id', 'question', 'tests'])"),
+        (9, "'tests' holds a str; expected a list of tests"),
+        (10, "not valid JSON (Expecting value at column 1)"),
+    ]
+    assert summary.startswith("filter-tests: kept 2 of 10 rows; removed with fewer than 3 tests: 1, malformed")
+
+
+def test_without_solution_check_only_tests_are_screened(tmp_path, capsys):
+    ids, report, summary = run(tmp_path, capsys, "--no-solution-check")
+    assert ids == ["good", "wrong-solution", "functional", "wrong-test", "no-solution"]
+    assert report["counts"]["bad_rows"] == 3  # a row without a solution is fine when none is run
+    assert report["counts"]["solution_fails"] == 0
+    assert "reference solution not run (--no-solution-check)" in summary
+
+
+def test_paper_default_needs_16_tests(tmp_path, capsys):
+    out = tmp_path / "kept.jsonl"
+    assert main(["filter-tests", "--data", FIXTURE, "--out", str(out)]) == 0
+    assert out.read_text() == ""  # no fixture problem has 16 tests
+    report = json.loads((tmp_path / "kept.report.json").read_text())
+    assert report["counts"]["too_few_tests"] == 6 and report["settings"]["min_tests"] == 16
+
+
+class HalfCode(CodeReward):
+    """The code reward with every score halved: a solution passing all its tests scores 0.5 and is correct."""
+
+    def _evaluate(self, completion: str, reference: object) -> RewardOutcome:
+        outcome = super()._evaluate(completion, reference)
+        return dataclasses.replace(outcome, score=outcome.score / 2)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_solution_is_kept_on_the_rewards_verdict_not_its_score(tmp_path, capsys, monkeypatch, num_workers):
+    monkeypatch.setattr(code_tests, "get_reward", lambda name, **options: HalfCode(**options))
+    ids, report, _ = run(tmp_path, capsys, "--num-workers", str(num_workers))
+    assert ids == ["good", "functional"]  # as with the plain code reward, though they score 0.5
+    assert report["counts"]["solution_fails"] == 2

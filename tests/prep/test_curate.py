@@ -1,0 +1,279 @@
+"""``python -m klear.data curate``: bands by hand, then end to end on the shipped tiny-sft model and the synthetic
+task (levels 1 and 4), with resume, a torn results line, a changed band, and runs that must refuse to start.
+
+The reward is the math reward with the ``answer_is`` fallback, so tiny-sft's unboxed answers ("The answer is
+15.") count: level-1 problems are then solved in most of 4 samples, level-4 ones far less often, and some
+problems land at 4/4 and some at 0/4 (on three seeds checked: 6-9 at 4/4 and 3 at 0/4 of 24), outside the
+middle band ``(0, 1)``. Sampling is seeded per chunk, so the assertions that compare runs compare exact values.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from klear.data.__main__ import main
+from klear.data.readers import write_jsonl
+from klear.data.synthetic import generate_problems, plain_solution
+from klear.prep.pass_rates import PRESETS, Band
+from klear.prep.rowfiles import CommandError
+
+BASE = [
+    *("curate", "--model", "tiny-sft", "--band", "(0, 1)", "--k", "4", "--max-new-tokens", "96"),
+    *("--chunk", "8", "--reward-option", "fallbacks=[answer_is]"),
+]
+BAD_LINES = [
+    '{"problem": "Start with 3. Add 1.", "level": 1}',  # line 25: no answer
+    '{"problem": "Start with 4. Add 1.", "answer": ["5"]}',  # line 26: the math reward rejects a list reference
+    "oops",  # line 27: not JSON
+]
+
+
+# ------------------------------------------------------------------------------------------------- bands
+
+
+@pytest.mark.parametrize(
+    ("text", "correct", "k", "where"),
+    [
+        ("(0.5, 1]", 8, 16, "below"),  # the math preset: a majority, so exactly half is out
+        ("(0.5, 1]", 9, 16, "in"),
+        ("(0.5, 1]", 16, 16, "in"),
+        ("[0.5, 1]", 8, 16, "in"),  # the code preset: at least half
+        ("[0.5,1]", 7, 16, "below"),
+        ("(0, 1)", 0, 4, "below"),
+        ("(0, 1)", 1, 4, "in"),
+        ("(0, 1)", 4, 4, "above"),
+        ("[0.3, 0.3]", 3, 10, "in"),  # exact: 3/10 is 0.3, not a float near it
+        ("[0, 0.25)", 1, 4, "above"),
+    ],
+)
+def test_band_membership_by_hand(text, correct, k, where):
+    assert Band.parse(text).where(correct, k) == where
+
+
+def test_band_parse_and_presets():
+    assert Band.parse(" ( 0.5 , 1 ] ") == Band(Fraction(1, 2), Fraction(1), low_open=True, high_open=False)
+    assert str(Band.parse("(0.5,1]")) == "(0.5, 1]"
+    assert {name: (p["reward"], p["k"], p["band"]) for name, p in PRESETS.items()} == {
+        "math": ("math", 16, "(0.5, 1]"),
+        "code": ("code", 16, "[0.5, 1]"),
+    }
+    for text, message in [("0.5..1", "write an interval"), ("[0.6, 0.5]", "low <= high"), ("(0.5, 0.5]", "hold some")]:
+        with pytest.raises(CommandError, match=message):
+            Band.parse(text)
+
+
+# ------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    path = write_jsonl(
+        generate_problems(24, split="train", seed=0, levels=[1, 4]), tmp_path_factory.mktemp("d") / "p.jsonl"
+    )
+    with path.open("a") as f:
+        f.write("\n".join(BAD_LINES) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def full_run(data, tmp_path_factory) -> Path:
+    """An uninterrupted run: the reference the other runs are compared with."""
+    out = tmp_path_factory.mktemp("full") / "run"
+    assert main([*BASE, "--data", str(data), "--out", str(out)]) == 0
+    return out
+
+
+def results(out: Path) -> dict[int, dict]:
+    return {record["line"]: record for record in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+
+
+def rows_of(path: Path, limit: int | None = None) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()[:limit]]
+
+
+def test_curate_keeps_the_middle_band(data, full_run):
+    records = results(full_run)
+    assert sorted(records) == list(range(1, 25))
+    for record in records.values():
+        assert record["k"] == 4 and len(record["scores"]) == 4
+        assert record["correct"] == sum(score >= 1.0 for score in record["scores"])
+        assert record["pass_rate"] == record["correct"] / 4
+    problems = rows_of(data, 24)
+    expected = [
+        {**row, "pass_rate": records[line]["pass_rate"]}
+        for line, row in enumerate(problems, start=1)
+        if 0 < records[line]["correct"] < 4
+    ]
+    assert rows_of(full_run / "kept.jsonl") == expected
+    report = json.loads((full_run / "report.json").read_text())
+    counts = report["counts"]
+    always = sum(r["correct"] == 4 for r in records.values())
+    never = sum(r["correct"] == 0 for r in records.values())
+    assert always >= 1 and never >= 1  # both ends exist, and both are dropped
+    assert counts == {
+        **{"rows": 27, "problems": 24, "done": 24, "pending": 0, "kept": len(expected)},
+        **{"below_band": never, "above_band": always, "bad_rows": 3, "reward_timeouts": 0, "reward_errors": 0},
+        "truncated_samples": sum(r["truncated"] for r in records.values()),
+        **{"sampled_now": 24, "from_earlier_runs": 0},
+    }
+    assert sum(report["correct_histogram"].values()) == 24 and report["correct_histogram"]["4/4"] == always
+    assert [(bad["line"], bad["reason"]) for bad in report["bad_rows"]] == [
+        (25, "no reference: 'answer' is missing (fields: ['level', 'problem'])"),
+        (26, "the math reward's reference must be a str or a number, got list"),
+        (27, "not valid JSON (Expecting value at column 1)"),
+    ]
+    # tiny-sft solves the easy level more often than the hard one.
+    by_level = {
+        level: [records[i + 1]["pass_rate"] for i, row in enumerate(problems) if row["level"] == level]
+        for level in (1, 4)
+    }
+    assert sum(by_level[1]) / 12 > sum(by_level[4]) / 12 + 0.2
+
+
+def test_pass_rates_count_the_rewards_verdict_not_a_score_of_one(data, full_run, tmp_path):
+    """With ``correct=0.5`` the right answers score 0.5 and still count: the same pass rates as with 1.0."""
+    out = tmp_path / "half"
+    options = ["--reward-option", "correct=0.5", "--reward-option", "wrong=-0.5", "--max-problems", "8"]
+    assert main([*BASE, "--data", str(data), "--out", str(out), *options]) == 0
+    half, full = results(out), results(full_run)
+    assert sorted(half) == list(range(1, 9))  # the first chunk: sampled as in the full run
+    assert [half[line]["pass_rate"] for line in half] == [full[line]["pass_rate"] for line in half]
+    assert [half[line]["scores"] for line in half] == [
+        [0.5 if score == 1.0 else -0.5 for score in full[line]["scores"]] for line in half
+    ]
+    assert any(half[line]["correct"] for line in half)
+
+
+def test_curated_pass_rates_feed_the_sft_correctness_filter(full_run, tmp_path, capsys):
+    """kept.jsonl carries pass_rate, which ``mix`` reads: wrong answers are dropped on easy prompts only."""
+    curated = rows_of(full_run / "kept.jsonl")
+    unboxed = [{**row, "solution": plain_solution(row)} for row in curated]  # every answer now fails the verifier
+    write_jsonl(unboxed, tmp_path / "curated.jsonl")
+    out = tmp_path / "sft.jsonl"
+    source = f"name=curated,path={tmp_path / 'curated.jsonl'}"
+    assert main(["mix", "--source", source, "--easy-pass-rate", "0.5", "--reward", "math", "--out", str(out)]) == 0
+    easy = sum(row["pass_rate"] > 0.5 for row in curated)
+    assert 0 < easy < len(curated)
+    assert f"{easy} incorrect answers to easy prompts dropped" in capsys.readouterr().out
+    kept = rows_of(out)
+    assert sorted(row["problem"] for row in kept) == sorted(
+        row["problem"] for row in curated if row["pass_rate"] <= 0.5
+    )
+
+
+def test_resume_continues_without_resampling(data, full_run, tmp_path, capsys):
+    out = tmp_path / "run"
+    command = [*BASE, "--data", str(data), "--out", str(out)]
+    assert main([*command, "--max-problems", "8"]) == 0
+    assert (
+        "curate: 8 of 24 problems have pass rates (8 sampled now, 0 from earlier runs, 16 pending"
+        in capsys.readouterr().out
+    )
+    first = (out / "results.jsonl").read_bytes()
+    assert len(first.splitlines()) == 8
+    assert json.loads((out / "report.json").read_text())["counts"]["pending"] == 16
+
+    assert main(command) == 0
+    assert "(16 sampled now, 8 from earlier runs)" in capsys.readouterr().out
+    after = (out / "results.jsonl").read_bytes()
+    assert after.startswith(first) and len(after.splitlines()) == 24  # appended, the first 8 untouched
+    assert results(out) == results(full_run)  # chunk-seeded: the same samples as the uninterrupted run
+    assert (out / "kept.jsonl").read_bytes() == (full_run / "kept.jsonl").read_bytes()
+
+    assert main(command) == 0
+    assert "(0 sampled now, 24 from earlier runs)" in capsys.readouterr().out
+    assert (out / "results.jsonl").read_bytes() == after
+
+
+def test_a_torn_last_line_is_resampled(data, full_run, tmp_path, capsys, caplog):
+    out = tmp_path / "run"
+    shutil.copytree(full_run, out)
+    text = (out / "results.jsonl").read_text()
+    (out / "results.jsonl").write_text(text[: len(text) - 40])  # a crash in the middle of the last line
+    assert main([*BASE, "--data", str(data), "--out", str(out)]) == 0
+    assert "(1 sampled now, 23 from earlier runs)" in capsys.readouterr().out
+    assert "dropped a partial last line" in caplog.text
+    assert sorted(results(out)) == list(range(1, 25))
+
+
+def test_another_band_refilters_without_sampling(data, full_run, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(full_run, out)
+    command = [*BASE, "--data", str(data), "--out", str(out)]
+    command[command.index("--band") + 1] = "[0.5, 1]"
+    assert main(command) == 0
+    assert "(0 sampled now, 24 from earlier runs)" in capsys.readouterr().out
+    records = results(out)
+    assert [row["pass_rate"] for row in rows_of(out / "kept.jsonl")] == [
+        records[line]["pass_rate"] for line in range(1, 25) if records[line]["correct"] >= 2
+    ]
+
+
+def test_changed_settings_or_data_stop_before_sampling(data, full_run, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(full_run, out)
+    command = [*BASE, "--data", str(data), "--out", str(out)]
+    command[command.index("--k") + 1] = "8"
+    assert main(command) == 2
+    assert "holds results sampled with k=4 (now 8)" in capsys.readouterr().err
+
+    changed = tmp_path / "p.jsonl"
+    rows = rows_of(data, 24)
+    rows[4]["answer"] = "1000"
+    write_jsonl(rows, changed)
+    assert main([*BASE, "--data", str(changed), "--out", str(out)]) == 2
+    assert "line 5 of the data changed since" in capsys.readouterr().err
+    assert results(out) == results(full_run)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--band", "0..1"], "--band '0..1': write an interval"),
+        (["--temperature", "0"], "greedy decoding (--temperature 0) gives one answer per problem"),
+        (["--reward-option", "nope=1"], "unknown option 'nope' for reward 'math'"),
+        (["--reward-option", "nope"], "expected KEY=VALUE"),
+        (["--chunk", "0"], "--chunk must be >= 1, got 0"),
+    ],
+)
+def test_bad_options_are_one_line_errors(data, tmp_path, capsys, extra, message):
+    command = [*BASE, "--data", str(data), "--out", str(tmp_path / "run"), *extra]
+    assert main(command) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and error.count("\n") == 0
+    assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
+def test_ctrl_c_in_a_real_run_then_rerun(data, tmp_path, capsys):
+    """A separate process interrupted (SIGINT) once its first chunk is on disk; the rerun finishes the rest."""
+    out = tmp_path / "run"
+    command = [*BASE, "--data", str(data), "--out", str(out), "--chunk", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "klear.data", *command], env=env, stderr=subprocess.PIPE, text=True
+    )
+    results_file = out / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while not (results_file.exists() and results_file.stat().st_size) and process.poll() is None:
+        assert time.monotonic() < deadline, "the curate process wrote no result in 120 s"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr[-2000:]
+    assert "interrupted: finished problems are saved in results.jsonl; rerun the same command" in stderr
+    before = results_file.read_bytes()
+    finished = len(before.splitlines())
+    assert 1 <= finished < 24
+
+    assert main(command) == 0
+    assert f"({24 - finished} sampled now, {finished} from earlier runs)" in capsys.readouterr().out
+    assert results_file.read_bytes().startswith(before)
+    assert sorted(results(out)) == list(range(1, 25))

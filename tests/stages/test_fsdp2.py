@@ -1,0 +1,93 @@
+"""FSDP2 (``trainer.strategy=fsdp2``) on CPU with gloo: two ranks compute what one process computes, in both
+stages, and a sharded checkpoint resumes exactly.
+
+Each multi-process run is the real CLI in a subprocess (Lightning launches the second rank by re-running it),
+never inside the pytest process. The one-process baseline runs in-process with the default strategy.
+"""
+
+import pytest
+
+from klear.fit import main
+from tests.runs import assert_same_metrics, assert_same_weights, fit_in_subprocess, read_metrics
+
+RL = [
+    "--config",
+    "configs/rl.yaml",
+    "model.path=tiny",
+    "reward.name=tests.stages:even_length",
+    # 3 prompts over 2 ranks: uneven shares, so the padding of a rank's share is exercised.
+    "rollout.prompts_per_step=3",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=12",
+    "rollout.old_logprobs=trainer",
+    "algorithm.mini_batch_prompts=3",
+    "algorithm.micro_batch_size=4",
+    "algorithm.epochs=2",
+    "algorithm.sft_alpha=0.1",
+    "algorithm.kl_coef=0.01",
+    "trainer.progress_bar=false",
+    "trainer.checkpoint_every_n_steps=2",
+    "eval.num_prompts=5",
+    "eval.max_new_tokens=8",
+    "eval.every_n_steps=2",
+    "data.num_train=32",
+    "data.num_eval=5",
+    "optim.lr=1e-3",
+    "optim.warmup_steps=0",
+]
+SFT = [
+    "--config",
+    "configs/sft.yaml",
+    "trainer.max_steps=3",
+    "trainer.progress_bar=false",
+    "data.num_train=64",
+    "data.batch_size=7",
+    "data.micro_batch_size=2",
+    "data.num_eval=5",
+    "eval.num_prompts=5",
+    "eval.max_new_tokens=12",
+    "eval.every_n_steps=2",
+    "optim.lr=3e-3",
+    "optim.warmup_steps=1",
+]
+SHARDED = ["trainer.strategy=fsdp2", "trainer.devices=2"]
+
+
+def run_two_ranks(args: list[str]) -> None:
+    fit_in_subprocess([*args, *SHARDED])
+
+
+@pytest.fixture(scope="module")
+def rl_one_process(tmp_path_factory):
+    output = tmp_path_factory.mktemp("rl-one")
+    assert main([*RL, "trainer.max_steps=4", f"output_dir={output}"]) == 0
+    return output
+
+
+def test_sft_on_two_ranks_matches_one_process(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([*SFT, f"output_dir={one}"]) == 0
+    run_two_ranks([*SFT, f"output_dir={two}"])
+    assert_same_metrics(one, two)
+    assert_same_weights(one, two)
+    # The checkpoint is sharded: one file of tensors per rank, plus Lightning's metadata.
+    (checkpoint,) = (two / "checkpoints").glob("step-*.ckpt")
+    assert checkpoint.is_dir() and len(list(checkpoint.glob("*.distcp"))) == 2
+
+
+def test_rl_on_two_ranks_matches_one_process(rl_one_process, tmp_path):
+    run_two_ranks([*RL, "trainer.max_steps=4", f"output_dir={tmp_path}"])
+    assert_same_metrics(rl_one_process, tmp_path)
+    assert_same_weights(rl_one_process, tmp_path)
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert all(float(row["rollout/logprob_gap"]) < 1e-4 for row in rows[:4])  # the engine got the gathered weights
+    assert any(float(row["actor/grad_norm"]) > 0 for row in rows[:4])
+
+
+def test_sharded_checkpoint_resumes_and_extends_the_run(rl_one_process, tmp_path):
+    # Stop after 2 steps (a sharded checkpoint), then --resume with more steps: the same run as 4 straight steps.
+    run_two_ranks([*RL, "trainer.max_steps=2", f"output_dir={tmp_path}"])
+    assert (tmp_path / "checkpoints" / "step-000002.ckpt").is_dir()
+    run_two_ranks([*RL, "trainer.max_steps=4", f"output_dir={tmp_path}", "--resume"])
+    assert_same_metrics(rl_one_process, tmp_path)
+    assert_same_weights(rl_one_process, tmp_path)

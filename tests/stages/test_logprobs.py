@@ -1,0 +1,172 @@
+"""The chunked log-prob / entropy path equals the naive float32 log-softmax, in values and gradients."""
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from klear.stages.logprobs import naive_token_logprobs, token_logprobs
+
+
+def small_config(**overrides) -> Qwen3Config:
+    """A 2-layer Qwen3 with grouped-query attention and a 97-token vocabulary."""
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, head_dim=32)
+    return Qwen3Config(vocab_size=97, num_key_value_heads=1, **sizes, **overrides)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = small_config(tie_word_embeddings=True)
+    return Qwen3ForCausalLM(config).train()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_size", [1, 5, 4096])
+def test_values_and_gradients_equal_naive(model, temperature, chunk_size):
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 97, (3, 12), generator=generator)
+    targets = torch.roll(ids, -1, dims=1)
+    mask = torch.zeros(3, 12, dtype=torch.bool)
+    mask[:, 4:11] = True
+    mask[2, 8:] = False
+    attention = torch.ones(3, 12, dtype=torch.long)
+    attention[2, 10:] = 0
+
+    model.zero_grad()
+    logprobs, entropy = token_logprobs(
+        model,
+        ids,
+        targets,
+        mask,
+        attention_mask=attention,
+        temperature=temperature,
+        with_entropy=True,
+        chunk_size=chunk_size,
+    )
+    (logprobs.sum() + 0.3 * entropy.sum()).backward()
+    ours = {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    model.zero_grad()
+    naive_lp, naive_entropy = naive_token_logprobs(model, ids, targets, mask, temperature, attention_mask=attention)
+    (naive_lp.sum() + 0.3 * naive_entropy.sum()).backward()
+
+    torch.testing.assert_close(logprobs, naive_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy, naive_entropy, atol=1e-5, rtol=1e-5)
+    assert (logprobs[~mask] == 0).all() and (entropy[~mask] == 0).all()
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(ours[name], parameter.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_head_is_restored_and_names_unchanged(model):
+    names = [name for name, _ in model.named_parameters()]
+    ids = torch.randint(0, 97, (1, 6))
+    token_logprobs(model, ids, ids, torch.ones(1, 6, dtype=torch.bool))
+    assert "forward" not in model.get_output_embeddings().__dict__
+    assert [name for name, _ in model.named_parameters()] == names
+    assert model(ids).logits.shape == (1, 6, 97)
+
+
+def test_post_processed_logits_are_refused(model):
+    model.config.final_logit_softcapping = 30.0
+    try:
+        with pytest.raises(NotImplementedError, match="final_logit_softcapping"):
+            token_logprobs(
+                model,
+                torch.zeros(1, 3, dtype=torch.long),
+                torch.zeros(1, 3, dtype=torch.long),
+                torch.ones(1, 3, dtype=torch.bool),
+            )
+    finally:
+        model.config.final_logit_softcapping = None
+
+
+def rl_rows(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``prompt + response`` rows as RolloutBatch builds them: groups of 3 rows sharing a prompt
+    (lengths 5, 2 and 1, so one prompt is a single token), not in group order, one group cut short, and a padding
+    row (a copy of row 0 whose mask is all false)."""
+    prompts = [torch.randint(0, 97, (n,), generator=generator) for n in (5, 2, 1)]
+    rows = [(0, 4), (1, 6), (0, 2), (2, 3), (1, 1), (0, 7), (2, 5), (1, 3)]  # (prompt, response length)
+    width = max(len(prompts[p]) + n for p, n in rows)
+    ids = torch.zeros(len(rows) + 1, width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for row, (p, n) in enumerate(rows):
+        tokens = torch.cat([prompts[p], torch.randint(0, 97, (n,), generator=generator)])
+        ids[row, : len(tokens)], attention[row, : len(tokens)] = tokens, 1
+        mask[row, len(prompts[p]) - 1 : len(tokens) - 1] = True
+    ids[-1], attention[-1] = ids[0], attention[0]  # padding of a data-parallel share: no mask
+    targets = torch.roll(ids, -1, dims=1)
+    return ids, targets, mask, attention
+
+
+@pytest.mark.parametrize("chunk_size", [3, None])
+def test_shared_prefixes_equal_the_plain_path_in_values_and_gradients(model, chunk_size):
+    ids, targets, mask, attention = rl_rows(torch.Generator().manual_seed(2))
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(3))
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        logprobs, entropy = token_logprobs(
+            model,
+            ids,
+            targets,
+            mask,
+            attention,
+            temperature=0.7,
+            with_entropy=True,
+            chunk_size=chunk_size,
+            share_prefixes=share,
+        )
+        ((logprobs * weights).sum() + 0.3 * entropy.sum()).backward()
+        results.append((logprobs.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (plain_lp, plain_entropy, plain_grads), (lp, entropy, grads) = results
+    torch.testing.assert_close(lp, plain_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy, plain_entropy, atol=1e-5, rtol=1e-5)
+    assert (lp[~mask] == 0).all() and (entropy[~mask] == 0).all() and (lp[mask] < 0).all()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], atol=1e-5 * plain_grads[name].abs().max(), rtol=1e-5)
+
+
+def test_shared_prefixes_run_each_prompt_once_in_two_forwards(model):
+    ids, targets, mask, attention = rl_rows(torch.Generator().manual_seed(4))
+    shapes = []
+    hook = model.model.register_forward_pre_hook(
+        lambda _, args, kwargs: shapes.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        with torch.no_grad():
+            token_logprobs(model, ids, targets, mask, attention, share_prefixes=True)
+            # A share made of padding rows only: zeros, but still the same two forwards.
+            lp, _ = token_logprobs(model, ids, targets, torch.zeros_like(mask), attention, share_prefixes=True)
+    finally:
+        hook.remove()
+    # Prefixes: the 3 prompts minus their last token (lengths 4, 1, 0), plus the padding row's empty prefix
+    # (shared with the one-token prompt); suffixes: every row from its first to its last scored position, as
+    # wide as the longest response (7).
+    assert [tuple(shape) for shape in shapes] == [(3, 4), (9, 7), (1, 1), (9, 1)]
+    assert (lp == 0).all()
+
+
+def test_shared_prefixes_refuse_rows_they_cannot_split(model):
+    ids, targets, mask, attention = rl_rows(torch.Generator().manual_seed(5))
+    with pytest.raises(ValueError, match="right-padded"):
+        token_logprobs(model, ids, targets, mask, attention.flip(-1), share_prefixes=True)
+    with pytest.raises(ValueError, match="position_ids"):
+        token_logprobs(model, ids, targets, mask, attention, position_ids=attention.cumsum(-1), share_prefixes=True)
+
+
+def test_gradient_checkpointing_computes_whole_rows():
+    # transformers drops the KV cache inside checkpointed layers in training mode: no prefix can be shared there.
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(small_config()).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids, targets, mask, attention = rl_rows(torch.Generator().manual_seed(6))
+    calls = []
+    hook = model.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        shared, _ = token_logprobs(model, ids, targets, mask, attention, share_prefixes=True)
+    finally:
+        hook.remove()
+    plain, _ = token_logprobs(model, ids, targets, mask, attention)
+    assert len(calls) == 1
+    torch.testing.assert_close(shared, plain)

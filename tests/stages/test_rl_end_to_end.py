@@ -1,0 +1,161 @@
+"""RL end to end through the real CLI on the tiny model: every objective trains, metrics are logged, the engine
+is refreshed after each update (and the gap shows it when it is not), and a crash + ``--resume`` is exact."""
+
+import lightning as L
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from klear.config.load import load_config
+from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
+from klear.models import resolve_model_path
+from klear.objectives import list_objectives
+from tests.runs import RL_SHORT, TIMING, read_metrics
+
+SHORT = RL_SHORT
+REQUIRED = [
+    "reward/mean",
+    "eval/accuracy",
+    "objective/clip_frac_low",
+    "objective/clip_frac_high",
+    "actor/entropy",
+    "actor/grad_norm",
+    "rollout/response_length",
+    "rollout/logprob_gap",
+    "rollout/filtered_groups",
+    "objective/approx_kl",
+    "actor/lr",
+    "rollout/gen_tokens_per_s",
+]
+
+
+def initial_weights() -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny")).state_dict()
+
+
+@pytest.mark.parametrize("objective", list_objectives())
+def test_every_objective_trains(objective, tmp_path):
+    assert main(["--config", "configs/rl.yaml", "--objective", objective, f"output_dir={tmp_path}", *SHORT]) == 0
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert [int(row["step"]) for row in rows] == [0, 1, 2, 3, 4]
+    assert set(REQUIRED) <= set(rows[0]), set(REQUIRED) - set(rows[0])
+    assert [row["step"] for row in rows if row["eval/accuracy"]] == ["0", "2", "4"]
+    # The engine gets the new weights after every update: trainer and engine agree on every step's samples.
+    assert all(float(row["rollout/logprob_gap"]) < 1e-4 for row in rows[:4])
+    # One optimizer update per mini-batch of 2 kept groups.
+    updates = [float(row.get("actor/updates") or 0) for row in rows[:4]]
+    assert updates == [-(-float(row["rollout/kept_groups"]) // 2) for row in rows[:4]] and max(updates) == 2
+    before, after = initial_weights(), AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_stale_engine_shows_in_the_logprob_gap(tmp_path):
+    config = load_config("configs/rl.yaml", [f"output_dir={tmp_path}", *SHORT])
+    run_dir = prepare_run_dir(config, resume=False, overwrite=False)
+    module, batches = build_stage(config, run_dir)
+    build_trainer(config, run_dir, resume=False).fit(module, train_dataloaders=batches)  # no refresh callback
+    gaps = [float(row["rollout/logprob_gap"]) for row in read_metrics(tmp_path / "metrics.csv")[:4]]
+    assert gaps[0] < 1e-4 and min(gaps[1:]) > 1e-3, gaps
+
+
+class CorruptEngineAfterRefresh(L.Callback):
+    """Each refresh delivers wrong weights, as a broken weight sync would."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        with torch.no_grad():
+            for parameter in module.engine.model.parameters():
+                parameter.add_(0.05 * torch.randn_like(parameter))
+
+
+def test_a_corrupted_refresh_stops_the_run_when_asked(tmp_path):
+    from klear.rollout.refresh import LogprobGapError, RolloutRefresh
+
+    config = load_config("configs/rl.yaml", [f"output_dir={tmp_path}", *SHORT, "rollout.logprob_gap_stop=0.001"])
+    run_dir = prepare_run_dir(config, resume=False, overwrite=False)
+    module, batches = build_stage(config, run_dir)
+    callbacks = [RolloutRefresh(0.05, config.rollout.logprob_gap_stop), CorruptEngineAfterRefresh()]
+    with pytest.raises(LogprobGapError, match=r"exceeds rollout\.logprob_gap_stop = 0\.001"):
+        build_trainer(config, run_dir, resume=False, extra_callbacks=callbacks).fit(module, train_dataloaders=batches)
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert float(rows[0]["rollout/logprob_gap"]) < 1e-4 and float(rows[-1]["rollout/logprob_gap"]) > 0.001
+
+
+class SimulatedCrash(Exception):
+    pass
+
+
+class Crash(L.Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if batch_idx == 2:  # after the checkpoint of step 2 and the row of step 2
+            raise SimulatedCrash
+
+
+def test_resume_after_crash_is_exact(tmp_path):
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert main(["--config", "configs/rl.yaml", f"output_dir={straight}", *SHORT]) == 0
+
+    config = load_config("configs/rl.yaml", [f"output_dir={crashed}", *SHORT])
+    run_dir = prepare_run_dir(config, resume=False, overwrite=False)
+    module, batches = build_stage(config, run_dir)
+    trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[*module_callbacks(config), Crash()])
+    with pytest.raises(SimulatedCrash):
+        trainer.fit(module, train_dataloaders=batches)
+    assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT]) == 0
+
+    a, b = read_metrics(straight / "metrics.csv"), read_metrics(crashed / "metrics.csv")
+    assert [row["step"] for row in a] == [row["step"] for row in b]
+    for row_a, row_b in zip(a, b, strict=True):
+        for key in row_a:
+            if key.startswith(TIMING[0]) or key.endswith(TIMING[1]) or row_a[key] == row_b[key] == "":
+                continue
+            assert float(row_a[key]) == pytest.approx(float(row_b[key]), rel=1e-5, abs=1e-7), (key, row_a, row_b)
+
+
+@pytest.mark.slow
+def test_kill_9_and_resume_equals_an_uninterrupted_run(tmp_path):
+    """A real ``kill -9`` of the CLI process mid-run, then ``--resume``: the same metrics as a straight run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    args = ["--config", "configs/rl.yaml", *SHORT, "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=1"]
+    assert main([*args, f"output_dir={straight}"]) == 0
+    process = subprocess.Popen([sys.executable, "-m", "klear.fit", *args, f"output_dir={killed}"])
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        checkpoints = list((killed / "checkpoints").glob("step-*.ckpt")) if (killed / "checkpoints").exists() else []
+        if checkpoints and (killed / "metrics.csv").exists() and len(read_metrics(killed / "metrics.csv")) >= 3:
+            os.kill(process.pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert main([*args, f"output_dir={killed}", "--resume"]) == 0
+    a, b = read_metrics(straight / "metrics.csv"), read_metrics(killed / "metrics.csv")
+    assert [row["step"] for row in a] == [row["step"] for row in b]
+    for row_a, row_b in zip(a, b, strict=True):
+        for key in row_a:
+            if key.startswith(TIMING[0]) or key.endswith(TIMING[1]) or row_a[key] == row_b[key] == "":
+                continue
+            assert float(row_a[key]) == pytest.approx(float(row_b[key]), rel=1e-5, abs=1e-7), (key, row_a, row_b)
+
+
+def test_a_user_objective_trains_by_import_path(tmp_path):
+    objective = "tests.objectives.test_user_objective:SoftClip"
+    args = ["--config", "configs/rl.yaml", "--objective", objective, f"output_dir={tmp_path}", *SHORT]
+    assert main([*args, "trainer.max_steps=2", "objective.sharpness=2.0"]) == 0
+    saved = torch.load(next((tmp_path / "checkpoints").glob("step-*.ckpt")), weights_only=False)
+    assert saved["hyper_parameters"]["objective_class"] == objective
+    assert len(read_metrics(tmp_path / "metrics.csv")) == 3
+
+
+def test_filtered_groups_are_refilled_from_fresh_prompts(tmp_path):
+    # even_length gives a group of 4 no variance with probability 1/8: refills keep all 4 groups per step.
+    args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path}", *SHORT, "trainer.max_steps=6"]
+    assert main([*args, "algorithm.max_regenerations=4", "eval.every_n_steps=0"]) == 0
+    rows = read_metrics(tmp_path / "metrics.csv")[:6]
+    assert all(float(row["rollout/kept_groups"]) == 4 for row in rows)
+    assert any(float(row["rollout/filtered_groups"]) > 0 for row in rows)  # something was filtered and refilled

@@ -1,0 +1,101 @@
+"""SFT end to end through the real CLI on the tiny model: loss falls, files and metrics exist, the exported
+model loads and generates, and a crash followed by ``--resume`` continues exactly where the run stopped."""
+
+import lightning as L
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from klear.config.load import load_config
+from klear.fit import build_stage, build_trainer, main, prepare_run_dir
+from tests.runs import read_metrics
+
+SHORT = [
+    "trainer.max_steps=6",
+    "trainer.checkpoint_every_n_steps=3",
+    "trainer.progress_bar=false",
+    "data.num_train=64",
+    "data.batch_size=8",
+    "data.micro_batch_size=3",
+    "data.num_eval=8",
+    "eval.num_prompts=8",
+    "eval.max_new_tokens=16",
+    "eval.every_n_steps=3",
+    "optim.lr=3e-3",
+    "optim.warmup_steps=1",
+]
+COMPARED = ["eval/accuracy", "train/grad_norm", "train/loss", "train/lr", "train/tokens"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    output = tmp_path_factory.mktemp("sft")
+    assert main(["--config", "configs/sft.yaml", f"output_dir={output}", *SHORT]) == 0
+    return output
+
+
+def test_files_metrics_and_falling_loss(finished_run):
+    assert (finished_run / "config.yaml").is_file()
+    assert [path.name for path in (finished_run / "checkpoints").iterdir()] == ["step-000006.ckpt"]
+    rows = read_metrics(finished_run / "metrics.csv")
+    assert [int(row["step"]) for row in rows] == [0, 1, 2, 3, 4, 5, 6]
+    assert {"train/loss", "eval/accuracy", "train/grad_norm", "train/lr"} <= set(rows[0])
+    # eval before the first update, on schedule, and after the last one
+    assert [row["step"] for row in rows if row["eval/accuracy"]] == ["0", "3", "6"]
+    losses = [float(row["train/loss"]) for row in rows[:6]]
+    assert losses[-1] < losses[0] - 0.3, losses
+
+
+def test_exported_model_loads_and_generates(finished_run):
+    model = AutoModelForCausalLM.from_pretrained(finished_run / "hf")
+    tokenizer = AutoTokenizer.from_pretrained(finished_run / "hf")
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Start with 3. Add 4."}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    out = model.generate(ids, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 5 or out[0, -1].item() == tokenizer.eos_token_id
+
+
+class SimulatedCrash(Exception):
+    pass
+
+
+class Crash(L.Callback):
+    """Kills the run right after the checkpoint of step 3 (and after step 4's row was logged)."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if batch_idx == 4:
+            raise SimulatedCrash
+
+
+def test_resume_after_crash_continues_exactly(finished_run, tmp_path):
+    config = load_config("configs/sft.yaml", [f"output_dir={tmp_path}", *SHORT])
+    run_dir = prepare_run_dir(config, resume=False, overwrite=False)
+    module, batches = build_stage(config, run_dir)
+    trainer = build_trainer(config, run_dir, resume=False)
+    trainer.callbacks.append(Crash())
+    with pytest.raises(SimulatedCrash):
+        trainer.fit(module, train_dataloaders=batches)
+    assert [row["step"] for row in read_metrics(tmp_path / "metrics.csv")] == ["0", "1", "2", "3", "4"]
+
+    assert main(["--config", "configs/sft.yaml", f"output_dir={tmp_path}", "--resume", *SHORT]) == 0
+    resumed, uninterrupted = read_metrics(tmp_path / "metrics.csv"), read_metrics(finished_run / "metrics.csv")
+    assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted]
+    for a, b in zip(resumed, uninterrupted, strict=True):
+        for key in COMPARED:
+            assert (a[key] == b[key] == "") or float(a[key]) == pytest.approx(float(b[key]), rel=1e-5), (a, b, key)
+    for name, tensor in AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict().items():
+        torch.testing.assert_close(tensor, AutoModelForCausalLM.from_pretrained(finished_run / "hf").state_dict()[name])
+
+
+def test_tensorboard_logger_writes_events(tmp_path):
+    pytest.importorskip("tensorboard")
+    args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path}", *SHORT, "trainer.max_steps=2"]
+    assert main([*args, "logging.tensorboard=true", "eval.every_n_steps=0"]) == 0
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_starting_over_a_finished_run_is_refused(finished_run, capsys):
+    assert main(["--config", "configs/sft.yaml", f"output_dir={finished_run}", *SHORT]) == 2
+    assert "already holds a run; continue it with --resume" in capsys.readouterr().err
