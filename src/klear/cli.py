@@ -1,16 +1,97 @@
-"""What every ``python -m klear.*`` command does around its ``main``: log lines, no download progress bars, and
-``main``'s return value as the exit status."""
+"""The ``klear`` command, and what every ``python -m klear.*`` command does around its ``main``.
+
+``klear fit|eval|compare|data ARGS`` calls the same ``main(argv)`` as ``python -m klear.fit|eval|compare|data
+ARGS`` (both forms stay), with the same set-up and exit status, so ``klear COMMAND --help`` lists the
+arguments of each. ``klear --help`` and ``klear --version`` import nothing heavy: a command's module (and with
+it torch or transformers) is imported only once that command is chosen.
+
+:func:`run` is the set-up the commands share: log lines at INFO, no download progress bars, and ``main``'s
+return value as the exit status.
+"""
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand of ``klear``: the ``module:function`` that ``python -m`` runs, and its one-line help."""
+
+    target: str
+    help: str
+    setup: bool = True
+    """Whether ``python -m`` wraps it in :func:`run`'s set-up (``klear.compare`` exits with ``main()`` alone)."""
+
+
+COMMANDS: dict[str, Command] = {
+    "fit": Command("klear.fit:main", "train one stage, SFT or RL, from a config and key=value overrides"),
+    "eval": Command("klear.eval.__main__:main", "avg@k and unbiased pass@k of a model on math or code problems"),
+    "compare": Command(
+        "klear.compare.__main__:main", "objectives x seeds, all else equal, and the comparison report", setup=False
+    ),
+    "data": Command("klear.data.__main__:main", "data preparation: synthetic, curate, decontaminate, dedup, mix, ..."),
+}
+"""``klear NAME`` -> the command it runs, in the order ``klear --help`` lists them."""
+
+
+def setup() -> None:
+    """Log lines at INFO and no download progress bars (without importing transformers just for that)."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read by huggingface_hub and transformers when imported
+    if "transformers" in sys.modules:  # imported already: its bars were switched on at import
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    elif "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
 
 
 def run(main: Callable[[], int]) -> None:
-    from transformers.utils import logging as transformers_logging
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    transformers_logging.disable_progress_bar()
+    """What ``python -m klear.<command>`` does: :func:`setup`, then exit with ``main()``'s return value."""
+    setup()
     sys.exit(main())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from klear import __version__
+
+    listing = "\n".join(f"  {name:<9} {command.help}" for name, command in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="klear",
+        usage="klear [-h] [--version] COMMAND [ARGS ...]",
+        description="Post-training of reasoning LLMs: long-CoT SFT, then RL with verifiable rewards\n"
+        f"and pluggable policy objectives.\n\ncommands:\n{listing}",
+        epilog="ARGS: those of python -m klear.COMMAND, listed by klear COMMAND --help.\n"
+        "klear fit --config FILE --help-config [SECTION] lists the keys of a config.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"klear {__version__}", help="print the version")
+    parser.add_argument("command", metavar="COMMAND", choices=COMMANDS, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``klear COMMAND ARGS``: the exit status of ``COMMAND``'s ``main(ARGS)``; usage and 2 without a known one."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        parser.error(f"unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}{hint}")
+    # Only the first word is klear's own; the rest goes untouched to the command's parser (its --help included).
+    command = COMMANDS[parser.parse_args(argv[:1]).command]
+    module, _, function = command.target.partition(":")
+    command_main: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
+    if command.setup:
+        setup()
+    return command_main(argv[1:])

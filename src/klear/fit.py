@@ -43,12 +43,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--overwrite", action="store_true", help="replace a previous run in output_dir")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--list-objectives", action="store_true", help="list registered objectives and exit")
+    parser.add_argument(
+        "--help-config",
+        nargs="?",
+        const="",
+        metavar="SECTION",
+        help="list every key of the resolved config (or of SECTION, e.g. rollout) with its type, value, default "
+        "and doc, and exit",
+    )
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bar and no info lines: warnings, errors, the summary"
+    )
+    loudness.add_argument(
+        "-v", "--verbose", action="store_true", help="klear's debug lines (per-step facts) and every library line"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    return parser.parse_intermixed_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    if args.help_config and "=" in args.help_config:  # `--help-config key=value`: an override, not a SECTION
+        args.overrides.insert(0, args.help_config)
+        args.help_config = ""
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    set_loudness(args.quiet, args.verbose)
     if args.list_objectives:
         from klear.objectives import list_objectives, objective_defaults
 
@@ -57,25 +77,76 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         config = load_config(args.config, args.overrides, args.objective)
+        if args.help_config is not None:
+            from klear.config.help import config_help, terminal_width
+
+            print(config_help(config, args.help_config, terminal_width()))
+            return 0
         if args.print_config:
             print(OmegaConf.to_yaml(config), end="")
             return 0
+        if args.quiet:
+            config.trainer.progress_bar = False
         run_dir = prepare_run_dir(config, resume=args.resume, overwrite=args.overwrite)
         module, batches = build_stage(config, run_dir)
     except (ConfigError, RunError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    return train(config, run_dir, module, batches, args, argv)
+
+
+def set_loudness(quiet: bool, verbose: bool) -> None:
+    """``--quiet``: warnings and errors only (the summary is printed, not logged); ``--verbose``: klear's debug
+    lines, and the third-party lines a run filters by default (`klear.runtime.console`)."""
+    import logging
+
+    from klear.runtime.console import quiet_third_party
+
+    if verbose:
+        logging.getLogger("klear").setLevel(logging.DEBUG)
+        return
+    if quiet:
+        logging.getLogger().setLevel(logging.WARNING)
+    quiet_third_party(logging.WARNING if quiet else logging.INFO)
+
+
+def train(
+    config: DictConfig, run_dir: RunDir, module, batches, args: argparse.Namespace, argv: list[str] | None
+) -> int:
+    """Fit, then write ``report.md`` and ``curves.png`` and print the closing summary however the run ended:
+    finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), interrupted with Ctrl-C (130) or failed (the
+    exception propagates after the summary). The last checkpoint is kept in every case."""
+    import time
+
     from klear.rollout.refresh import LogprobGapError
+    from klear.runtime import lightning_compat
+    from klear.runtime.report import write_run_report
 
     trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=module_callbacks(config))
+    first_step = run_dir.resume_step() if args.resume else 0  # read now: the run replaces the checkpoint
+    started, code, status, failure = time.perf_counter(), 0, "finished", None
     try:
-        trainer.fit(module, train_dataloaders=batches, ckpt_path=str(run_dir.last_checkpoint) if args.resume else None)
+        checkpoint = str(run_dir.last_checkpoint) if args.resume else None
+        trainer.fit(module, train_dataloaders=batches, ckpt_path=checkpoint, weights_only=False)  # our own files
     except LogprobGapError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 3
+        code, status = 3, f"stopped at step {lightning_compat.completed_steps(trainer)}: {_first_line(error)}"
+    except SystemExit:  # Lightning answers Ctrl-C with a graceful shutdown, then sys.exit(1)
+        if not trainer.interrupted:
+            raise
+        code, status = 130, f"interrupted at step {lightning_compat.completed_steps(trainer)}"
+    except Exception as error:
+        code, failure = 1, error
+        status = (
+            f"failed at step {lightning_compat.completed_steps(trainer)}: {type(error).__name__}: {_first_line(error)}"
+        )
     if trainer.is_global_zero:
-        print(run_summary(run_dir))
-    return 0
+        seconds = time.perf_counter() - started
+        write_run_report(run_dir.root, config, seconds, status, first_step)
+        print(run_summary(run_dir, status, seconds, first_step, None if code == 0 else resume_command(argv)))
+    if failure is not None:
+        raise failure
+    return code
 
 
 def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir:
@@ -103,24 +174,45 @@ def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir
     return run_dir
 
 
-def run_summary(run_dir: RunDir) -> str:
-    """The closing lines of a run: where ``eval/accuracy`` went, the data rows skipped, and where the outputs are."""
-    import csv
+def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 0, resume: str | None = None) -> str:
+    """The closing lines of a run: how it ended, where ``eval/accuracy`` went (best at which step), the time, the
+    data rows skipped, where the outputs are, and the command that resumes it (when it did not finish)."""
     import json
 
-    with run_dir.metrics.open(newline="") as file:
-        accuracy = [float(row["eval/accuracy"]) for row in csv.DictReader(file) if row.get("eval/accuracy")]
-    lines = []
-    if accuracy:
-        lines.append(f"eval/accuracy {accuracy[0]:.3f} -> {accuracy[-1]:.3f} (best {max(accuracy):.3f})")
+    from klear.runtime.report import completed_steps, duration, read_metrics
+
+    rows = read_metrics(run_dir.metrics)
+    evals = [(int(row["step"]), row["eval/accuracy"]) for row in rows if row.get("eval/accuracy") is not None]
+    steps = completed_steps(rows) - first_step
+    rate = f", {steps / seconds:.2f} steps/s" if seconds > 0 and steps > 0 else ""
+    lines = [f"run {status}: {steps} step{'' if steps == 1 else 's'} in {duration(seconds)}{rate}"]
+    if evals:
+        best_step, best = max(evals, key=lambda item: item[1])
+        lines.append(f"eval/accuracy {evals[0][1]:.3f} -> {evals[-1][1]:.3f} (best {best:.3f} at step {best_step})")
     if run_dir.data_report.is_file():
         report = json.loads(run_dir.data_report.read_text())
         skipped = {name: source["skipped"] for name, source in report.items() if source.get("skipped")}
         if skipped:
             counts = ", ".join(f"{count} of {report[name]['rows']} {name} rows" for name, count in skipped.items())
             lines.append(f"skipped {counts} (each by file and line in {run_dir.data_report})")
-    lines.append(f"model: {run_dir.hf}; metrics: {run_dir.metrics}")
+    model = f"model: {run_dir.hf}; " if (run_dir.hf / "config.json").is_file() else ""
+    lines.append(f"{model}metrics: {run_dir.metrics}; report: {run_dir.root / 'report.md'} (curves.png)")
+    if resume and run_dir.last_checkpoint is not None:
+        lines.append(f"nothing is lost: {run_dir.last_checkpoint} is kept; resume with: {resume}")
     return "\n".join(lines)
+
+
+def resume_command(argv: list[str] | None) -> str:
+    """The command line that continues this run: the same arguments, with ``--resume`` (and no ``--overwrite``)."""
+    import shlex
+
+    args = [arg for arg in (sys.argv[1:] if argv is None else argv) if arg not in ("--overwrite", "--resume")]
+    return shlex.join(["python", "-m", "klear.fit", *args, "--resume"])
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def build_stage(config: DictConfig, run_dir: RunDir):
@@ -144,11 +236,11 @@ def module_callbacks(config: DictConfig) -> list:
 
 def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callbacks: list | None = None):
     import lightning as L
-    from lightning.pytorch.callbacks import RichProgressBar
 
     from klear.runtime.checkpoints import StepCheckpoint
     from klear.runtime.device import default_precision, uses_cuda
     from klear.runtime.metrics_log import MetricsCSVLogger
+    from klear.runtime.progress import StepProgressBar
     from klear.runtime.strategies import build_strategy
 
     loggers = [MetricsCSVLogger(run_dir.root, resume_step=run_dir.resume_step() if resume else None)]
@@ -162,7 +254,7 @@ def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callb
         loggers.append(WandbLogger(project=config.logging.wandb_project, save_dir=str(run_dir.root)))
     callbacks = [*(extra_callbacks or []), StepCheckpoint(run_dir, config.trainer.checkpoint_every_n_steps)]
     if config.trainer.progress_bar:
-        callbacks.append(RichProgressBar(leave=True))
+        callbacks.append(StepProgressBar())
     return L.Trainer(
         accelerator="gpu" if uses_cuda(config.trainer.accelerator) else "cpu",
         devices=config.trainer.devices,

@@ -16,22 +16,23 @@ from pathlib import Path
 
 from klear.compare.runs import Run
 from klear.compare.stats import mean_ci, paired_t_test
+from klear.runtime.report import draw_panels, read_metrics
 
 PANELS = [
-    ("eval/accuracy", "eval accuracy"),
-    ("reward/mean", "reward (train samples)"),
-    ("actor/entropy", "entropy"),
-    ("objective/clip_frac_high", "clip fraction high"),
-    ("objective/clip_frac_low", "clip fraction low"),
-    ("actor/grad_norm", "grad norm"),
+    ("eval/accuracy", "eval accuracy", "fraction correct"),
+    ("reward/mean", "reward (train samples)", "mean reward"),
+    ("actor/entropy", "entropy", "nats / token"),
+    ("objective/clip_frac_high", "clip fraction high", "fraction of tokens"),
+    ("objective/clip_frac_low", "clip fraction low", "fraction of tokens"),
+    ("actor/grad_norm", "grad norm", "L2 norm before clipping"),
 ]
+"""Panels of ``comparison.png``: metric, title, y-axis label."""
 SIGNIFICANCE = 0.05
 
 
 def read_run(run: Run) -> list[dict[str, float]]:
     """Rows of a run's metrics.csv with numbers as floats (missing values left out)."""
-    with (run.directory / "metrics.csv").open(newline="") as file:
-        return [{key: float(value) for key, value in row.items() if value != ""} for row in csv.DictReader(file)]
+    return read_metrics(run.directory / "metrics.csv")
 
 
 def write_reports(output: Path, runs: list[Run], failed: list[Run]) -> list[Path]:
@@ -146,29 +147,16 @@ def _markdown(summary: dict, runs: list[Run], failed: list[Run], metrics: dict) 
 
 
 def _plot(path: Path, labels: list[str], runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(2, 3, figsize=(15, 8))
-    for axis, (key, title) in zip(axes.reshape(-1), PANELS, strict=True):
+    panels = []
+    for key, title, unit in PANELS:
+        lines = []
         for label in labels:
             series = [
                 {row["step"]: row[key] for row in metrics[id(run)] if key in row} for run in runs if run.label == label
             ]
             steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
-            if not steps:
-                continue
-            stats = [mean_ci([s[step] for s in series]) for step in steps]
-            means = [m for m, _ in stats]
-            axis.plot(steps, means, label=label, linewidth=1.8)
-            axis.fill_between(steps, [m - h for m, h in stats], [m + h for m, h in stats], alpha=0.2)
-        axis.set_title(title)
-        axis.set_xlabel("step")
-        axis.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=8)
-    figure.suptitle("Mean over seeds with 95% confidence bands")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+            if steps:
+                stats = [mean_ci([s[step] for s in series]) for step in steps]
+                lines.append((label, steps, [m for m, _ in stats], [h for _, h in stats]))
+        panels.append((title, unit, lines))
+    draw_panels(path, panels, "Mean over seeds with 95% confidence bands")

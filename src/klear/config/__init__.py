@@ -1,6 +1,7 @@
-"""Run configuration: the schema of every key (`klear.config.schema`) and loading with validation
+"""Run configuration: the schema of every key (`klear.config.schema`), loading with validation
 (`klear.config.load`: YAML + dotted overrides, unknown keys and bad values as one-line errors, before any heavy
-import). The schema's dataclasses are importable from here: ``from klear.config import RLRunConfig``."""
+import) and the ``--help-config`` table of a config's keys (`klear.config.help`). The schema's dataclasses are
+importable from here: ``from klear.config import RLRunConfig``."""
 
 from klear.config.schema import (
     SCHEMAS,

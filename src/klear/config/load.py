@@ -1,4 +1,5 @@
-"""Loading, merging and checking run configs, with one-line errors that name the key and what is accepted.
+"""Loading, merging and checking run configs, with one-line errors that name the key and what is accepted (and,
+for a misspelt key, objective hyperparameter or reward option, the closest accepted name).
 
 Order of precedence: the stage's dataclass defaults (:mod:`klear.config`), then the YAML file, then ``key=value``
 overrides, then ``--objective``. Everything is checked before any model is built, so a typo costs a second,
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import difflib
 import importlib.util
 import inspect
 import types
@@ -228,6 +230,7 @@ def _check_call(prefix: str, component: Any, values: dict[str, Any], name: str) 
             what = "hyperparameter" if prefix == "objective" else "option"
             raise ConfigError(
                 f"{prefix.split('.')[0]} {name!r} has no {what} {key!r}; accepted: {', '.join(accepted) or '(none)'}"
+                f"{did_you_mean(key, accepted)}"
             )
         if key in hints and not _matches(value, hints[key]):
             raise ConfigError(f"{prefix}.{key} = {value!r} is not accepted; accepted: {_type_name(hints[key])}")
@@ -278,13 +281,20 @@ def _sections(schema: type) -> dict[str, type]:
 def _explain(error: OmegaConfBaseException, stage: str) -> str:
     key = getattr(error, "full_key", None)
     if isinstance(error, ConfigKeyError) and key:
-        parent, _, _ = key.rpartition(".")
+        parent, _, name = key.rpartition(".")
         accepted = _accepted_keys(SCHEMAS[stage], parent)
         where = f"section '{parent}'" if parent else f"stage {stage!r}"
-        return f"unknown config key '{key}'; accepted keys of {where}: {', '.join(accepted)}"
+        close = did_you_mean(name, accepted, prefix=f"{parent}." if parent else "")
+        return f"unknown config key '{key}'; accepted keys of {where}: {', '.join(accepted)}{close}"
     if key:
         return f"bad value for '{key}': {_first_line(error)}"
     return f"bad config: {_first_line(error)}"
+
+
+def did_you_mean(word: str, accepted: list[str], prefix: str = "") -> str:
+    """``"; did you mean 'rollout.temperature'?"`` for the accepted name closest to a typo'd one, else ``""``."""
+    close = difflib.get_close_matches(word, accepted, n=1)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
 
 
 def _accepted_keys(schema: type, dotted: str) -> list[str]:

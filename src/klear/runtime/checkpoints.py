@@ -45,7 +45,8 @@ class StepCheckpoint(L.Callback):
             self.run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
             remove_path(temporary)  # the leftover of a save that was killed
         trainer.strategy.barrier("klear-checkpoint-start")
-        trainer.save_checkpoint(temporary)  # a file, or a directory of shards under fsdp2
+        # A file, or a directory of shards under fsdp2; with the callbacks' and loops' state (not weights only).
+        trainer.save_checkpoint(temporary, weights_only=False)
         trainer.strategy.barrier("klear-checkpoint-saved")
         if trainer.is_global_zero:
             os.replace(temporary, target)

@@ -51,6 +51,9 @@ from klear.stages.update import PolicyUpdate, batch_logprobs
 
 log = logging.getLogger(__name__)
 
+STARVED_STEPS = 3
+"""Consecutive steps keeping fewer than half of their prompt groups before the run warns about it."""
+
 
 class RLModule(StageModule):
     """GRPO-family RL of ``config.model`` with the objective ``config.objective``."""
@@ -84,6 +87,7 @@ class RLModule(StageModule):
         self.eval_problems = eval_problems
         self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
         self.engine = None
+        self._starved = 0  # consecutive steps that kept fewer than half of their groups
 
     def sharded_models(self) -> list[torch.nn.Module]:
         """The policy and the frozen reference."""
@@ -127,6 +131,8 @@ class RLModule(StageModule):
             self.lr_schedulers().step()
         metrics["actor/lr"] = self.lr_schedulers().get_last_lr()[0]
         self.log("reward", metrics["reward/mean"], prog_bar=True, logger=False)
+        kept = metrics["rollout/kept_groups"] / self.config.rollout.prompts_per_step
+        self.log("kept", kept, prog_bar=True, logger=False)  # the share of prompt groups trained on
         self._log_step(metrics, step=batch_idx)
 
     def rollout(self, problems: list[Problem], step: int) -> tuple[ScoredGroups, dict[str, float]]:
@@ -148,16 +154,28 @@ class RLModule(StageModule):
         scored = ScoredGroups.concat(kept, n)
         scored = scored.select(list(range(min(wanted, len(scored)))))
         metrics["rollout/kept_groups"] = len(scored)
-        if len(scored) < wanted:
-            log.warning(
-                "step %d: only %d of %d prompt groups have reward variance to learn from (the rest were all "
-                "right or all wrong); training on those%s",
-                step,
-                len(scored),
-                wanted,
-                "" if len(scored) else " — none, so this step makes no update",
-            )
+        self._warn_if_starved(step, len(scored), wanted)
         return scored, metrics
+
+    def _warn_if_starved(self, step: int, kept: int, wanted: int) -> None:
+        """Filtered groups are normal GRPO (``rollout/kept_groups``, ``rollout/filtered_groups``); a warning is
+        for a step that makes no update, or for fewer than half of the groups kept ``STARVED_STEPS`` steps running."""
+        self._starved = self._starved + 1 if kept < wanted / 2 else 0
+        if kept == 0:
+            log.warning("step %d: every prompt group was all right or all wrong, so this step makes no update", step)
+        elif self._starved == STARVED_STEPS:
+            log.warning(
+                "steps %d-%d: fewer than half of the %d prompt groups had reward variance to learn from (%d kept at "
+                "step %d): the problems are mostly too easy or too hard for the model (see rollout/kept_groups; "
+                "algorithm.max_regenerations refills from fresh prompts)",
+                step - STARVED_STEPS + 1,
+                step,
+                wanted,
+                kept,
+                step,
+            )
+        else:
+            log.debug("step %d: %d of %d prompt groups kept", step, kept, wanted)
 
     def _sample_and_score(self, problems: list[Problem], step: int, attempt: int):
         """This rank samples and scores its share of ``problems``; all ranks get the whole step's groups, the

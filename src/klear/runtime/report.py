@@ -1,0 +1,262 @@
+"""The report card of one run: ``report.md`` and ``curves.png`` in its ``output_dir``, so that a run explains
+itself without a notebook (the habit is nanochat's).
+
+Everything is read back from the run directory, ``metrics.csv`` and ``data_report.json``, plus the resolved
+config, so the same function reports a finished run, an interrupted one (whatever steps it logged) and one that
+stopped before its first step. A metric that was never logged is left out, never an error: SFT has no reward, and
+a run stopped before its first evaluation has no ``eval/accuracy``. Throughput is the median over the logged steps,
+because the first step of a run also pays for warm-up. :func:`draw_panels` also draws ``comparison.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+Series = tuple[str, list[float], list[float], list[float] | None]
+"""One line of a panel: label, steps, values, and half-widths of a band around it (or None)."""
+
+PANELS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
+    "rl": [
+        ("eval/accuracy", "fraction correct", ("eval/accuracy",)),
+        ("reward (train samples)", "mean reward", ("reward/mean", "reward/raw_mean")),
+        ("actor/entropy", "nats / token", ("actor/entropy",)),
+        ("clipped tokens", "fraction of tokens", ("objective/clip_frac_low", "objective/clip_frac_high")),
+        ("actor/grad_norm", "L2 norm before clipping", ("actor/grad_norm",)),
+        ("rollout/response_length", "tokens", ("rollout/response_length",)),
+    ],
+    "sft": [
+        ("train/loss", "NLL / response token", ("train/loss",)),
+        ("eval/accuracy", "fraction correct", ("eval/accuracy",)),
+        ("train/grad_norm", "L2 norm before clipping", ("train/grad_norm",)),
+    ],
+}
+"""Stage -> the panels of ``curves.png``: title, y-axis label, the metrics drawn together."""
+KEY_METRICS = {stage: [key for _, _, keys in panels for key in keys] for stage, panels in PANELS.items()}
+"""Stage -> the metrics of the final-values table: those of the panels, and for RL the trainer-engine gap."""
+KEY_METRICS["rl"].append("rollout/logprob_gap")
+THROUGHPUT = {
+    "rollout/gen_tokens_per_s": "generation",
+    "actor/train_tokens_per_s": "training",
+    "train/tokens_per_s": "training",
+}
+
+
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    """Rows of a ``metrics.csv`` with numbers as floats, empty cells left out; no file: no rows. Of a row cut short
+    by a killed writer the cells it has are kept, and it is left out when it lost its ``step``."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as file:
+        rows = [{key: float(value) for key, value in row.items() if value} for row in csv.DictReader(file)]
+    return [row for row in rows if "step" in row]
+
+
+def write_run_report(
+    output_dir: Path, config: DictConfig, wall_seconds: float, status: str = "finished", first_step: int = 0
+) -> list[Path]:
+    """Write ``report.md`` and ``curves.png`` (when any panel has data) into ``output_dir``; return the files written.
+
+    ``status`` says how the run ended (``finished``, ``interrupted at step N``, ``stopped: <reason>``);
+    ``wall_seconds`` is the time of this invocation, which began at ``first_step`` (a resumed run's checkpoint).
+    """
+    output_dir = Path(output_dir)
+    rows = read_metrics(output_dir / "metrics.csv")
+    curves = output_dir / "curves.png"
+    panels = [
+        (title, unit, [_series(rows, key) for key in keys if any(key in row for row in rows)])
+        for title, unit, keys in PANELS.get(config.stage, [])
+    ]
+    panels = [panel for panel in panels if panel[2]]
+    if panels:
+        draw_panels(curves, panels, f"{config.stage.upper()} run {output_dir}")
+    else:
+        curves.unlink(missing_ok=True)  # a figure of an earlier run in this directory would contradict the report
+    report = output_dir / "report.md"
+    report.write_text(_markdown(output_dir, config, rows, wall_seconds, status, first_step, bool(panels)))
+    return [report, curves] if panels else [report]
+
+
+def _series(rows: list[dict[str, float]], key: str) -> Series:
+    return key, [row["step"] for row in rows if key in row], [row[key] for row in rows if key in row], None
+
+
+def completed_steps(rows: list[dict[str, float]]) -> int:
+    """Steps the logged rows show completed: a training row at step s completes s + 1, the closing evaluation
+    (a row of ``eval/*`` only, logged at ``trainer.max_steps``) completes s."""
+    done = [row["step"] if all(k.startswith("eval/") for k in row if k != "step") else row["step"] + 1 for row in rows]
+    return int(max(done, default=0))
+
+
+def _markdown(
+    output_dir: Path, config: DictConfig, rows: list, wall: float, status: str, first_step: int, curves: bool
+) -> str:
+    steps = completed_steps(rows)
+    rate = (steps - first_step) / wall if wall > 0 else math.nan
+    lines = [f"# {config.stage.upper()} run: `{output_dir}`", ""]
+    lines += [f"**Status:** {status}; {steps} of {config.trainer.max_steps} steps, wall time {duration(wall)}"]
+    lines[-1] += f" ({rate:.3g} steps/s{f', from step {first_step}' if first_step else ''}).\n"
+    if not rows:
+        lines += [
+            "No metrics were logged (`metrics.csv` is missing or has no rows): the run stopped before its first "
+            "step, so there are no curves.",
+            "",
+        ]
+    lines += [*_accuracy(rows), ""]
+    if curves:
+        lines += ["![curves](curves.png)", ""]
+    lines += ["## Settings", "", "| key | value |", "|---|---|"]
+    lines += [f"| `{key}` | {value} |" for key, value in _settings(config)] + [""]
+    throughput = [(name, key, [row[key] for row in rows if key in row]) for key, name in THROUGHPUT.items()]
+    lines += ["## Speed", "", "| | |", "|---|---|", f"| wall time | {duration(wall)} |", f"| steps/s | {rate:.3g} |"]
+    lines += [
+        f"| {n} (`{k}`, median of {len(v)}) | {statistics.median(v):,.0f} tokens/s |" for n, k, v in throughput if v
+    ]
+    lines += ["", "## Final values", ""]
+    present = [key for key in KEY_METRICS.get(config.stage, []) if any(key in row for row in rows)]
+    if present:
+        lines += ["| metric | first | final | at step | min | max |", "|---|---|---|---|---|---|"]
+        for key in present:
+            steps_of, values = _series(rows, key)[1:3]
+            lines.append(
+                f"| `{key}` | {_num(values[0])} | {_num(values[-1])} | {steps_of[-1]:.0f} | "
+                f"{_num(min(values))} | {_num(max(values))} |"
+            )
+    missing = [key for key in KEY_METRICS.get(config.stage, []) if key not in present]
+    lines += ["", f"Not logged: {', '.join(f'`{key}`' for key in missing)}.", ""] if missing else [""]
+    lines += _data(output_dir / "data_report.json") + _files(output_dir, curves)
+    return "\n".join(lines) + "\n"
+
+
+def _accuracy(rows: list[dict[str, float]]) -> list[str]:
+    points = [(row["step"], row["eval/accuracy"]) for row in rows if "eval/accuracy" in row]
+    if not points:
+        return ["`eval/accuracy`: no evaluation was logged."]
+    best_step, best = max(points, key=lambda point: point[1])  # the first step that reached the best
+    (_, start), (end_step, end) = points[0], points[-1]
+    return [
+        f"**`eval/accuracy`:** {start:.3f} -> {end:.3f} ({end - start:+.3f}) at step {end_step:.0f}; "
+        f"best {best:.3f} at step {best_step:.0f} ({len(points)} evaluation{'s' if len(points) > 1 else ''})."
+    ]
+
+
+def _settings(config: DictConfig) -> list[tuple[str, object]]:
+    common = [("model.path", config.model.path), ("stage", config.stage), ("seed", config.seed)]
+    if config.stage == "sft":
+        data = config.data
+        return [
+            *common,
+            ("trainer.max_steps", config.trainer.max_steps),
+            ("data.batch_size", data.batch_size),
+            ("data.max_length", data.max_length),
+            ("data.batching", data.batching),
+            ("optim.lr", config.optim.lr),
+        ]
+    from klear.objectives import objective_defaults
+
+    options = {key: value for key, value in config.objective.items() if key != "name"}
+    hyperparameters = {**objective_defaults(config.objective.name), **options}
+    rollout, algorithm = config.rollout, config.algorithm
+    updates = math.ceil(rollout.prompts_per_step / algorithm.mini_batch_prompts) * algorithm.epochs
+    return [
+        *common,
+        ("objective", f"{config.objective.name} ({', '.join(f'{k}={v}' for k, v in hyperparameters.items())})"),
+        ("trainer.max_steps", config.trainer.max_steps),
+        (
+            "rollout.prompts_per_step x rollout.group_size",
+            f"{rollout.prompts_per_step} x {rollout.group_size} = {rollout.prompts_per_step * rollout.group_size} "
+            "responses / step",
+        ),
+        ("algorithm.mini_batch_prompts", f"{algorithm.mini_batch_prompts} (up to {updates} updates / step)"),
+        ("algorithm.epochs", algorithm.epochs),
+        ("optim.lr", config.optim.lr),
+    ]
+
+
+def _data(path: Path) -> list[str]:
+    if not path.is_file():
+        return []
+    lines = ["## Data", "", "| split | source | rows | used | skipped |", "|---|---|---|---|---|"]
+    report = json.loads(path.read_text())
+    for split, source in report.items():
+        used = source.get("problems", source.get("examples", "—"))
+        lines.append(
+            f"| {split} | `{source.get('source')}` | {source.get('rows', '—')} | {used} | {source.get('skipped', 0)} |"
+        )
+    if any(source.get("skipped") for source in report.values()):
+        lines += ["", "The skipped rows are listed by file and line in [data_report.json](data_report.json)."]
+    return [*lines, ""]
+
+
+def _files(output_dir: Path, curves: bool) -> list[str]:
+    files = [
+        ("curves.png", curves),
+        ("metrics.csv", (output_dir / "metrics.csv").is_file()),
+        ("config.yaml", (output_dir / "config.yaml").is_file()),
+    ]
+    links = [f"[{name}]({name})" for name, present in files if present]
+    model = "[hf/](hf/) (the final model)" if (output_dir / "hf").is_dir() else "no `hf/` (written when a run ends)"
+    return ["## Files", "", f"{', '.join(links)}; {model}."]
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def duration(seconds: float) -> str:
+    """``3 min 8 s``, ``1 h 05 min``, ``12.3 s``."""
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes >= 60:
+        return f"{minutes // 60} h {minutes % 60:02d} min"
+    return f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
+
+
+def draw_panels(path: Path, panels: list[tuple[str, str, list[Series]]], title: str) -> None:
+    """Draw ``panels`` (title, y-axis label, series) over ``step``, three to a row, into the PNG ``path``.
+
+    A label keeps its colour in every panel. When every panel with data holds the same labels (runs compared), one
+    legend serves the figure; otherwise a panel with several lines has its own, and its later lines are dashed.
+    Series of up to 25 points get markers, so that a few evaluations read as points rather than a trend.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows + 0.6), squeeze=False)
+    colours = {label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(s[0] for p in panels for s in p[2]))}
+    drawn = [tuple(s[0] for s in series) for _, _, series in panels if series]
+    shared = len(drawn) > 1 and len(set(drawn)) == 1
+    for axis, (name, unit, series) in zip(axes.reshape(-1), panels, strict=False):
+        for index, (label, steps, values, half) in enumerate(series):
+            style = {"color": colours[label], "marker": "o" if len(steps) <= 25 else None, "markersize": 3.5}
+            # Within a run the later lines are dashed, so that one equal to the first (raw reward) still shows.
+            linestyle = "-" if shared else ("-", "--", ":")[index % 3]
+            axis.plot(steps, values, label=label, linewidth=1.6, linestyle=linestyle, **style)
+            if half is not None:
+                low = [v - h for v, h in zip(values, half, strict=True)]
+                high = [v + h for v, h in zip(values, half, strict=True)]
+                axis.fill_between(steps, low, high, color=colours[label], alpha=0.2)
+        axis.set(title=name, xlabel="step", ylabel=unit)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+        axis.grid(alpha=0.3)
+        if len(series) > 1 and not shared:
+            axis.legend(fontsize=8)
+    for axis in axes.reshape(-1)[len(panels) :]:
+        axis.set_visible(False)
+    if shared:
+        first = next(i for i, panel in enumerate(panels) if panel[2])
+        handles, labels = axes.reshape(-1)[first].get_legend_handles_labels()
+        figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=9)
+    figure.suptitle(title)
+    figure.tight_layout(rect=(0, 0.06 if shared else 0, 1, 1))
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

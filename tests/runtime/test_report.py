@@ -1,0 +1,126 @@
+"""The run report: numbers in ``report.md`` read back from small hand-written ``metrics.csv`` files (finished,
+interrupted, missing metrics, no rows, a row cut short), the figure's panels, and one real short RL run."""
+
+import csv
+import json
+
+from klear.config.load import load_config
+from klear.fit import main
+from klear.runtime.report import completed_steps, read_metrics, write_run_report
+from tests.runs import RL_SHORT
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def write_metrics(path, rows: list[dict[str, float]]) -> None:
+    """``metrics.csv`` in the logger's layout: sorted columns, empty cells for metrics not logged at a step."""
+    keys = sorted({key for row in rows for key in row})
+    with (path / "metrics.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def rl_config(tmp_path, *overrides: str):
+    return load_config("configs/rl.yaml", [f"output_dir={tmp_path}", "trainer.max_steps=4", *overrides])
+
+
+def test_rl_report_has_accuracy_speed_final_values_and_settings(tmp_path):
+    # eval at 0, 2 and the closing one at 4: start 0.25, best 0.5 at step 2, end 0.375.
+    accuracy = {0: 0.25, 2: 0.5}
+    rows = [
+        {
+            "step": step,
+            "reward/mean": 0.1 * step,
+            "objective/clip_frac_low": 0.01,
+            "objective/clip_frac_high": 0.02,
+            "actor/entropy": 0.5,
+            "actor/grad_norm": 1.5,
+            "rollout/response_length": 40 + step,
+            "rollout/gen_tokens_per_s": [100, 1000, 1200, 1100][step],  # median 1050: the warm-up step is not it
+            **({"eval/accuracy": accuracy[step]} if step in accuracy else {}),
+        }
+        for step in range(4)
+    ]
+    write_metrics(tmp_path, [*rows, {"step": 4, "eval/accuracy": 0.375}])
+    written = write_run_report(tmp_path, rl_config(tmp_path, "objective.eps_high=0.3"), wall_seconds=8.0)
+
+    assert [path.name for path in written] == ["report.md", "curves.png"]
+    assert (tmp_path / "curves.png").read_bytes().startswith(PNG)
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith(f"# RL run: `{tmp_path}`")
+    assert "**Status:** finished; 4 of 4 steps, wall time 8.0 s (0.5 steps/s)." in report
+    assert "0.250 -> 0.375 (+0.125) at step 4; best 0.500 at step 2 (3 evaluations)" in report
+    assert "| `objective` | gppo (eps_low=0.2, eps_high=0.3," in report  # defaults with the override
+    assert "| `rollout.prompts_per_step x rollout.group_size` | 16 x 8 = 128 responses / step |" in report
+    assert "| `algorithm.mini_batch_prompts` | 4 (up to 4 updates / step) |" in report
+    assert "| generation (`rollout/gen_tokens_per_s`, median of 4) | 1,050 tokens/s |" in report
+    assert "| `reward/mean` | 0 | 0.3 | 3 | 0 | 0.3 |" in report
+    assert "| `rollout/response_length` | 40 | 43 | 3 | 40 | 43 |" in report
+    assert "Not logged: `reward/raw_mean`, `rollout/logprob_gap`." in report
+    assert "[curves.png](curves.png), [metrics.csv](metrics.csv)" in report and "no `hf/`" in report
+
+
+def test_interrupted_sft_run_without_eval_reports_what_it_logged(tmp_path):
+    write_metrics(
+        tmp_path, [{"step": step, "train/loss": 3.0 - step, "train/tokens_per_s": 500.0} for step in range(3)]
+    )
+    (tmp_path / "data_report.json").write_text(
+        json.dumps({"train": {"source": "a.jsonl", "rows": 10, "examples": 8, "skipped": 2}})
+    )
+    (tmp_path / "hf").mkdir()
+    config = load_config("configs/sft.yaml", [f"output_dir={tmp_path}", "trainer.max_steps=10"])
+    written = write_run_report(tmp_path, config, wall_seconds=150.0, status="interrupted at step 3")
+
+    assert [path.name for path in written] == ["report.md", "curves.png"]
+    report = (tmp_path / "report.md").read_text()
+    assert "**Status:** interrupted at step 3; 3 of 10 steps, wall time 2 min 30 s (0.02 steps/s)." in report
+    assert "`eval/accuracy`: no evaluation was logged." in report
+    assert "| `train/loss` | 3 | 1 | 2 | 1 | 3 |" in report
+    assert "Not logged: `eval/accuracy`, `train/grad_norm`." in report
+    assert "| `data.batch_size` | 16 |" in report and "| `data.max_length` | 256 |" in report
+    assert "| training (`train/tokens_per_s`, median of 3) | 500 tokens/s |" in report
+    assert "| train | `a.jsonl` | 10 | 8 | 2 |" in report and "[data_report.json](data_report.json)" in report
+    assert "[hf/](hf/) (the final model)" in report
+    assert "objective" not in report and "reward" not in report
+
+
+def test_run_without_metrics_writes_report_and_no_figure(tmp_path):
+    (tmp_path / "curves.png").write_bytes(PNG)  # left by an earlier run in this directory
+    write_metrics(tmp_path, [])
+    written = write_run_report(tmp_path, rl_config(tmp_path), wall_seconds=3.0, status="stopped: no data")
+
+    assert written == [tmp_path / "report.md"] and not (tmp_path / "curves.png").exists()
+    report = (tmp_path / "report.md").read_text()
+    assert "**Status:** stopped: no data; 0 of 4 steps" in report
+    assert "No metrics were logged" in report and "curves.png" not in report
+    (tmp_path / "metrics.csv").unlink()
+    assert write_run_report(tmp_path, rl_config(tmp_path), wall_seconds=3.0) == [tmp_path / "report.md"]
+
+
+def test_row_cut_short_and_resumed_rate(tmp_path):
+    write_metrics(
+        tmp_path, [{"step": 0, "actor/entropy": 2.0, "eval/accuracy": 0.1}, {"step": 1, "actor/entropy": 1.0}]
+    )
+    with (tmp_path / "metrics.csv").open("a") as file:
+        file.write("2,,2\n0.5")  # a row with an empty cell, then one a killed writer cut before its step
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert rows[-1] == {"step": 2.0, "actor/entropy": 2.0} and len(rows) == 3
+    assert completed_steps(rows) == 3
+    assert completed_steps([{"step": 0, "eval/accuracy": 0.1, "train/loss": 1}, {"step": 4, "eval/accuracy": 0.2}]) == 4
+    write_run_report(tmp_path, rl_config(tmp_path), wall_seconds=4.0, status="interrupted at step 3", first_step=1)
+    report = (tmp_path / "report.md").read_text()
+    assert "3 of 4 steps, wall time 4.0 s (0.5 steps/s, from step 1)." in report
+    assert "0.100 -> 0.100 (+0.000) at step 0; best 0.100 at step 0 (1 evaluation)" in report
+
+
+def test_report_of_a_real_short_rl_run(tmp_path):
+    assert main(["--config", "configs/rl.yaml", f"output_dir={tmp_path}", *RL_SHORT, "trainer.max_steps=2"]) == 0
+    config = load_config(tmp_path / "config.yaml")
+    write_run_report(tmp_path, config, wall_seconds=10.0)
+    accuracy = [row["eval/accuracy"] for row in read_metrics(tmp_path / "metrics.csv") if "eval/accuracy" in row]
+    report = (tmp_path / "report.md").read_text()
+    assert len(accuracy) == 2 and f"{accuracy[0]:.3f} -> {accuracy[-1]:.3f}" in report
+    assert "2 of 2 steps" in report and "[hf/](hf/)" in report and "Not logged" not in report
+    assert "| `rollout.prompts_per_step x rollout.group_size` | 4 x 4 = 16 responses / step |" in report
+    assert (tmp_path / "curves.png").stat().st_size > 20_000
