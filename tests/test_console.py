@@ -85,3 +85,19 @@ def test_quiet_leaves_the_summary_and_verbose_adds_the_per_step_facts(tmp_path):
     verbose = fit("--config", "configs/rl.yaml", f"output_dir={tmp_path / 'v'}", *RL_SHORT, "--verbose")
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert "DEBUG klear.stages.rl: step 0: " in verbose.stderr and "prompt groups kept" in verbose.stderr
+
+
+def test_a_failed_run_says_what_failed_and_still_writes_its_report(tmp_path):
+    output = tmp_path / "rl"
+    result = fit(
+        "--config",
+        "configs/rl.yaml",
+        "--objective",
+        "tests.compare.test_compare:Broken",
+        f"output_dir={output}",
+        *RL_SHORT,
+    )
+    assert result.returncode == 1
+    assert "RuntimeError: broken on purpose" in result.stderr  # the traceback: a failure is a bug to look at
+    assert result.stdout.startswith("run failed at step 0: RuntimeError: broken on purpose: 0 steps in ")
+    assert "**Status:** failed at step 0: RuntimeError: broken on purpose" in (output / "report.md").read_text()
