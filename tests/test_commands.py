@@ -1,7 +1,9 @@
-"""Every command of the README, run as a user runs it: ``python -m klear.<command>`` in a subprocess with the
-README's arguments on the embedded default, plus overrides that only shorten a run and move its outputs into a
-temporary directory. Each test checks the exit status, the files and the numbers written, and that no traceback
-reaches the terminal. (The full-length runs of the README's tables are the ``slow`` tests.)"""
+"""Every command of README.md and docs/, run as a user runs it: ``python -m klear.<command>`` in a subprocess with
+the documented arguments on the embedded default, plus overrides that only shorten a run and move its outputs into
+a temporary directory. Each test checks the exit status, the files and the numbers written, and that no traceback
+reaches the terminal; its docstring names the page the command is on. (The full-length runs of the tables in
+README.md and docs/embedded.md are the ``slow`` tests; tests/test_docs.py maps every documented snippet to the test
+that runs it.)"""
 
 import json
 import subprocess
@@ -29,13 +31,14 @@ def evals(output: Path) -> list[float]:
 
 
 def run_outputs(output: Path) -> None:
-    """The files every run writes (see the README's Outputs)."""
+    """The files every run writes (docs/configuration.md, Outputs)."""
     for name in ("config.yaml", "metrics.csv", "data_report.json", "hf/config.json", "hf/model.safetensors"):
         assert (output / name).is_file(), name
     assert list((output / "checkpoints").glob("step-*.ckpt"))
 
 
 def test_the_main_command_rl_with_gppo(tmp_path):
+    """README.md, Quick start, and docs/embedded.md."""
     output = tmp_path / "rl"
     result = klear("klear.fit", "--objective", "gppo", "--config", "configs/rl.yaml", f"output_dir={output}", *SHORT_RL)
     run_outputs(output)
@@ -45,6 +48,7 @@ def test_the_main_command_rl_with_gppo(tmp_path):
 
 
 def test_code_rl_on_the_built_in_code_task_runs_programs_in_the_sandbox(tmp_path):
+    """docs/embedded.md, the code task."""
     output = tmp_path / "rl-code"
     klear("klear.fit", "--config", "configs/rl_code.yaml", "--objective", "gppo", f"output_dir={output}", *SHORT_RL)
     run_outputs(output)
@@ -57,6 +61,7 @@ def test_code_rl_on_the_built_in_code_task_runs_programs_in_the_sandbox(tmp_path
 
 
 def test_sft_command(tmp_path):
+    """README.md and docs/embedded.md: the long-CoT SFT of the embedded default."""
     output = tmp_path / "sft"
     args = ["trainer.max_steps=3", "data.num_train=64", "eval.num_prompts=8", "eval.every_n_steps=0"]
     klear("klear.fit", "--config", "configs/sft.yaml", f"output_dir={output}", *args)
@@ -65,6 +70,7 @@ def test_sft_command(tmp_path):
 
 
 def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
+    """docs/evaluation.md: the held-out file, then klear.eval on tiny-sft."""
     klear("klear.data", "synthetic", "--split", "eval", "--num", "20", "--out", "eval.jsonl", cwd=tmp_path)
     root = Path(__file__).parents[1]
     result = klear(
@@ -78,6 +84,7 @@ def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
 
 
 def test_eval_on_synthetic_code_runs_the_sandbox(tmp_path):
+    """docs/evaluation.md: klear.eval on tiny-sft-code and the built-in code task."""
     klear(
         "klear.data",
         "synthetic",
@@ -102,6 +109,9 @@ def test_eval_on_synthetic_code_runs_the_sandbox(tmp_path):
 
 
 def test_data_commands_on_the_embedded_default(tmp_path):
+    """docs/data.md, on the embedded default (fewer rows and samples), ending in an RL run on the curated problems;
+    then its mix and filter-tests commands."""
+
     def data(*args: str) -> str:
         return klear("klear.data", *args, cwd=tmp_path).stdout
 
@@ -117,6 +127,21 @@ def test_data_commands_on_the_embedded_default(tmp_path):
         *("--max-new-tokens", "96", "--out", "curated", "--max-problems", "16"),
     )
     assert curated.startswith("curate: 16 of ") and (tmp_path / "curated" / "kept.jsonl").is_file()
+    config, output = Path(__file__).parents[1] / "configs" / "rl.yaml", tmp_path / "rl-curated"
+    short = ["trainer.max_steps=1", "rollout.prompts_per_step=4", "eval.num_prompts=8", "eval.samples=1"]
+    klear(
+        "klear.fit",
+        "--config",
+        str(config),
+        "data.train=curated/kept.jsonl",
+        f"output_dir={output}",
+        *short,
+        cwd=tmp_path,
+    )
+    report = json.loads((output / "data_report.json").read_text())
+    kept = (tmp_path / "curated" / "kept.jsonl").read_text().splitlines()
+    assert report["train"]["source"] == "curated/kept.jsonl" and report["train"]["skipped"] == 0
+    assert report["train"]["problems"] == len(kept) > 0
     mixed = data(
         *("mix", "--source", "name=distilled,path=curated/kept.jsonl", "--easy-pass-rate", "0.7"),
         *("--reward", "math", "--out", "mix.jsonl"),
@@ -131,6 +156,7 @@ def test_data_commands_on_the_embedded_default(tmp_path):
 
 
 def test_compare_command(tmp_path):
+    """docs/compare.md (and the comparison behind the README's table)."""
     args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--seeds", "0", f"output_dir={tmp_path}"]
     overrides = [
         "trainer.max_steps=2",
@@ -147,6 +173,7 @@ def test_compare_command(tmp_path):
 
 @pytest.mark.parametrize("flag", ["--print-config", "--list-objectives"])
 def test_fit_information_flags(flag):
+    """docs/configuration.md."""
     result = klear("klear.fit", "--config", "configs/rl_code.yaml", flag)
     assert (
         ("reward:" in result.stdout and "name: code" in result.stdout)
@@ -156,8 +183,9 @@ def test_fit_information_flags(flag):
 
 
 def test_the_readme_snippet_turning_humaneval_rows_into_klear_rows(tmp_path, monkeypatch):
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme[readme.index("**Code benchmarks as training data.**") :]
+    """docs/evaluation.md, Code benchmarks as training data: the snippet as written, on a one-row file."""
+    page = (Path(__file__).parents[1] / "docs" / "evaluation.md").read_text()
+    section = page[page.index("## Code benchmarks as training data") :]
     snippet = section[section.index("```python\n") + len("```python\n") : section.index("\n```\n")]
     row = {
         "task_id": "HumanEval/0",
@@ -168,7 +196,7 @@ def test_the_readme_snippet_turning_humaneval_rows_into_klear_rows(tmp_path, mon
     }
     (tmp_path / "HumanEval.jsonl").write_text(json.dumps(row) + "\n" + "not json\n")
     monkeypatch.chdir(tmp_path)
-    exec(compile(snippet, "README.md", "exec"), {})
+    exec(compile(snippet, "docs/evaluation.md", "exec"), {})
     (converted,) = [json.loads(line) for line in (tmp_path / "data" / "humaneval.klear.jsonl").read_text().splitlines()]
     assert converted["answer"] == [{"code": row["test"] + "\ncheck(add)\n"}] and row["prompt"] in converted["problem"]
     from klear.rewards import get_reward

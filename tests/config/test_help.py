@@ -3,6 +3,9 @@ the first sentence of the docstring under the field, read from the source; the t
 
 import dataclasses
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -137,3 +140,15 @@ def test_table_layouts():
 def test_config_help_is_the_table_of_the_rows():
     config = load_config("configs/sft.yaml")
     assert config_help(config, "trainer") == format_table(key_help(config, "trainer"))
+
+
+def test_the_key_reference_page_is_generated_from_the_schema():
+    # docs/configuration.md carries every key of both stages; after a change to the schema's fields or their
+    # docs, regenerate it with `python tools/config_reference.py`.
+    result = subprocess.run(
+        [sys.executable, "tools/config_reference.py", "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    page = Path("docs/configuration.md").read_text()
+    for key in ("`rollout.temperature`", "`algorithm.tis_cap`", "`data.max_length`", "`objective.eps_high`"):
+        assert f"| {key} |" in page, key

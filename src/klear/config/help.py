@@ -256,3 +256,20 @@ def _section_type(schema: type, name: str) -> type | None:
 @functools.cache
 def _hints(schema: type) -> dict[str, Any]:
     return typing.get_type_hints(schema)
+
+
+def markdown_reference() -> str:
+    """Every key of both stages as Markdown tables (key, type, default, doc), for ``docs/configuration.md``
+    (``python tools/config_reference.py`` writes it there; a test keeps the page in sync)."""
+    parts = []
+    for stage, schema in SCHEMAS.items():
+        rows = key_help(OmegaConf.structured(schema))
+        parts.append(f"### `stage: {stage}`\n")
+        parts.append("| key | type | default | doc |\n|---|---|---|---|")
+        parts += [f"| `{row.key}` | {_cell(row.type)} | `{row.default}` | {_cell(row.doc)} |" for row in rows]
+        parts.append("")
+    return "\n".join(parts)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")

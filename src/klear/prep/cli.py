@@ -79,7 +79,7 @@ HANDLERS = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m klear.data",
-        description="Data preparation for SFT and RL, on any jsonl data (see the README's Data preparation).",
+        description="Data preparation for SFT and RL, on any jsonl data (see docs/data.md).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

