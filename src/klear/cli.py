@@ -42,6 +42,15 @@ COMMANDS: dict[str, Command] = {
 """``klear NAME`` -> the command it runs, in the order ``klear --help`` lists them."""
 
 
+invoked_as: str | None = None
+"""The ``klear`` subcommand running in this process, if the process was started as ``klear COMMAND``."""
+
+
+def prog(command: str) -> str:
+    """What ``COMMAND --help`` calls the command: ``klear eval`` when run as that, else ``python -m klear.eval``."""
+    return f"klear {command}" if invoked_as == command else f"python -m klear.{command}"
+
+
 def setup() -> None:
     """Log lines at INFO and no download progress bars (without importing transformers just for that)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -89,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         parser.error(f"unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}{hint}")
     # Only the first word is klear's own; the rest goes untouched to the command's parser (its --help included).
-    command = COMMANDS[parser.parse_args(argv[:1]).command]
+    global invoked_as
+    invoked_as = parser.parse_args(argv[:1]).command
+    command = COMMANDS[invoked_as]
     module, _, function = command.target.partition(":")
     command_main: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
     if command.setup:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from klear import cli
 from klear.config.load import ConfigError, load_config, read_yaml, save_config
 from klear.data.readers import DataError
 from klear.runtime.run_dir import RunDir, RunError, remove_path
@@ -36,7 +37,7 @@ RESUMABLE_CHANGES = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m klear.fit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=cli.prog("fit"), description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML file listing deviations from the defaults")
     parser.add_argument("--objective", help="policy objective name or import path package.module:Class (RL)")
     parser.add_argument("--resume", action="store_true", help="continue the run in output_dir from its checkpoint")

@@ -22,13 +22,14 @@ import sys
 import time
 from pathlib import Path
 
+from klear import cli
 from klear.compare.report import write_reports
 from klear.compare.runs import Run
 from klear.config.load import ConfigError, load_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m klear.compare", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=cli.prog("compare"), description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="RL config every run shares")
     parser.add_argument("--objectives", required=True, help="comma-separated names or package.module:Class paths")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")

@@ -41,6 +41,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from klear import cli
 from klear.data.problems import Problem, Task
 from klear.data.prompts import encode_prompt
 from klear.data.readers import DataError, write_jsonl
@@ -67,7 +68,7 @@ log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m klear.eval", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=cli.prog("eval"), description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="HF model directory or hub name; built-in: tiny, tiny-sft")
     parser.add_argument("--data", required=True, help="jsonl/json/parquet file or HF dataset of problems")
     parser.add_argument("--k", type=int, default=1, help="report pass@k (and avg@k) (default: %(default)s)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from klear import cli
 from klear.data import synthetic, synthetic_code
 from klear.data.readers import DataError
 from klear.data.synthetic import DEFAULT_LEVELS, SPLITS
@@ -78,7 +79,7 @@ HANDLERS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m klear.data",
+        prog=cli.prog("data"),
         description="Data preparation for SFT and RL, on any jsonl data (see docs/data.md).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
