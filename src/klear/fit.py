@@ -125,22 +125,20 @@ def train(
 
     trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=module_callbacks(config))
     first_step = run_dir.resume_step() if args.resume else 0  # read now: the run replaces the checkpoint
-    started, code, status, failure = time.perf_counter(), 0, "finished", None
+    started, code, outcome, detail, failure = time.perf_counter(), 0, "finished", "", None
     try:
         checkpoint = str(run_dir.last_checkpoint) if args.resume else None
         trainer.fit(module, train_dataloaders=batches, ckpt_path=checkpoint, weights_only=False)  # our own files
     except LogprobGapError as error:
         print(f"error: {error}", file=sys.stderr)
-        code, status = 3, f"stopped at step {lightning_compat.completed_steps(trainer)}: {_first_line(error)}"
+        code, outcome, detail = 3, "stopped", f": {cli.first_line(error)}"
     except SystemExit:  # Lightning answers Ctrl-C with a graceful shutdown, then sys.exit(1)
         if not trainer.interrupted:
             raise
-        code, status = 130, f"interrupted at step {lightning_compat.completed_steps(trainer)}"
+        code, outcome = 130, "interrupted"
     except Exception as error:
-        code, failure = 1, error
-        status = (
-            f"failed at step {lightning_compat.completed_steps(trainer)}: {type(error).__name__}: {_first_line(error)}"
-        )
+        code, outcome, detail, failure = 1, "failed", f": {type(error).__name__}: {cli.first_line(error)}", error
+    status = outcome if code == 0 else f"{outcome} at step {lightning_compat.completed_steps(trainer)}{detail}"
     if trainer.is_global_zero:
         seconds = time.perf_counter() - started
         write_run_report(run_dir.root, config, seconds, status, first_step)
@@ -180,10 +178,10 @@ def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 
     data rows skipped, where the outputs are, and the command that resumes it (when it did not finish)."""
     import json
 
-    from klear.runtime.report import completed_steps, duration, read_metrics
+    from klear.runtime.report import accuracy_course, completed_steps, duration, read_metrics
 
     rows = read_metrics(run_dir.metrics)
-    evals = [(int(row["step"]), row["eval/accuracy"]) for row in rows if row.get("eval/accuracy") is not None]
+    evals = accuracy_course(rows)
     steps = completed_steps(rows) - first_step
     rate = f", {steps / seconds:.2f} steps/s" if seconds > 0 and steps > 0 else ""
     lines = [f"run {status}: {steps} step{'' if steps == 1 else 's'} in {duration(seconds)}{rate}"]
@@ -211,19 +209,13 @@ def resume_command(argv: list[str] | None) -> str:
     return shlex.join(["python", "-m", "klear.fit", *args, "--resume"])
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def build_stage(config: DictConfig, run_dir: RunDir):
     module_name, _, function = STAGES[config.stage].partition(":")
     build: Callable = getattr(importlib.import_module(module_name), function)
     try:
         return build(config, run_dir)
     except OSError as error:  # transformers: a hub name that is not cached and cannot be downloaded, broken files
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RunError(f"model.path = {config.model.path!r} cannot be loaded: {message}") from error
+        raise RunError(f"model.path = {config.model.path!r} cannot be loaded: {cli.first_line(error)}") from error
 
 
 def module_callbacks(config: DictConfig) -> list:

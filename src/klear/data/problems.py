@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from klear.cli import first_line
 from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.synthetic import generate_problems
 
@@ -133,7 +134,7 @@ def load_problems(
                         f"prompt of {tokens} tokens is longer than max_prompt_tokens = {max_prompt_tokens}"
                     )
         except ValueError as error:
-            bad.append(BadRow(source, line, _first_line(error)))
+            bad.append(BadRow(source, line, first_line(error)))
             continue
         problems.append(Problem(prompt, reference, line, row))
     bad.sort(key=lambda row: row.line)  # file order: rows the reader refused and rows refused here
@@ -208,8 +209,3 @@ def _prompt_and_reference(row: dict, prompt_key: str, reference_key: str) -> tup
     if reference_key not in row:
         raise ValueError(f"no reference: {reference_key!r} is missing (fields: {sorted(row)})")
     return prompt, row[reference_key]
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -14,8 +14,9 @@ import argparse
 
 from transformers import PreTrainedTokenizerBase
 
+from klear.cli import first_line
 from klear.config import ModelConfig, RolloutConfig
-from klear.eval.tasks import EvalError, first_line, load_eval_tokenizer
+from klear.eval.tasks import EvalError, load_eval_tokenizer
 from klear.models import load_model
 from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine
 from klear.runtime.device import uses_cuda

@@ -16,6 +16,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from klear.cli import first_line
 from klear.config import ModelConfig
 from klear.config.load import model_path_problem
 from klear.data.problems import ProblemSet, Task, choose_task, load_problems
@@ -93,9 +94,3 @@ def _prompt_budget(path: str, max_new_tokens: int) -> int:
             f"--max-new-tokens {max_new_tokens}: {error}; pass a smaller --max-new-tokens (the built-in tiny models "
             "need ~96-160)"
         ) from error
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of ``error``'s message, or its type name when it has none."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -133,8 +133,13 @@ def _markdown(
     return "\n".join(lines) + "\n"
 
 
+def accuracy_course(rows: list[dict[str, float]]) -> list[tuple[int, float]]:
+    """``[(step, eval/accuracy)]`` of the logged evaluations, in order (what the report and the summary quote)."""
+    return [(int(row["step"]), row["eval/accuracy"]) for row in rows if "eval/accuracy" in row]
+
+
 def _accuracy(rows: list[dict[str, float]]) -> list[str]:
-    points = [(row["step"], row["eval/accuracy"]) for row in rows if "eval/accuracy" in row]
+    points = accuracy_course(rows)
     if not points:
         return ["`eval/accuracy`: no evaluation was logged."]
     best_step, best = max(points, key=lambda point: point[1])  # the first step that reached the best
