@@ -287,7 +287,13 @@ class AlgorithmConfig:
     epochs: int = at_least(1, 1)
     """Passes over the step's rollouts."""
     micro_batch_size: int = at_least(32, 1)
-    """Sequences per forward/backward pass (gradients accumulate to a mini-batch)."""
+    """Sequences per forward/backward pass (gradients accumulate to a mini-batch); unused when
+    ``micro_batch_tokens`` is set."""
+    micro_batch_tokens: int = at_least(0, 0)
+    """Token budget of one forward/backward pass on one rank (prompt + response tokens): each mini-batch's rows are
+    bin-packed into micro-batches of at most this many tokens, computed as one packed sequence without padding,
+    and every rank runs the same number of passes with close token loads. A row longer than the budget runs alone
+    (with a warning). 0: rows by ``micro_batch_size``, padded."""
     mask_truncated: bool = False
     """Exclude responses cut at ``max_new_tokens`` from the loss."""
     tis_cap: float = at_least(0.0, 0)
