@@ -84,6 +84,16 @@ def test_rl_on_two_ranks_matches_one_process(rl_one_process, tmp_path):
     assert any(float(row["actor/grad_norm"]) > 0 for row in rows[:4])
 
 
+def test_rl_token_budget_on_two_ranks_matches_row_micro_batches_in_one_process(rl_one_process, tmp_path):
+    # ~50-token rows in passes of at most 120 tokens, packed without padding, dealt to 2 ranks with equal pass
+    # counts: the same updates as one process's padded 4-row micro-batches.
+    run_two_ranks([*RL, "trainer.max_steps=4", "algorithm.micro_batch_tokens=120", f"output_dir={tmp_path}"])
+    assert_same_metrics(rl_one_process, tmp_path)
+    assert_same_weights(rl_one_process, tmp_path)
+    one, two = read_metrics(rl_one_process / "metrics.csv"), read_metrics(tmp_path / "metrics.csv")
+    assert float(two[0]["actor/grad_norm"]) == pytest.approx(float(one[0]["actor/grad_norm"]), rel=1e-5)
+
+
 def test_sharded_checkpoint_resumes_and_extends_the_run(rl_one_process, tmp_path):
     # Stop after 2 steps (a sharded checkpoint), then --resume with more steps: the same run as 4 straight steps.
     run_two_ranks([*RL, "trainer.max_steps=2", f"output_dir={tmp_path}"])

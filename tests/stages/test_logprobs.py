@@ -170,3 +170,63 @@ def test_gradient_checkpointing_computes_whole_rows():
     plain, _ = token_logprobs(model, ids, targets, mask, attention)
     assert len(calls) == 1
     torch.testing.assert_close(shared, plain)
+
+
+def right_padded_rows(lengths: list[int], vocab: int = 97, seed: int = 3):
+    """Rows of ``lengths`` tokens, right-padded; scored positions from the fourth token to the row's end."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(0, vocab, (len(lengths), width), generator=generator)
+    inside = torch.arange(width) < torch.tensor(lengths)[:, None]
+    mask = inside & (torch.arange(width) >= 3) & (torch.arange(width) < torch.tensor(lengths)[:, None] - 1)
+    return ids, torch.roll(ids, -1, dims=1), mask, inside.long()
+
+
+@pytest.mark.parametrize("implementation", ["sdpa_gqa", "eager", "sdpa"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_packed_rows_equal_padded_rows_in_values_and_gradients(implementation, checkpointing):
+    # sdpa_gqa runs one causal call per row; eager and transformers' sdpa get a block-diagonal mask from the
+    # restarting positions. Rows of very different lengths, one of a single scored token.
+    import klear.models.attention  # noqa: F401  (registers sdpa_gqa)
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(small_config(attn_implementation=implementation)).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids, targets, mask, attention = right_padded_rows([21, 5, 13, 9, 30])
+
+    def run(pack: bool):
+        model.zero_grad()
+        logprobs, entropy = token_logprobs(
+            model, ids, targets, mask, attention_mask=attention, with_entropy=True, temperature=0.8, pack=pack
+        )
+        (logprobs.sum() + 0.3 * entropy.sum()).backward()
+        return logprobs.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    packed, padded = run(True), run(False)
+    torch.testing.assert_close(packed[0], padded[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed[1], padded[1], rtol=1e-5, atol=1e-5)
+    assert (packed[0][~mask] == 0).all()
+    for name, gradient in padded[2].items():
+        torch.testing.assert_close(packed[2][name], gradient, rtol=1e-4, atol=1e-5, msg=name)
+    assert any(g.abs().sum() > 0 for g in packed[2].values())
+
+
+def test_packed_rows_run_as_one_row_without_padding(model):
+    ids, targets, mask, attention = right_padded_rows([21, 5, 13])
+    shapes = []
+    handle = model.model.embed_tokens.register_forward_hook(lambda module, args, out: shapes.append(args[0].shape))
+    try:
+        token_logprobs(model, ids, targets, mask, attention_mask=attention, pack=True)
+    finally:
+        handle.remove()
+    assert shapes == [torch.Size([1, 21 + 5 + 13])]
+
+
+def test_packed_rows_must_be_right_padded(model):
+    ids, targets, mask, attention = right_padded_rows([8, 6])
+    left_padded = attention.flip(-1)
+    with pytest.raises(ValueError, match="right-padded"):
+        token_logprobs(model, ids, targets, mask & left_padded.bool(), attention_mask=left_padded, pack=True)
+    with pytest.raises(ValueError, match="position_ids"):
+        token_logprobs(model, ids, targets, mask, position_ids=torch.arange(8).expand(2, 8), pack=True)

@@ -21,6 +21,11 @@ prefix's gradient is the sum over its rows). Prefixes are found by content, so r
 nor form whole groups: a row that shares with no other simply has a prefix of its own. The call is always two
 forwards of the whole model (prefix, then suffixes), whatever the rows, so data-parallel ranks under FSDP2 run
 the same collectives.
+
+With ``pack`` the rows' tokens are concatenated into one row without padding instead, positions restarting at 0
+for each row and attention confined to it (:func:`klear.models.attention.packed_kwargs`), so a batch of rows of
+very different lengths costs its real tokens, not its row count times its longest row. The values equal the
+padded computation's (up to floating-point reduction order).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 from transformers import DynamicCache
+
+from klear.models.attention import packed_kwargs
 
 CHUNK_ELEMENTS = 2**24
 """Logits per chunk of the output head (x 4 bytes in float32): 110 positions at Qwen's vocabulary of 151,936."""
@@ -49,6 +56,7 @@ def token_logprobs(
     with_entropy: bool = False,
     chunk_size: int | None = None,
     share_prefixes: bool = False,
+    pack: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``log p(targets[b, t] | input_ids[b, :t+1]) / temperature``-tempered, and entropy, where ``mask`` is set.
 
@@ -65,6 +73,8 @@ def token_logprobs(
         share_prefixes: compute each distinct unscored prefix once (see the module docstring). Rows must be
             right-padded, without ``position_ids``. Has no effect on a model in training mode with gradient
             checkpointing, whose checkpointed layers drop the KV cache the suffixes need (transformers).
+        pack: compute the rows as one packed row without their padding (see the module docstring). Rows must be
+            right-padded, without ``position_ids``; ``share_prefixes`` is then ignored.
 
     Returns:
         ``(logprobs, entropy)``, each (B, T) float32 and differentiable; ``entropy`` is None unless asked for.
@@ -79,9 +89,12 @@ def token_logprobs(
     if chunk_size is None:
         vocab = model.get_output_embeddings().weight.shape[0]
         chunk_size = max(CHUNK_ELEMENTS // vocab, 1)
+    if (pack or share_prefixes) and position_ids is not None:
+        raise ValueError("pack and share_prefixes take right-padded rows: pass no position_ids")
+    if pack:
+        values = _packed_scores(model, input_ids, targets, mask, attention_mask, temperature, with_entropy, chunk_size)
+        return values[..., 0], (values[..., 1] if with_entropy else None)
     if share_prefixes and not (model.is_gradient_checkpointing and model.training):
-        if position_ids is not None:
-            raise ValueError("share_prefixes needs unpacked rows: pass no position_ids")
         values = _shared_prefix_scores(
             model, input_ids, targets, mask, attention_mask, temperature, with_entropy, chunk_size
         )
@@ -110,13 +123,7 @@ def _shared_prefix_scores(
     row with nothing to score keeps one token of suffix, so that a share of padding rows still runs both forwards.
     """
     batch, width = input_ids.shape
-    columns = torch.arange(width, device=input_ids.device)
-    lengths = attention_mask.sum(-1) if attention_mask is not None else torch.full_like(input_ids[:, 0], width)
-    inside = columns < lengths[:, None]
-    if attention_mask is not None and not torch.equal(attention_mask.bool(), inside):
-        raise ValueError("share_prefixes needs right-padded rows: attention_mask must be ones, then zeros")
-    if bool((mask & ~inside).any()) or not bool((lengths > 0).all()):
-        raise ValueError("share_prefixes: every row needs a token, and scored positions must be attended to")
+    _row_lengths(input_ids, mask, attention_mask)
     scores = mask.any(-1)
     start = torch.where(scores, mask.int().argmax(-1), 0)
     end = torch.where(scores, width - mask.flip(-1).int().argmax(-1), 1)
@@ -140,6 +147,40 @@ def _shared_prefix_scores(
     values = output.logits.new_zeros((batch, width + 1, 2))
     values = values.scatter(1, torch.where(valid, positions, width)[..., None].expand(-1, -1, 2), output.logits)
     return values[:, :width] + anchor
+
+
+def _row_lengths(input_ids: Tensor, mask: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """Tokens of each right-padded row (checked: ones then zeros, at least one token, scored positions attended)."""
+    width = input_ids.shape[1]
+    lengths = attention_mask.sum(-1) if attention_mask is not None else torch.full_like(input_ids[:, 0], width)
+    inside = torch.arange(width, device=input_ids.device) < lengths[:, None]
+    if attention_mask is not None and not torch.equal(attention_mask.bool(), inside):
+        raise ValueError("right-padded rows expected: attention_mask must be ones, then zeros")
+    if bool((mask & ~inside).any()) or not bool((lengths > 0).all()):
+        raise ValueError("every row needs a token, and scored positions must be attended to")
+    return lengths
+
+
+def _packed_scores(
+    model: nn.Module,
+    input_ids: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    attention_mask: Tensor | None,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int,
+) -> Tensor:
+    """(B, T, 2) ``[logprob, entropy]`` of :func:`token_logprobs`, the rows' real tokens run as one packed row."""
+    lengths = _row_lengths(input_ids, mask, attention_mask)
+    real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    head = _ScoringHead(targets[real][None], mask[real][None], temperature, with_entropy, chunk_size)
+    extra = packed_kwargs(model, lengths) or {}
+    with head.installed(model.get_output_embeddings()):
+        output = model(input_ids=input_ids[real][None], position_ids=positions[real][None], use_cache=False, **extra)
+    values = output.logits.new_zeros((*input_ids.shape, 2))
+    return values.index_put((real,), output.logits[0])
 
 
 def _prefix_cache(model: nn.Module, input_ids: Tensor, start: Tensor) -> tuple[DynamicCache, Tensor, Tensor]:

@@ -47,7 +47,7 @@ from klear.runtime.strategies import full_tensors
 from klear.stages.advantages import compute_advantages, zero_variance
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch, split_rows
-from klear.stages.update import PolicyUpdate, batch_logprobs
+from klear.stages.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class RLModule(StageModule):
                 rollout=config.rollout,
                 seed=config.seed,
                 precision=default_precision(config),
+                max_model_len=need,
             )
 
     def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
@@ -246,9 +247,10 @@ class RLModule(StageModule):
                 len(scored), generator=torch.Generator().manual_seed(_seed(self.config.seed, step, epoch))
             )
             for group_slice in split_rows(len(scored), algorithm.mini_batch_prompts):
-                rows = _rows_of_groups(order[group_slice], n).to(self.device)
-                share = batch.share(rows, rank, world)
-                metrics = self.policy_update.step(self.model, share, optimizer, self.manual_backward, reduce, world)
+                mini_batch = batch.select(_rows_of_groups(order[group_slice], n).to(self.device))
+                metrics = self.policy_update.step(
+                    self.model, mini_batch, optimizer, self.manual_backward, reduce, world, rank
+                )
                 if gap is None:  # first forward before any update of this step: trainer vs engine, same weights
                     gap = metrics["rollout/logprob_gap"]
                 totals.add_result(metrics, self.policy_update.kinds)
@@ -263,16 +265,16 @@ class RLModule(StageModule):
 
     @torch.no_grad()
     def _no_grad_logprobs(self, batch: RolloutBatch, rank: int, world: int) -> torch.Tensor:
-        """Trainer log-probs of every row of ``batch``: each rank computes its share, then all exchange them."""
-        share = batch.share(torch.arange(len(batch), device=batch.mask.device), rank, world)
-        pieces = []
-        for rows in split_rows(len(share), self.config.algorithm.micro_batch_size):
-            logprobs, _ = batch_logprobs(self.model, share.select(rows), self.config.rollout.temperature)
-            pieces.append(torch.nn.functional.pad(logprobs, (0, batch.input_ids.shape[1] - logprobs.shape[1])))
-        logprobs = torch.cat(pieces)
+        """Trainer log-probs of every row of ``batch``: each rank computes its micro-batches (planned as the
+        update's), then the ranks add up their results, each row computed by exactly one rank (zeros elsewhere)."""
+        logprobs = torch.zeros_like(batch.engine_logprobs)
+        for micro in self.policy_update.plan(batch, rank, world):
+            values, _ = self.policy_update.logprobs(self.model, batch.part(micro.rows, micro.real))
+            rows = micro.rows.to(logprobs.device)[micro.real.to(logprobs.device)]
+            logprobs[rows, : values.shape[1]] = values[micro.real.to(values.device)]
         if world > 1:
-            logprobs = self.all_gather(logprobs).flatten(0, 1)  # rank order = row order, padding at the end
-        return logprobs[: len(batch)]
+            logprobs = self.trainer.strategy.reduce(logprobs, reduce_op="sum")
+        return logprobs
 
     def eval_engine(self):
         """The rollout engine itself, awake: it holds the policy's weights since the last refresh."""

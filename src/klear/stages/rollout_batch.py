@@ -86,11 +86,19 @@ class RolloutBatch:
 
     def share(self, rows: Tensor, rank: int, world: int) -> RolloutBatch:
         """This data-parallel rank's part of ``rows``, padded to equal length with rows that carry no mask."""
-        mine, real = padded_share(rows, rank, world)
-        part = self.select(mine)
+        return self.part(*padded_share(rows, rank, world))
+
+    def part(self, rows: Tensor, real: Tensor) -> RolloutBatch:
+        """Rows ``rows``, of which only those where ``real`` is set hold data: the others carry no mask."""
+        part = self.select(rows.to(self.mask.device))
         part.real = real.to(part.mask.device)
         part.mask = part.mask & part.real[:, None]
         return part
+
+    @property
+    def lengths(self) -> Tensor:
+        """(N,) tokens of each row, prompt and response."""
+        return self.attention_mask.sum(-1)
 
     def to(self, device: torch.device) -> RolloutBatch:
         return RolloutBatch(**{field.name: getattr(self, field.name).to(device) for field in fields(self)})

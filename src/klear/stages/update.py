@@ -18,6 +18,7 @@ ranks), except the loss terms, which are already each micro-batch's share of the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -27,7 +28,10 @@ from klear.objectives import aggregate
 from klear.runtime.optim import clip_grad_norm
 from klear.runtime.step_metrics import Kind, StepMetrics
 from klear.stages.logprobs import token_logprobs
-from klear.stages.rollout_batch import RolloutBatch, split_rows
+from klear.stages.micro_batches import MicroBatch, oversized, plan_micro_batches
+from klear.stages.rollout_batch import RolloutBatch
+
+log = logging.getLogger(__name__)
 
 MAXIMA = frozenset({"objective/ratio_max"})
 """The update's metrics that are maxima over its tokens; every other one is a sum (see the module docstring)."""
@@ -42,8 +46,8 @@ class PolicyUpdate:
 
     Args:
         objective: the policy objective (``klear.objectives``).
-        algorithm: the run's ``algorithm`` section (``micro_batch_size``, ``tis_cap``, ``sft_alpha``,
-            ``kl_coef``, ``kl_estimator``, ``entropy_coef``).
+        algorithm: the run's ``algorithm`` section (``micro_batch_size``, ``micro_batch_tokens``, ``tis_cap``,
+            ``sft_alpha``, ``kl_coef``, ``kl_estimator``, ``entropy_coef``).
         temperature: the sampling temperature, at which log-probs are computed (0, greedy: untempered).
         max_new_tokens: the response budget (the ``seq-mean-token-sum-norm`` normaliser).
         grad_clip: gradient-norm clip (0: off).
@@ -65,11 +69,33 @@ class PolicyUpdate:
         self.max_new_tokens = max_new_tokens
         self.grad_clip = grad_clip
         self.reference = reference
+        self.packed = bool(algorithm.micro_batch_tokens)
+        self._warned_oversized = False
 
     @property
     def kinds(self) -> dict[str, Kind]:
         """How each metric of :meth:`step` combines over updates: maxima, else sums (then means)."""
         return dict.fromkeys(MAXIMA, "max")
+
+    def plan(self, batch: RolloutBatch, rank: int, world: int) -> list[MicroBatch]:
+        """This rank's micro-batches of ``batch`` (the same rows on every rank), by `plan_micro_batches`."""
+        budget = self.algorithm.micro_batch_tokens
+        if budget and not self._warned_oversized and (count := oversized(batch.lengths, budget)):
+            self._warned_oversized = True
+            log.warning(
+                "%d rows are longer than algorithm.micro_batch_tokens=%d (the longest has %d tokens): each runs "
+                "alone in its pass, whose memory is then set by that row; raise the budget if memory allows",
+                count,
+                budget,
+                int(batch.lengths.max()),
+            )
+        return plan_micro_batches(batch.lengths.cpu(), rank, world, self.algorithm.micro_batch_size, budget)
+
+    def logprobs(
+        self, model: nn.Module, batch: RolloutBatch, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (and entropies) of one micro-batch's response tokens: packed under a token budget."""
+        return batch_logprobs(model, batch, self.temperature, with_entropy=with_entropy, pack=self.packed)
 
     def step(
         self,
@@ -79,26 +105,29 @@ class PolicyUpdate:
         backward: Callable[[Tensor], None],
         reduce: Reduce,
         world: int,
+        rank: int = 0,
     ) -> dict[str, float]:
-        """Forward/backward over micro-batches, clip, step. Returns the mini-batch's metrics.
+        """Forward/backward over this rank's micro-batches of the mini-batch ``batch``, clip, step. Returns the
+        mini-batch's metrics.
 
         Args:
+            batch: the whole mini-batch, the same on every rank; each rank computes its part (`micro_batches`).
             backward: runs the backward pass of a loss (Lightning's ``manual_backward``).
-            reduce: the cross-rank reduction (see `Reduce`); ``world`` the number of data-parallel ranks.
+            reduce: the cross-rank reduction (see `Reduce`); ``world`` the number of data-parallel ranks, ``rank``
+                this one.
         """
-        micro_batches = [batch.select(rows) for rows in split_rows(len(batch), self.algorithm.micro_batch_size)]
+        micro_batches = [batch.part(micro.rows, micro.real) for micro in self.plan(batch, rank, world)]
         # Padding rows of a data-parallel share are not sequences of the step: they count in no normaliser.
-        local = sum(self.objective.normalizer(m.mask[m.real], max_len=self.max_new_tokens) for m in micro_batches)
-        totals = reduce(
-            torch.stack(
-                [
-                    torch.as_tensor(local, dtype=torch.float32, device=batch.mask.device),
-                    (batch.mask & batch.correct[:, None]).sum().float(),
-                    batch.mask.sum().float(),
-                ]
+        local = [
+            torch.as_tensor(
+                sum(self.objective.normalizer(m.mask[m.real], max_len=self.max_new_tokens) for m in micro_batches),
+                dtype=torch.float32,
+                device=batch.mask.device,
             ),
-            "sum",
-        )
+            sum((m.mask & m.correct[:, None]).sum() for m in micro_batches).float(),
+            sum(m.mask.sum() for m in micro_batches).float(),
+        ]
+        totals = reduce(torch.stack(local), "sum")
         normalizer, correct_tokens, tokens = totals[0], totals[1], totals[2].clamp(min=1)
         metrics = StepMetrics()
         for micro in micro_batches:
@@ -124,7 +153,7 @@ class PolicyUpdate:
         """This micro-batch's share of the update's loss; its metrics are added to ``metrics`` (token means
         weighted by ``weight``, its share of the update's tokens)."""
         algorithm, mode, mask = self.algorithm, self.objective.loss_agg, micro.mask
-        logprobs, entropy = batch_logprobs(model, micro, self.temperature, with_entropy=True)
+        logprobs, entropy = self.logprobs(model, micro, with_entropy=True)
         advantages = micro.advantages[:, None].expand_as(logprobs)
         if algorithm.tis_cap:
             tis = torch.exp(micro.old_logprobs - micro.engine_logprobs).clamp(max=algorithm.tis_cap)
@@ -156,7 +185,7 @@ class PolicyUpdate:
     def _kl(self, micro: RolloutBatch, logprobs: Tensor) -> Tensor:
         """Per-token KL(policy || reference) estimate: k1 = log(pi / ref), k3 = ref/pi - log(ref/pi) - 1."""
         with torch.no_grad():
-            reference, _ = batch_logprobs(self.reference, micro, self.temperature)
+            reference, _ = self.logprobs(self.reference, micro)
         log_ratio = torch.where(micro.mask, reference - logprobs, 0.0)
         if self.algorithm.kl_estimator == "k1":
             return -log_ratio
@@ -164,10 +193,11 @@ class PolicyUpdate:
 
 
 def batch_logprobs(
-    model: nn.Module, batch: RolloutBatch, temperature: float, with_entropy: bool = False
+    model: nn.Module, batch: RolloutBatch, temperature: float, with_entropy: bool = False, pack: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of ``batch``'s response tokens under ``model`` at the sampling temperature
-    (``0``, greedy, scores the untempered distribution); a group's shared prompt is computed once."""
+    (``0``, greedy, scores the untempered distribution): its rows packed into one without padding (``pack``), or
+    padded with a group's shared prompt computed once."""
     return token_logprobs(
         model,
         batch.input_ids,
@@ -176,7 +206,8 @@ def batch_logprobs(
         attention_mask=batch.attention_mask,
         temperature=temperature or 1.0,
         with_entropy=with_entropy,
-        share_prefixes=True,
+        share_prefixes=not pack,
+        pack=pack,
     )
 
 
