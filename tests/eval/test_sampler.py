@@ -7,6 +7,8 @@ import argparse
 
 import pytest
 
+from klear.data.problems import Problem
+from klear.data.prompts import encode_prompt
 from klear.data.readers import write_jsonl
 from klear.eval import cli
 from klear.eval.sampler import build_engine
@@ -61,3 +63,13 @@ def test_what_cannot_be_evaluated_is_an_eval_error(tmp_path) -> None:
     problems, task, reward = load_eval_problems(arguments(data=data), {"correct": 0.5})
     assert (task.reward, [p.reference for p in problems.problems]) == ("math", ["2"])
     assert isinstance(reward, MathReward) and reward.correct == 0.5
+
+
+def test_given_its_problems_the_engine_is_told_the_longest_sequence() -> None:
+    CALLS.clear()
+    _, tokenizer = build_engine(arguments())
+    problems = [Problem("Start with 1. Add 1.", "2"), Problem("Start with 12. Add 30. Then add 7.", "49")]
+    build_engine(arguments(), problems)
+    longest = max(len(encode_prompt(tokenizer, problem.prompt)) for problem in problems)
+    assert "max_model_len" not in CALLS[0][2]  # no problems: the engine's default
+    assert CALLS[1][2]["max_model_len"] == longest + 32  # --max-new-tokens 32

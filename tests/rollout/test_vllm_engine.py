@@ -10,12 +10,16 @@ import lightning as L
 import pytest
 import torch
 
+from klear.config import ModelConfig, RolloutConfig, VLLMConfig
 from klear.config.load import load_config
 from klear.data.prompts import encode_prompt
 from klear.data.synthetic import generate_problems
 from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
 from klear.models import load_model, load_tokenizer
-from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams
+from klear.models.tiny import build_tiny
+from klear.rollout import vllm_engine
+from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams, needed_model_len
+from klear.rollout.vllm_sizing import CONTEXT, EXPLICIT, NEEDED, engine_model_len, kv_bytes_per_token
 
 pytest.importorskip("vllm")
 
@@ -25,6 +29,17 @@ from tests.runs import RL_SHORT, read_metrics
 TOL = 1e-4  # float32 on both sides: the engines agree to ~1e-6
 
 
+@pytest.fixture(scope="module", autouse=True)
+def process_group_removed():
+    """In-process vLLM leaves a (gloo, one-rank) default process group behind: the modules after this one get none.
+    Module-wide, after the last engine of the module (however many tests built one)."""
+    yield
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+    assert not torch.distributed.is_initialized()
+
+
 @pytest.fixture(scope="module")
 def setup():
     config = load_config("configs/rl.yaml", ["model.path=tiny-sft", "rollout.engine=vllm"])
@@ -32,12 +47,7 @@ def setup():
     engine = ENGINES.get("vllm")(policy, tokenizer, model=config.model, rollout=config.rollout, seed=config.seed)
     problems = generate_problems(16, split="train", seed=0)
     prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in problems[:3]]
-    yield engine, policy, tokenizer, prompts
-    # In-process vLLM leaves a (gloo, one-rank) default process group behind: the tests after these get none.
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-    cleanup_dist_env_and_memory()
-    assert not torch.distributed.is_initialized()
+    return engine, policy, tokenizer, prompts
 
 
 @pytest.fixture
@@ -177,6 +187,94 @@ def test_bad_updates_are_errors_and_leave_the_checkpoint_weights(synced):
     with pytest.raises(ValueError, match="twice"):
         engine.update_weights([noisy[0], noisy[0]])
     assert gap(policy, engine.generate(prompts, sampling)) < TOL
+
+
+QWEN3_0_6B = {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128}
+QWEN3_8B = {"num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+
+
+def test_the_engine_holds_what_the_run_needs():
+    # The longest prompt + the most new tokens; RL takes the larger of its rollouts' and its evaluation's.
+    assert needed_model_len([5, 12, 7], 20) == 32 and needed_model_len([], 8) == 8
+    assert engine_model_len(0, 300, 40960) == (300, NEEDED)
+    assert engine_model_len(0, 50_000, 40960) == (40960, NEEDED)  # capped at the model's context
+    assert engine_model_len(0, None, 40960) == (40960, CONTEXT)  # need unknown: vLLM's default
+    assert engine_model_len(4096, 300, 40960) == (4096, EXPLICIT)
+    with pytest.raises(ValueError, match=r"^rollout\.vllm\.max_model_len = 256 is shorter than the 300 tokens"):
+        engine_model_len(256, 300, 40960)
+    # K and V of every layer: 28 x 2 x 8 x 128 x 4 bytes = 229,376 a float32 token; x 40,960 tokens = 8.75 GiB.
+    assert kv_bytes_per_token(QWEN3_0_6B, "float32") == 229_376
+    assert kv_bytes_per_token(QWEN3_0_6B, "float32") * 40960 == 8.75 * 2**30
+    assert kv_bytes_per_token(QWEN3_8B, "bfloat16") == 147_456  # 36 x 2 x 8 x 128 x 2
+    assert kv_bytes_per_token(QWEN3_8B, "bfloat16", tensor_parallel_size=2) == 73_728  # KV heads split over 2
+    sliding = {**QWEN3_8B, "layer_types": ["sliding_attention", "full_attention"] * 18}
+    assert kv_bytes_per_token(sliding, "bfloat16") == 73_728  # windowed layers hold at most their window
+
+
+@pytest.fixture(scope="module")
+def long_context(tmp_path_factory):
+    """A Qwen3-shaped model with a Qwen3-long context (40,960 positions) and 16 KiB of float32 K/V a token
+    (2 layers x 2 x 8 KV heads x head_dim 128 x 4 bytes): 640 MiB for one sequence of the whole context, more than
+    the CPU's default 256 MiB cache. The tiny tokenizer is saved beside it."""
+    path = build_tiny(
+        tmp_path_factory.mktemp("long") / "qwen3-long",
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+    )
+    config = ModelConfig(path=str(path))
+    return config, load_model(config).eval(), load_tokenizer(config)
+
+
+def test_settings_that_cannot_fit_are_one_line_before_vllm_starts(long_context, monkeypatch):
+    config, policy, tokenizer = long_context
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("vLLM was started")
+
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", no_engine)
+    rollout = RolloutConfig(engine="vllm", max_new_tokens=64)
+    # The need unknown (how every run started before): the model's whole context, 640 MiB of KV cache.
+    with pytest.raises(ValueError, match=r"KV cache of 256 MiB .* max_model_len = 40960 tokens") as error:
+        vllm_engine.build_vllm_engine(policy, tokenizer, model=config, rollout=rollout)
+    message = str(error.value)
+    assert "\n" not in message and "16384 bytes a token (640 MiB)" in message
+    assert "rollout.vllm.kv_cache_memory_bytes to at least 671088640" in message
+    # So is an explicit max_model_len that fits the cache but not the run.
+    explicit = RolloutConfig(engine="vllm", max_new_tokens=64, vllm=VLLMConfig(max_model_len=64))
+    with pytest.raises(ValueError, match=r"^rollout\.vllm\.max_model_len = 64 is shorter than the 100 tokens"):
+        vllm_engine.build_vllm_engine(policy, tokenizer, model=config, rollout=explicit, max_model_len=100)
+    # And a cache set too small for what the run needs.
+    small = RolloutConfig(engine="vllm", vllm=VLLMConfig(kv_cache_memory_bytes=2**20))
+    with pytest.raises(ValueError, match=r"KV cache of 1 MiB .* max_model_len = 100 tokens \(the longest prompt"):
+        vllm_engine.build_vllm_engine(policy, tokenizer, model=config, rollout=small, max_model_len=100)
+
+
+def test_vllm_refusing_its_cache_is_one_line_naming_the_keys(long_context):
+    """Where the check above passes but vLLM's own refuses (it allocates whole 128-token blocks on CPU; on GPU it is
+    the only check), vLLM's error is restated first in klear's keys."""
+    config, policy, tokenizer = long_context
+    rollout = RolloutConfig(engine="vllm", vllm=VLLMConfig(kv_cache_memory_bytes=130 * 16384))  # 130 tokens, 1 block
+    with pytest.raises(
+        ValueError, match=r"^the vLLM KV cache cannot hold one sequence of max_model_len = 130"
+    ) as error:
+        vllm_engine.build_vllm_engine(policy, tokenizer, model=config, rollout=rollout, max_model_len=130)
+    assert "rollout.vllm.gpu_memory_utilization or rollout.vllm.kv_cache_memory_bytes" in str(error.value)
+    assert "\n" not in str(error.value) and "To serve at least one request" in str(error.value.__cause__)
+
+
+def test_a_long_context_model_starts_with_the_length_the_run_needs(long_context):
+    config, policy, tokenizer = long_context
+    prompts = [encode_prompt(tokenizer, problem["problem"]) for problem in generate_problems(4, split="train", seed=0)]
+    need = needed_model_len(map(len, prompts), 24)
+    rollout = RolloutConfig(engine="vllm", max_new_tokens=24, batch_size=8)
+    engine = ENGINES.get("vllm")(policy, tokenizer, model=config, rollout=rollout, seed=0, max_model_len=need)
+    assert engine.llm.model_config.max_model_len == need < 200
+    engine.update_weights(policy.named_parameters())
+    rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=24, n=2, seed=0))
+    assert len(rollouts) == 8 and all(len(r.response_ids) <= 24 for r in rollouts)
+    assert gap(policy, rollouts) < TOL
 
 
 SHORT = [*RL_SHORT, "rollout.engine=vllm"]

@@ -231,7 +231,9 @@ class VLLMConfig:
     """Skip torch.compile and CUDA graphs. ``None``: eager on CPU (compiling costs more than it saves there),
     compiled with CUDA graphs on GPU."""
     max_model_len: int = at_least(0, 0)
-    """Longest prompt + response in tokens; 0: the model's ``max_position_embeddings``."""
+    """Longest prompt + response the engine holds, in tokens; 0: what the run needs (its longest prompt + the larger
+    of ``rollout.max_new_tokens`` and ``eval.max_new_tokens``), capped at the model's ``max_position_embeddings``.
+    vLLM reserves KV cache for at least one such sequence; a value below the run's need is refused."""
 
 
 @dataclass

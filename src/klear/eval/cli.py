@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if (output / "results.jsonl").exists() and not args.overwrite:
             raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
         problems, task, reward = load_eval_problems(args)
-        engine, tokenizer = build_engine(args)
+        engine, tokenizer = build_engine(args, problems.problems[: args.limit])
     except (EvalError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

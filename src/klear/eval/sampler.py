@@ -11,25 +11,32 @@ in RL; the loaded one is released right after, so peak memory is twice the model
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
 from klear.cli import first_line
 from klear.config import ModelConfig, RolloutConfig
+from klear.data.problems import Problem
+from klear.data.prompts import encode_prompt
 from klear.eval.tasks import EvalError, load_eval_tokenizer
 from klear.models import load_model
-from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine
+from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, needed_model_len
 from klear.runtime.device import uses_cuda
 
 
-def build_engine(args: argparse.Namespace) -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
+def build_engine(
+    args: argparse.Namespace, problems: Sequence[Problem] = ()
+) -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
     """The engine ``args.engine`` over the model ``args.model``, and its tokenizer.
 
     The engine gets ``args.max_new_tokens``, ``args.temperature``, ``args.top_p``, ``args.top_k`` and
-    ``args.batch_size`` as its rollout options and ``args.seed`` as its seed.
+    ``args.batch_size`` as its rollout options and ``args.seed`` as its seed. Given the ``problems`` it will
+    sample, it also gets their longest prompt + ``args.max_new_tokens`` as ``max_model_len`` (the ``vllm``
+    engine's context: without it, the model's whole context).
 
     Raises:
-        EvalError: an unknown engine, or a model that cannot be loaded.
+        EvalError: an unknown engine, a model that cannot be loaded, or settings the engine refuses.
     """
     try:
         factory: EngineFactory = ENGINES.get(args.engine)
@@ -50,12 +57,21 @@ def build_engine(args: argparse.Namespace) -> tuple[RolloutEngine, PreTrainedTok
         top_k=args.top_k,
         batch_size=args.batch_size,
     )
-    engine = factory(
-        model.to("cuda" if on_cuda else "cpu"),
-        tokenizer,
-        model=model_config,
-        rollout=rollout,
-        seed=args.seed,
-        precision="bf16-mixed" if on_cuda else "32-true",
-    )
+    if problems:
+        lengths = (len(encode_prompt(tokenizer, problem.prompt)) for problem in problems)
+        need = {"max_model_len": needed_model_len(lengths, args.max_new_tokens)}
+    else:
+        need = {}
+    try:
+        engine = factory(
+            model.to("cuda" if on_cuda else "cpu"),
+            tokenizer,
+            model=model_config,
+            rollout=rollout,
+            seed=args.seed,
+            precision="bf16-mixed" if on_cuda else "32-true",
+            **need,
+        )
+    except ValueError as error:  # settings the engine refuses (a KV cache too small for one sequence, ...)
+        raise EvalError(f"--engine {args.engine}: {first_line(error)}") from error
     return engine, tokenizer

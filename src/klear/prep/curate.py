@@ -211,7 +211,7 @@ def sample(
 ) -> dict[int, dict]:
     """Sample and score the ``pending`` problems chunk by chunk, appending each chunk's records to ``path``."""
     try:
-        engine, tokenizer = build_engine(args)
+        engine, tokenizer = build_engine(args, [problems[i] for i in pending])
     except EvalError as error:
         raise CommandError(str(error)) from None
     sampling = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k, n=args.k)

@@ -85,12 +85,21 @@ class RolloutEngine(Protocol):
 
 
 EngineFactory = Callable[..., RolloutEngine]
-"""``factory(policy, tokenizer, *, model, rollout, seed, precision) -> RolloutEngine``: ``policy`` is the training
-model (an engine may copy it or build its own from ``model.path``), ``model`` and ``rollout`` the run's
-``model`` and ``rollout`` sections (``ModelConfig``, ``RolloutConfig`` or their DictConfigs), ``seed`` the
-engine's default seed and ``precision`` the trainer's (``32-true``, ``bf16-mixed``)."""
+"""``factory(policy, tokenizer, *, model, rollout, seed, precision, max_model_len=None) -> RolloutEngine``:
+``policy`` is the training model (an engine may copy it or build its own from ``model.path``), ``model`` and
+``rollout`` the run's ``model`` and ``rollout`` sections (``ModelConfig``, ``RolloutConfig`` or their DictConfigs),
+``seed`` the engine's default seed, ``precision`` the trainer's (``32-true``, ``bf16-mixed``) and ``max_model_len``
+the longest prompt + response the caller will ask for (`needed_model_len`; ``None``: not known), which an engine
+that reserves memory per sequence sizes itself by and any other engine ignores."""
 
 ENGINES: Registry[EngineFactory] = Registry("rollout engine")
+
+
+def needed_model_len(prompt_lengths: Iterable[int], max_new_tokens: int) -> int:
+    """The longest sequence an engine must hold to answer these prompts: the longest prompt (in tokens) plus
+    ``max_new_tokens``. A caller that samples with several settings (RL's rollouts and its in-training evaluation)
+    takes the largest over them."""
+    return max(prompt_lengths, default=0) + max_new_tokens
 
 
 def _lazy(path: str) -> EngineFactory:

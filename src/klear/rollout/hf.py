@@ -212,11 +212,13 @@ def build_hf_engine(
     rollout: RolloutConfig,
     seed: int = 0,
     precision: str = "32-true",
+    max_model_len: int | None = None,
 ) -> HFEngine:
     """The ``hf`` engine of the RL stage: a frozen copy of the policy, refreshed in place after every update.
 
     A copy rather than the policy itself, so the engine is exactly what a separate inference engine would be:
     weights that change only through :meth:`HFEngine.update_weights`, which ``rollout/logprob_gap`` checks.
+    ``max_model_len`` is ignored: the engine reserves no memory per sequence ahead of a call.
     """
     return HFEngine(engine_model(policy, model), tokenizer, batch_size=rollout.batch_size)  # seeded per call
 

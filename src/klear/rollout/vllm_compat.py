@@ -96,6 +96,12 @@ def _reprocess_tied_layers(model: nn.Module) -> None:
                 module.quant_method.process_weights_after_loading(module)
 
 
+def is_kv_cache_shortage(error: BaseException) -> bool:
+    """Whether ``error`` is vLLM's refusal to start because its KV cache cannot hold one sequence of
+    ``max_model_len`` tokens (``vllm.v1.core.kv_cache_utils``: "To serve at least one request ...")."""
+    return isinstance(error, ValueError) and "To serve at least one request" in str(error)
+
+
 def export_rank_environment(rank: int) -> None:
     """What vLLM's ``external_launcher`` reads from the environment: this process's ``RANK`` (the global rank,
     which Lightning's launcher does not export; torchrun does) and ``LOCAL_RANK`` (its device on GPU)."""

