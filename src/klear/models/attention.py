@@ -70,18 +70,14 @@ def _packed_attention(
     if mask is not None or query.shape[0] != 1 or kwargs.get("sliding_window") is not None:
         raise ValueError("packed attention takes one row of documents, without a mask or a sliding window")
     offsets = kwargs["cu_seq_lens_q"].tolist()
+    sizes = [end - start for start, end in itertools.pairwise(offsets)]
+    # split, not slicing: its backward is one concatenation, where each slice's would be a zero-filled full tensor.
     outputs = [
         torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, start:end],
-            key[:, :, start:end],
-            value[:, :, start:end],
-            dropout_p=dropout,
-            is_causal=True,
-            scale=scaling,
-            enable_gqa=grouped,
+            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=grouped
         )
-        for start, end in itertools.pairwise(offsets)
-        if end > start
+        for q, k, v in zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2), strict=True)
+        if q.shape[2]
     ]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 

@@ -47,6 +47,20 @@ TINY_SIZES: dict[str, int] = {
     "max_position_embeddings": 512,
 }
 """Default sizes; ``build_tiny(path, **overrides)`` changes any of them."""
+QWEN3_0_6B: dict[str, int] = {
+    "vocab_size": 151_936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40_960,
+}
+"""Qwen3-0.6B's shape (596M parameters, tied embeddings): ``build_tiny(path, **QWEN3_0_6B)`` builds a randomly
+initialised model of it with the tiny tokenizer, for measuring memory and throughput at a real size without a
+download (``num_hidden_layers=2`` keeps the real width and vocabulary at a fraction of the cost). Token ids past
+the tokenizer's 261 decode to nothing."""
 STAMP = "klear_tiny.json"
 
 
@@ -75,14 +89,21 @@ def build_tiny(path: str | Path, seed: int = 0, **overrides: int) -> Path:
     Args:
         path: folder to create; loadable afterwards with ``from_pretrained(path)``.
         seed: seed of the weight initialisation (the global RNG state is left untouched).
-        overrides: sizes replacing entries of ``TINY_SIZES`` (e.g. ``num_hidden_layers=4``).
+        overrides: sizes replacing entries of ``TINY_SIZES`` (e.g. ``num_hidden_layers=4``), and ``vocab_size``
+            (default: the tokenizer's 261 tokens; see `QWEN3_0_6B`).
     """
     path = Path(path)
+    vocab_size = overrides.pop("vocab_size", None)
     spec = {"seed": seed, "sizes": {**TINY_SIZES, **overrides}}
+    if vocab_size is not None:
+        spec["vocab_size"] = vocab_size
     if _matches(path, spec):
         return path
     tokenizer = build_tokenizer()
-    config = tiny_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, **overrides)
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
+    vocab_size = vocab_size or len(tokenizer)
+    config = tiny_config(vocab_size, tokenizer.pad_token_id, tokenizer.eos_token_id, **overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
