@@ -192,8 +192,13 @@ class VLLMEngine:
             self.asleep = True
 
     def wake_up(self) -> None:
-        """Take the GPU memory back (weights as they were, an empty KV cache); nothing if not asleep."""
+        """Take the GPU memory back (weights as they were, an empty KV cache); nothing if not asleep.
+
+        PyTorch's caching allocator is emptied first: it keeps the memory the update's activations were freed from,
+        which vLLM's own allocator cannot reuse, so without this the update's peak and vLLM's share would both
+        have to fit at once and sleeping would save nothing."""
         if self.asleep:
+            torch.cuda.empty_cache()
             self.llm.wake_up()
             self.asleep = False
             self._reset_prefix_cache()
