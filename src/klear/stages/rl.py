@@ -38,7 +38,7 @@ from klear.models import load_model, load_tokenizer
 from klear.objectives import get_objective
 from klear.rewards import Reward, get_reward
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.engine import ENGINES, SamplingParams
+from klear.rollout.engine import ENGINES, SamplingParams, needed_model_len
 from klear.runtime.device import default_precision, policy_on_cuda
 from klear.runtime.distributed import gather_objects, rank_range
 from klear.runtime.run_dir import RunDir
@@ -97,6 +97,15 @@ class RLModule(StageModule):
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
         if self.engine is None:
             config = self.config
+
+            def lengths(problems: list[Problem]):
+                return (len(encode_prompt(self.tokenizer, problem.prompt)) for problem in problems)
+
+            # The engine serves the rollouts and the in-training evaluation: it must hold the longer of the two.
+            need = max(
+                needed_model_len(lengths(self.train_problems), config.rollout.max_new_tokens),
+                needed_model_len(lengths(self.eval_problems[: config.eval.num_prompts]), config.eval.max_new_tokens),
+            )
             self.engine = ENGINES.get(config.rollout.engine)(
                 self.model,
                 self.tokenizer,
