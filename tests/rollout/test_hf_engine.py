@@ -165,3 +165,43 @@ def test_buffer_layer_equals_concatenation_and_grows_within_its_limit():
     assert torch.equal(layer.keys, expected[[1, 1, 0]])
     with pytest.raises(RuntimeError, match="at most 7 positions"):
         layer.update(pieces[1][[0, 0, 0]], pieces[1][[0, 0, 0]])
+
+
+def test_the_rl_engine_of_a_whole_policy_samples_from_the_policy_itself(prompts):
+    from klear.config import RolloutConfig
+    from klear.rollout.hf import build_hf_engine
+    from klear.runtime.strategies import full_tensors
+
+    config = ModelConfig(path="tiny")
+    policy = load_model(config)  # in train mode
+    engine = build_hf_engine(policy, load_tokenizer(config), model=config, rollout=RolloutConfig())
+    assert engine.model is policy and not engine.owns_weights
+    modes = []
+    policy.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    engine.generate(prompts[:1], SamplingParams(max_new_tokens=3, seed=0))
+    assert modes and not any(modes) and policy.training  # sampled in eval mode, train mode given back
+    # The refresh finds the policy's own tensors: nothing is copied, nothing changes.
+    pointers = [parameter.data_ptr() for parameter in policy.parameters()]
+    before = [parameter.detach().clone() for parameter in policy.parameters()]
+    engine.update_weights(full_tensors(policy))
+    assert [parameter.data_ptr() for parameter in policy.parameters()] == pointers
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+
+
+def test_an_engine_that_owns_its_copy_frees_it_while_asleep(prompts):
+    config = ModelConfig(path="tiny")
+    policy = load_model(config)
+    engine = HFEngine(load_model(config).eval(), load_tokenizer(config), batch_size=5, owns_weights=True)
+    sampling = SamplingParams(max_new_tokens=6, n=2, seed=3)
+    expected = [r.response_ids for r in engine.generate(prompts, sampling)]
+    engine.sleep()
+    assert all(parameter.numel() == 0 for parameter in engine.model.parameters())
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(prompts, sampling)
+    engine.wake_up()
+    named = list(policy.named_parameters())
+    engine.update_weights(named[:-1])
+    with pytest.raises(RuntimeError, match="missing 1 parameters"):
+        engine.generate(prompts, sampling)
+    engine.update_weights(named[-1:])
+    assert [r.response_ids for r in engine.generate(prompts, sampling)] == expected

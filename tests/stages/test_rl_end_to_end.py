@@ -1,6 +1,8 @@
 """RL end to end through the real CLI on the tiny model: every objective trains, metrics are logged, the engine
 is refreshed after each update (and the gap shows it when it is not), and a crash + ``--resume`` is exact."""
 
+import copy
+
 import lightning as L
 import pytest
 import torch
@@ -10,6 +12,7 @@ from klear.config.load import load_config
 from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
 from klear.models import resolve_model_path
 from klear.objectives import list_objectives
+from klear.rollout.hf import HFEngine
 from tests.runs import RL_SHORT, TIMING, read_metrics
 
 SHORT = RL_SHORT
@@ -49,10 +52,19 @@ def test_every_objective_trains(objective, tmp_path):
     assert any(not torch.equal(before[name], after[name]) for name in before)
 
 
+def separate_engine(module) -> HFEngine:
+    """An hf engine over a copy of the policy, as a separate inference engine (vLLM, or the whole copy a sharded
+    policy's engine holds) is: one whose weights a failed refresh leaves stale. The default hf engine of a whole
+    policy samples from the policy itself, and cannot go stale."""
+    model = copy.deepcopy(module.model).eval().requires_grad_(False)
+    return HFEngine(model, module.tokenizer, batch_size=module.config.rollout.batch_size)
+
+
 def test_stale_engine_shows_in_the_logprob_gap(tmp_path):
     config = load_config("configs/rl.yaml", [f"output_dir={tmp_path}", *SHORT])
     run_dir = prepare_run_dir(config, resume=False, overwrite=False)
     module, batches = build_stage(config, run_dir)
+    module.engine = separate_engine(module)
     build_trainer(config, run_dir, resume=False).fit(module, train_dataloaders=batches)  # no refresh callback
     gaps = [float(row["rollout/logprob_gap"]) for row in read_metrics(tmp_path / "metrics.csv")[:4]]
     assert gaps[0] < 1e-4 and min(gaps[1:]) > 1e-3, gaps
@@ -73,6 +85,7 @@ def test_a_corrupted_refresh_stops_the_run_when_asked(tmp_path):
     config = load_config("configs/rl.yaml", [f"output_dir={tmp_path}", *SHORT, "rollout.logprob_gap_stop=0.001"])
     run_dir = prepare_run_dir(config, resume=False, overwrite=False)
     module, batches = build_stage(config, run_dir)
+    module.engine = separate_engine(module)
     callbacks = [RolloutRefresh(0.05, config.rollout.logprob_gap_stop), CorruptEngineAfterRefresh()]
     with pytest.raises(LogprobGapError, match=r"exceeds rollout\.logprob_gap_stop = 0\.001"):
         build_trainer(config, run_dir, resume=False, extra_callbacks=callbacks).fit(module, train_dataloaders=batches)

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from klear.config import ModelConfig
 from klear.models import attention
 from klear.models.tiny import TINY_SIZES, build_tiny
+from klear.runtime import memory
 
 CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
 SHIPPED: dict[str, str] = {"tiny-sft": "configs/sft.yaml", "tiny-sft-code": "configs/sft_code.yaml"}
@@ -89,11 +90,12 @@ def load_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:
 
 def load_model(config: ModelConfig, on_cuda: bool = False) -> PreTrainedModel:
     """The causal LM of ``config.path`` in the configured dtype, in train mode."""
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(config.path),
-        dtype=model_dtype(config, on_cuda),
-        attn_implementation=attention.NAME if config.attn_implementation == "sdpa" else config.attn_implementation,
-    )
+    with memory.phase("load"):
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve_model_path(config.path),
+            dtype=model_dtype(config, on_cuda),
+            attn_implementation=attention.NAME if config.attn_implementation == "sdpa" else config.attn_implementation,
+        )
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False

@@ -22,11 +22,14 @@ Where the time goes on a small model is memory traffic and Python per token, not
 
 Prompts are left-padded into one batch; positions count real tokens only, so a padded prompt is computed as if
 it were alone (up to floating-point reduction order).
+
+Memory: the RL stage's engine samples from the policy itself when the policy is whole in this process, so the
+weights exist once; only a sharded (FSDP2) policy, which cannot generate rank by rank, gets a whole copy, and that
+copy's weights are freed while the engine sleeps (see :func:`build_hf_engine`).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Iterable
 
@@ -38,6 +41,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from klear.config import ModelConfig, RolloutConfig
 from klear.rollout.engine import Rollout, SamplingParams
+from klear.runtime import memory
+from klear.runtime.memory import release_freed_memory
 
 COMPACT_BELOW = 0.75
 """Finished rows leave the compute batch once at most this fraction of it is still generating."""
@@ -47,11 +52,14 @@ class HFEngine:
     """Rollout engine over a transformers model held in this process.
 
     Args:
-        model: a causal LM; the engine samples from it as it is (share the training model, or pass a copy that
-            :meth:`update_weights` refreshes).
+        model: a causal LM; the engine samples from it as it is, in eval mode (train mode is restored after each
+            call): the training model itself, or a copy that :meth:`update_weights` refreshes.
         tokenizer: its tokenizer (for decoding and the end-of-sequence and pad ids).
         batch_size: at most this many sequences are sampled together (prompts x samples).
         stop_token_ids: ids that end a response; defaults to the model's generation config and the tokenizer's eos.
+        owns_weights: ``model`` is the engine's own copy: :meth:`sleep` frees its parameters' memory, and after
+            :meth:`wake_up` every parameter must arrive through :meth:`update_weights` before the next
+            :meth:`generate`. Leave it off for a model that is used elsewhere (the training model).
     """
 
     def __init__(
@@ -60,8 +68,14 @@ class HFEngine:
         tokenizer: PreTrainedTokenizerBase,
         batch_size: int = 256,
         stop_token_ids: list[int] | None = None,
+        owns_weights: bool = False,
     ) -> None:
         self.model = model
+        self.owns_weights = owns_weights
+        self._released: dict[str, tuple[torch.Size, torch.dtype, torch.device]] = {}
+        """Parameters freed by :meth:`sleep` (name -> shape, dtype, device)."""
+        self._missing: set[str] = set()
+        """Parameters re-allocated by :meth:`wake_up` that no :meth:`update_weights` has filled yet."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.stop_token_ids = stop_token_ids or default_stop_ids(model, tokenizer)
@@ -71,6 +85,11 @@ class HFEngine:
     # -------------------------------------------------------------------------------------------- protocol
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Rollout]:
+        if self._released or self._missing:
+            state = "asleep" if self._released else f"missing {len(self._missing)} parameters since it woke up"
+            raise RuntimeError(
+                f"the hf engine is {state}: call wake_up() and then update_weights() with every parameter first"
+            )
         seed = sampling.seed
         if seed is None:
             seed = int(torch.randint(2**62, (1,), generator=self.generator))
@@ -83,14 +102,19 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(jobs), self.batch_size):
-                rollouts.extend(self._generate_batch(jobs[start : start + self.batch_size], sampling))
+            with memory.phase("rollout"):
+                for start in range(0, len(jobs), self.batch_size):
+                    rollouts.extend(self._generate_batch(jobs[start : start + self.batch_size], sampling))
         finally:
             self.model.train(was_training)
         return rollouts
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Copy each tensor into the parameter of that name; a tensor that already is that parameter's memory (the
+        engine samples from the training model itself) is left alone."""
+        if self._released:
+            raise RuntimeError("update_weights on a sleeping hf engine: call wake_up() first")
         parameters = dict(self.model.named_parameters())
         for name, tensor in named_tensors:
             if name not in parameters:
@@ -98,13 +122,28 @@ class HFEngine:
             target = parameters[name]
             if target.shape != tensor.shape:
                 raise ValueError(f"parameter {name!r}: engine shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
-            target.copy_(tensor)
+            if not _same_memory(target, tensor):
+                target.copy_(tensor)
+            self._missing.discard(name)
 
     def sleep(self) -> None:
-        """Nothing to release: the engine's model lives wherever the caller put it."""
+        """Free the weights of a model the engine owns (a sharded policy's whole copy) while the trainer runs; for
+        a shared model, nothing to release."""
+        if not self.owns_weights or self._released:
+            return
+        for name, parameter in self.model.named_parameters():
+            self._released[name] = (parameter.shape, parameter.dtype, parameter.device)
+            parameter.data = parameter.data.new_empty(0)
+        release_freed_memory()
 
     def wake_up(self) -> None:
-        """Nothing to take back (see :meth:`sleep`)."""
+        """Allocate the weights :meth:`sleep` freed again; their values arrive with the next :meth:`update_weights`
+        (which every caller runs after waking: the refresh callback, the SFT evaluation)."""
+        parameters = dict(self.model.named_parameters())
+        for name, (shape, dtype, device) in self._released.items():
+            parameters[name].data = torch.empty(shape, dtype=dtype, device=device)
+            self._missing.add(name)
+        self._released = {}
 
     # ------------------------------------------------------------------------------------------- sampling
 
@@ -214,26 +253,41 @@ def build_hf_engine(
     precision: str = "32-true",
     max_model_len: int | None = None,
 ) -> HFEngine:
-    """The ``hf`` engine of the RL stage: a frozen copy of the policy, refreshed in place after every update.
+    """The ``hf`` engine of the RL stage: the policy itself when it is whole in this process, else a whole copy.
 
-    A copy rather than the policy itself, so the engine is exactly what a separate inference engine would be:
-    weights that change only through :meth:`HFEngine.update_weights`, which ``rollout/logprob_gap`` checks.
-    ``max_model_len`` is ignored: the engine reserves no memory per sequence ahead of a call.
+    The engine has no dtype or precision of its own (it computes in the policy's dtype, under the trainer's
+    precision context, as the trainer does), so a copy of a whole policy would only hold the same numbers twice:
+    the engine samples from the policy's own modules, and the refresh after each update finds the policy's own
+    tensors and copies nothing. ``rollout/logprob_gap`` then measures the numerics of the engine's batched,
+    cached sampling against the trainer's forward alone (~1e-6 in float32); stale weights cannot happen.
+
+    A sharded (FSDP2) policy cannot generate rank by rank (each forward is a collective), so its engine holds a
+    whole copy, refreshed with the gathered tensors after every update (what the gap then also checks), and frees
+    that copy's weights while it sleeps (during the update), so a rank holds its shard of the training state plus
+    one whole copy only while sampling. ``max_model_len`` is ignored: the engine reserves no memory per sequence
+    ahead of a call.
     """
-    return HFEngine(engine_model(policy, model), tokenizer, batch_size=rollout.batch_size)  # seeded per call
+    sharded = is_sharded(policy)  # seeded per call
+    return HFEngine(engine_model(policy, model), tokenizer, batch_size=rollout.batch_size, owns_weights=sharded)
+
+
+def is_sharded(policy: nn.Module) -> bool:
+    """Whether ``policy``'s parameters are sharded across ranks (FSDP2 DTensors)."""
+    return any(isinstance(parameter, DTensor) for parameter in policy.parameters())
 
 
 def engine_model(policy: nn.Module, model_config) -> nn.Module:
-    """A frozen, whole copy of ``policy`` on its device. A sharded (FSDP2) policy cannot be copied: the model of
-    ``model_config`` is loaded instead, and holds the policy's weights once refreshed with its full tensors."""
-    if any(isinstance(parameter, DTensor) for parameter in policy.parameters()):
-        from klear.models import load_model
+    """What an hf engine samples from: ``policy`` itself when it is whole; for a sharded (FSDP2) policy, the model
+    of ``model_config`` loaded whole on the policy's device, frozen, which holds the policy's weights once refreshed
+    with its full tensors."""
+    if not is_sharded(policy):
+        return policy
+    from klear.models import load_model
 
+    with memory.phase("engine"):
         device = next(policy.parameters()).device
-        copy_ = load_model(model_config, on_cuda=device.type == "cuda").to(device)
-    else:
-        copy_ = copy.deepcopy(policy)
-    return copy_.eval().requires_grad_(False)
+        whole = load_model(model_config, on_cuda=device.type == "cuda").to(device)
+        return whole.eval().requires_grad_(False)
 
 
 def _pick(logits: Tensor, sampling: SamplingParams, uniforms: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -292,6 +346,11 @@ class _BufferLayer(DynamicLayer):
         """Keep (or repeat) rows ``indices`` of the batch."""
         self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
         self.keys, self.values = self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
+
+
+def _same_memory(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` view the same elements of the same memory."""
+    return a.data_ptr() == b.data_ptr() and a.device == b.device and a.dtype == b.dtype and a.stride() == b.stride()
 
 
 def _sample_seed(prompt_seed: int, sample: int) -> int:

@@ -1,13 +1,22 @@
-"""Checkpoints of a run: ``checkpoints/step-N.ckpt`` saved atomically, and resume past the end of a finished run."""
+"""Checkpoints of a run: ``checkpoints/step-N.ckpt`` saved atomically, and resume past the end of a finished run.
+
+A one-file checkpoint is streamed to disk by ``torch.save``, tensor by tensor (:class:`StreamingCheckpointIO`):
+Lightning's own writer serialises the whole checkpoint into an in-memory buffer first, to make the write atomic,
+which holds a second copy of the weights and the optimizer state at the moment memory is fullest. The write is
+atomic here anyway (a temporary name, then a rename).
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 
-from klear.runtime import lightning_compat
+from klear.runtime import lightning_compat, memory
 from klear.runtime.run_dir import CHECKPOINT_GLOB, RunDir, remove_path
 
 
@@ -22,6 +31,11 @@ class StepCheckpoint(L.Callback):
     def __init__(self, run_dir: RunDir, every_n_steps: int) -> None:
         self.run_dir = run_dir
         self.every_n_steps = every_n_steps
+
+    def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        # Lightning's default writer only: a checkpoint_io the Trainer was given on purpose stays.
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = StreamingCheckpointIO()
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         step = batch_idx + 1
@@ -46,7 +60,8 @@ class StepCheckpoint(L.Callback):
             remove_path(temporary)  # the leftover of a save that was killed
         trainer.strategy.barrier("klear-checkpoint-start")
         # A file, or a directory of shards under fsdp2; with the callbacks' and loops' state (not weights only).
-        trainer.save_checkpoint(temporary, weights_only=False)
+        with memory.phase("checkpoint"):
+            trainer.save_checkpoint(temporary, weights_only=False)
         trainer.strategy.barrier("klear-checkpoint-saved")
         if trainer.is_global_zero:
             os.replace(temporary, target)
@@ -54,3 +69,15 @@ class StepCheckpoint(L.Callback):
                 if older != target:
                     remove_path(older)
         trainer.strategy.barrier("klear-checkpoint")
+
+
+class StreamingCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` except that :meth:`save_checkpoint` writes straight to the file (see the
+    module docstring); loading is unchanged."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(checkpoint, path)

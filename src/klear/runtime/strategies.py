@@ -6,13 +6,22 @@ gradient and optimizer state, and gathers one decoder layer at a time for its fo
 applies the sharding in ``configure_model`` through :func:`shard_model`. Checkpoints are sharded too (one file
 per rank in the checkpoint directory, written in parallel) and resume on the same or a different world size.
 It runs on CPU with gloo as well as on CUDA with NCCL, which is how it is tested.
+
+The Hugging Face export of a sharded model (:func:`export_hf`) is streamed: rank 0 writes ``model.safetensors``
+one gathered tensor at a time, so no rank ever holds the whole state dict beside its shards.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+from pathlib import Path
+
 import torch
 from omegaconf import DictConfig
 from torch import nn
+
+from klear.runtime import memory
 
 
 def build_strategy(config: DictConfig):
@@ -83,13 +92,94 @@ def full_tensors(model: nn.Module):
 
 
 def export_hf(module, directory) -> None:
-    """Save ``module.model`` and ``module.tokenizer`` as a Hugging Face checkpoint; under FSDP2 the shards are
-    gathered to rank 0 first, so every rank must call this."""
-    state = full_state_dict(module.model)
-    # Gathered tied weights are separate copies that save_pretrained cannot see are one: keep the source only.
-    for tied in getattr(module.model, "all_tied_weights_keys", None) or {}:
-        state.pop(tied, None)
-    if module.trainer.is_global_zero:
-        module.model.save_pretrained(directory, state_dict=state)
+    """Save ``module.model`` and ``module.tokenizer`` as a Hugging Face checkpoint (rank 0 writes it; under FSDP2
+    every rank must call this, since the shards are gathered).
+
+    A whole model is written by ``save_pretrained`` from the parameters' own memory (safetensors writes from the
+    tensors' pointers), with no copy. A sharded one is streamed by :func:`_save_sharded`, unless the model stores
+    its weights under other names or shapes than its modules hold (a load-time conversion such as fused MoE
+    experts): only ``save_pretrained`` reverts those, and it needs the whole state dict, gathered to rank 0.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    memory.mark("export")
+    model, rank_zero = module.model, module.trainer.is_global_zero
+    if not isinstance(model, FSDPModule):
+        if rank_zero:
+            model.save_pretrained(directory)
+    elif _saved_as_held(model):
+        _save_sharded(model, Path(directory), rank_zero)
+    else:
+        state = full_state_dict(model)
+        # Gathered tied weights are separate copies that save_pretrained cannot see are one: keep the source only.
+        for tied in model.all_tied_weights_keys or {}:
+            state.pop(tied, None)
+        if rank_zero:
+            model.save_pretrained(directory, state_dict=state)
+    if rank_zero:
         module.tokenizer.save_pretrained(directory)
     module.trainer.strategy.barrier("klear-export")
+
+
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def _saved_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a Hugging Face checkpoint of ``model`` holds, sharded as the model holds them: its state dict
+    without the tied copies (``save_pretrained`` drops them the same way)."""
+    state = model.state_dict()
+    for tied in model.all_tied_weights_keys or {}:
+        state.pop(tied, None)
+    return state
+
+
+def _saved_as_held(model: nn.Module) -> bool:
+    """Whether ``save_pretrained`` would write ``model``'s tensors under their own names and shapes (no weight
+    conversion to revert), checked on shape-only tensors."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    held = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in _saved_state(model).items()}
+    saved = revert_weight_conversion(model, dict(held))
+    return saved.keys() == held.keys() and all(saved[name].shape == held[name].shape for name in held)
+
+
+def _save_sharded(model: nn.Module, directory: Path, rank_zero: bool) -> None:
+    """``model.safetensors`` of a sharded ``model``, streamed: the header comes from the tensors' global shapes,
+    then each tensor is gathered (a collective, in the same order on every rank), written by rank 0 and freed, so
+    at most one whole tensor exists beyond the shards. ``save_pretrained`` with no tensors writes the rest (config,
+    generation config) exactly as for a whole model; its empty weights file is then replaced."""
+    from torch.distributed.tensor import DTensor
+
+    state = _saved_state(model)
+    header: dict[str, dict] = {}
+    offset = 0
+    for name, tensor in state.items():
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape)}
+        header[name]["data_offsets"] = [offset, offset + size]
+        offset += size
+    header["__metadata__"] = {"format": "pt"}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    if rank_zero:
+        model.save_pretrained(directory, state_dict={})
+    with open(directory / "model.safetensors", "wb") if rank_zero else contextlib.nullcontext() as file:
+        if rank_zero:
+            file.write(len(encoded).to_bytes(8, "little") + encoded)
+        for name in list(state):
+            tensor = state.pop(name)
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if rank_zero:
+                file.write(whole.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+            del whole

@@ -25,6 +25,7 @@ from klear.data.readers import warn_bad_rows
 from klear.eval.in_training import evaluate
 from klear.models import prompt_budget
 from klear.rollout.engine import RolloutEngine
+from klear.runtime import memory
 from klear.runtime.optim import build_optimizer, build_scheduler
 from klear.runtime.run_dir import RunDir
 from klear.runtime.strategies import export_hf, shard_model, uses_fsdp2
@@ -49,12 +50,14 @@ class StageModule(L.LightningModule):
 
     def configure_model(self) -> None:
         """``fsdp2``: shard :meth:`sharded_models` over the data-parallel mesh."""
+        memory.mark("setup")
         if uses_fsdp2(self.config) and self.device_mesh is not None:
             for model in self.sharded_models():
                 shard_model(model, self.device_mesh["data_parallel"], self.config)
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.config.optim)
+        memory.watch_optimizer(optimizer)
         scheduler = build_scheduler(optimizer, self.config.optim, self.config.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -65,6 +68,7 @@ class StageModule(L.LightningModule):
         if batch_idx == 0 or (every and batch_idx % every == 0):
             self._eval_metrics = self.run_eval()
             self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
+        memory.mark("update")
 
     def on_train_end(self) -> None:
         self._log_step(self.run_eval(), step=self.config.trainer.max_steps)
@@ -77,15 +81,16 @@ class StageModule(L.LightningModule):
     @torch.no_grad()
     def run_eval(self) -> dict[str, float]:
         """Evaluation of the current weights, the problems split across data-parallel ranks."""
-        return evaluate(
-            self.eval_engine(),
-            self.tokenizer,
-            self.eval_problems,
-            self.config.eval,
-            self.scorer.correctness,
-            rank=self.global_rank,
-            world=self.trainer.world_size,
-        )
+        with memory.phase("eval"):
+            return evaluate(
+                self.eval_engine(),
+                self.tokenizer,
+                self.eval_problems,
+                self.config.eval,
+                self.scorer.correctness,
+                rank=self.global_rank,
+                world=self.trainer.world_size,
+            )
 
     # -------------------------------------------------------------------------------------------- output
 

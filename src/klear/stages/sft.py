@@ -32,7 +32,7 @@ from klear.runtime.device import policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
 from klear.runtime.run_dir import RunDir
-from klear.runtime.strategies import full_tensors, uses_fsdp2
+from klear.runtime.strategies import full_tensors
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.logprobs import token_logprobs
 
@@ -99,14 +99,21 @@ class SFTModule(StageModule):
 
     def eval_engine(self) -> HFEngine:
         """An engine over the model itself; a sharded model cannot generate rank by rank (each forward is a
-        collective), so under fsdp2 a whole copy, refreshed before every evaluation."""
+        collective), so under fsdp2 a whole copy, refreshed before every evaluation and asleep (its weights freed)
+        between evaluations, so training holds only the rank's shard of the state."""
         if self._eval_engine is None:
-            sharded = uses_fsdp2(self.config)
-            model = engine_model(self.model, self.config.model) if sharded else self.model
-            self._eval_engine = HFEngine(model, self.tokenizer, batch_size=self.config.eval.batch_size)
-        if self._eval_engine.model is not self.model:
-            self._eval_engine.update_weights(full_tensors(self.model))
+            model = engine_model(self.model, self.config.model)
+            self._eval_engine = HFEngine(
+                model, self.tokenizer, batch_size=self.config.eval.batch_size, owns_weights=model is not self.model
+            )
+        self._eval_engine.wake_up()
+        self._eval_engine.update_weights(full_tensors(self.model))  # a no-op for the model itself
         return self._eval_engine
+
+    def run_eval(self) -> dict[str, float]:
+        metrics = super().run_eval()
+        self._eval_engine.sleep()  # frees the weights of a copy; nothing for the model itself
+        return metrics
 
 
 def _shift_left(labels: torch.Tensor) -> torch.Tensor:
