@@ -24,6 +24,12 @@ def recording_engine(policy, tokenizer, **settings):
     return "engine"
 
 
+def fixed_keywords_engine(policy, tokenizer, *, model, rollout, seed, precision):
+    """A factory written to the protocol before ``max_model_len`` was added to it."""
+    CALLS.append((policy, tokenizer, {"model": model, "rollout": rollout, "seed": seed, "precision": precision}))
+    return "engine"
+
+
 def arguments(**overrides) -> argparse.Namespace:
     values = dict(
         model="tiny-sft", engine=f"{__name__}:recording_engine", max_new_tokens=32, temperature=0.6, top_p=0.95,
@@ -38,7 +44,7 @@ def test_the_factory_is_called_with_the_settings_as_keywords() -> None:
     assert engine == "engine" and len(CALLS) == 1
     policy, given_tokenizer, settings = CALLS[0]
     assert given_tokenizer is tokenizer and next(policy.parameters()).device.type == "cpu"
-    assert sorted(settings) == ["model", "precision", "rollout", "seed"]
+    assert sorted(settings) == ["max_model_len", "model", "precision", "rollout", "seed"]
     assert (settings["model"].path, settings["seed"], settings["precision"]) == ("tiny-sft", 3, "32-true")
     rollout = settings["rollout"]
     assert (rollout.engine, rollout.max_new_tokens, rollout.temperature, rollout.top_p) == (
@@ -71,5 +77,12 @@ def test_given_its_problems_the_engine_is_told_the_longest_sequence() -> None:
     problems = [Problem("Start with 1. Add 1.", "2"), Problem("Start with 12. Add 30. Then add 7.", "49")]
     build_engine(arguments(), problems)
     longest = max(len(encode_prompt(tokenizer, problem.prompt)) for problem in problems)
-    assert "max_model_len" not in CALLS[0][2]  # no problems: the engine's default
+    assert CALLS[0][2]["max_model_len"] is None  # no problems: the engine's default
     assert CALLS[1][2]["max_model_len"] == longest + 32  # --max-new-tokens 32
+
+
+def test_a_factory_without_the_newer_settings_still_builds() -> None:
+    CALLS.clear()
+    problems = [Problem("Start with 1. Add 1.", "2")]
+    engine, _ = build_engine(arguments(engine=f"{__name__}:fixed_keywords_engine"), problems)
+    assert engine == "engine" and sorted(CALLS[0][2]) == ["model", "precision", "rollout", "seed"]

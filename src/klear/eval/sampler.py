@@ -21,7 +21,7 @@ from klear.data.problems import Problem
 from klear.data.prompts import encode_prompt
 from klear.eval.tasks import EvalError, load_eval_tokenizer
 from klear.models import load_model
-from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, needed_model_len
+from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, create_engine, needed_model_len
 from klear.runtime.device import uses_cuda
 
 
@@ -57,20 +57,18 @@ def build_engine(
         top_k=args.top_k,
         batch_size=args.batch_size,
     )
-    if problems:
-        lengths = (len(encode_prompt(tokenizer, problem.prompt)) for problem in problems)
-        need = {"max_model_len": needed_model_len(lengths, args.max_new_tokens)}
-    else:
-        need = {}
+    lengths = [len(encode_prompt(tokenizer, problem.prompt)) for problem in problems]
+    need = needed_model_len(lengths, args.max_new_tokens) if lengths else None
     try:
-        engine = factory(
+        engine = create_engine(
+            factory,
             model.to("cuda" if on_cuda else "cpu"),
             tokenizer,
             model=model_config,
             rollout=rollout,
             seed=args.seed,
             precision="bf16-mixed" if on_cuda else "32-true",
-            **need,
+            max_model_len=need,
         )
     except ValueError as error:  # settings the engine refuses (a KV cache too small for one sequence, ...)
         raise EvalError(f"--engine {args.engine}: {first_line(error)}") from error

@@ -38,7 +38,7 @@ from klear.models import load_model, load_tokenizer
 from klear.objectives import get_objective
 from klear.rewards import Reward, get_reward
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.engine import ENGINES, SamplingParams, needed_model_len
+from klear.rollout.engine import ENGINES, SamplingParams, create_engine, needed_model_len
 from klear.runtime.device import default_precision, policy_on_cuda
 from klear.runtime.distributed import gather_objects, rank_range
 from klear.runtime.run_dir import RunDir
@@ -106,7 +106,8 @@ class RLModule(StageModule):
                 needed_model_len(lengths(self.train_problems), config.rollout.max_new_tokens),
                 needed_model_len(lengths(self.eval_problems[: config.eval.num_prompts]), config.eval.max_new_tokens),
             )
-            self.engine = ENGINES.get(config.rollout.engine)(
+            self.engine = create_engine(
+                ENGINES.get(config.rollout.engine),
                 self.model,
                 self.tokenizer,
                 model=config.model,
