@@ -222,8 +222,8 @@ class VLLMConfig:
     """KV cache size in bytes. 0: on GPU, what ``gpu_memory_utilization`` leaves; on CPU, 256 MiB (unset, vLLM's
     CPU backend would reserve a share of the machine's memory, many GiB)."""
     dtype: str = choice("auto", "float32", "bfloat16")
-    """Engine weights and compute; ``auto`` follows ``trainer.precision``: bfloat16 for bf16 precisions (and on
-    CUDA by default), float32 otherwise."""
+    """Engine weights and compute; ``auto`` follows what the policy computes in: bfloat16 for bf16 precisions, on
+    CUDA by default and under ``fsdp2``'s mixed precision on CUDA; float32 otherwise."""
     enable_sleep_mode: bool = True
     """Release the engine's GPU memory while the trainer updates (vLLM sleep level 1: weights offloaded to CPU
     memory, KV cache dropped) and take it back before each refresh. vLLM's CPU backend has none: ignored there."""

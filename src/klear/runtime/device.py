@@ -31,3 +31,13 @@ def default_precision(config: DictConfig) -> str:
     if config.trainer.precision != "auto":
         return config.trainer.precision
     return "bf16-mixed" if policy_on_cuda(config) else "32-true"
+
+
+def compute_precision(config: DictConfig) -> str:
+    """The precision the policy computes in, which the rollout engine samples in (``rollout.vllm.dtype: auto``):
+    the trainer's, except under ``fsdp2`` on a GPU with ``trainer.fsdp_mixed_precision``, which computes in
+    bfloat16 behind the trainer's ``32-true`` (an engine in float32 would hold twice the memory and sample from
+    other numbers than the trainer scores)."""
+    trainer = config.trainer
+    mixed_by_fsdp2 = trainer.strategy == "fsdp2" and trainer.fsdp_mixed_precision and uses_cuda(trainer.accelerator)
+    return "bf16-mixed" if trainer.precision == "auto" and mixed_by_fsdp2 else default_precision(config)

@@ -39,7 +39,7 @@ from klear.objectives import get_objective
 from klear.rewards import Reward, get_reward
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import ENGINES, SamplingParams, create_engine, needed_model_len
-from klear.runtime.device import default_precision, policy_on_cuda
+from klear.runtime.device import compute_precision, policy_on_cuda
 from klear.runtime.distributed import gather_objects, rank_range
 from klear.runtime.run_dir import RunDir
 from klear.runtime.step_metrics import StepMetrics
@@ -113,7 +113,7 @@ class RLModule(StageModule):
                 model=config.model,
                 rollout=config.rollout,
                 seed=config.seed,
-                precision=default_precision(config),
+                precision=compute_precision(config),
                 max_model_len=need,
             )
 
