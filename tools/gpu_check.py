@@ -1,11 +1,14 @@
-"""The CUDA half of ``tools/gpu_check.sh``: a realistic-size Qwen3 built locally, and the vLLM engine on it.
+"""The CUDA half of ``tools/gpu_check.sh``: a realistic-size Qwen3 built locally, the vLLM engine and packed
+log-probs on it.
 
-    python tools/gpu_check.py build DIR     # Qwen3-0.6B's shape (28 layers, width 1024), random weights, ~0.44B
-                                            # parameters (the built-in byte tokenizer: vocabulary 261, not 151,936)
+    python tools/gpu_check.py build DIR     # Qwen3-0.6B's shape (28 layers, width 1024, vocabulary 151,936), random
+                                            # weights, the built-in byte tokenizer
     python tools/gpu_check.py vllm DIR      # engine: refresh time, tokens/s, trainer-engine gap, sleep/wake
+    python tools/gpu_check.py packed DIR    # packed rows = padded rows (log-probs, gradients) on CUDA, per kernel
 
 Nothing is downloaded. The vLLM check trains nothing through Lightning: it loads the policy as the RL stage does,
-builds the engine through the registry, and prints one ``name: value`` line per measurement.
+builds the engine through the registry, and prints one ``name: value`` line per measurement. The packed check
+asserts: it exits non-zero when packed and padded rows disagree.
 """
 
 from __future__ import annotations
@@ -16,22 +19,16 @@ import time
 
 import torch
 
-QWEN3_0_6B = {
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 4096,
-}
+from klear.models.tiny import QWEN3_0_6B
+
+SHAPE = {**QWEN3_0_6B, "max_position_embeddings": 4096}
 
 
 def build(directory: str) -> None:
     from klear.models.tiny import build_tiny
 
     started = time.perf_counter()
-    path = build_tiny(directory, seed=0, **QWEN3_0_6B)
+    path = build_tiny(directory, seed=0, **SHAPE)
     print(f"model: {path} built in {time.perf_counter() - started:.1f}s")
 
 
@@ -99,9 +96,51 @@ def check_vllm(directory: str) -> None:
     print(f"gap after refresh: {gap(updated, engine.generate(prompts[:8], probe), 1.0):.2e}")
 
 
+def check_packed(directory: str) -> None:
+    """Token-budget passes run rows packed without padding: on CUDA they must equal padded rows, under klear's
+    ``sdpa_gqa`` (one causal call per row) and, when installed, flash-attention's varlen kernel."""
+    import importlib.util
+
+    from klear.config import ModelConfig
+    from klear.models import load_model
+    from klear.stages.logprobs import token_logprobs
+
+    implementations = ["sdpa"] + (["flash_attention_2"] if importlib.util.find_spec("flash_attn") else [])
+    lengths = torch.tensor([700, 90, 2100, 350])
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(300, 150_000, (len(lengths), int(lengths.max())), generator=generator).cuda()
+    inside = torch.arange(ids.shape[1], device="cuda") < lengths.cuda()[:, None]
+    mask = inside & (torch.arange(ids.shape[1], device="cuda") >= 64)
+    mask &= torch.arange(ids.shape[1], device="cuda") < lengths.cuda()[:, None] - 1
+    targets = torch.roll(ids, -1, 1)
+    failed = False
+    for implementation in implementations:
+        model = load_model(ModelConfig(path=directory, attn_implementation=implementation), on_cuda=True).cuda()
+        results = {}
+        for pack in (False, True):
+            model.zero_grad()
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            logprobs, _ = token_logprobs(model, ids, targets, mask, attention_mask=inside.long(), pack=pack)
+            logprobs.sum().backward()
+            torch.cuda.synchronize()
+            gradient = model.model.layers[0].self_attn.q_proj.weight.grad.float().clone()
+            results[pack] = (logprobs.detach(), gradient, time.perf_counter() - started)
+        difference = float((results[True][0] - results[False][0]).abs()[mask].max())
+        relative = float((results[True][1] - results[False][1]).norm() / results[False][1].norm())
+        print(
+            f"packed vs padded, {implementation}, {model.dtype}: max |logprob diff| {difference:.2e}, gradient "
+            f"relative diff {relative:.2e}, {results[False][2]:.2f}s padded, {results[True][2]:.2f}s packed"
+        )
+        failed |= difference > 0.05 or relative > 0.02  # bfloat16 compute: a few ulps of bf16 per token
+        del model
+    if failed:
+        raise SystemExit("packed rows disagree with padded rows on CUDA")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["build", "vllm"])
+    parser.add_argument("command", choices=["build", "vllm", "packed"])
     parser.add_argument("directory")
     arguments = parser.parse_args()
-    {"build": build, "vllm": check_vllm}[arguments.command](arguments.directory)
+    {"build": build, "vllm": check_vllm, "packed": check_packed}[arguments.command](arguments.directory)

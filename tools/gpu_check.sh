@@ -4,9 +4,10 @@
 #
 #   bash tools/gpu_check.sh [WORKDIR]     # ~5 minutes on one H100-class GPU; WORKDIR defaults to a temp dir
 #
-# 1. builds a Qwen3-0.6B-shaped model (random weights, the built-in tokenizer) and runs the vLLM engine on it:
-#    refresh time, tokens/s, trainer-engine log-prob gap before and after a refresh, sleep/wake;
-# 2. a short RL run through the CLI with FSDP2 on CUDA, with the hf engine and with the vllm engine.
+# 1. builds a Qwen3-0.6B-shaped model (random weights, the built-in tokenizer), checks that packed rows equal padded
+#    rows on CUDA, and runs the vLLM engine on it: refresh time, tokens/s, trainer-engine log-prob gap before and
+#    after a refresh, sleep/wake;
+# 2. short RL runs through the CLI with FSDP2 on CUDA: the hf engine (rows, then a token budget), the vllm engine.
 # Exits non-zero if a step failed or vllm is missing (the other steps still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,7 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || exit 1
 python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 step python tools/gpu_check.py build "$work/qwen3-0.6b"
+step python tools/gpu_check.py packed "$work/qwen3-0.6b"
 if python -c "import vllm; print('vllm', vllm.__version__)"; then
     step python tools/gpu_check.py vllm "$work/qwen3-0.6b"
 else
@@ -36,6 +38,8 @@ fi
 short=(--config configs/rl.yaml trainer.accelerator=gpu trainer.strategy=fsdp2 trainer.max_steps=4
        trainer.progress_bar=false eval.every_n_steps=0 eval.num_prompts=48 eval.samples=2)
 step python -m klear.fit "${short[@]}" output_dir="$work/rl-fsdp2-hf" && summary "$work/rl-fsdp2-hf/metrics.csv"
+step python -m klear.fit "${short[@]}" algorithm.micro_batch_tokens=2048 output_dir="$work/rl-fsdp2-tokens" \
+    && summary "$work/rl-fsdp2-tokens/metrics.csv"
 if python -c "import vllm" 2>/dev/null; then
     step python -m klear.fit "${short[@]}" rollout.engine=vllm output_dir="$work/rl-fsdp2-vllm" \
         && summary "$work/rl-fsdp2-vllm/metrics.csv"
