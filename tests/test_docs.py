@@ -236,6 +236,9 @@ assert "gppo" in list_objectives()
     ("docs/performance.md", "python tools/bench_sft_padding.py"): Run(
         extra=("--examples", "100", "--throughput-examples", "16"), expect=("summary (padded -> packed): synthetic",)
     ),
+    ("docs/performance.md", "python tools/bench_memory.py"): Covered(
+        ("tests/tools/test_bench_memory.py::test_memory_peaks_against_the_state",)
+    ),
     ("docs/performance.md", "python tools/bench_rewards.py"): Run(
         extra=("--math-pairs", "20", "--programs", "2", "--tests", "2", "--workers", "2"),
         expect=("math: sequential", "code: sequential"),

@@ -5,6 +5,7 @@ Each measurement runs in a fresh subprocess, which resets its peak (``VmHWM``, t
 right before the call it measures, so the peak's rise over the resident size is what the call allocated.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -96,3 +97,25 @@ def test_the_hf_export_of_a_whole_model_makes_no_copy(tmp_path):
 
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert exported.lm_head.weight is exported.model.embed_tokens.weight  # still tied
+
+
+def test_the_timeline_names_the_phase_of_the_peak(tmp_path):
+    script = """
+import torch
+from klear.runtime import memory
+
+memory.mark("load")
+with memory.phase("rollout"):
+    block = torch.ones(100_000_000, dtype=torch.float32)  # 400 MB, touched
+    del block
+memory.mark("export")
+"""
+    env = {**os.environ, "KLEAR_MEMORY_TIMELINE": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True, timeout=120)
+    (timeline,) = tmp_path.glob("rank0-*.tsv")
+    *samples, peak = [line.split("\t") for line in timeline.read_text().splitlines()]
+    labels = [label for _, label, _ in samples]
+    # In order (the start before any mark is ""), each phase sampled at least at its start and end.
+    assert sorted(set(labels), key=labels.index) == ["", "load", "load/rollout", "export"]
+    assert peak[:2] == ["peak", "load/rollout"] and int(peak[2]) > 4e8
+    assert max(int(rss) for _, label, rss in samples if label == "export") < int(peak[2]) - 3e8  # freed again
