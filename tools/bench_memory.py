@@ -21,6 +21,7 @@ line with the largest ratio of each kind.
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import subprocess
@@ -33,18 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9
 BYTES_PER_PARAMETER = 4 * (1 + 1 + 2)
 """float32 weights, gradients and AdamW's two moments."""
-QWEN3_0_6B = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=151_936,
-    max_position_embeddings=40_960,
-    tie_word_embeddings=True,
-    rope_theta=1_000_000,
-    rms_norm_eps=1e-6,
-)
 COMMON = ["trainer.max_steps={steps}", "trainer.checkpoint_every_n_steps=0", "trainer.progress_bar=false"]
 EVAL = ["eval.num_prompts=2", "eval.samples=1", "eval.max_new_tokens=4", "eval.every_n_steps=0"]
 STAGES = {
@@ -95,24 +84,14 @@ def build_model(directory: Path, layers: int) -> int:
 
 
 def _build_model(directory: Path, layers: int) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from safetensors import safe_open
 
-    from klear.config import ModelConfig
-    from klear.models import load_tokenizer
+    from klear.models.tiny import QWEN3_0_6B, build_tiny
 
-    torch.manual_seed(0)
-    tokenizer = load_tokenizer(ModelConfig(path="tiny"))
-    config = Qwen3Config(
-        num_hidden_layers=layers,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **QWEN3_0_6B,
-    )
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    (directory / "parameters.txt").write_text(str(sum(parameter.numel() for parameter in model.parameters())))
+    build_tiny(directory / "model", **{**QWEN3_0_6B, "num_hidden_layers": layers})
+    with safe_open(directory / "model" / "model.safetensors", "pt") as weights:
+        count = sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())  # noqa: SIM118
+    (directory / "parameters.txt").write_text(str(count))
 
 
 def run(name: str, model_dir: Path, work: Path) -> list[RankMemory]:
@@ -162,6 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = args.work / f"qwen3-0.6b-shape-{args.layers}-layers"
     parameters = build_model(model_dir, args.layers)
+    model_dir = model_dir / "model"
     print(f"model: {parameters / 1e6:.0f}M parameters ({args.layers} layers)", flush=True)
     worst = {1: 0.0, 2: 0.0}
     for name in args.runs.split(","):

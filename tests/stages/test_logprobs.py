@@ -230,3 +230,22 @@ def test_packed_rows_must_be_right_padded(model):
         token_logprobs(model, ids, targets, mask & left_padded.bool(), attention_mask=left_padded, pack=True)
     with pytest.raises(ValueError, match="position_ids"):
         token_logprobs(model, ids, targets, mask, position_ids=torch.arange(8).expand(2, 8), pack=True)
+
+
+def test_a_head_with_a_bias_takes_autograd_path_with_the_same_values():
+    # The one-buffer backward is for bias-free linear heads (every causal LM's); anything else is autograd's.
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(small_config(tie_word_embeddings=False)).train()
+    model.lm_head = torch.nn.Linear(64, 97, bias=True)
+    ids, targets, mask, attention = right_padded_rows([12, 7])
+    model.zero_grad()
+    logprobs, entropy = token_logprobs(model, ids, targets, mask, attention_mask=attention, with_entropy=True)
+    (logprobs.sum() + entropy.sum()).backward()
+    ours = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    naive, naive_entropy = naive_token_logprobs(model, ids, targets, mask, attention_mask=attention)
+    (naive.sum() + naive_entropy.sum()).backward()
+    torch.testing.assert_close(logprobs, naive, rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(ours[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert ours["lm_head.bias"].abs().sum() > 0

@@ -12,7 +12,11 @@ from klear.config import OptimConfig
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only: biases, norms and other 1-D parameters are not decayed."""
+    """AdamW with weight decay on matrices only: biases, norms and other 1-D parameters are not decayed.
+
+    The fused kernel (CPU and CUDA, plain and sharded parameters): the default per-parameter path allocates two
+    temporaries the size of each parameter at every step (1.2 GB for Qwen3-0.6B's tied embedding in float32,
+    the peak of an SFT step at that size), and it is 3x slower on CPU. Same values to float rounding."""
     decay, no_decay = [], []
     for parameter in model.parameters():
         if parameter.requires_grad:
@@ -21,7 +25,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=True)
 
 
 def lr_factor(step: int, config: OptimConfig, total_steps: int) -> float:

@@ -235,6 +235,7 @@ class _ScoringHead:
         self.chunk_size = chunk_size
 
     def installed(self, head: nn.Module):
+        self.head = head
         return _replaced_forward(head, self)
 
     def __call__(self, original, hidden: Tensor) -> Tensor:
@@ -242,6 +243,12 @@ class _ScoringHead:
             raise ValueError(f"hidden states {tuple(hidden.shape[:2])} do not match the mask {tuple(self.mask.shape)}")
         selected = hidden[self.mask]  # (N, H)
         targets = self.targets[self.mask].clamp(min=0)
+        out = hidden.new_zeros((*self.mask.shape, 2), dtype=torch.float32)
+        if type(self.head) is nn.Linear and self.head.bias is None:  # every causal LM's head; else autograd's path
+            scores = _LinearHeadScores.apply(
+                selected, self.head.weight, targets, self.temperature, self.with_entropy, self.chunk_size
+            )
+            return out.index_put((self.mask,), scores)
         pieces = []
         for start in range(0, selected.shape[0], self.chunk_size):
             chunk = (selected[start : start + self.chunk_size], targets[start : start + self.chunk_size])
@@ -250,20 +257,67 @@ class _ScoringHead:
             else:
                 pieces.append(self._score(original, *chunk))
         scores = torch.cat(pieces) if pieces else hidden.new_zeros((0, 2), dtype=torch.float32)
-        out = hidden.new_zeros((*self.mask.shape, 2), dtype=torch.float32)
         return out.index_put((self.mask,), scores)
 
     def _score(self, head_forward, hidden: Tensor, targets: Tensor) -> Tensor:
-        logits = head_forward(hidden).float()
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        normaliser = torch.logsumexp(logits, dim=-1)
-        chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - normaliser
-        if not self.with_entropy:
-            return torch.stack([chosen, torch.zeros_like(chosen)], dim=-1)
-        probabilities = torch.softmax(logits, dim=-1)
-        entropy = normaliser - (probabilities * logits).sum(-1)
-        return torch.stack([chosen, entropy], dim=-1)
+        return _scores(head_forward(hidden), targets, self.temperature, self.with_entropy)
+
+
+def _scores(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool) -> Tensor:
+    """(N, 2) ``[log-prob of the target, entropy]`` of (N, V) logits at ``temperature``, in float32."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    normaliser = torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - normaliser
+    if not with_entropy:
+        return torch.stack([chosen, torch.zeros_like(chosen)], dim=-1)
+    probabilities = torch.softmax(logits, dim=-1)
+    entropy = normaliser - (probabilities * logits).sum(-1)
+    return torch.stack([chosen, entropy], dim=-1)
+
+
+class _LinearHeadScores(torch.autograd.Function):
+    """`_scores` of ``hidden @ weight.T`` (a linear head without bias), a chunk of positions at a time in both
+    passes. The backward recomputes each chunk's logits, as a checkpoint would, but accumulates the weight's
+    gradient into one (V, H) buffer: autograd through a checkpoint per chunk allocates a whole (V, H) gradient per
+    chunk and a sum of them (622 MB each for Qwen3-0.6B in float32), the largest transients of an RL update."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk_size: int):
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.settings = (temperature, with_entropy, chunk_size)
+        pieces = [
+            _scores(
+                hidden[start : start + chunk_size] @ weight.T, targets[start : start + chunk_size], *ctx.settings[:2]
+            )
+            for start in range(0, hidden.shape[0], chunk_size)
+        ]
+        return torch.cat(pieces) if pieces else hidden.new_zeros((0, 2), dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        hidden, weight, targets = ctx.saved_tensors
+        temperature, with_entropy, chunk_size = ctx.settings
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for start in range(0, hidden.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            logprobs = torch.log_softmax((hidden[rows] @ weight.T).float() / temperature, dim=-1)
+            probabilities = logprobs.exp()
+            upstream = grad_scores[rows].float()
+            # d log p(target) / d z = onehot(target) - p; d entropy / d z = -p * (log p + entropy); z = logits / T
+            grad = probabilities * -upstream[:, :1]
+            grad.scatter_add_(1, targets[rows, None], upstream[:, :1])
+            if with_entropy:
+                entropy = -(probabilities * logprobs).sum(-1, keepdim=True)
+                grad -= upstream[:, 1:] * probabilities * (logprobs + entropy)
+            grad = (grad / temperature).to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows] = grad @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.T, hidden[rows])
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 @contextmanager
