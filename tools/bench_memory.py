@@ -4,8 +4,9 @@ The model has Qwen3-0.6B's exact shape (28 layers, hidden 1024, intermediate 307
 128, vocab 151,936, tied embeddings; 596M parameters), randomly initialised and saved next to the built-in tiny
 tokenizer, so nothing is downloaded; ``--layers N`` shrinks it for a quick check (the state shrinks with it, the
 ratios roughly hold). Each run is the real command, ``python -m klear.fit --config configs/{sft,rl}.yaml ...`` in a
-subprocess: RL 4 prompts x 4 samples x 32 new tokens for 2 steps, SFT 3 steps of 4 rows, each with its final
-checkpoint and ``hf/`` export; then both again with ``trainer.strategy=fsdp2 trainer.devices=2`` (gloo on CPU).
+subprocess: RL 4 prompts x 4 samples x 32 new tokens for 2 steps in passes of at most 512 packed tokens, SFT 3
+steps of 4 rows, both with gradient checkpointing, each with its final checkpoint and ``hf/`` export; then both
+again with ``trainer.strategy=fsdp2 trainer.devices=2`` (gloo on CPU).
 
 Every process of a run records a memory timeline (:mod:`klear.runtime.memory`): its peak is the kernel's high-water
 mark (``VmHWM``), per rank under fsdp2, and the phase where it was reached; ``--timeline`` prints each phase's
@@ -34,7 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9
 BYTES_PER_PARAMETER = 4 * (1 + 1 + 2)
 """float32 weights, gradients and AdamW's two moments."""
-COMMON = ["trainer.max_steps={steps}", "trainer.checkpoint_every_n_steps=0", "trainer.progress_bar=false"]
+COMMON = [
+    "trainer.max_steps={steps}",
+    "trainer.checkpoint_every_n_steps=0",
+    "trainer.progress_bar=false",
+    # What a run at this size sets: each decoder layer's input is kept and the layer recomputed in the backward.
+    "model.gradient_checkpointing=true",
+]
 EVAL = ["eval.num_prompts=2", "eval.samples=1", "eval.max_new_tokens=4", "eval.every_n_steps=0"]
 STAGES = {
     "rl": [
@@ -47,7 +54,7 @@ STAGES = {
         "rollout.max_new_tokens=32",
         "rollout.batch_size=16",
         "algorithm.mini_batch_prompts=4",
-        "algorithm.micro_batch_size=4",
+        "algorithm.micro_batch_tokens=512",  # ~7 rows of ~72 tokens per pass, packed
         "algorithm.filter_groups=false",  # a random model scores 0 everywhere: train on every group anyway
     ],
     "sft": ["--config", "configs/sft.yaml", *COMMON, *EVAL, "data.num_train=64", "data.batch_size=4"],
