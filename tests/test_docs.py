@@ -239,6 +239,13 @@ assert "gppo" in list_objectives()
     ("docs/performance.md", "python tools/bench_memory.py"): Covered(
         ("tests/tools/test_bench_memory.py::test_memory_peaks_against_the_state",)
     ),
+    ("docs/performance.md", "python tools/bench_rl_packing.py"): Covered(
+        (
+            "tests/tools/test_bench_rl_packing.py::test_the_benchmark_prints_its_ratios",
+            "tests/tools/test_bench_rl_packing.py::test_the_variants_compute_the_same_update",
+        ),
+        "minutes at the tiny size, tens of minutes at 28 layers: the slow test runs the tiny size",
+    ),
     ("docs/performance.md", "python tools/bench_rewards.py"): Run(
         extra=("--math-pairs", "20", "--programs", "2", "--tests", "2", "--workers", "2"),
         expect=("math: sequential", "code: sequential"),

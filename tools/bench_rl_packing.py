@@ -22,6 +22,7 @@ over the memory before them (activations, logits chunks, temporaries: what the m
 Training tokens/s counts real tokens (prompt + response, no padding) per second of update.
 
     python tools/bench_rl_packing.py [--sizes tiny,qwen3-0.6b] [--layers 4] [--repeats 2] [--threads 2]
+        [--variants rows,few-rows,tokens-padded,tokens] [--checkpointing]
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, 
     torch.set_num_threads(args.threads)
     settings = SIZES[size]
     model = build_model(size, args.layers)
+    if args.checkpointing:  # each layer recomputed in the backward; the row plan's shared prompts then do not apply
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     batch = build_batch(settings, model.config.vocab_size, args.prompt, seed=0)
     budget = settings["budget"] if variant.startswith("tokens") else 0
     rows = settings["few_rows"] if variant == "few-rows" else DEFAULT_ROWS
@@ -166,6 +169,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4, help="layers of the Qwen3-0.6B shape (28 in the model)")
     parser.add_argument("--prompt", type=int, default=96, help="prompt tokens shared by a group")
     parser.add_argument("--repeats", type=int, default=2, help="timed updates per variant, after one warm-up")
+    parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (for --layers 28)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ", ".join(VARIANTS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--run", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
@@ -211,12 +215,8 @@ def main() -> None:
 
 
 def _passed(args: argparse.Namespace) -> list[str]:
-    return [
-        f"--layers={args.layers}",
-        f"--prompt={args.prompt}",
-        f"--repeats={args.repeats}",
-        f"--threads={args.threads}",
-    ]
+    passed = [f"--layers={args.layers}", f"--prompt={args.prompt}", f"--repeats={args.repeats}"]
+    return [*passed, f"--threads={args.threads}", *(["--checkpointing"] if args.checkpointing else [])]
 
 
 if __name__ == "__main__":
