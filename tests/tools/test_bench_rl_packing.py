@@ -1,24 +1,21 @@
 """tools/bench_rl_packing.py: long-tailed lengths as documented, and every variant computes the same update."""
 
 import argparse
-import importlib.util
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-TOOL = Path(__file__).parents[2] / "tools" / "bench_rl_packing.py"
+from tests.tools import TOOLS, load_tool
+
+TOOL = TOOLS / "bench_rl_packing.py"
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("bench_rl_packing", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_rl_packing")
 
 
 def test_lengths_are_long_tailed(tool):

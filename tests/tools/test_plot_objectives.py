@@ -1,22 +1,15 @@
 """tools/plot_objectives.py: measured weights match the gradient table, and the PNG includes user objectives."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 import tests.objectives.test_user_objective  # noqa: F401  (registers "test-soft-clip")
-
-TOOL = Path(__file__).parents[2] / "tools" / "plot_objectives.py"
+from tests.tools import load_tool
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("plot_objectives", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("plot_objectives")
 
 
 def test_weights_match_the_table(tool):
