@@ -309,10 +309,11 @@ class _LinearHeadScores(torch.autograd.Function):
             # d log p(target) / d z = onehot(target) - p; d entropy / d z = -p * (log p + entropy); z = logits / T
             grad = probabilities * -upstream[:, :1]
             grad.scatter_add_(1, targets[rows, None], upstream[:, :1])
-            if with_entropy:
+            if with_entropy:  # in place: a chunk's (c, V) temporaries are the backward's peak
                 entropy = -(probabilities * logprobs).sum(-1, keepdim=True)
-                grad -= upstream[:, 1:] * probabilities * (logprobs + entropy)
-            grad = (grad / temperature).to(weight.dtype)
+                grad.sub_(logprobs.add_(entropy).mul_(probabilities).mul_(upstream[:, 1:]))
+            del logprobs, probabilities
+            grad = grad.div_(temperature).to(weight.dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad @ weight
             if grad_weight is not None:
