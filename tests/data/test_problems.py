@@ -81,6 +81,8 @@ def test_prompts_over_the_limit_are_skipped_and_counted(tmp_path):
     assert (
         loaded.bad[0].line == 1 and "prompt of 50 tokens is longer than max_prompt_tokens = 10" in loaded.bad[0].reason
     )
+    assert loaded.longest_prompt == 1  # of the kept prompts: what an engine must hold before the response
+    assert load_problems(source, Task("math"), get_reward("math")).longest_prompt == 0  # not measured
 
 
 def test_synthetic_sources_are_checked_too_and_their_digest_follows_the_content():

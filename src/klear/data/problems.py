@@ -65,6 +65,8 @@ class ProblemSet:
     source: str
     problems: list[Problem]
     bad: list[BadRow]
+    longest_prompt: int = 0
+    """Tokens of the longest usable prompt, when prompts were measured (``prompt_length``); 0 otherwise."""
 
     @property
     def rows(self) -> int:
@@ -122,7 +124,7 @@ def load_problems(
         numbered, bad = rows if rows is not None else read_numbered(source)
         bad = list(bad)
         keys = (task.prompt_key, task.reference_key)
-    problems = []
+    problems, longest = [], 0
     for line, row in numbered:
         try:
             prompt, reference = _prompt_and_reference(row, *keys)
@@ -133,6 +135,7 @@ def load_problems(
                     raise ValueError(
                         f"prompt of {tokens} tokens is longer than max_prompt_tokens = {max_prompt_tokens}"
                     )
+                longest = max(longest, tokens)
         except ValueError as error:
             bad.append(BadRow(source, line, first_line(error)))
             continue
@@ -144,7 +147,7 @@ def load_problems(
             f"{source}: no usable problem in {len(bad)} rows (each needs a {keys[0]!r} text and a {keys[1]!r} "
             f"reference the {task.reward} reward accepts){first}"
         )
-    return ProblemSet(source, problems, bad)
+    return ProblemSet(source, problems, bad, longest)
 
 
 def synthetic_records(source: str, split: str, num: int, seed: int, levels: Sequence[int]) -> list[dict]:

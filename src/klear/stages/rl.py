@@ -65,7 +65,9 @@ class RLModule(StageModule):
         eval_problems: list[Problem],
         tokenizer: PreTrainedTokenizerBase,
         reward: Reward,
+        max_model_len: int | None = None,
     ) -> None:
+        """``max_model_len``: the longest prompt + response the engine will be asked for (see `build`)."""
         super().__init__(config)
         objective = OmegaConf.to_container(config.objective)
         self.objective = get_objective(objective.pop("name"), **objective)
@@ -87,6 +89,7 @@ class RLModule(StageModule):
         self.eval_problems = eval_problems
         self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
         self.engine = None
+        self.max_model_len = max_model_len
         self._starved = 0  # consecutive steps that kept fewer than half of their groups
 
     def sharded_models(self) -> list[torch.nn.Module]:
@@ -97,15 +100,6 @@ class RLModule(StageModule):
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
         if self.engine is None:
             config = self.config
-
-            def lengths(problems: list[Problem]):
-                return (len(encode_prompt(self.tokenizer, problem.prompt)) for problem in problems)
-
-            # The engine serves the rollouts and the in-training evaluation: it must hold the longer of the two.
-            need = max(
-                needed_model_len(lengths(self.train_problems), config.rollout.max_new_tokens),
-                needed_model_len(lengths(self.eval_problems[: config.eval.num_prompts]), config.eval.max_new_tokens),
-            )
             self.engine = create_engine(
                 ENGINES.get(config.rollout.engine),
                 self.model,
@@ -114,7 +108,7 @@ class RLModule(StageModule):
                 rollout=config.rollout,
                 seed=config.seed,
                 precision=compute_precision(config),
-                max_model_len=need,
+                max_model_len=self.max_model_len,
             )
 
     def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
@@ -334,7 +328,13 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatch
     train = stage_problems(config, "train", tokenizer, task, reward, config.seed, config.rollout.max_new_tokens)
     evaluation = stage_problems(config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens)
     run_dir.record_data({"train": train.report(), "eval": evaluation.report()})
-    module = RLModule(config, train.problems, evaluation.problems, tokenizer, reward)
+    # The engine serves the rollouts and the in-training evaluation: it must hold the longer of the two. The
+    # prompts were measured by their checks (each is at most the model's context minus its max_new_tokens).
+    need = max(
+        needed_model_len([train.longest_prompt], config.rollout.max_new_tokens),
+        needed_model_len([evaluation.longest_prompt], config.eval.max_new_tokens),
+    )
+    module = RLModule(config, train.problems, evaluation.problems, tokenizer, reward, max_model_len=need)
     batches = ResumableBatches(
         train.problems,
         batch_size=config.rollout.prompts_per_step,
