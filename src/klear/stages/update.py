@@ -111,7 +111,7 @@ class PolicyUpdate:
         mini-batch's metrics.
 
         Args:
-            batch: the whole mini-batch, the same on every rank; each rank computes its part (`micro_batches`).
+            batch: the whole mini-batch, the same on every rank; each rank computes its part (`plan`).
             backward: runs the backward pass of a loss (Lightning's ``manual_backward``).
             reduce: the cross-rank reduction (see `Reduce`); ``world`` the number of data-parallel ranks, ``rank``
                 this one.
