@@ -267,8 +267,15 @@ def build_hf_engine(
     one whole copy only while sampling. ``max_model_len`` is ignored: the engine reserves no memory per sequence
     ahead of a call.
     """
-    sharded = is_sharded(policy)  # seeded per call
-    return HFEngine(engine_model(policy, model), tokenizer, batch_size=rollout.batch_size, owns_weights=sharded)
+    return policy_engine(policy, model, tokenizer, rollout.batch_size)  # seeded per call
+
+
+def policy_engine(policy: nn.Module, model_config, tokenizer: PreTrainedTokenizerBase, batch_size: int) -> HFEngine:
+    """An hf engine over `engine_model`: the policy itself, or the whole copy of a sharded one, which the engine
+    owns (freed while it sleeps). The RL rollouts and the SFT evaluation build theirs here."""
+    return HFEngine(
+        engine_model(policy, model_config), tokenizer, batch_size=batch_size, owns_weights=is_sharded(policy)
+    )
 
 
 def is_sharded(policy: nn.Module) -> bool:

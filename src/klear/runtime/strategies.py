@@ -110,10 +110,8 @@ def export_hf(module, directory) -> None:
     elif _saved_as_held(model):
         _save_sharded(model, Path(directory), rank_zero)
     else:
-        state = full_state_dict(model)
         # Gathered tied weights are separate copies that save_pretrained cannot see are one: keep the source only.
-        for tied in model.all_tied_weights_keys or {}:
-            state.pop(tied, None)
+        state = _without_tied(model, full_state_dict(model))
         if rank_zero:
             model.save_pretrained(directory, state_dict=state)
     if rank_zero:
@@ -138,7 +136,11 @@ SAFETENSORS_DTYPES = {
 def _saved_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The tensors a Hugging Face checkpoint of ``model`` holds, sharded as the model holds them: its state dict
     without the tied copies (``save_pretrained`` drops them the same way)."""
-    state = model.state_dict()
+    return _without_tied(model, model.state_dict())
+
+
+def _without_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` without the keys of ``model``'s tied copies."""
     for tied in model.all_tied_weights_keys or {}:
         state.pop(tied, None)
     return state

@@ -27,7 +27,7 @@ from klear.eval.in_training import EVAL_DATA_SEED
 from klear.models import load_model, load_tokenizer
 from klear.rewards import Reward, get_reward
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.hf import HFEngine, engine_model
+from klear.rollout.hf import HFEngine, policy_engine
 from klear.runtime.device import policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
@@ -102,10 +102,8 @@ class SFTModule(StageModule):
         collective), so under fsdp2 a whole copy, refreshed before every evaluation and asleep (its weights freed)
         between evaluations, so training holds only the rank's shard of the state."""
         if self._eval_engine is None:
-            model = engine_model(self.model, self.config.model)
-            self._eval_engine = HFEngine(
-                model, self.tokenizer, batch_size=self.config.eval.batch_size, owns_weights=model is not self.model
-            )
+            batch_size = self.config.eval.batch_size
+            self._eval_engine = policy_engine(self.model, self.config.model, self.tokenizer, batch_size)
         self._eval_engine.wake_up()
         self._eval_engine.update_weights(full_tensors(self.model))  # a no-op for the model itself
         return self._eval_engine
