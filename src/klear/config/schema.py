@@ -258,6 +258,13 @@ class RolloutConfig:
     """Warn when ``rollout/logprob_gap`` (mean |trainer - engine| log-prob) exceeds this."""
     logprob_gap_stop: float = at_least(0.0, 0)
     """Stop the run with an error when ``rollout/logprob_gap`` exceeds this (0: never); checkpoints stay."""
+    max_staleness: int = at_least(0, 0)
+    """Asynchronous rollouts: a worker process samples the next steps while the trainer updates, and step ``n``
+    trains on rollouts sampled from the weights after update ``n - k`` (exactly, so runs stay reproducible).
+    0: synchronous, each step samples from the current weights."""
+    worker_devices: list[int] = field(default_factory=list)
+    """GPUs of the rollout workers (``max_staleness >= 1``), one per local rank, as indices into the trainer's
+    visible devices: rollouts on GPUs of their own (disaggregated). Empty: each worker shares its rank's device."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """Options of the ``vllm`` engine."""
 

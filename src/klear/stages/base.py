@@ -63,9 +63,14 @@ class StageModule(L.LightningModule):
 
     # --------------------------------------------------------------------------------------- evaluation
 
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+    def eval_due(self, step: int) -> bool:
+        """Whether the weights at the start of ``step`` are evaluated (the first step, every
+        ``eval.every_n_steps``); the weights after the last step always are."""
         every = self.config.eval.every_n_steps
-        if batch_idx == 0 or (every and batch_idx % every == 0):
+        return step == 0 or bool(every and step % every == 0)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.eval_due(batch_idx):
             self._eval_metrics = self.run_eval()
             self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
         memory.mark("update")

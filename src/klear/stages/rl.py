@@ -24,7 +24,7 @@ import copy
 import logging
 import time
 import warnings
-from dataclasses import replace
+from collections.abc import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -32,21 +32,20 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.data.batches import ResumableBatches
 from klear.data.problems import Problem, Task
-from klear.data.prompts import encode_prompt
 from klear.eval.in_training import EVAL_DATA_SEED
 from klear.models import load_model, load_tokenizer
 from klear.objectives import get_objective
 from klear.rewards import Reward, get_reward
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.engine import ENGINES, SamplingParams, create_engine, needed_model_len
+from klear.rollout.engine import ENGINES, create_engine, needed_model_len
 from klear.runtime.device import compute_precision, policy_on_cuda
-from klear.runtime.distributed import gather_objects, rank_range
 from klear.runtime.run_dir import RunDir
 from klear.runtime.step_metrics import StepMetrics
 from klear.runtime.strategies import full_tensors
-from klear.stages.advantages import compute_advantages, zero_variance
+from klear.stages.advantages import compute_advantages
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch, split_rows
+from klear.stages.sampling import StepSampler, step_seed
 from klear.stages.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
@@ -66,8 +65,10 @@ class RLModule(StageModule):
         tokenizer: PreTrainedTokenizerBase,
         reward: Reward,
         max_model_len: int | None = None,
+        step_problems: Callable[[int], list[Problem]] | None = None,
     ) -> None:
-        """``max_model_len``: the longest prompt + response the engine will be asked for (see `build`)."""
+        """``max_model_len``: the longest prompt + response the engine will be asked for (see `build`);
+        ``step_problems``: the prompts of step ``n`` (the run's batches), which asynchronous rollouts sample ahead."""
         super().__init__(config)
         objective = OmegaConf.to_container(config.objective)
         self.objective = get_objective(objective.pop("name"), **objective)
@@ -89,7 +90,13 @@ class RLModule(StageModule):
         self.eval_problems = eval_problems
         self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
         self.engine = None
+        """The rollout engine, or under ``rollout.max_staleness >= 1`` the rollout worker that stands for it
+        (:class:`~klear.stages.async_rollouts.AsyncRollouts`)."""
+        self.sampler: StepSampler | None = None
         self.max_model_len = max_model_len
+        self.step_problems = step_problems
+        self.asynchronous = config.rollout.max_staleness > 0
+        self._restored: dict | None = None  # the in-flight rollouts of the checkpoint resumed from
         self._starved = 0  # consecutive steps that kept fewer than half of their groups
 
     def sharded_models(self) -> list[torch.nn.Module]:
@@ -98,7 +105,11 @@ class RLModule(StageModule):
 
     def on_fit_start(self) -> None:
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
-        if self.engine is None:
+        if self.engine is None and self.asynchronous:
+            from klear.stages.async_rollouts import start_async_rollouts
+
+            self.engine = start_async_rollouts(self, self._restored)
+        elif self.engine is None:
             config = self.config
             self.engine = create_engine(
                 ENGINES.get(config.rollout.engine),
@@ -109,6 +120,16 @@ class RLModule(StageModule):
                 seed=config.seed,
                 precision=compute_precision(config),
                 max_model_len=self.max_model_len,
+            )
+        if not self.asynchronous:  # the engine may have been set before the fit (a test's own engine)
+            self.sampler = StepSampler(
+                self.config,
+                self.engine,
+                self.tokenizer,
+                self.scorer,
+                self.train_problems,
+                self.global_rank,
+                self.trainer.world_size,
             )
 
     def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
@@ -122,14 +143,24 @@ class RLModule(StageModule):
     # ---------------------------------------------------------------------------------------------- step
 
     def training_step(self, problems: list[Problem], batch_idx: int) -> None:
-        timer = time.perf_counter()
-        scored, metrics = self.rollout(problems, step=batch_idx)
-        metrics["timing/rollout_s"] = time.perf_counter() - timer
-        self.engine.sleep()
+        if self.asynchronous:
+            scored, metrics = self.engine.take(batch_idx)
+            self._warn_if_starved(batch_idx, len(scored), len(problems))
+        else:
+            timer = time.perf_counter()
+            scored, metrics = self.rollout(problems, step=batch_idx)
+            metrics["timing/rollout_s"] = time.perf_counter() - timer
+            self.engine.sleep()
         if len(scored):
             timer = time.perf_counter()
-            metrics.update(self.update(scored, step=batch_idx))
+            measured = self.update(scored, step=batch_idx)
+            if self.asynchronous:  # the worker measured it against the weights that sampled; here they are newer
+                measured["rollout/logprob_gap"] = metrics["rollout/logprob_gap"]
+            metrics.update(measured)
             metrics["timing/update_s"] = time.perf_counter() - timer
+        if self.asynchronous and self.eval_due(batch_idx):  # evaluated by the worker during this update
+            self._eval_metrics = self.engine.take_eval(batch_idx)
+            self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
         with warnings.catch_warnings():
             # A step whose groups were all filtered made no optimizer update; the schedule still counts it.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
@@ -141,25 +172,9 @@ class RLModule(StageModule):
         self._log_step(metrics, step=batch_idx)
 
     def rollout(self, problems: list[Problem], step: int) -> tuple[ScoredGroups, dict[str, float]]:
-        """Sample, score and filter groups; refill from fresh prompts up to ``max_regenerations`` rounds."""
-        algorithm, wanted, n = self.config.algorithm, len(problems), self.config.rollout.group_size
-        kept: list[ScoredGroups] = []
-        metrics: dict[str, float] = {}
-        for attempt in range(algorithm.max_regenerations + 1):
-            scored, counts, seconds = self._sample_and_score(problems, step, attempt)
-            filtered = (
-                zero_variance(scored.shaped) if algorithm.filter_groups else torch.zeros(len(scored), dtype=torch.bool)
-            )
-            if attempt == 0:
-                metrics = self._rollout_metrics(scored, counts, filtered, seconds)
-            kept.append(scored.select([i for i in range(len(scored)) if not filtered[i]]))
-            if sum(len(part) for part in kept) >= wanted:
-                break
-            problems = self._fresh_problems(wanted - sum(len(part) for part in kept), step, attempt + 1)
-        scored = ScoredGroups.concat(kept, n)
-        scored = scored.select(list(range(min(wanted, len(scored)))))
-        metrics["rollout/kept_groups"] = len(scored)
-        self._warn_if_starved(step, len(scored), wanted)
+        """Sample, score and filter the step's groups in this process (`StepSampler`)."""
+        scored, metrics = self.sampler.rollout(problems, step)
+        self._warn_if_starved(step, len(scored), len(problems))
         return scored, metrics
 
     def _warn_if_starved(self, step: int, kept: int, wanted: int) -> None:
@@ -181,46 +196,6 @@ class RLModule(StageModule):
             )
         else:
             log.debug("step %d: %d of %d prompt groups kept", step, kept, wanted)
-
-    def _sample_and_score(self, problems: list[Problem], step: int, attempt: int):
-        """This rank samples and scores its share of ``problems``; all ranks get the whole step's groups, the
-        reward's failure counts and the generation time of the slowest rank."""
-        rollout = self.config.rollout
-        sampling = SamplingParams(
-            max_new_tokens=rollout.max_new_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            n=rollout.group_size,
-            seed=_seed(self.config.seed, step, attempt),
-        )
-        mine = rank_range(len(problems), self.global_rank, self.trainer.world_size)
-        prompts = [encode_prompt(self.tokenizer, problem.prompt) for problem in problems[mine.start : mine.stop]]
-        timer = time.perf_counter()
-        rollouts = self.engine.generate(prompts, replace(sampling, seed=sampling.seed + mine.start)) if prompts else []
-        seconds = time.perf_counter() - timer
-        for sample in rollouts:
-            sample.prompt_index += mine.start
-        if rollouts:
-            scores = self.scorer.score(rollouts, [problems[r.prompt_index].reference for r in rollouts])
-            share = (rollouts, scores.raw, scores.shaped, scores.correct, scores.metrics(), seconds)
-        else:
-            empty = torch.empty(0)
-            share = (rollouts, empty, empty, empty.bool(), {"reward/timeouts": 0.0, "reward/errors": 0.0}, seconds)
-        shares = gather_objects(share, self.trainer.world_size)
-        n = rollout.group_size
-        rollouts = [sample for part in shares for sample in part[0]]
-        scored = ScoredGroups(
-            [rollouts[i * n : (i + 1) * n] for i in range(len(problems))],
-            *(torch.cat([part[field] for part in shares]).view(-1, n) for field in (1, 2, 3)),
-        )
-        counts = {key: sum(part[4][key] for part in shares) for key in shares[0][4]}
-        return scored, counts, max(part[5] for part in shares)
-
-    def _fresh_problems(self, count: int, step: int, attempt: int) -> list[Problem]:
-        generator = torch.Generator().manual_seed(_seed(self.config.seed, step, attempt))
-        picks = torch.randint(len(self.train_problems), (count,), generator=generator).tolist()
-        return [self.train_problems[i] for i in picks]
 
     def update(self, scored: ScoredGroups, step: int) -> dict[str, float]:
         """Advantages, behaviour log-probs, then one optimizer update per mini-batch for ``epochs`` passes."""
@@ -248,7 +223,7 @@ class RLModule(StageModule):
         totals, updates = StepMetrics(), 0
         for epoch in range(algorithm.epochs):
             order = torch.randperm(
-                len(scored), generator=torch.Generator().manual_seed(_seed(self.config.seed, step, epoch))
+                len(scored), generator=torch.Generator().manual_seed(step_seed(self.config.seed, step, epoch))
             )
             for group_slice in split_rows(len(scored), algorithm.mini_batch_prompts):
                 mini_batch = batch.select(_rows_of_groups(order[group_slice], n).to(self.device))
@@ -271,11 +246,7 @@ class RLModule(StageModule):
     def _no_grad_logprobs(self, batch: RolloutBatch, rank: int, world: int) -> torch.Tensor:
         """Trainer log-probs of every row of ``batch``: each rank computes its micro-batches (planned as the
         update's), then the ranks add up their results, each row computed by exactly one rank (zeros elsewhere)."""
-        logprobs = torch.zeros_like(batch.engine_logprobs)
-        for micro in self.policy_update.plan(batch, rank, world):
-            values, _ = self.policy_update.logprobs(self.model, batch.part(micro.rows, micro.real))
-            rows = micro.rows.to(logprobs.device)[micro.real.to(logprobs.device)]
-            logprobs[rows, : values.shape[1]] = values[micro.real.to(values.device)]
+        logprobs, _ = self.policy_update.all_logprobs(self.model, batch, rank, world)
         if world > 1:
             logprobs = self.trainer.strategy.reduce(logprobs, reduce_op="sum")
         return logprobs
@@ -285,26 +256,30 @@ class RLModule(StageModule):
         self.engine.wake_up()
         return self.engine
 
-    # -------------------------------------------------------------------------------------------- output
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if not self.asynchronous:
+            super().on_train_batch_start(batch, batch_idx)
+        # Asynchronous: the worker evaluates the version while this step updates (collected in training_step).
 
-    def _rollout_metrics(self, scored: ScoredGroups, counts: dict[str, float], filtered, seconds: float):
-        rollouts = scored.rollouts
-        tokens = sum(len(rollout.response_ids) for rollout in rollouts)
-        return {
-            "reward/mean": float(scored.shaped.mean()),
-            "reward/raw_mean": float(scored.raw.mean()),
-            "reward/correct_frac": float(scored.correct.float().mean()),
-            **counts,
-            "rollout/response_length": tokens / len(rollouts),
-            "rollout/truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
-            "rollout/filtered_groups": float(filtered.float().mean()),
-            "rollout/gen_tokens_per_s": tokens / max(seconds, 1e-9),
-        }
+    @torch.no_grad()
+    def run_eval(self) -> dict[str, float]:
+        if not self.asynchronous:
+            return super().run_eval()
+        return self.engine.take_eval(self.config.trainer.max_steps)  # the final evaluation, pushed after the last step
 
+    def on_train_end(self) -> None:
+        try:
+            super().on_train_end()
+        finally:
+            if self.asynchronous:
+                self.engine.close()
 
-def _seed(seed: int, step: int, attempt: int) -> int:
-    """A distinct 62-bit seed for each (run seed, step, attempt or epoch); room is left to add prompt indices."""
-    return (seed * 1_000_003 + step * 7_919 + attempt * 104_729) % 2**62
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.asynchronous and self.engine is not None:
+            checkpoint["async_rollouts"] = self.engine.in_flight()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._restored = checkpoint.get("async_rollouts")
 
 
 def _rows_of_groups(groups: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -334,11 +309,19 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatch
         needed_model_len([train.longest_prompt], config.rollout.max_new_tokens),
         needed_model_len([evaluation.longest_prompt], config.eval.max_new_tokens),
     )
-    module = RLModule(config, train.problems, evaluation.problems, tokenizer, reward, max_model_len=need)
     batches = ResumableBatches(
         train.problems,
         batch_size=config.rollout.prompts_per_step,
         num_batches=config.trainer.max_steps,
         seed=config.seed,
+    )
+    module = RLModule(
+        config,
+        train.problems,
+        evaluation.problems,
+        tokenizer,
+        reward,
+        max_model_len=need,
+        step_problems=batches.batch_at,
     )
     return module, batches

@@ -97,6 +97,19 @@ class PolicyUpdate:
         """Log-probs (and entropies) of one micro-batch's response tokens: packed under a token budget."""
         return batch_logprobs(model, batch, self.temperature, with_entropy=with_entropy, pack=self.packed)
 
+    @torch.no_grad()
+    def all_logprobs(self, model: nn.Module, batch: RolloutBatch, rank: int, world: int) -> tuple[Tensor, Tensor]:
+        """No-grad log-probs of this rank's rows of ``batch`` (its micro-batches, planned as the update's) and which
+        rows they are, (N,) bool: zeros elsewhere, so the ranks' results add up to every row computed once."""
+        logprobs = torch.zeros_like(batch.engine_logprobs)
+        computed = torch.zeros(len(logprobs), dtype=torch.bool, device=logprobs.device)
+        for micro in self.plan(batch, rank, world):
+            values, _ = self.logprobs(model, batch.part(micro.rows, micro.real))
+            rows = micro.rows.to(logprobs.device)[micro.real.to(logprobs.device)]
+            logprobs[rows, : values.shape[1]] = values[micro.real.to(values.device)]
+            computed[rows] = True
+        return logprobs, computed
+
     def step(
         self,
         model: nn.Module,

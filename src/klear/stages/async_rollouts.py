@@ -1,0 +1,272 @@
+"""Asynchronous rollouts (``rollout.max_staleness = k >= 1``): the trainer's side of the rollout worker.
+
+The worker (:mod:`klear.stages.rollout_worker`) samples the rollouts of the next steps while the trainer updates
+on this one. The schedule is fixed, so a run is reproducible from its seed: the rollouts of step ``n`` are
+sampled from policy version ``max(n - k, v0)``, the weights after update ``n - k`` (version ``v`` = the weights
+after ``v`` updates; ``v0`` = the version a run starts from, 0 unless resumed). Each push of a version ``v``
+(after update ``v - 1``) lets the worker sample step ``v + k``: it is never more than ``k`` versions behind, and
+it waits (``timing/engine_wait_s``) when it is that far ahead. The trainer waits (``timing/trainer_wait_s``) when
+a step's rollouts are not ready, or when the worker has not yet taken the previous version out of the shared
+buffer; a push itself costs the copy into shared memory.
+
+The in-training evaluation of version ``v`` is a command to the worker as well, issued with the push of ``v`` and
+collected at the end of step ``v``, so it runs while the trainer updates.
+
+Checkpoints: the rollouts of steps ``n + 1 .. n + k`` already in flight after step ``n`` were sampled from versions
+the checkpoint does not hold, so they are part of it (:meth:`AsyncRollouts.in_flight`); a resumed run trains on
+them first, and the worker continues from the checkpoint's weights. An extended run (``--resume
+trainer.max_steps=N`` after the end) has none in flight: its first ``k`` steps sample from the resumed weights.
+
+This object stands where the rollout engine stands in a synchronous run: the refresh callback pushes weights with
+:meth:`update_weights` as it would to an engine, and :meth:`close` stops the worker (end of run, an error, Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from klear.rollout.shared_weights import SharedWeights
+from klear.stages.rollout_worker import WorkerSpec, worker_main
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+"""How often a waiting trainer checks that the worker is alive."""
+STOP_TIMEOUT_S = 30.0
+"""How long :meth:`AsyncRollouts.close` waits for the worker to exit before killing it."""
+
+
+class RolloutWorkerError(RuntimeError):
+    """The rollout worker failed or died; the run stops (its last checkpoint is intact)."""
+
+
+class AsyncRollouts:
+    """The rollout worker of one rank, as the trainer drives it (see the module docstring).
+
+    Args:
+        spec: what the worker builds.
+        step_problems: the prompts of step ``n`` (the run's batches are a pure function of the step).
+        max_staleness: ``k``.
+        max_steps: the run's last step + 1 (no step beyond is requested).
+        eval_due: whether version ``v`` is evaluated (it is evaluated at the start of step ``v``, or at the end).
+        first_step: the step the run starts at (``v0``).
+        pending: rollouts of steps ``first_step ..`` restored from a checkpoint (:meth:`in_flight`).
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        step_problems: Callable[[int], list],
+        max_staleness: int,
+        max_steps: int,
+        eval_due: Callable[[int], bool],
+        first_step: int = 0,
+        pending: dict[int, Any] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.step_problems = step_problems
+        self.k = max_staleness
+        self.max_steps = max_steps
+        self.eval_due = eval_due
+        self.next_version = first_step
+        self.results: dict[tuple[str, int], Any] = {("rollout", step): value for step, value in (pending or {}).items()}
+        self.requested = first_step + len(pending or {})
+        self.trained = first_step - 1
+        self.waited = 0.0
+        """Trainer idle time since the last :meth:`take`."""
+        self.process = None
+        self.weights: SharedWeights | None = None
+
+    # ----------------------------------------------------------------------------- engine protocol (pushes)
+
+    def wake_up(self) -> None:
+        """Nothing to wake: the worker's engine never sleeps."""
+
+    def sleep(self) -> None:
+        """Nothing to release: the worker's engine is in its own process."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Push the next policy version and issue the commands it unblocks (its evaluation, the step ``v + k``)."""
+        if self.process is None:
+            self.weights = SharedWeights.allocate(named_tensors)
+            self._start()
+        else:
+            self._wait_for_buffer()
+            self.weights.write(named_tensors)
+        version, self.next_version = self.next_version, self.next_version + 1
+        self.commands.put(("weights", version))
+        if self.eval_due(version):
+            self.commands.put(("eval", version))
+        while self.requested < self.max_steps and self.requested <= version + self.k:
+            self.commands.put(("rollout", self.requested, self.step_problems(self.requested)))
+            self.requested += 1
+
+    # ---------------------------------------------------------------------------------------- results
+
+    def take(self, step: int) -> tuple[Any, dict[str, float]]:
+        """The scored groups and metrics of ``step``, waiting for them if needed; adds ``timing/trainer_wait_s``."""
+        scored, metrics = self._result("rollout", step)
+        self.trained = step
+        metrics = {**metrics, "timing/trainer_wait_s": self.waited}
+        self.waited = 0.0
+        return scored, metrics
+
+    def take_eval(self, version: int) -> dict[str, float]:
+        """The evaluation metrics of ``version``."""
+        return self._result("eval", version)
+
+    def in_flight(self) -> dict[str, Any]:
+        """What a checkpoint after the last trained step holds: the next step and the rollouts of the following
+        ``k`` steps (waited for: they come from versions the checkpoint does not hold)."""
+        steps = range(self.trained + 1, min(self.trained + 1 + self.k, self.requested))
+        return {"next_step": self.trained + 1, "pending": {step: self._peek("rollout", step) for step in steps}}
+
+    def _result(self, kind: str, key: int) -> Any:
+        value = self._peek(kind, key)
+        del self.results[(kind, key)]
+        return value
+
+    def _peek(self, kind: str, key: int) -> Any:
+        self._wait_for(lambda: (kind, key) in self.results, f"for its {kind} of step {key}")
+        return self.results[(kind, key)]
+
+    def _wait_for(self, ready: Callable[[], bool], what: str, once: bool = False) -> None:
+        """Take the worker's answers until ``ready()`` (or one poll, ``once``); raises if the worker failed."""
+        started = time.perf_counter()
+        while not ready():
+            try:
+                message = self.answers.get(timeout=0 if once else POLL_S)
+            except queue.Empty:
+                if once and self.process.is_alive():
+                    return
+                if not self.process.is_alive():
+                    self.close()
+                    raise RolloutWorkerError(
+                        f"the rollout worker died (exit code {self.process_exitcode}) while the trainer waited {what}"
+                    ) from None
+                continue
+            if message[0] == "error":
+                log.error("the rollout worker failed:\n%s", message[1])
+                self.close()
+                lines = message[1].strip().splitlines()
+                raise RolloutWorkerError(f"the rollout worker failed: {lines[-1] if lines else 'no traceback'}")
+            self.results[(message[0], message[1])] = message[2]
+            if once:
+                return
+        if not once:
+            self.waited += time.perf_counter() - started
+
+    def _wait_for_buffer(self) -> None:
+        """Until the worker has loaded the previous version out of the shared buffer."""
+        started = time.perf_counter()
+        while not self.free.acquire(timeout=POLL_S):
+            self._wait_for(lambda: False, "to take the previous weights", once=True)
+        self.waited += time.perf_counter() - started
+
+    # -------------------------------------------------------------------------------------- lifecycle
+
+    def _start(self) -> None:
+        context = mp.get_context("spawn")
+        self.commands, self.answers, self.free = context.Queue(), context.Queue(), context.Semaphore(0)
+        self.process = context.Process(
+            target=worker_main,
+            args=(self.spec, self.weights, self.commands, self.answers, self.free),
+            name=f"klear-rollout-worker-{self.spec.rank}",
+            daemon=False,  # it may start processes of its own (reward workers); close() stops it, or it dies with us
+        )
+        self.process.start()
+        self.process_exitcode = None
+        self._finalizer = weakref.finalize(self, _stop, self.process, self.commands)
+
+    def close(self) -> None:
+        """Stop the worker (idempotent): a ``stop`` command, then terminate, then kill if it does not exit."""
+        if self.process is None:
+            return
+        _stop(self.process, self.commands)
+        self.process_exitcode = self.process.exitcode
+        self._finalizer.detach()
+
+
+def _stop(process, commands) -> None:
+    if process.is_alive():
+        with contextlib.suppress(OSError, ValueError):  # a queue already closed
+            commands.put(("stop",))
+        process.join(STOP_TIMEOUT_S)
+    if process.is_alive():
+        process.terminate()
+        process.join(5)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+def start_async_rollouts(module, restored: dict | None) -> AsyncRollouts:
+    """The rollout worker of ``module`` (an ``RLModule`` in ``on_fit_start``); ``restored``: what the checkpoint
+    resumed from holds (`AsyncRollouts.in_flight`), ``None`` for a fresh run. Nothing starts before the first push.
+
+    On a CPU the cores are split: the worker computes with half of this process's torch threads, the trainer with
+    the rest. Several ranks: rank 0 picks the port of the workers' process group and every rank learns it."""
+    config, trainer = module.config, module.trainer
+    world, rank = trainer.world_size, module.global_rank
+    init_method = ""
+    if world > 1:
+        port = trainer.strategy.broadcast(free_port() if rank == 0 else 0, src=0)
+        init_method = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}"
+    device, visible = str(module.device), None
+    devices = list(config.rollout.worker_devices)
+    if devices:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        if local >= len(devices):
+            raise ValueError(f"rollout.worker_devices = {devices} names no GPU for local rank {local}")
+        visible, device = str(_visible_device(devices[local])), "cuda:0"
+    threads = torch.get_num_threads()
+    worker_threads = max(1, threads // 2)
+    if module.device.type == "cpu" and os.environ.get("KLEAR_SPLIT"):
+        torch.set_num_threads(max(1, threads - worker_threads))
+    spec = WorkerSpec(
+        config=config,
+        train_problems=module.train_problems,
+        eval_problems=module.eval_problems,
+        max_model_len=module.max_model_len,
+        rank=rank,
+        world=world,
+        init_method=init_method,
+        threads=worker_threads,
+        device=device,
+        visible_devices=visible,
+    )
+    max_steps = config.trainer.max_steps
+    first, pending = (restored["next_step"], restored["pending"]) if restored else (0, {})
+    return AsyncRollouts(
+        spec,
+        module.step_problems,
+        config.rollout.max_staleness,
+        max_steps,
+        eval_due=lambda version: version == max_steps or (version < max_steps and module.eval_due(version)),
+        first_step=first,
+        pending=pending,
+    )
+
+
+def _visible_device(index: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of the trainer's GPU ``index`` (an index into its own visible list)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",")[index] if visible else str(index)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the rollout workers' process group)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,233 @@
+"""The rollout worker: a process of its own that samples, scores and evaluates for an asynchronous RL run.
+
+It holds its own rollout engine (over its own copy of the policy) and works through the trainer's commands in
+order, answering each on the results queue:
+
+- ``("weights", version)``: load the version the trainer wrote into the shared buffer
+  (:class:`~klear.rollout.shared_weights.SharedWeights`), then give the buffer back (the ``free`` semaphore);
+- ``("rollout", step, problems)``: the step's rollouts (:class:`~klear.stages.sampling.StepSampler`) from the
+  weights loaded last, with ``rollout/logprob_gap`` measured against exactly those weights (a teacher-forced
+  forward of the worker's policy copy, the trainer's own log-prob code), ``rollout/staleness`` (the step minus
+  the version) and ``timing/engine_wait_s`` (the time the worker sat idle waiting for this command);
+- ``("eval", version)``: the in-training evaluation of the weights loaded last;
+- ``("stop",)``: exit.
+
+A failure is sent back as ``("error", traceback)`` and ends the worker. The worker ignores Ctrl-C (the trainer
+stops it) and dies with the trainer, even one killed by ``kill -9``: the kernel signals it (``PR_SET_PDEATHSIG``)
+and, where that is not available, it notices while it waits for a command.
+
+Data parallel: every rank's trainer has its own worker, on the rank's share of each step; the workers form a
+process group of their own (gloo), through which they exchange scored rollouts and evaluation results exactly as
+the trainers do in a synchronous run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PARENT_POLL_S = 1.0
+"""How often a waiting worker checks that the trainer is still alive."""
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker needs to build its engine, sampler and scorer."""
+
+    config: Any
+    """The run's config (a DictConfig)."""
+    train_problems: list
+    eval_problems: list
+    max_model_len: int | None = None
+    rank: int = 0
+    world: int = 1
+    init_method: str = ""
+    """The workers' process group (``tcp://host:port``) with several ranks."""
+    threads: int = 1
+    """torch threads of the worker (CPU)."""
+    device: str = "cpu"
+    visible_devices: str | None = None
+    """``CUDA_VISIBLE_DEVICES`` of the worker (its own GPU), set before CUDA starts; ``None``: inherited."""
+    parent_pid: int = field(default_factory=os.getpid)
+
+
+def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
+    """The worker process's entry point (see the module docstring)."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.visible_devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_devices
+    torch.set_num_threads(spec.threads)
+    try:
+        service = _Service(spec, weights)
+        service.serve(commands, results, free)
+    except BaseException:  # everything goes back to the trainer, which raises it
+        results.put(("error", traceback.format_exc()))
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+class _Service:
+    def __init__(self, spec: WorkerSpec, weights) -> None:
+        from klear.models import load_model, load_tokenizer
+        from klear.rewards import get_reward
+        from klear.rewards.scorer import RewardScorer
+        from klear.rollout.engine import ENGINES, create_engine
+        from klear.rollout.hf import HFEngine
+        from klear.runtime.device import compute_precision
+        from klear.stages.sampling import StepSampler
+        from klear.stages.update import PolicyUpdate
+
+        config = spec.config
+        if spec.world > 1:
+            torch.distributed.init_process_group(
+                "gloo", init_method=spec.init_method, rank=spec.rank, world_size=spec.world
+            )
+        self.spec, self.config, self.weights = spec, config, weights
+        self.device = torch.device(spec.device)
+        self.precision = compute_precision(config)
+        self.tokenizer = load_tokenizer(config.model)
+        self.model = load_model(config.model, on_cuda=self.device.type == "cuda").to(self.device)
+        self.model.eval().requires_grad_(False)
+        reward = get_reward(config.reward.name, **config.reward.options)
+        self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
+        self.engine = create_engine(
+            ENGINES.get(config.rollout.engine),
+            self.model,
+            self.tokenizer,
+            model=config.model,
+            rollout=config.rollout,
+            seed=config.seed,
+            precision=self.precision,
+            max_model_len=spec.max_model_len,
+        )
+        # The hf engine samples from self.model itself; any other engine holds weights of its own, and self.model
+        # (loaded with the same versions) is what its log-probs are checked against.
+        self.engine_is_model = isinstance(self.engine, HFEngine) and self.engine.model is self.model
+        self.sampler = StepSampler(
+            config, self.engine, self.tokenizer, self.scorer, spec.train_problems, spec.rank, spec.world
+        )
+        self.scoring = PolicyUpdate(
+            None,
+            config.algorithm,
+            temperature=config.rollout.temperature,
+            max_new_tokens=config.rollout.max_new_tokens,
+            grad_clip=0.0,
+        )
+        self.version = -1
+
+    def serve(self, commands, results, free) -> None:
+        waited = 0.0
+        while True:
+            started = time.perf_counter()
+            command = _next_command(commands, self.spec.parent_pid)
+            waited += time.perf_counter() - started
+            kind = command[0]
+            if kind == "stop":
+                return
+            if kind == "weights":
+                self._load(command[1])
+                free.release()
+            elif kind == "rollout":
+                step, problems = command[1], command[2]
+                with self._precision():
+                    scored, metrics = self._rollout(problems, step)
+                metrics["timing/engine_wait_s"] = waited
+                waited = 0.0
+                results.put(("rollout", step, (scored, metrics)))
+            elif kind == "eval":
+                with self._precision():
+                    results.put(("eval", command[1], self._evaluate()))
+            else:
+                raise ValueError(f"unknown rollout worker command {kind!r}")
+
+    def _load(self, version: int) -> None:
+        self.engine.wake_up()
+        self.engine.update_weights(self.weights.items())
+        if not self.engine_is_model:
+            parameters = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for name, tensor in self.weights.items():
+                    parameters[name].copy_(tensor)
+        self.version = version
+
+    def _rollout(self, problems: list, step: int):
+        timer = time.perf_counter()
+        scored, metrics = self.sampler.rollout(problems, step)
+        metrics["timing/rollout_s"] = time.perf_counter() - timer
+        metrics["rollout/staleness"] = float(step - self.version)
+        metrics["rollout/logprob_gap"] = self._logprob_gap(scored)
+        return scored, metrics
+
+    @torch.no_grad()
+    def _logprob_gap(self, scored) -> float | None:
+        """Mean |log-prob of the loaded weights - the engine's log-prob| over the sampled tokens of the kept groups
+        (this rank's share of the rows; the ranks' sums are added)."""
+        from klear.stages.rollout_batch import build_rollout_batch
+
+        if not len(scored):
+            return None
+        rollouts = scored.rollouts
+        zeros = torch.zeros(len(rollouts))
+        batch = build_rollout_batch(
+            rollouts, zeros, zeros, zeros.bool(), self.tokenizer.pad_token_id, self.config.algorithm.mask_truncated
+        ).to(self.device)
+        logprobs, computed = self.scoring.all_logprobs(self.model, batch, self.spec.rank, self.spec.world)
+        mask = batch.mask & computed[:, None]
+        local = torch.stack([torch.where(mask, (logprobs - batch.engine_logprobs).abs(), 0.0).sum(), mask.sum()])
+        local = local.double().cpu()
+        if self.spec.world > 1:
+            torch.distributed.all_reduce(local)
+        return float(local[0] / local[1].clamp(min=1))
+
+    def _evaluate(self) -> dict[str, float]:
+        from klear.eval.in_training import evaluate
+
+        config = self.config
+        return evaluate(
+            self.engine,
+            self.tokenizer,
+            self.spec.eval_problems,
+            config.eval,
+            self.scorer.correctness,
+            rank=self.spec.rank,
+            world=self.spec.world,
+        )
+
+    def _precision(self):
+        """The autocast the trainer computes under (bf16/fp16 mixed precision), or none."""
+        if self.precision.startswith("bf16-mixed"):
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        if self.precision.startswith("16-mixed"):
+            return torch.autocast(self.device.type, dtype=torch.float16)
+        return contextlib.nullcontext()
+
+
+def _next_command(commands, parent_pid: int):
+    """The next command; exits when the trainer that started the worker is gone."""
+    while True:
+        try:
+            return commands.get(timeout=PARENT_POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies (Linux); elsewhere `_next_command` notices."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
