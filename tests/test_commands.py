@@ -47,6 +47,18 @@ def test_the_main_command_rl_with_gppo(tmp_path):
     assert "eval/accuracy" in result.stdout and str(output / "hf") in result.stdout  # the closing summary
 
 
+def test_the_main_command_with_async_rollouts(tmp_path):
+    """docs/rl.md, asynchronous rollouts: the embedded default with a rollout worker one step ahead."""
+    output = tmp_path / "rl-async"
+    klear("klear.fit", "--config", "configs/rl.yaml", "rollout.max_staleness=1", f"output_dir={output}", *SHORT_RL)
+    run_outputs(output)
+    rows = read_metrics(output / "metrics.csv")
+    assert [float(row["rollout/staleness"]) for row in rows[:2]] == [0.0, 1.0]
+    assert all(float(row["timing/trainer_wait_s"]) >= 0 for row in rows[:2])
+    assert max(float(row["rollout/logprob_gap"]) for row in rows[:2]) < 1e-4
+    assert len(evals(output)) == 2 and evals(output)[0] > 0.2
+
+
 def test_code_rl_on_the_built_in_code_task_runs_programs_in_the_sandbox(tmp_path):
     """docs/embedded.md, the code task."""
     output = tmp_path / "rl-code"

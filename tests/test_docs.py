@@ -277,6 +277,9 @@ assert result.metrics() == {"reward/timeouts": 0, "reward/errors": 0}
 """,
     ),
     # docs/rl.md
+    ("docs/rl.md", "python -m klear.fit --config configs/rl.yaml rollout.max_staleness=1"): Covered(
+        ("tests/test_commands.py::test_the_main_command_with_async_rollouts",), "2 steps there"
+    ),
     ("docs/rl.md", "total = sum(objective.normalizer("): Run(
         setup=MICRO_BATCHES,
         check="""

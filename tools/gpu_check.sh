@@ -7,7 +7,10 @@
 # 1. builds a Qwen3-0.6B-shaped model (random weights, the built-in tokenizer), checks that packed rows equal padded
 #    rows on CUDA, and runs the vLLM engine on it: refresh time, tokens/s, trainer-engine log-prob gap before and
 #    after a refresh, sleep/wake;
-# 2. short RL runs through the CLI with FSDP2 on CUDA: the hf engine (rows, then a token budget), the vllm engine.
+# 2. short RL runs through the CLI with FSDP2 on CUDA: the hf engine (rows, then a token budget), the vllm engine;
+# 3. asynchronous rollouts (rollout.max_staleness=1) with the vllm engine in its worker process, on the training GPU
+#    and, when there are two GPUs, on a GPU of its own (rollout.worker_devices=[1]); each asserts the staleness
+#    schedule, a gap below 0.05 against the weights that sampled, and the trainer's and engine's idle times.
 # Exits non-zero if a step failed or vllm is missing (the other steps still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +46,28 @@ step python -m klear.fit "${short[@]}" algorithm.micro_batch_tokens=2048 output_
 if python -c "import vllm" 2>/dev/null; then
     step python -m klear.fit "${short[@]}" rollout.engine=vllm output_dir="$work/rl-fsdp2-vllm" \
         && summary "$work/rl-fsdp2-vllm/metrics.csv"
+fi
+async_asserts() {  # an asynchronous run's metrics.csv: the schedule, the gap, the idle times logged
+    python - "$1" <<'EOF'
+import csv, sys
+rows = [row for row in csv.DictReader(open(sys.argv[1])) if row.get("reward/mean")]
+staleness = [float(row["rollout/staleness"]) for row in rows]
+assert staleness == [min(step, 1) for step in range(len(rows))], staleness
+gaps = [float(row["rollout/logprob_gap"]) for row in rows if row.get("rollout/logprob_gap")]
+assert gaps and max(gaps) < 0.05, gaps
+waits = [(float(row["timing/trainer_wait_s"]), float(row["timing/engine_wait_s"])) for row in rows]
+print(f"{sys.argv[1]}: staleness {staleness}, gap max {max(gaps):.2e}, trainer/engine wait per step {waits}")
+EOF
+}
+if python -c "import vllm" 2>/dev/null; then
+    step python -m klear.fit "${short[@]}" rollout.engine=vllm rollout.max_staleness=1 output_dir="$work/rl-async-vllm" \
+        && step async_asserts "$work/rl-async-vllm/metrics.csv"
+    if [ "$(nvidia-smi --list-gpus | wc -l)" -ge 2 ]; then
+        step python -m klear.fit "${short[@]}" rollout.engine=vllm rollout.max_staleness=1 'rollout.worker_devices=[1]' \
+            output_dir="$work/rl-async-vllm-own-gpu" && step async_asserts "$work/rl-async-vllm-own-gpu/metrics.csv"
+    else
+        echo "SKIPPED: one GPU, so no disaggregated rollout worker (rollout.worker_devices=[1])"
+    fi
 fi
 echo "work directory: $work"
 exit $status

@@ -120,6 +120,16 @@ def test_cli_unreadable_data_file_is_one_line(tmp_path):
             "algorithm.tis_cap = 2.0 weights each token's advantage, which objective 'gspo' (one ratio per sequence)",
         ),
         (["rollout.old_logprobs=both"], "rollout.old_logprobs = 'both' is not accepted; accepted: engine, trainer"),
+        (["rollout.max_staleness=-1"], "rollout.max_staleness = -1 is not accepted; accepted: an integer >= 0"),
+        (["rollout.worker_devices=[1]"], "rollout.worker_devices places rollout workers, which need rollout.max_st"),
+        (
+            ["rollout.worker_devices=[1]", "rollout.max_staleness=1", "trainer.accelerator=cpu"],
+            "rollout.worker_devices names GPUs: set trainer.accelerator=gpu",
+        ),
+        (
+            ["rollout.worker_devices=[-1]", "rollout.max_staleness=1", "trainer.accelerator=gpu"],
+            r"rollout.worker_devices = \[-1\]: GPU indices are >= 0",
+        ),
         (["rollout.prompts_per_step=0"], "rollout.prompts_per_step = 0 is not accepted; accepted: an integer >= 1"),
     ],
 )

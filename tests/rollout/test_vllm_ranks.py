@@ -74,3 +74,24 @@ def test_tensor_parallel_engines_across_training_ranks_are_refused(monkeypatch):
     policy, tokenizer = load_model(config.model), load_tokenizer(config.model)
     with pytest.raises(ValueError, match="tensor_parallel_size must be 1, got 2"):
         vllm_engine.build_vllm_engine(policy, tokenizer, model=config.model, rollout=config.rollout)
+
+
+@pytest.fixture(scope="module")
+def async_one_process(tmp_path_factory):
+    output = tmp_path_factory.mktemp("vllm-async-one")
+    fit_in_subprocess([*RL, "rollout.max_staleness=1", f"output_dir={output}"])
+    return output
+
+
+def test_async_rollouts_with_the_vllm_engine(async_one_process, tmp_path):
+    """The vLLM engine in the rollout worker process, one step ahead: its log-probs agree with the weights that
+    sampled (the worker's copy, loaded from the same push), and two ranks' workers (their own gloo group, vLLM's
+    external launcher inside it) sample what one worker samples."""
+    rows = read_metrics(async_one_process / "metrics.csv")
+    assert [float(row["rollout/staleness"]) for row in rows[:4]] == [0.0, 1.0, 1.0, 1.0]
+    gaps = [float(row["rollout/logprob_gap"]) for row in rows[:4] if row["rollout/logprob_gap"]]
+    assert gaps and max(gaps) < TOL, gaps
+    fit_in_subprocess(
+        [*RL, "rollout.max_staleness=1", "trainer.strategy=ddp", "trainer.devices=2", f"output_dir={tmp_path}"]
+    )
+    assert_same_metrics(async_one_process, tmp_path)

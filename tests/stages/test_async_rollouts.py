@@ -6,6 +6,7 @@
 end, Ctrl-C, ``kill -9``, a worker that dies) no worker process is left behind and nothing hangs.
 """
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -14,9 +15,11 @@ import time
 import uuid
 from pathlib import Path
 
+import lightning as L
 import pytest
 
-from klear.fit import main
+from klear.config.load import load_config
+from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
 from tests.runs import RL_SHORT, TIMING, assert_same_metrics, fit_in_subprocess, read_metrics
 from tests.stages.test_fsdp2 import RL as RL_RANKS
 
@@ -154,6 +157,25 @@ def test_a_worker_that_dies_stops_the_run_with_a_clear_error(tmp_path):
     assert result.returncode == 1
     assert "RolloutWorkerError: the rollout worker died (exit code 3)" in result.stdout + result.stderr
     assert_no_process_left(tag)
+
+
+class CrashAfterStep1(L.Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if batch_idx == 1:
+            raise RuntimeError("the trainer failed")
+
+
+def test_an_error_in_the_trainer_stops_the_worker(tmp_path):
+    config = load_config("configs/rl.yaml", [*SHORT[2:], "rollout.max_staleness=2", f"output_dir={tmp_path}"])
+    run_dir = prepare_run_dir(config, resume=False, overwrite=False)
+    module, batches = build_stage(config, run_dir)
+    trainer = build_trainer(
+        config, run_dir, resume=False, extra_callbacks=[*module_callbacks(config), CrashAfterStep1()]
+    )
+    with pytest.raises(RuntimeError, match="the trainer failed"):
+        trainer.fit(module, train_dataloaders=batches)
+    assert module.engine.process.exitcode is not None  # stopped, not left running until garbage collection
+    assert not multiprocessing.active_children()
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])

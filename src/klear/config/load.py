@@ -141,6 +141,12 @@ def check_rl(config: DictConfig) -> None:
         )
     if config.reward.overlong_buffer > rollout.max_new_tokens:
         raise ConfigError("reward.overlong_buffer must not exceed rollout.max_new_tokens")
+    if rollout.worker_devices and not rollout.max_staleness:
+        raise ConfigError("rollout.worker_devices places rollout workers, which need rollout.max_staleness >= 1")
+    if rollout.worker_devices and config.trainer.accelerator == "cpu":
+        raise ConfigError("rollout.worker_devices names GPUs: set trainer.accelerator=gpu (or leave it empty)")
+    if any(device < 0 for device in rollout.worker_devices):
+        raise ConfigError(f"rollout.worker_devices = {list(rollout.worker_devices)}: GPU indices are >= 0")
 
 
 STAGE_CHECKS: dict[str, list] = {"rl": [check_rl]}

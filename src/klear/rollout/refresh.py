@@ -56,6 +56,13 @@ class RolloutRefresh(L.Callback):
                 self.warn_threshold,
             )
 
+    def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
+        """An error or Ctrl-C anywhere in the fit: stop an engine that runs a process of its own (the rollout
+        worker of asynchronous rollouts), so that nothing outlives the run."""
+        close = getattr(module.engine, "close", None)
+        if close is not None:
+            close()
+
     def refresh(self, module: L.LightningModule) -> None:
         module.engine.wake_up()
         module.engine.update_weights(module.policy_tensors())

@@ -215,8 +215,9 @@ def start_async_rollouts(module, restored: dict | None) -> AsyncRollouts:
     """The rollout worker of ``module`` (an ``RLModule`` in ``on_fit_start``); ``restored``: what the checkpoint
     resumed from holds (`AsyncRollouts.in_flight`), ``None`` for a fresh run. Nothing starts before the first push.
 
-    On a CPU the cores are split: the worker computes with half of this process's torch threads, the trainer with
-    the rest. Several ranks: rank 0 picks the port of the workers' process group and every rank learns it."""
+    On a CPU the cores are split: the worker samples with half of this process's torch threads, the trainer
+    computes with the rest, and an evaluation (which the trainer mostly waits for) takes all of them. Several
+    ranks: rank 0 picks the port of the workers' process group and every rank learns it."""
     config, trainer = module.config, module.trainer
     world, rank = trainer.world_size, module.global_rank
     init_method = ""
@@ -232,7 +233,7 @@ def start_async_rollouts(module, restored: dict | None) -> AsyncRollouts:
         visible, device = str(_visible_device(devices[local])), "cuda:0"
     threads = torch.get_num_threads()
     worker_threads = max(1, threads // 2)
-    if module.device.type == "cpu" and os.environ.get("KLEAR_SPLIT"):
+    if module.device.type == "cpu":
         torch.set_num_threads(max(1, threads - worker_threads))
     spec = WorkerSpec(
         config=config,
@@ -243,6 +244,7 @@ def start_async_rollouts(module, restored: dict | None) -> AsyncRollouts:
         world=world,
         init_method=init_method,
         threads=worker_threads,
+        eval_threads=threads,
         device=device,
         visible_devices=visible,
     )

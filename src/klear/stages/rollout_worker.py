@@ -7,7 +7,8 @@ order, answering each on the results queue:
   (:class:`~klear.rollout.shared_weights.SharedWeights`), then give the buffer back (the ``free`` semaphore);
 - ``("rollout", step, problems)``: the step's rollouts (:class:`~klear.stages.sampling.StepSampler`) from the
   weights loaded last, with ``rollout/logprob_gap`` measured against exactly those weights (a teacher-forced
-  forward of the worker's policy copy, the trainer's own log-prob code), ``rollout/staleness`` (the step minus
+  forward of the worker's policy copy, the trainer's own log-prob code, on the first `GAP_ROWS` rollouts: a check
+  of the engine, not a statistic), ``rollout/staleness`` (the step minus
   the version) and ``timing/engine_wait_s`` (the time the worker sat idle waiting for this command);
 - ``("eval", version)``: the in-training evaluation of the weights loaded last;
 - ``("stop",)``: exit.
@@ -34,6 +35,8 @@ from typing import Any
 
 import torch
 
+GAP_ROWS = 32
+"""``rollout/logprob_gap`` is measured on the first this-many rollouts of a step (a forward pass of its own)."""
 PARENT_POLL_S = 1.0
 """How often a waiting worker checks that the trainer is still alive."""
 
@@ -52,7 +55,9 @@ class WorkerSpec:
     init_method: str = ""
     """The workers' process group (``tcp://host:port``) with several ranks."""
     threads: int = 1
-    """torch threads of the worker (CPU)."""
+    """torch threads of the worker's rollouts (CPU)."""
+    eval_threads: int = 1
+    """torch threads of its evaluations, during which the trainer mostly waits (CPU: all of the rank's)."""
     device: str = "cpu"
     visible_devices: str | None = None
     """``CUDA_VISIBLE_DEVICES`` of the worker (its own GPU), set before CUDA starts; ``None``: inherited."""
@@ -145,8 +150,12 @@ class _Service:
                 waited = 0.0
                 results.put(("rollout", step, (scored, metrics)))
             elif kind == "eval":
-                with self._precision():
-                    results.put(("eval", command[1], self._evaluate()))
+                torch.set_num_threads(self.spec.eval_threads)
+                try:
+                    with self._precision():
+                        results.put(("eval", command[1], self._evaluate()))
+                finally:
+                    torch.set_num_threads(self.spec.threads)
             else:
                 raise ValueError(f"unknown rollout worker command {kind!r}")
 
@@ -170,13 +179,14 @@ class _Service:
 
     @torch.no_grad()
     def _logprob_gap(self, scored) -> float | None:
-        """Mean |log-prob of the loaded weights - the engine's log-prob| over the sampled tokens of the kept groups
-        (this rank's share of the rows; the ranks' sums are added)."""
+        """Mean |log-prob of the loaded weights - the engine's log-prob| over the sampled tokens of the first
+        `GAP_ROWS` rollouts of the kept groups (each rank computes its share of the rows; the ranks' sums are
+        added)."""
         from klear.stages.rollout_batch import build_rollout_batch
 
         if not len(scored):
             return None
-        rollouts = scored.rollouts
+        rollouts = scored.rollouts[:GAP_ROWS]
         zeros = torch.zeros(len(rollouts))
         batch = build_rollout_batch(
             rollouts, zeros, zeros, zeros.bool(), self.tokenizer.pad_token_id, self.config.algorithm.mask_truncated
