@@ -57,6 +57,8 @@ def test_the_main_command_with_async_rollouts(tmp_path):
     assert all(float(row["timing/trainer_wait_s"]) >= 0 for row in rows[:2])
     assert max(float(row["rollout/logprob_gap"]) for row in rows[:2]) < 1e-4
     assert len(evals(output)) == 2 and evals(output)[0] > 0.2
+    report = (output / "report.md").read_text()
+    assert "| `rollout.max_staleness` | 1 (asynchronous rollouts) |" in report and "`timing/engine_wait_s`" in report
 
 
 def test_code_rl_on_the_built_in_code_task_runs_programs_in_the_sandbox(tmp_path):

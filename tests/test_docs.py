@@ -246,6 +246,9 @@ assert "gppo" in list_objectives()
         ),
         "minutes at the tiny size, tens of minutes at 28 layers: the slow test runs the tiny size",
     ),
+    ("docs/performance.md", "python tools/bench_async.py"): Covered(
+        ("tests/tools/test_bench_async.py::test_the_benchmark_prints_its_table_and_ratios",), "2 steps there"
+    ),
     ("docs/performance.md", "python tools/bench_rewards.py"): Run(
         extra=("--math-pairs", "20", "--programs", "2", "--tests", "2", "--workers", "2"),
         expect=("math: sequential", "code: sequential"),

@@ -4,8 +4,10 @@
 For each run: steps/s and generated tokens/s over the whole run as the run itself times it (its closing summary:
 evaluations and the worker's start included), the median seconds of a step's rollout and update, and where the
 idle time goes: the trainer waiting for rollouts (``timing/trainer_wait_s``) and the rollout worker waiting for
-weights (``timing/engine_wait_s``), per step and over the run. The last line gives the ratios to the synchronous
-run measured here.
+weights (``timing/engine_wait_s``), per step (median) and over the run (sum). Then the steady-state bound of each
+asynchronous run: a step cannot take less than the longer of its rollout and its update as measured in that run,
+against the sum of both in the synchronous one. The last line gives the ratios to the synchronous run measured
+here.
 
     python tools/bench_async.py [--config configs/rl.yaml] [--staleness 1,2] [key=value ...]
 
@@ -84,6 +86,17 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['engine_wait_s']:>12.3f} / {r['engine_wait_total_s']:>11.1f} {r['final_accuracy']:>9.3f}"
         )
     sync = results[0]
+    sync_step = sync["rollout_s"] + sync["update_s"]
+    for k, r in results.items():
+        if k:
+            bound = max(r["rollout_s"], r["update_s"])
+            print(
+                f"steady state, staleness {k}: a synchronous step takes {sync_step:.3f} s "
+                f"(rollout {sync['rollout_s']:.3f} + update {sync['update_s']:.3f}); overlapped, the worker's rollout "
+                f"takes {r['rollout_s']:.3f} s and "
+                f"the trainer's update {r['update_s']:.3f} s on their share of the cores, so a step takes at least "
+                f"{bound:.3f} s: at most {sync_step / bound:.2f}x before evaluations and the worker's start"
+            )
     ratios = ", ".join(
         f"staleness {k}: {r['steps_per_s'] / sync['steps_per_s']:.2f}x steps/s, "
         f"{r['tokens_per_s'] / sync['tokens_per_s']:.2f}x tokens/s"

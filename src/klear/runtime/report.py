@@ -45,6 +45,8 @@ THROUGHPUT = {
     "actor/train_tokens_per_s": "training",
     "train/tokens_per_s": "training",
 }
+IDLE = {"timing/trainer_wait_s": "trainer waiting for rollouts", "timing/engine_wait_s": "rollout worker waiting"}
+"""Idle times of asynchronous rollouts, reported per step and in total."""
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
@@ -117,6 +119,10 @@ def _markdown(
     lines += [
         f"| {n} (`{k}`, median of {len(v)}) | {statistics.median(v):,.0f} tokens/s |" for n, k, v in throughput if v
     ]
+    idle = [(name, key, [row[key] for row in rows if key in row]) for key, name in IDLE.items()]
+    lines += [
+        f"| {n} (`{k}`, median / total) | {statistics.median(v):.3f} s / {sum(v):.1f} s |" for n, k, v in idle if v
+    ]
     lines += ["", "## Final values", ""]
     present = [key for key in KEY_METRICS.get(config.stage, []) if any(key in row for row in rows)]
     if present:
@@ -180,6 +186,11 @@ def _settings(config: DictConfig) -> list[tuple[str, object]]:
         ("algorithm.mini_batch_prompts", f"{algorithm.mini_batch_prompts} (up to {updates} updates / step)"),
         ("algorithm.epochs", algorithm.epochs),
         ("optim.lr", config.optim.lr),
+        *(
+            [("rollout.max_staleness", f"{rollout.max_staleness} (asynchronous rollouts)")]
+            if rollout.max_staleness
+            else []
+        ),
     ]
 
 

@@ -37,15 +37,15 @@ from klear.models import load_model, load_tokenizer
 from klear.objectives import get_objective
 from klear.rewards import Reward, get_reward
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.engine import ENGINES, create_engine, needed_model_len
-from klear.runtime.device import compute_precision, policy_on_cuda
+from klear.rollout.engine import needed_model_len
+from klear.runtime.device import policy_on_cuda
 from klear.runtime.run_dir import RunDir
 from klear.runtime.step_metrics import StepMetrics
 from klear.runtime.strategies import full_tensors
 from klear.stages.advantages import compute_advantages
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch, split_rows
-from klear.stages.sampling import StepSampler, step_seed
+from klear.stages.sampling import StepSampler, build_engine, step_seed
 from klear.stages.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
@@ -110,17 +110,7 @@ class RLModule(StageModule):
 
             self.engine = start_async_rollouts(self, self._restored)
         elif self.engine is None:
-            config = self.config
-            self.engine = create_engine(
-                ENGINES.get(config.rollout.engine),
-                self.model,
-                self.tokenizer,
-                model=config.model,
-                rollout=config.rollout,
-                seed=config.seed,
-                precision=compute_precision(config),
-                max_model_len=self.max_model_len,
-            )
+            self.engine = build_engine(self.config, self.model, self.tokenizer, self.max_model_len)
         if not self.asynchronous:  # the engine may have been set before the fit (a test's own engine)
             self.sampler = StepSampler(
                 self.config,

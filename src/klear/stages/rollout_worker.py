@@ -86,10 +86,9 @@ class _Service:
         from klear.models import load_model, load_tokenizer
         from klear.rewards import get_reward
         from klear.rewards.scorer import RewardScorer
-        from klear.rollout.engine import ENGINES, create_engine
         from klear.rollout.hf import HFEngine
         from klear.runtime.device import compute_precision
-        from klear.stages.sampling import StepSampler
+        from klear.stages.sampling import StepSampler, build_engine
         from klear.stages.update import PolicyUpdate
 
         config = spec.config
@@ -105,16 +104,7 @@ class _Service:
         self.model.eval().requires_grad_(False)
         reward = get_reward(config.reward.name, **config.reward.options)
         self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
-        self.engine = create_engine(
-            ENGINES.get(config.rollout.engine),
-            self.model,
-            self.tokenizer,
-            model=config.model,
-            rollout=config.rollout,
-            seed=config.seed,
-            precision=self.precision,
-            max_model_len=spec.max_model_len,
-        )
+        self.engine = build_engine(config, self.model, self.tokenizer, spec.max_model_len)
         # The hf engine samples from self.model itself; any other engine holds weights of its own, and self.model
         # (loaded with the same versions) is what its log-probs are checked against.
         self.engine_is_model = isinstance(self.engine, HFEngine) and self.engine.model is self.model

@@ -21,7 +21,8 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.data.prompts import encode_prompt
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.engine import RolloutEngine, SamplingParams
+from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams, create_engine
+from klear.runtime.device import compute_precision
 from klear.runtime.distributed import gather_objects, rank_range
 from klear.stages.advantages import zero_variance
 from klear.stages.rollout_batch import ScoredGroups
@@ -112,6 +113,21 @@ class StepSampler:
         generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, attempt))
         picks = torch.randint(len(self.train_problems), (count,), generator=generator).tolist()
         return [self.train_problems[i] for i in picks]
+
+
+def build_engine(config: DictConfig, policy, tokenizer: PreTrainedTokenizerBase, max_model_len=None) -> RolloutEngine:
+    """The run's rollout engine (``rollout.engine``) over ``policy``, in the precision the policy computes in:
+    the trainer's, or the rollout worker's."""
+    return create_engine(
+        ENGINES.get(config.rollout.engine),
+        policy,
+        tokenizer,
+        model=config.model,
+        rollout=config.rollout,
+        seed=config.seed,
+        precision=compute_precision(config),
+        max_model_len=max_model_len,
+    )
 
 
 def rollout_metrics(scored: ScoredGroups, counts: dict[str, float], filtered, seconds: float) -> dict[str, float]:
