@@ -261,6 +261,8 @@ assert "gppo" in list_objectives()
         3
     ),
     ("docs/results.md", "python -m klear.compare --config configs/ablations/code_reward.yaml"): Plan(6),
+    ("docs/results.md", "python -m klear.compare --config configs/rl.yaml --objectives ppo,dapo,cispo,gppo"): Plan(60),
+    ("docs/results.md", "python -m klear.compare --config configs/rl.yaml --objectives ppo,cispo,gppo"): Plan(15),
     # docs/rewards.md
     ("docs/rewards.md", "from klear.rewards import RewardPool, get_reward, score_batch"): Run(
         setup=CODE_COMPLETIONS,

@@ -42,3 +42,16 @@ def test_code_rl_main_command_gains_15_points(tmp_path):
     assert main([*args, "trainer.progress_bar=false"]) == 0
     accuracy = evals(tmp_path)
     assert accuracy[-1] >= accuracy[0] + 0.15, accuracy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["ppo", "dapo", "cispo", "gppo"])
+def test_rl_main_command_one_step_stale_ends_within_3_points_of_synchronous(objective, tmp_path):
+    """docs/results.md: the main command with rollout.max_staleness=1 against the synchronous one, seed 0."""
+    final = {}
+    for staleness in (0, 1):
+        output = tmp_path / f"staleness-{staleness}"
+        args = ["--config", "configs/rl.yaml", "--objective", objective, f"output_dir={output}"]
+        assert main([*args, f"rollout.max_staleness={staleness}", "trainer.progress_bar=false"]) == 0
+        final[staleness] = evals(output)[-1]
+    assert final[1] >= final[0] - 0.03, final

@@ -1,0 +1,52 @@
+"""tools/plot_staleness.py: reads klear.compare's comparison.csv files and draws one column per objective."""
+
+import csv
+import subprocess
+import sys
+
+from tests.tools import TOOLS, load_tool
+
+FIELDS = ["label", "objective", "seed", "step", "reward/mean", "objective/approx_kl", "actor/entropy", "eval/accuracy"]
+
+
+def write_comparison(directory, objectives, variants):
+    directory.mkdir()
+    with (directory / "comparison.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=FIELDS)
+        writer.writeheader()
+        for objective in objectives:
+            for lag, variant in enumerate(variants):
+                for seed in range(2):
+                    for step in range(4):
+                        row = {"label": f"{objective}+{variant}", "objective": objective, "seed": seed, "step": step}
+                        row |= {"reward/mean": 0.1 * step - 0.05 * lag, "objective/approx_kl": 0.001 * lag}
+                        row |= {"actor/entropy": 0.03, "eval/accuracy": 0.5 if step in (0, 3) else ""}
+                        writer.writerow(row)
+
+
+def test_runs_are_grouped_by_objective_and_variant_across_directories(tmp_path):
+    write_comparison(tmp_path / "a", ["ppo", "gppo"], ["sync", "stale4"])
+    write_comparison(tmp_path / "b", ["gppo"], ["stale4-decoupled"])
+    runs = load_tool("plot_staleness").read_runs([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert set(runs) == {
+        ("ppo", "sync"),
+        ("ppo", "stale4"),
+        ("gppo", "sync"),
+        ("gppo", "stale4"),
+        ("gppo", "stale4-decoupled"),
+    }
+    assert sorted(runs[("gppo", "stale4")]) == [0, 1] and sorted(runs[("gppo", "stale4")][0]) == [0, 1, 2, 3]
+    assert runs[("ppo", "stale4")][1][2]["reward/mean"] == 0.1 * 2 - 0.05
+
+
+def test_the_command_writes_the_figure(tmp_path):
+    write_comparison(tmp_path / "a", ["ppo", "cispo"], ["sync", "stale1"])
+    out = tmp_path / "staleness.png"
+    result = subprocess.run(
+        [sys.executable, str(TOOLS / "plot_staleness.py"), str(tmp_path / "a"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
