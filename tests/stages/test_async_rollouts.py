@@ -120,7 +120,7 @@ def run_until(args: list[str], output: Path, rows: int, env: dict) -> subprocess
     raise AssertionError(f"the run ended before {rows} rows: {process.returncode}")
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_kill_9_and_resume_equals_an_uninterrupted_run(k, tmp_path):
     args = [*SHORT, f"rollout.max_staleness={k}", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=1"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -178,7 +178,7 @@ def test_an_error_in_the_trainer_stops_the_worker(tmp_path):
     assert not multiprocessing.active_children()
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp2"])
 def test_two_ranks_with_async_rollouts_match_one_process(strategy, tmp_path):
     args = [*RL_RANKS, "trainer.max_steps=4", "rollout.max_staleness=1"]
     one, two = tmp_path / "one", tmp_path / "two"
