@@ -219,6 +219,8 @@ def start_async_rollouts(module, restored: dict | None) -> AsyncRollouts:
     computes with the rest, and an evaluation (which the trainer mostly waits for) takes all of them. Several
     ranks: rank 0 picks the port of the workers' process group and every rank learns it."""
     config, trainer = module.config, module.trainer
+    if module.step_problems is None:
+        raise ValueError("rollout.max_staleness >= 1 samples steps ahead: build the RLModule with step_problems")
     world, rank = trainer.world_size, module.global_rank
     init_method = ""
     if world > 1:

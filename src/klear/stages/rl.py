@@ -11,6 +11,10 @@ Everything random in a step is seeded by ``(seed, step)``: which prompts, which 
 So resuming from a checkpoint replays exactly what an uninterrupted run would have done, and two runs that
 differ only in the objective see identical rollouts at step 0.
 
+Asynchronous rollouts (``rollout.max_staleness = k >= 1``): sampling, scoring, filtering and refills of step ``n + k``
+run in a rollout worker process (`klear.stages.async_rollouts`) while this process updates on step ``n``, whose
+finished groups it takes instead of sampling them; everything after that is the same.
+
 Data parallel (``ddp``, ``fsdp2``): every rank receives the step's prompts, samples and scores its contiguous
 share of them (each prompt's samples are seeded by its index in the step, so the split changes nothing), and
 the ranks exchange their scored rollouts, so filtering, refills and advantages are decided on the whole step
