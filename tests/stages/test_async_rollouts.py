@@ -186,3 +186,18 @@ def test_two_ranks_with_async_rollouts_match_one_process(strategy, tmp_path):
     fit_in_subprocess([*args, f"trainer.strategy={strategy}", "trainer.devices=2", f"output_dir={two}"])
     assert_same_metrics(one, two)
     assert float(read_metrics(two / "metrics.csv")[2]["rollout/staleness"]) == 1.0
+
+
+def test_a_sharded_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path):
+    """FSDP2 restores a checkpoint only after ``on_fit_start``: the in-flight rollouts are read at the first push."""
+    args = [*RL_RANKS, "rollout.max_staleness=2", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=1"]
+    args += ["trainer.strategy=fsdp2", "trainer.devices=2"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    fit_in_subprocess([*args, f"output_dir={straight}"])
+    env, tag = tagged_env()
+    process = run_until(args, killed, rows=3, env=env)
+    os.killpg(process.pid, signal.SIGKILL)  # both ranks and their workers, as a node failure would
+    process.wait()
+    assert_no_process_left(tag)
+    fit_in_subprocess([*args, f"output_dir={killed}", "--resume"])
+    assert_same_metrics(straight, killed, rel=1e-5)

@@ -37,6 +37,7 @@ import torch
 import torch.multiprocessing as mp
 
 from klear.rollout.shared_weights import SharedWeights
+from klear.stages.rollout_batch import ScoredGroups
 from klear.stages.rollout_worker import WorkerSpec, worker_main
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,8 @@ class AsyncRollouts:
         max_staleness: ``k``.
         max_steps: the run's last step + 1 (no step beyond is requested).
         eval_due: whether version ``v`` is evaluated (it is evaluated at the start of step ``v``, or at the end).
-        first_step: the step the run starts at (``v0``).
-        pending: rollouts of steps ``first_step ..`` restored from a checkpoint (:meth:`in_flight`).
+        restored: what the checkpoint resumed from holds (:meth:`in_flight`), ``None`` for a fresh run. It is read
+            at the first push, after every restore (FSDP2 restores checkpoints only after ``on_fit_start``).
     """
 
     def __init__(
@@ -71,18 +72,21 @@ class AsyncRollouts:
         max_staleness: int,
         max_steps: int,
         eval_due: Callable[[int], bool],
-        first_step: int = 0,
-        pending: dict[int, Any] | None = None,
+        restored: Callable[[], dict | None] = lambda: None,
     ) -> None:
         self.spec = spec
         self.step_problems = step_problems
         self.k = max_staleness
         self.max_steps = max_steps
         self.eval_due = eval_due
-        self.next_version = first_step
-        self.results: dict[tuple[str, int], Any] = {("rollout", step): value for step, value in (pending or {}).items()}
-        self.requested = first_step + len(pending or {})
-        self.trained = first_step - 1
+        self.restored = restored
+        self.next_version = 0
+        self.results: dict[tuple[str, int], Any] = {}
+        self.requested = 0
+        """Steps below this one have been requested (or restored)."""
+        self.evaluations: set[int] = set()
+        """Versions whose evaluation has been requested."""
+        self.trained = -1
         self.waited = 0.0
         """Trainer idle time since the last :meth:`take`."""
         self.process = None
@@ -99,6 +103,10 @@ class AsyncRollouts:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Push the next policy version and issue the commands it unblocks (its evaluation, the step ``v + k``)."""
         if self.process is None:
+            state = self.restored()
+            first, pending = restore_in_flight(state) if state else (0, {})
+            self.next_version, self.trained, self.requested = first, first - 1, first + len(pending)
+            self.results.update({("rollout", step): value for step, value in pending.items()})
             self.weights = SharedWeights.allocate(named_tensors)
             self._start()
         else:
@@ -108,6 +116,7 @@ class AsyncRollouts:
         self.commands.put(("weights", version))
         if self.eval_due(version):
             self.commands.put(("eval", version))
+            self.evaluations.add(version)
         while self.requested < self.max_steps and self.requested <= version + self.k:
             self.commands.put(("rollout", self.requested, self.step_problems(self.requested)))
             self.requested += 1
@@ -116,6 +125,10 @@ class AsyncRollouts:
 
     def take(self, step: int) -> tuple[Any, dict[str, float]]:
         """The scored groups and metrics of ``step``, waiting for them if needed; adds ``timing/trainer_wait_s``."""
+        if step >= self.requested:
+            raise RolloutWorkerError(
+                f"the rollouts of step {step} were never requested (steps < {self.requested} were)"
+            )
         scored, metrics = self._result("rollout", step)
         self.trained = step
         metrics = {**metrics, "timing/trainer_wait_s": self.waited}
@@ -124,13 +137,20 @@ class AsyncRollouts:
 
     def take_eval(self, version: int) -> dict[str, float]:
         """The evaluation metrics of ``version``."""
+        if version not in self.evaluations:
+            raise RolloutWorkerError(f"the evaluation of version {version} was never requested")
         return self._result("eval", version)
 
     def in_flight(self) -> dict[str, Any]:
         """What a checkpoint after the last trained step holds: the next step and the rollouts of the following
-        ``k`` steps (waited for: they come from versions the checkpoint does not hold)."""
+        ``k`` steps (waited for: they come from versions the checkpoint does not hold), as plain lists, numbers
+        and tensors (`restore_in_flight` reads them back)."""
         steps = range(self.trained + 1, min(self.trained + 1 + self.k, self.requested))
-        return {"next_step": self.trained + 1, "pending": {step: self._peek("rollout", step) for step in steps}}
+        pending = {}
+        for step in steps:
+            scored, metrics = self._peek("rollout", step)
+            pending[step] = {"scored": scored.state_dict(), "metrics": metrics}
+        return {"next_step": self.trained + 1, "pending": pending}
 
     def _result(self, kind: str, key: int) -> Any:
         value = self._peek(kind, key)
@@ -211,9 +231,9 @@ def _stop(process, commands) -> None:
         process.join()
 
 
-def start_async_rollouts(module, restored: dict | None) -> AsyncRollouts:
-    """The rollout worker of ``module`` (an ``RLModule`` in ``on_fit_start``); ``restored``: what the checkpoint
-    resumed from holds (`AsyncRollouts.in_flight`), ``None`` for a fresh run. Nothing starts before the first push.
+def start_async_rollouts(module) -> AsyncRollouts:
+    """The rollout worker of ``module`` (an ``RLModule`` in ``on_fit_start``, whose ``restored_rollouts`` is what
+    the checkpoint resumed from holds once it is restored). Nothing starts before the first push.
 
     On a CPU the cores are split: the worker samples with half of this process's torch threads, the trainer
     computes with the rest, and an evaluation (which the trainer mostly waits for) takes all of them. Several
@@ -251,16 +271,23 @@ def start_async_rollouts(module, restored: dict | None) -> AsyncRollouts:
         visible_devices=visible,
     )
     max_steps = config.trainer.max_steps
-    first, pending = (restored["next_step"], restored["pending"]) if restored else (0, {})
     return AsyncRollouts(
         spec,
         module.step_problems,
         config.rollout.max_staleness,
         max_steps,
         eval_due=lambda version: version == max_steps or (version < max_steps and module.eval_due(version)),
-        first_step=first,
-        pending=pending,
+        restored=lambda: module.restored_rollouts,
     )
+
+
+def restore_in_flight(state: dict) -> tuple[int, dict[int, tuple[ScoredGroups, dict[str, float]]]]:
+    """The next step and the in-flight rollouts of a checkpoint's `AsyncRollouts.in_flight`."""
+    pending = {
+        int(step): (ScoredGroups.from_state_dict(value["scored"]), dict(value["metrics"]))
+        for step, value in state["pending"].items()
+    }
+    return int(state["next_step"]), pending
 
 
 def _visible_device(index: int) -> str:

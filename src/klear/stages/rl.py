@@ -100,7 +100,8 @@ class RLModule(StageModule):
         self.max_model_len = max_model_len
         self.step_problems = step_problems
         self.asynchronous = config.rollout.max_staleness > 0
-        self._restored: dict | None = None  # the in-flight rollouts of the checkpoint resumed from
+        self.restored_rollouts: dict | None = None
+        """The in-flight rollouts of the checkpoint resumed from (`AsyncRollouts.in_flight`)."""
         self._starved = 0  # consecutive steps that kept fewer than half of their groups
 
     def sharded_models(self) -> list[torch.nn.Module]:
@@ -112,7 +113,7 @@ class RLModule(StageModule):
         if self.engine is None and self.asynchronous:
             from klear.stages.async_rollouts import start_async_rollouts
 
-            self.engine = start_async_rollouts(self, self._restored)
+            self.engine = start_async_rollouts(self)
         elif self.engine is None:
             self.engine = build_engine(self.config, self.model, self.tokenizer, self.max_model_len)
         if not self.asynchronous:  # the engine may have been set before the fit (a test's own engine)
@@ -273,7 +274,7 @@ class RLModule(StageModule):
             checkpoint["async_rollouts"] = self.engine.in_flight()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._restored = checkpoint.get("async_rollouts")
+        self.restored_rollouts = checkpoint.get("async_rollouts")
 
 
 def _rows_of_groups(groups: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ prompt token (right padding), as they did in the engine (left padding with posit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import Tensor
@@ -40,6 +40,16 @@ class ScoredGroups:
         """The groups at the indices ``keep``, in that order."""
         index = torch.tensor(keep, dtype=torch.long)
         return ScoredGroups([self.groups[i] for i in keep], self.raw[index], self.shaped[index], self.correct[index])
+
+    def state_dict(self) -> dict:
+        """Plain lists, strings, numbers and tensors (what a checkpoint loads without unpickling classes)."""
+        groups = [[asdict(rollout) for rollout in group] for group in self.groups]
+        return {"groups": groups, "raw": self.raw, "shaped": self.shaped, "correct": self.correct}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> ScoredGroups:
+        groups = [[Rollout(**rollout) for rollout in group] for group in state["groups"]]
+        return cls(groups, state["raw"], state["shaped"], state["correct"])
 
     @staticmethod
     def concat(parts: list[ScoredGroups], group_size: int) -> ScoredGroups:
