@@ -161,38 +161,38 @@ class AsyncRollouts:
         self._wait_for(lambda: (kind, key) in self.results, f"for its {kind} of step {key}")
         return self.results[(kind, key)]
 
-    def _wait_for(self, ready: Callable[[], bool], what: str, once: bool = False) -> None:
-        """Take the worker's answers until ``ready()`` (or one poll, ``once``); raises if the worker failed."""
+    def _wait_for(self, ready: Callable[[], bool], what: str) -> None:
+        """Take the worker's answers until ``ready()``; the time counts as the trainer's wait."""
         started = time.perf_counter()
         while not ready():
-            try:
-                message = self.answers.get(timeout=0 if once else POLL_S)
-            except queue.Empty:
-                if once and self.process.is_alive():
-                    return
-                if not self.process.is_alive():
-                    self.close()
-                    raise RolloutWorkerError(
-                        f"the rollout worker died (exit code {self.process_exitcode}) while the trainer waited {what}"
-                    ) from None
-                continue
-            if message[0] == "error":
-                log.error("the rollout worker failed:\n%s", message[1])
-                self.close()
-                lines = message[1].strip().splitlines()
-                raise RolloutWorkerError(f"the rollout worker failed: {lines[-1] if lines else 'no traceback'}")
-            self.results[(message[0], message[1])] = message[2]
-            if once:
-                return
-        if not once:
-            self.waited += time.perf_counter() - started
+            self._receive(POLL_S, what)
+        self.waited += time.perf_counter() - started
 
     def _wait_for_buffer(self) -> None:
-        """Until the worker has loaded the previous version out of the shared buffer."""
+        """Until the worker has loaded the previous version out of the shared buffer (answers that arrive meanwhile
+        are kept, and a failed worker raises)."""
         started = time.perf_counter()
         while not self.free.acquire(timeout=POLL_S):
-            self._wait_for(lambda: False, "to take the previous weights", once=True)
+            self._receive(0, "to take the previous weights")
         self.waited += time.perf_counter() - started
+
+    def _receive(self, timeout: float, what: str) -> None:
+        """Keep the worker's next answer if one comes within ``timeout``; raises if the worker failed or died."""
+        try:
+            message = self.answers.get(timeout=timeout)
+        except queue.Empty:
+            if not self.process.is_alive():
+                self.close()
+                raise RolloutWorkerError(
+                    f"the rollout worker died (exit code {self.process.exitcode}) while the trainer waited {what}"
+                ) from None
+            return
+        if message[0] == "error":
+            log.error("the rollout worker failed:\n%s", message[1])
+            self.close()
+            lines = message[1].strip().splitlines()
+            raise RolloutWorkerError(f"the rollout worker failed: {lines[-1] if lines else 'no traceback'}")
+        self.results[(message[0], message[1])] = message[2]
 
     # -------------------------------------------------------------------------------------- lifecycle
 
@@ -206,7 +206,6 @@ class AsyncRollouts:
             daemon=False,  # it may start processes of its own (reward workers); close() stops it, or it dies with us
         )
         self.process.start()
-        self.process_exitcode = None
         self._finalizer = weakref.finalize(self, _stop, self.process, self.commands)
 
     def close(self) -> None:
@@ -214,7 +213,6 @@ class AsyncRollouts:
         if self.process is None:
             return
         _stop(self.process, self.commands)
-        self.process_exitcode = self.process.exitcode
         self._finalizer.detach()
 
 

@@ -204,11 +204,9 @@ class _Service:
         )
 
     def _precision(self):
-        """The autocast the trainer computes under (bf16/fp16 mixed precision), or none."""
-        if self.precision.startswith("bf16-mixed"):
+        """The autocast the trainer computes under (``bf16-mixed``), or none."""
+        if self.precision == "bf16-mixed":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        if self.precision.startswith("16-mixed"):
-            return torch.autocast(self.device.type, dtype=torch.float16)
         return contextlib.nullcontext()
 
 
