@@ -9,7 +9,9 @@ from torch import Tensor
 
 from klear.compare.cli import main
 from klear.compare.report import area_under_curve
-from klear.compare.stats import mean_ci, paired_t_test, t_quantile
+from klear.compare.cli import parse_seeds
+from klear.compare.stats import holm, mean_ci, paired_t_test, seeds_needed, t_quantile
+from klear.config.load import ConfigError
 from klear.objectives import PolicyObjective
 
 SHORT = [
@@ -79,7 +81,12 @@ def test_table_matches_the_csv(comparison):
         mean, half = mean_ci(finals)
         line = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
         assert line.split("|")[4].strip() == f"{mean:.3f} ± {half:.3f}", line
-    assert re.search(r"- ppo - gppo: [+-]\d\.\d{3} \(p = \d\.\d{3}, (not )?significant", table)
+    number = r"[+-]\d\.\d{3}"
+    verdict = rf"- gppo - ppo: {number} \[{number}, {number}\], p_holm = \d\.\d{{3}}: "
+    assert re.search(verdict + r"(\*\*gppo (higher|lower)\*\*|not distinguishable at 2 seeds)", table), table
+    assert table.count("- gppo - ppo:") == 3  # final accuracy, AUC, final - best
+    assert "## Against the baseline, ppo" in table
+    assert "| gppo |" in table.split("Diagnostics:")[1]  # the diagnostics table
 
 
 def test_rerun_skips_finished_runs(comparison, capsys):
@@ -114,3 +121,31 @@ def test_statistics_by_hand():
     # differences 0.5, 0.1, 0.9, 1.0: mean 0.625, sd 0.4113, t = 3.039 on 3 df -> p = 0.0559
     assert paired_t_test([1, 2, 3, 4], [0.5, 1.9, 2.1, 3.0]) == pytest.approx(0.0559, abs=1e-3)
     assert area_under_curve([(0, 0.0), (10, 1.0), (20, 1.0)]) == pytest.approx(0.75)
+
+
+def test_holm_and_seeds_needed_by_hand():
+    # sorted 0.01, 0.03, 0.04 -> 3 * 0.01, max(0.03, 2 * 0.03), max(0.06, 1 * 0.04): back in the input's order
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
+    # Effect size 1 (mean = sd): 10 pairs, as in the textbook tables for a paired t-test at alpha .05, power .8.
+    sd = (8 / 7) ** 0.5  # the sample sd of [m - 1, m + 1] * 4, whatever m
+    assert seeds_needed([sd - 1, sd + 1] * 4) == 10
+    assert seeds_needed([sd / 2 - 1, sd / 2 + 1] * 4) == 34  # effect size 0.5
+    assert seeds_needed([0.1, 0.1, 0.1]) == 2  # no spread: any two seeds show it
+    assert seeds_needed([1.0, -1.0]) == 10_000  # no difference at all
+
+
+def test_seed_ranges():
+    assert parse_seeds("0-9") == list(range(10))
+    assert parse_seeds("0-2,7,1") == [0, 1, 2, 7]
+    for bad in ("a", "3-1", "-1", "1,,2", "0-"):
+        with pytest.raises(ConfigError, match="--seeds must be"):
+            parse_seeds(bad)
+
+
+def test_baseline_must_be_a_label(tmp_path, capsys):
+    args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--baseline", "dapo", f"output_dir={tmp_path}"]
+    assert main(args) == 2
+    assert "--baseline 'dapo' is not a label of this comparison" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

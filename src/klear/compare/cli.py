@@ -4,7 +4,8 @@ Runs every objective (x variant) x seed through ``klear.fit`` with everything el
 prompt order and every sampling seed, and all runs start from the same ``model.path``, so for a given seed the
 step-0 rollouts are the same for every objective and what differs afterwards comes from the objective alone.
 ``--variants "label:key=value,key=value"`` adds other axes (the paper's ablations: filtering on/off, the
-positive-sample SFT weight, ...).
+positive-sample SFT weight, ...). ``--seeds 0-9`` takes ranges; ``--baseline LABEL`` picks the label the report
+compares the others with (default: the first).
 
 Each run lives in ``<output_dir>/runs/<label>-seed<S>/`` with its own log. A finished run is skipped, an
 interrupted one continues with ``--resume``, a failed one is reported and the others go on. The reports —
@@ -32,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=cli.prog("compare"), description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="RL config every run shares")
     parser.add_argument("--objectives", required=True, help="comma-separated names or package.module:Class paths")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--seeds", default="0,1,2", help="seeds: comma-separated integers and ranges (0-9,12)")
+    parser.add_argument("--baseline", help="the label the others are compared with (default: the first)")
     parser.add_argument("--variants", action="append", default=[], help="label:key=value[,key=value] (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (each gets cores / jobs threads)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")
@@ -44,10 +46,7 @@ def plan(args: argparse.Namespace) -> tuple[Path, list[Run]]:
     overrides = [o for o in args.overrides if not o.startswith("output_dir=")]
     output = Path(next((o.split("=", 1)[1] for o in args.overrides if o.startswith("output_dir=")), "outputs/compare"))
     objectives = [name.strip() for name in args.objectives.split(",") if name.strip()]
-    try:
-        seeds = [int(seed) for seed in args.seeds.split(",")]
-    except ValueError as error:
-        raise ConfigError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from error
+    seeds = parse_seeds(args.seeds)
     variants = [_parse_variant(text) for text in args.variants] or [("", [])]
     if not objectives:
         raise ConfigError("--objectives is empty; give names such as ppo,dapo,cispo,gppo")
@@ -61,7 +60,24 @@ def plan(args: argparse.Namespace) -> tuple[Path, list[Run]]:
             for seed in seeds:
                 directory = output / "runs" / f"{label}-seed{seed}"
                 runs.append(Run(label, objective, seed, [*overrides, *variant_overrides], directory))
+    labels = list(dict.fromkeys(run.label for run in runs))
+    if args.baseline is not None and args.baseline not in labels:
+        raise ConfigError(f"--baseline {args.baseline!r} is not a label of this comparison; the labels: {labels}")
     return output, runs
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0-9"``, ``"0,1,2"`` or a mix (``"0-4,7"``): the seeds in the order given, each once."""
+    seeds: list[int] = []
+    for item in (part.strip() for part in text.split(",")):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        if not match or (match[2] is not None and int(match[2]) < int(match[1])):
+            raise ConfigError(
+                f"--seeds must be comma-separated non-negative integers or ranges such as 0-9, got {text!r}"
+            )
+        first, last = int(match[1]), int(match[2] if match[2] is not None else match[1])
+        seeds += [seed for seed in range(first, last + 1) if seed not in seeds]
+    return seeds
 
 
 def execute(config: str, runs: list[Run], jobs: int) -> list[Run]:
@@ -134,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     failed = execute(args.config, runs, args.jobs)
-    written = write_reports(output, runs, failed)
+    written = write_reports(output, runs, failed, args.baseline)
     print(f"wrote {', '.join(str(path) for path in written)}")
     if len(failed) == len(runs):
         print(

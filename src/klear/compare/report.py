@@ -1,11 +1,15 @@
-"""The reports of a comparison: every run's metrics in one CSV, a summary table with confidence intervals and
-paired tests, and a figure of the curves with their bands.
+"""The reports of a comparison: every run's metrics in one CSV, a summary with confidence intervals and paired
+verdicts against a baseline, and a figure of the curves and the diagnostics with their bands.
 
-Per label (objective or objective+variant), over seeds: final and best ``eval/accuracy`` as mean +- the half-width
-of a 95% Student-t interval, the area under the accuracy curve (the mean accuracy over the steps of the run,
-trapezoid rule, so early learners score higher), final entropy, mean clip fractions and wall time. Differences
-of final accuracy are tested pairwise with a paired t-test over seeds (runs with the same seed share their step-0
-rollouts, which is what makes pairing right).
+Per label (objective or objective+variant), over seeds: start, final and best ``eval/accuracy``, the area under the
+accuracy curve (the mean accuracy over the steps of the run, trapezoid rule, so early learners score higher) and
+the drop (final minus best, 0 for a run that ends at its best), each as a mean with its 95% Student-t interval.
+Each label other than the baseline is compared with it on each of the three, pairing runs by seed (runs with the
+same seed share their step-0 rollouts, which is what makes pairing right): the mean paired difference, its
+interval, and the paired t-test's p-value Holm-corrected over the labels compared, with a one-line verdict, and
+for a difference not yet significant the number of seeds it would need (`klear.compare.stats.seeds_needed`).
+A second table holds the diagnostics (`DIAGNOSTICS`) that explain the differences: what the objectives do with
+the tokens that left the clip band.
 """
 
 from __future__ import annotations
@@ -15,19 +19,45 @@ import itertools
 from pathlib import Path
 
 from klear.compare.runs import Run
-from klear.compare.stats import mean_ci, paired_t_test
+from klear.compare.stats import holm, mean_ci, paired_difference, seeds_needed
 from klear.runtime.report import draw_panels, read_metrics
 
 PANELS = [
     ("eval/accuracy", "eval accuracy", "fraction correct"),
     ("reward/mean", "reward (train samples)", "mean reward"),
-    ("actor/entropy", "entropy", "nats / token"),
-    ("objective/clip_frac_high", "clip fraction high", "fraction of tokens"),
-    ("objective/clip_frac_low", "clip fraction low", "fraction of tokens"),
+    ("rollout/response_length", "response length", "tokens"),
+    ("actor/entropy_pos", "entropy of A > 0 responses", "nats / token"),
+    ("actor/entropy_neg", "entropy of A < 0 responses", "nats / token"),
     ("actor/grad_norm", "grad norm", "L2 norm before clipping"),
+    ("objective/above_band_pos", "A > 0 tokens above the band", "fraction of tokens"),
+    ("objective/below_band_neg", "A < 0 tokens below the band", "fraction of tokens"),
+    ("objective/grad_share_above_pos", "gradient share: A > 0 above the band", "share of sum |dL/dlogp|"),
+    ("objective/grad_share_below_neg", "gradient share: A < 0 below the band", "share of sum |dL/dlogp|"),
+    ("objective/approx_kl", "approx KL to the rollout policy", "nats / token"),
+    ("objective/clip_frac_high", "clip fraction high", "fraction of tokens"),
 ]
 """Panels of ``comparison.png``: metric, title, y-axis label."""
+OUTCOMES = [("final", "final accuracy"), ("auc", "AUC"), ("drop", "final - best")]
+"""The per-seed outcomes compared against the baseline, each with its own Holm family."""
+DIAGNOSTICS = [
+    ("objective/clip_frac_high", "clip high"),
+    ("objective/clip_frac_low", "clip low"),
+    ("objective/above_band_pos", "A>0 above band"),
+    ("objective/below_band_neg", "A<0 below band"),
+    ("objective/grad_share_above_pos", "grad share A>0 above"),
+    ("objective/grad_share_below_neg", "grad share A<0 below"),
+    ("objective/approx_kl", "approx KL"),
+]
+"""Diagnostics averaged over each run's steps, then over seeds: metric, column title."""
+FINAL_DIAGNOSTICS = [
+    ("actor/entropy", "final entropy"),
+    ("actor/entropy_pos", "final entropy A>0"),
+    ("actor/entropy_neg", "final entropy A<0"),
+    ("rollout/response_length", "final length"),
+]
+"""Diagnostics at each run's last logged step, then over seeds."""
 SIGNIFICANCE = 0.05
+POWER = 0.8
 
 
 def read_run(run: Run) -> list[dict[str, float]]:
@@ -35,17 +65,17 @@ def read_run(run: Run) -> list[dict[str, float]]:
     return read_metrics(run.directory / "metrics.csv")
 
 
-def write_reports(output: Path, runs: list[Run], failed: list[Run]) -> list[Path]:
-    """Write the reports of the finished runs; returns the files written. Without a finished run there are no
-    curves: ``comparison.png`` is not drawn (and one left by an earlier comparison is removed, so that no figure
-    contradicts the table)."""
+def write_reports(output: Path, runs: list[Run], failed: list[Run], baseline: str | None = None) -> list[Path]:
+    """Write the reports of the finished runs; returns the files written. ``baseline`` is the label the others
+    are compared with (default: the first). Without a finished run there are no curves: ``comparison.png`` is not
+    drawn (and one left by an earlier comparison is removed, so that no figure contradicts the table)."""
     output.mkdir(parents=True, exist_ok=True)
     done = [run for run in runs if run.finished]
     metrics = {id(run): read_run(run) for run in done}
     _write_csv(output / "comparison.csv", done, metrics)
     labels = list(dict.fromkeys(run.label for run in runs))
     summary = {label: _summarise([r for r in done if r.label == label], metrics) for label in labels}
-    (output / "comparison.md").write_text(_markdown(summary, done, failed, metrics))
+    (output / "comparison.md").write_text(_markdown(summary, failed, baseline or labels[0]))
     written = [output / "comparison.md", output / "comparison.csv"]
     if done:
         _plot(output / "comparison.png", labels, done, metrics)
@@ -78,6 +108,7 @@ def area_under_curve(curve: list[tuple[float, float]]) -> float:
 
 
 def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> dict[str, object]:
+    """Per-seed values of a label's runs (lists in seed order; NaN where a run never logged the metric)."""
     if not runs:
         return {}
     curves = [accuracy_curve(metrics[id(run)]) for run in runs]
@@ -90,56 +121,103 @@ def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> d
         values = [row[key] for row in rows if key in row]
         return values[-1] if values else float("nan")
 
-    return {
+    summary: dict[str, object] = {
         "seeds": [run.seed for run in runs],
         "start": [curve[0][1] for curve in curves],
         "final": [curve[-1][1] for curve in curves],
         "best": [max(a for _, a in curve) for curve in curves],
         "auc": [area_under_curve(curve) for curve in curves],
-        "entropy": [last_of("actor/entropy", metrics[id(run)]) for run in runs],
-        "clip_high": [mean_of("objective/clip_frac_high", metrics[id(run)]) for run in runs],
-        "clip_low": [mean_of("objective/clip_frac_low", metrics[id(run)]) for run in runs],
+        "drop": [curve[-1][1] - max(a for _, a in curve) for curve in curves],
         "wall": [run.wall_seconds for run in runs],
     }
+    for key, _ in DIAGNOSTICS:
+        summary[key] = [mean_of(key, metrics[id(run)]) for run in runs]
+    for key, _ in FINAL_DIAGNOSTICS:
+        summary[key] = [last_of(key, metrics[id(run)]) for run in runs]
+    return summary
 
 
 def _fmt(values: list[float], digits: int = 3) -> str:
+    values = [v for v in values if v == v]  # NaN: a run that never logged the metric
+    if not values:
+        return "—"
     mean, half = mean_ci(values)
     return f"{mean:.{digits}f} ± {half:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
 
 
-def _markdown(summary: dict, runs: list[Run], failed: list[Run], metrics: dict) -> str:
+def verdicts(summary: dict[str, dict], baseline: str, outcome: str) -> list[str]:
+    """One line per label against ``baseline`` on ``outcome`` (a key of `OUTCOMES`), paired by seed, p-values
+    Holm-corrected over the labels compared."""
+    base = dict(zip(summary[baseline]["seeds"], summary[baseline][outcome], strict=True))
+    tests = []
+    for label, s in summary.items():
+        if label == baseline or not s:
+            continue
+        values = dict(zip(s["seeds"], s[outcome], strict=True))
+        seeds = sorted(set(values) & set(base))
+        if len(seeds) >= 2:
+            a, b = [values[seed] for seed in seeds], [base[seed] for seed in seeds]
+            tests.append((label, seeds, [x - y for x, y in zip(a, b, strict=True)], *paired_difference(a, b)))
+    adjusted = holm([test[-1] for test in tests])
+    lines = []
+    for (label, seeds, differences, mean, half, _), p in zip(tests, adjusted, strict=True):
+        head = f"- {label} - {baseline}: {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}], p_holm = {p:.3f}"
+        if p < SIGNIFICANCE:
+            lines.append(f"{head}: **{label} {'higher' if mean > 0 else 'lower'}**")
+        else:
+            needed = seeds_needed(differences, SIGNIFICANCE, POWER)
+            power = f"about {needed} seeds for a difference this size" if needed < 10_000 else "no difference seen"
+            lines.append(f"{head}: not distinguishable at {len(seeds)} seeds ({power})")
+    return lines
+
+
+def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
     lines = [
         "# Comparison",
         "",
-        "Mean ± half-width of the 95% Student-t interval over seeds. AUC: mean `eval/accuracy` over the run.",
+        "Mean ± half-width of the 95% Student-t interval over seeds. AUC: mean `eval/accuracy` over the run; "
+        "drop: final minus best accuracy (0 for a run that ends at its best).",
         "",
-        "| run | seeds | start acc | final acc | best acc | AUC | final entropy | clip high | clip low | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| run | seeds | start acc | final acc | best acc | AUC | final - best | wall s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, s in summary.items():
         if not s:
-            lines.append(f"| {label} | 0 | — | — | — | — | — | — | — | — |")
+            lines.append(f"| {label} | 0 | — | — | — | — | — | — |")
             continue
         lines.append(
             f"| {label} | {len(s['seeds'])} | {_fmt(s['start'])} | {_fmt(s['final'])} | {_fmt(s['best'])} | "
-            f"{_fmt(s['auc'])} | {_fmt(s['entropy'])} | {_fmt(s['clip_high'], 4)} | {_fmt(s['clip_low'], 4)} | "
-            f"{_fmt(s['wall'], 0)} |"
+            f"{_fmt(s['auc'])} | {_fmt(s['drop'])} | {_fmt(s['wall'], 0)} |"
         )
-    lines += ["", f"Paired t-tests of final accuracy (same seeds; significant at p < {SIGNIFICANCE}):", ""]
-    finals = {label: dict(zip(s["seeds"], s["final"], strict=True)) for label, s in summary.items() if s}
-    tested = False
-    for a, b in itertools.combinations(finals, 2):
-        seeds = sorted(set(finals[a]) & set(finals[b]))
-        if len(seeds) < 2:
-            continue
-        p = paired_t_test([finals[a][s] for s in seeds], [finals[b][s] for s in seeds])
-        difference = sum(finals[a][s] - finals[b][s] for s in seeds) / len(seeds)
-        verdict = "**significant**" if p < SIGNIFICANCE else "not significant"
-        lines.append(f"- {a} - {b}: {difference:+.3f} (p = {p:.3f}, {verdict})")
-        tested = True
-    if not tested:
-        lines.append("- (needs at least 2 seeds per run)")
+    names = [name for _, name in DIAGNOSTICS + FINAL_DIAGNOSTICS]
+    lines += [
+        "",
+        "Diagnostics: token shares and gradient shares are means over each run's steps (the tokens that left the "
+        "clip band in the direction their advantage pushes, and their share of the update's sum of |dL/dlogp|); "
+        "entropies and response length at the last step.",
+        "",
+        "| run | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for label, s in summary.items():
+        if s:
+            cells = [_fmt(s[key], 4) for key, _ in DIAGNOSTICS] + [_fmt(s[key], 3) for key, _ in FINAL_DIAGNOSTICS]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"## Against the baseline, {baseline}",
+        "",
+        f"Paired by seed: mean difference [95% interval], paired t-test p-value Holm-corrected over the "
+        f"{max(len(summary) - 1, 0)} labels compared; significant at p_holm < {SIGNIFICANCE}. For a difference "
+        f"that is not, the seeds a paired t-test would need to detect it at alpha {SIGNIFICANCE} with "
+        f"{POWER:.0%} power, if the seed-to-seed spread stays as observed (before the correction).",
+    ]
+    if not summary.get(baseline):
+        lines += ["", f"- (no finished run of the baseline {baseline})"]
+    else:
+        for outcome, name in OUTCOMES:
+            found = verdicts(summary, baseline, outcome)
+            lines += ["", f"{name}:", ""] + (found or ["- (needs at least 2 seeds shared with the baseline)"])
     if failed:
         lines += ["", "Failed runs (see their log.txt):", ""]
         lines += [f"- {run.label} seed {run.seed}: {run.directory / 'log.txt'}" for run in failed]

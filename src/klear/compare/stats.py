@@ -87,3 +87,45 @@ def _beta_fraction(a: float, b: float, x: float) -> float:
         if abs(d * c - 1.0) < 1e-15:
             break
     return result
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean of ``a - b`` over pairs, the half-width of its Student-t interval and the paired t-test's p-value."""
+    mean, half = mean_ci([x - y for x, y in zip(a, b, strict=True)], confidence)
+    return mean, half, paired_t_test(a, b)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values, in the input's order: the i-th smallest of m is multiplied by
+    ``m - i + 1`` and the results made monotone (Holm 1979). Controls the family-wise error rate of the m tests
+    without assuming anything about their dependence; rejecting where the adjusted value is < alpha is Holm's
+    step-down procedure."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * m, 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def seeds_needed(differences: Sequence[float], alpha: float = 0.05, power: float = 0.8, limit: int = 10_000) -> int:
+    """Pairs a two-sided paired t-test at ``alpha`` needs to detect the observed mean difference with ``power``,
+    if the differences keep the observed spread: the smallest n with ``n >= ((t_{1-alpha/2} + t_{power}) * sd /
+    mean)^2`` on n - 1 degrees of freedom (the usual normal-approximation sample size, with t quantiles).
+    ``limit`` when the observed mean is 0 or n would exceed it."""
+    n = len(differences)
+    if n < 2:
+        raise ValueError(f"need at least 2 differences, got {n}")
+    mean = sum(differences) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
+    if mean == 0:
+        return limit
+    if sd == 0:
+        return 2
+    effect = abs(mean) / sd
+    for pairs in range(2, limit + 1):
+        df = pairs - 1
+        if pairs >= ((t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) / effect) ** 2:
+            return pairs
+    return limit

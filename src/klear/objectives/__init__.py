@@ -8,7 +8,14 @@ without registering. Formulas, the gradient table and the extension rules: ``doc
 """
 
 from klear.objectives.aggregation import LOSS_AGG_MODES, aggregate, loss_normalizer
-from klear.objectives.base import MAX_LOG_RATIO, Objective, ObjectiveOutput, PolicyObjective, gradient_weighted
+from klear.objectives.base import (
+    GRADIENT_SUMS,
+    MAX_LOG_RATIO,
+    Objective,
+    ObjectiveOutput,
+    PolicyObjective,
+    gradient_weighted,
+)
 from klear.objectives.cispo import CISPO
 from klear.objectives.gppo import GPPO
 from klear.objectives.gspo import GSPO
@@ -26,6 +33,7 @@ from klear.objectives.registry import (
 __all__ = [
     "CISPO",
     "GPPO",
+    "GRADIENT_SUMS",
     "GSPO",
     "LOSS_AGG_MODES",
     "MAX_LOG_RATIO",

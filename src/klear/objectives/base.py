@@ -129,6 +129,16 @@ class Objective(nn.Module):
         none = torch.zeros(ratio.shape, dtype=torch.bool, device=ratio.device)
         return none, none
 
+    def outside_band(self, ratio: Tensor, advantages: Tensor) -> tuple[Tensor, Tensor]:
+        """Boolean (B, T) masks of the tokens that left the trust region in the direction their advantage pushes:
+        ``A < 0`` below the band and ``A > 0`` above it, whatever the scheme then does with them (PPO zeroes
+        their gradient, GPPO keeps it bounded, CISPO keeps it clipped). For the metrics only.
+
+        Without clip bounds there is no band: both masks are all ``False``.
+        """
+        none = torch.zeros(ratio.shape, dtype=torch.bool, device=ratio.device)
+        return none, none
+
     # --------------------------------------------------------------------------------------------- forward
 
     def forward(
@@ -161,7 +171,9 @@ class Objective(nn.Module):
         ratio = self.ratio(log_ratio, mask)
         per_token = self.surrogate(ratio, advantages)
         loss = aggregate(per_token, mask, self.loss_agg, normalizer)
-        return ObjectiveOutput(loss=loss, metrics=self._metrics(log_ratio.detach(), ratio.detach(), advantages, mask))
+        metrics = self._metrics(log_ratio.detach(), ratio.detach(), advantages, mask)
+        metrics.update(self._gradient_metrics(log_ratio.detach(), advantages, mask, normalizer))
+        return ObjectiveOutput(loss=loss, metrics=metrics)
 
     def normalizer(self, mask: Tensor, max_len: int | None = None) -> Tensor:
         """This micro-batch's share of the step normaliser for :attr:`loss_agg`; sum the shares over the step."""
@@ -215,14 +227,45 @@ class Objective(nn.Module):
             return torch.where(mask, values.float(), 0.0).sum() / count
 
         low, high = self.clipped(ratio, advantages)
+        below, above = self.outside_band(ratio, advantages)
         return {
             "clip_frac_low": token_mean(low),
             "clip_frac_high": token_mean(high),
+            "below_band_neg": token_mean(below),
+            "above_band_pos": token_mean(above),
             "ratio_mean": token_mean(ratio),
             "ratio_max": torch.where(mask, ratio, 0.0).max() if mask.any() else ratio.new_zeros(()),
             # k3 estimator of KL(old || new): (r - 1) - log r, non-negative per token.
             "approx_kl": token_mean(ratio - 1.0 - log_ratio),
         }
+
+    def _gradient_metrics(
+        self, log_ratio: Tensor, advantages: Tensor, mask: Tensor, normalizer: Tensor | float | None
+    ) -> dict[str, Tensor]:
+        """Sums of ``|dL/dx_t|``, the loss gradient with respect to each sampled token's log-prob: over every token
+        and over the tokens outside the band by sign (:meth:`outside_band`). Their quotients are the share of the
+        update's gradient those tokens carry: 0 for PPO clip, what GPPO keeps. (`GRADIENT_SUMS`: sums, not means.)
+
+        The surrogate is recomputed on a detached copy of the log-ratio, elementwise on (B, T): it costs nothing
+        next to the model's forward, and it is the gradient the loss has, aggregation weights included.
+        """
+        with torch.enable_grad():
+            x = log_ratio.detach().requires_grad_(True)
+            loss = aggregate(self.surrogate(self.ratio(x, mask), advantages), mask, self.loss_agg, normalizer)
+            (grad,) = torch.autograd.grad(loss, x, allow_unused=True)
+        if grad is None:
+            grad = torch.zeros_like(x)
+        magnitude = torch.where(mask, grad.abs(), 0.0)
+        below, above = self.outside_band(self.ratio(log_ratio.detach(), mask), advantages)
+        return {
+            "grad_abs": magnitude.sum(),
+            "grad_abs_below_neg": torch.where(below & mask, magnitude, 0.0).sum(),
+            "grad_abs_above_pos": torch.where(above & mask, magnitude, 0.0).sum(),
+        }
+
+
+GRADIENT_SUMS = frozenset({"grad_abs", "grad_abs_below_neg", "grad_abs_above_pos"})
+"""Metrics of :class:`Objective` that are sums over the batch's tokens rather than token means."""
 
 
 class PolicyObjective(Objective):
@@ -253,8 +296,12 @@ class PolicyObjective(Objective):
         """Boolean (B, T) masks of tokens clipped at the low and the high bound, for the metrics only.
 
         PPO-style: a low clip is ``A < 0`` with ``r < 1 - eps_low``, a high clip ``A > 0`` with
-        ``r > 1 + eps_high`` (the tokens whose surrogate the bound replaces).
+        ``r > 1 + eps_high`` (the tokens whose surrogate the bound replaces): :meth:`outside_band`.
         """
+        return self.outside_band(ratio, advantages)
+
+    def outside_band(self, ratio: Tensor, advantages: Tensor) -> tuple[Tensor, Tensor]:
+        """``A < 0`` with ``r < 1 - eps_low`` (never without a lower bound) and ``A > 0`` with ``r > 1 + eps_high``."""
         high = (advantages > 0) & (ratio > 1.0 + self.eps_high)
         if self.eps_low is None:
             return torch.zeros_like(high), high

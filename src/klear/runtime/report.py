@@ -232,6 +232,17 @@ def duration(seconds: float) -> str:
     return f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
 
 
+def label_colours(labels: list[str]) -> dict[str, object]:
+    """A distinct colour per label: matplotlib's 10-colour cycle, or ``tab20`` beyond 10 labels (and
+    ``tab20b``/``tab20c`` after that), so that no two labels of one figure share a colour up to 60."""
+    import matplotlib
+
+    if len(labels) <= 10:
+        return {label: f"C{i}" for i, label in enumerate(labels)}
+    palette = [colour for name in ("tab20", "tab20b", "tab20c") for colour in matplotlib.colormaps[name].colors]
+    return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
+
+
 def draw_panels(path: Path, panels: list[tuple[str, str, list[Series]]], title: str) -> None:
     """Draw ``panels`` (title, y-axis label, series) over ``step``, three to a row, into the PNG ``path``.
 
@@ -248,7 +259,7 @@ def draw_panels(path: Path, panels: list[tuple[str, str, list[Series]]], title: 
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows + 0.6), squeeze=False)
-    colours = {label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(s[0] for p in panels for s in p[2]))}
+    colours = label_colours(list(dict.fromkeys(s[0] for p in panels for s in p[2])))
     drawn = [tuple(s[0] for s in series) for _, _, series in panels if series]
     shared = len(drawn) > 1 and len(set(drawn)) == 1
     for axis, (name, unit, series) in zip(axes.reshape(-1), panels, strict=False):

@@ -50,7 +50,7 @@ from klear.stages.advantages import compute_advantages
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch, split_rows
 from klear.stages.sampling import StepSampler, build_engine, step_seed
-from klear.stages.update import PolicyUpdate
+from klear.stages.update import PolicyUpdate, shares
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ class RLModule(StageModule):
                     gap = metrics["rollout/logprob_gap"]
                 totals.add_result(metrics, self.policy_update.kinds)
                 updates += 1
-        result = totals.mean(updates)
+        result = shares(totals.mean(updates))
         result["rollout/logprob_gap"] = gap
         result["actor/updates"] = updates
         result["actor/train_tokens_per_s"] = (

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from klear.objectives import aggregate
+from klear.objectives import GRADIENT_SUMS, aggregate
 from klear.runtime.optim import clip_grad_norm
 from klear.runtime.step_metrics import Kind, StepMetrics
 from klear.stages.logprobs import token_logprobs
@@ -35,6 +35,14 @@ log = logging.getLogger(__name__)
 
 MAXIMA = frozenset({"objective/ratio_max"})
 """The update's metrics that are maxima over its tokens; every other one is a sum (see the module docstring)."""
+SHARES: dict[str, tuple[str, str]] = {
+    "objective/grad_share_below_neg": ("objective/grad_abs_below_neg", "objective/grad_abs"),
+    "objective/grad_share_above_pos": ("objective/grad_abs_above_pos", "objective/grad_abs"),
+    "actor/entropy_pos": ("actor/entropy_sum_pos", "actor/tokens_pos"),
+    "actor/entropy_neg": ("actor/entropy_sum_neg", "actor/tokens_neg"),
+}
+"""Metrics that are quotients of two sums over the step (numerator, denominator); `shares` computes them once the
+sums are complete, so that they are exact over micro-batches, ranks and updates."""
 
 Reduce = Callable[[Tensor, str], Tensor]
 """``reduce(tensor, op)`` across the data-parallel ranks, ``op`` ``"sum"`` or ``"max"`` (Lightning's
@@ -178,9 +186,13 @@ class PolicyUpdate:
             if name in MAXIMA:
                 metrics.add(name, value, "max")
             else:
-                metrics.add(name, value * weight)
+                metrics.add(name, value if key in GRADIENT_SUMS else value * weight)
         metrics.add("actor/pg_loss", output.loss)
         metrics.add("actor/entropy", _masked_mean(entropy.detach(), mask) * weight)
+        for sign, rows in (("pos", micro.advantages > 0), ("neg", micro.advantages < 0)):
+            tokens = mask & rows[:, None]
+            metrics.add(f"actor/entropy_sum_{sign}", torch.where(tokens, entropy.detach().float(), 0.0).sum())
+            metrics.add(f"actor/tokens_{sign}", tokens.sum().float())
         gap = _masked_mean((logprobs.detach() - micro.engine_logprobs).abs(), mask)
         metrics.add("rollout/logprob_gap", gap * weight)
         if algorithm.sft_alpha:
@@ -203,6 +215,17 @@ class PolicyUpdate:
         if self.algorithm.kl_estimator == "k1":
             return -log_ratio
         return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def shares(result: dict[str, float]) -> dict[str, float]:
+    """``result`` with the sums of `SHARES` replaced by their quotients (left out where the denominator is 0: a
+    step without negative samples has no ``actor/entropy_neg``)."""
+    result = dict(result)
+    parts = {key for pair in SHARES.values() for key in pair}
+    for name, (numerator, denominator) in SHARES.items():
+        if result.get(denominator, 0.0) > 0:
+            result[name] = result[numerator] / result[denominator]
+    return {key: value for key, value in result.items() if key not in parts}
 
 
 def batch_logprobs(
