@@ -7,9 +7,8 @@ import re
 import pytest
 from torch import Tensor
 
-from klear.compare.cli import main
+from klear.compare.cli import main, parse_seeds
 from klear.compare.report import area_under_curve
-from klear.compare.cli import parse_seeds
 from klear.compare.stats import holm, mean_ci, paired_t_test, seeds_needed, t_quantile
 from klear.config.load import ConfigError
 from klear.objectives import PolicyObjective
