@@ -5,6 +5,7 @@ reaches the terminal; its docstring names the page the command is on. (The full-
 README.md and docs/embedded.md are the ``slow`` tests; tests/test_docs.py maps every documented snippet to the test
 that runs it.)"""
 
+import csv
 import json
 import subprocess
 import sys
@@ -183,6 +184,30 @@ def test_compare_command(tmp_path):
     assert {"comparison.md", "comparison.csv", "comparison.png"} <= {path.name for path in tmp_path.iterdir()}
     assert "comparison.png" in result.stdout
     assert "| ppo |" in (tmp_path / "comparison.md").read_text()
+
+
+def test_a_two_seed_compare_on_the_testbed(tmp_path):
+    """docs/results.md's objectives study, shortened: configs/ablations/objectives.yaml from tiny-sft-testbed with
+    two seeds given as a range, verdicts against a chosen baseline, and the band diagnostics in every run."""
+    args = ["--config", "configs/ablations/objectives.yaml", "--objectives", "ppo,gppo", "--seeds", "0-1"]
+    overrides = ["trainer.max_steps=3", "eval.every_n_steps=3", "eval.num_prompts=16", "eval.samples=2"]
+    overrides += ["optim.lr=3e-4", "optim.min_lr=3e-4"]  # more tokens leave the band in 3 steps
+    klear("klear.compare", *args, "--baseline", "gppo", f"output_dir={tmp_path}", *overrides, "--jobs", "2")
+    table = (tmp_path / "comparison.md").read_text()
+    assert "## Against the baseline, gppo" in table
+    assert table.count("- ppo - gppo: ") == 3 and "p_holm = " in table
+    with (tmp_path / "comparison.csv").open(newline="") as file:
+        every = list(csv.DictReader(file))
+    rows = [row for row in every if row["objective/above_band_pos"]]
+    start = {float(row["eval/accuracy"]) for row in every if row["step"] == "0.0"}
+    assert len(start) == 1 and 0.1 <= start.pop() <= 0.7  # every run starts from the same testbed
+    assert {(row["label"], row["seed"]) for row in rows} == {(o, s) for o in ("ppo", "gppo") for s in ("0", "1")}
+    assert all(row["actor/entropy_pos"] and row["actor/entropy_neg"] for row in rows)
+    # PPO drops the gradient of every token outside the band; GPPO keeps it wherever such tokens exist.
+    assert all(float(row["objective/grad_share_above_pos"]) == 0.0 for row in rows if row["label"] == "ppo")
+    assert all(float(row["objective/grad_share_below_neg"]) == 0.0 for row in rows if row["label"] == "ppo")
+    outside = [row for row in rows if row["label"] == "gppo" and float(row["objective/below_band_neg"]) > 0]
+    assert outside and all(float(row["objective/grad_share_below_neg"]) > 0 for row in outside)
 
 
 @pytest.mark.parametrize("flag", ["--print-config", "--list-objectives"])

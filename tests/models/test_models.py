@@ -1,5 +1,6 @@
-"""Model resolution: the built-in tiny model is built locally, and each shipped checkpoint (tiny-sft, tiny-sft-code)
-still matches the code that made it (sizes, tokenizer) and still solves a share of its task's held-out problems."""
+"""Model resolution: the built-in tiny model is built locally, and each shipped checkpoint (tiny-sft, tiny-sft-code,
+tiny-sft-testbed) still matches the code that made it (sizes, tokenizer) and still solves a share of its task's
+held-out problems."""
 
 import json
 
@@ -16,7 +17,11 @@ from klear.rewards import get_reward
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.hf import HFEngine
 
-TASKS = {"tiny-sft": ("synthetic", "math", 96), "tiny-sft-code": ("synthetic-code", "code", 160)}
+TASKS = {
+    "tiny-sft": ("synthetic", "math", 96),
+    "tiny-sft-code": ("synthetic-code", "code", 160),
+    "tiny-sft-testbed": ("synthetic", "math", 96),
+}
 """Shipped checkpoint -> its held-out source, reward and response budget."""
 
 
@@ -52,3 +57,14 @@ def test_shipped_checkpoint_solves_held_out_problems(name):
     stamp = json.loads((folder / "klear_tiny_sft.json").read_text())
     assert 0.1 <= metrics["eval/accuracy"] <= 0.9
     assert metrics["eval/accuracy"] == pytest.approx(stamp["eval_accuracy_end"], abs=0.15)
+
+
+def test_the_testbed_answers_in_the_verifiers_format_and_leaves_headroom():
+    """tiny-sft-testbed's calibration targets: >= 95% of answers boxed, 20-45% of held-out problems solved (its
+    stamp, on 200 problems), so that RL on it has arithmetic to learn rather than the format."""
+    from tests.tools import load_tool
+
+    folder = CHECKPOINTS_DIR / "tiny-sft-testbed"
+    stamp = json.loads((folder / "klear_tiny_sft.json").read_text())
+    assert stamp["boxed_rate"] >= 0.95 and 0.2 <= stamp["eval_accuracy_end"] <= 0.45, stamp
+    assert load_tool("build_tiny_sft").boxed_rate(folder, num=50) >= 0.95

@@ -186,7 +186,7 @@ def _check_levels(data: DictConfig) -> None:
             raise ConfigError(f"data.levels = {list(data.levels)} is not accepted; accepted: a list of {accepted}")
 
 
-BUILTIN_MODELS = ("tiny", "tiny-sft", "tiny-sft-code")
+BUILTIN_MODELS = ("tiny", "tiny-sft", "tiny-sft-code", "tiny-sft-testbed")
 """``model.path`` values of the built-in models (see `klear.models`)."""
 
 

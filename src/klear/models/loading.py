@@ -5,7 +5,8 @@ cache directory (``$KLEAR_CACHE``, default ``~/.cache/klear``) and reused afterw
 ``model.path: tiny-sft`` is that model after the SFT stage's default config (``configs/sft.yaml``, the arithmetic
 task), shipped with the package (a 1.7 MB checkpoint rebuilt by ``tools/build_tiny_sft.py``), where the RL stage's
 embedded default starts; ``tiny-sft-code`` is the same model after ``configs/sft_code.yaml`` (the programming
-task), where ``configs/rl_code.yaml`` starts.
+task), where ``configs/rl_code.yaml`` starts; ``tiny-sft-testbed`` is the model after ``configs/sft_testbed.yaml``
+(every answer boxed, stopped early), where the objective ablations of ``configs/ablations/`` start.
 Any other value goes to ``from_pretrained`` unchanged, so a local directory or a hub name works the same way.
 
 ``model.attn_implementation: sdpa`` loads :mod:`klear.models.attention`'s ``sdpa_gqa``: transformers' sdpa, except
@@ -28,7 +29,11 @@ from klear.models.tiny import TINY_SIZES, build_tiny
 from klear.runtime import memory
 
 CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
-SHIPPED: dict[str, str] = {"tiny-sft": "configs/sft.yaml", "tiny-sft-code": "configs/sft_code.yaml"}
+SHIPPED: dict[str, str] = {
+    "tiny-sft": "configs/sft.yaml",
+    "tiny-sft-code": "configs/sft_code.yaml",
+    "tiny-sft-testbed": "configs/sft_testbed.yaml",
+}
 """Shipped checkpoints (folders of ``CHECKPOINTS_DIR``) -> the SFT config that made them (tools/build_tiny_sft.py)."""
 TINY_SFT_DIR = CHECKPOINTS_DIR / "tiny-sft"
 """The shipped ``tiny-sft`` checkpoint: the tiny model after ``configs/sft.yaml``."""
