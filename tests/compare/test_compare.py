@@ -148,3 +148,11 @@ def test_baseline_must_be_a_label(tmp_path, capsys):
     assert main(args) == 2
     assert "--baseline 'dapo' is not a label of this comparison" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_training_curves_are_drawn_as_a_centred_moving_average():
+    from klear.compare.report import smoothed
+
+    # Window 5: two steps each side, fewer at the ends.
+    assert smoothed({0: 0, 1: 10, 2: 20, 3: 30, 4: 40, 5: 50}) == {0: 10, 1: 15, 2: 20, 3: 30, 4: 35, 5: 40}
+    assert smoothed({3: 1.0}) == {3: 1.0}

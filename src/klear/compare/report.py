@@ -26,14 +26,14 @@ PANELS = [
     ("eval/accuracy", "eval accuracy", "fraction correct"),
     ("reward/mean", "reward (train samples)", "mean reward"),
     ("rollout/response_length", "response length", "tokens"),
-    ("actor/entropy_pos", "entropy of A > 0 responses", "nats / token"),
-    ("actor/entropy_neg", "entropy of A < 0 responses", "nats / token"),
+    ("actor/entropy_pos", "entropy, A>0 responses", "nats / token"),
+    ("actor/entropy_neg", "entropy, A<0 responses", "nats / token"),
     ("actor/grad_norm", "grad norm", "L2 norm before clipping"),
-    ("objective/above_band_pos", "A > 0 tokens above the band", "fraction of tokens"),
-    ("objective/below_band_neg", "A < 0 tokens below the band", "fraction of tokens"),
-    ("objective/grad_share_above_pos", "gradient share: A > 0 above the band", "share of sum |dL/dlogp|"),
-    ("objective/grad_share_below_neg", "gradient share: A < 0 below the band", "share of sum |dL/dlogp|"),
-    ("objective/approx_kl", "approx KL to the rollout policy", "nats / token"),
+    ("objective/above_band_pos", "A>0 tokens above band", "fraction of tokens"),
+    ("objective/below_band_neg", "A<0 tokens below band", "fraction of tokens"),
+    ("objective/grad_share_above_pos", "grad share, A>0 above band", "share of sum |dL/dlogp|"),
+    ("objective/grad_share_below_neg", "grad share, A<0 below band", "share of sum |dL/dlogp|"),
+    ("objective/approx_kl", "approx KL to rollout policy", "nats / token"),
     ("objective/clip_frac_high", "clip fraction high", "fraction of tokens"),
 ]
 """Panels of ``comparison.png``: metric, title, y-axis label."""
@@ -224,14 +224,35 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+SMOOTHING = 5
+"""Steps of the centred moving average that per-step training metrics are drawn with (each seed's series, before
+the mean over seeds); evaluations are drawn as they are."""
+
+
+def smoothed(series: dict[float, float], window: int = SMOOTHING) -> dict[float, float]:
+    """``series`` (step -> value) as a centred moving average over ``window`` consecutive logged steps (fewer at
+    the ends)."""
+    steps = sorted(series)
+    half = window // 2
+    result = {}
+    for i, step in enumerate(steps):
+        near = steps[max(0, i - half) : i + half + 1]
+        result[step] = sum(series[s] for s in near) / len(near)
+    return result
+
+
 def _plot(path: Path, labels: list[str], runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> None:
     panels = []
     for key, title, unit in PANELS:
         lines = []
+        if not key.startswith("eval/"):
+            title = f"{title} ({SMOOTHING}-step mean)"
         for label in labels:
             series = [
                 {row["step"]: row[key] for row in metrics[id(run)] if key in row} for run in runs if run.label == label
             ]
+            if not key.startswith("eval/"):
+                series = [smoothed(s) for s in series]
             steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
             if steps:
                 stats = [mean_ci([s[step] for s in series]) for step in steps]
