@@ -5,6 +5,10 @@ One column per objective, one row per metric (training reward, approximate KL to
 against, entropy), one line per variant (the part of the run label after ``+``) with its 95% band over seeds; a
 variant keeps its colour everywhere. A line ends where a seed stops updating (every group filtered).
 
+It also prints a table of final ``eval/accuracy`` per objective and variant (mean and 95% t-interval over seeds)
+with each variant's paired difference from the objective's baseline variant (``base``: runs labelled by the
+objective alone, or ``sync``), p-values Holm-corrected over every difference in the table.
+
     python tools/plot_staleness.py OUTPUT_DIR [OUTPUT_DIR ...] --out docs/results_staleness.png
 """
 
@@ -15,7 +19,7 @@ import csv
 from collections import defaultdict
 from pathlib import Path
 
-from klear.compare.stats import mean_ci
+from klear.compare.stats import holm, mean_ci, paired_difference
 
 METRICS = [
     ("reward/mean", "training reward"),
@@ -76,12 +80,54 @@ def plot(runs: dict, out: str) -> None:
     figure.savefig(out, dpi=110)
 
 
+def final_accuracy(rows: dict[int, dict[str, float]]) -> float:
+    """The last logged ``eval/accuracy`` of one seed's run."""
+    return [values["eval/accuracy"] for _, values in sorted(rows.items()) if "eval/accuracy" in values][-1]
+
+
+def table(runs: dict) -> str:
+    """Markdown: one row per objective, final accuracy per variant, paired differences from the baseline variant."""
+    objectives = list(dict.fromkeys(objective for objective, _ in runs))
+    variants = list(dict.fromkeys(variant for _, variant in runs))
+    base = next((name for name in ("base", "sync") if name in variants), variants[0])
+    others = [variant for variant in variants if variant != base]
+    finals = {key: {seed: final_accuracy(rows) for seed, rows in seeds.items()} for key, seeds in runs.items()}
+    tests = []
+    for objective in objectives:
+        for variant in others:
+            a, b = finals.get((objective, variant), {}), finals.get((objective, base), {})
+            seeds = sorted(set(a) & set(b))
+            if len(seeds) >= 2:
+                tests.append(((objective, variant), paired_difference([a[s] for s in seeds], [b[s] for s in seeds])))
+    adjusted = dict(zip([key for key, _ in tests], holm([result[2] for _, result in tests]), strict=True))
+    results = dict(tests)
+    head = [*variants, *(f"{variant} - {base}" for variant in others)]
+    lines = ["| objective | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    for objective in objectives:
+        cells = []
+        for variant in variants:
+            values = list(finals.get((objective, variant), {}).values())
+            mean, half = mean_ci(values) if values else (float("nan"), 0.0)
+            cells.append(f"{mean:.3f} ± {half:.3f}" if values else "—")
+        for variant in others:
+            if (objective, variant) not in results:
+                cells.append("—")
+                continue
+            mean, half, _ = results[(objective, variant)]
+            p = adjusted[(objective, variant)]
+            cells.append(f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}], p_holm = {p:.3f}")
+        lines.append(f"| {objective} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directories", nargs="+", help="klear.compare output directories")
     parser.add_argument("--out", default="staleness.png")
     args = parser.parse_args(argv)
-    plot(read_runs(args.directories), args.out)
+    runs = read_runs(args.directories)
+    plot(runs, args.out)
+    print(table(runs))
     print(f"wrote {args.out}")
 
 

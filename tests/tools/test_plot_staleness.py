@@ -50,3 +50,13 @@ def test_the_command_writes_the_figure(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_the_table_pairs_each_variant_with_the_baseline(tmp_path):
+    write_comparison(tmp_path / "a", ["ppo", "gppo"], ["sync", "stale4"])
+    tool = load_tool("plot_staleness")
+    text = tool.table(tool.read_runs([str(tmp_path / "a")]))
+    lines = text.splitlines()
+    assert lines[0] == "| objective | sync | stale4 | stale4 - sync |"
+    # Every seed's final accuracy is 0.5 in every variant: no difference, and Holm leaves p at 1.
+    assert lines[2] == "| ppo | 0.500 ± 0.000 | 0.500 ± 0.000 | +0.000 [+0.000, +0.000], p_holm = 1.000 |"

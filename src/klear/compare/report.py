@@ -137,12 +137,14 @@ def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> d
     return summary
 
 
-def _fmt(values: list[float], digits: int = 3) -> str:
+def _fmt(values: list[float], digits: int = 3, style: str = "f") -> str:
+    """Mean ± the interval's half-width: ``digits`` decimals (``style="f"``), or significant digits in scientific
+    notation (``"e"``: the diagnostics, whose token shares can be 1e-5)."""
     values = [v for v in values if v == v]  # NaN: a run that never logged the metric
     if not values:
         return "—"
     mean, half = mean_ci(values)
-    return f"{mean:.{digits}f} ± {half:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
+    return f"{mean:.{digits}{style}} ± {half:.{digits}{style}}" if len(values) > 1 else f"{mean:.{digits}{style}}"
 
 
 def verdicts(summary: dict[str, dict], baseline: str, outcome: str) -> list[str]:
@@ -166,7 +168,7 @@ def verdicts(summary: dict[str, dict], baseline: str, outcome: str) -> list[str]
             lines.append(f"{head}: **{label} {'higher' if mean > 0 else 'lower'}**")
         else:
             needed = seeds_needed(differences, SIGNIFICANCE, POWER)
-            power = f"about {needed} seeds for a difference this size" if needed < 10_000 else "no difference seen"
+            power = f"about {needed} seeds for a difference this size" if needed < 10_000 else "over 10000 seeds"
             lines.append(f"{head}: not distinguishable at {len(seeds)} seeds ({power})")
     return lines
 
@@ -201,7 +203,7 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
     ]
     for label, s in summary.items():
         if s:
-            cells = [_fmt(s[key], 4) for key, _ in DIAGNOSTICS] + [_fmt(s[key], 3) for key, _ in FINAL_DIAGNOSTICS]
+            cells = [_fmt(s[key], 1, "e") for key, _ in DIAGNOSTICS] + [_fmt(s[key]) for key, _ in FINAL_DIAGNOSTICS]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += [
         "",
