@@ -254,14 +254,28 @@ assert "gppo" in list_objectives()
         expect=("math: sequential", "code: sequential"),
     ),
     # docs/results.md
-    ("docs/results.md", "python -m klear.compare --config configs/ablations/objectives.yaml --objectives ppo,"): Plan(
-        12
-    ),
+    (
+        "docs/results.md",
+        "python -m klear.compare --config configs/ablations/objectives.yaml --objectives ppo,dapo",
+    ): Plan(32),
+    (
+        "docs/results.md",
+        "python -m klear.compare --config configs/ablations/objectives.yaml --objectives ppo,gppo",
+    ): Plan(32),
     ("docs/results.md", "python -m klear.compare --config configs/ablations/objectives.yaml --objectives gppo"): Plan(
-        3
+        8
     ),
-    ("docs/results.md", "python -m klear.compare --config configs/ablations/code_reward.yaml"): Plan(6),
-    ("docs/results.md", "python -m klear.compare --config configs/rl.yaml --objectives ppo,dapo,cispo,gppo"): Plan(60),
+    ("docs/results.md", "python -m klear.compare --config configs/ablations/filtering.yaml"): Plan(16),
+    ("docs/results.md", "python -m klear.compare --config configs/ablations/sft_alpha.yaml"): Plan(32),
+    ("docs/results.md", "python -m klear.compare --config configs/ablations/code_reward.yaml"): Plan(16),
+    (
+        "docs/results.md",
+        "python -m klear.compare --config configs/rl.yaml --objectives ppo,dapo,cispo,gppo --seeds 0,1,2 ",
+    ): Plan(12),
+    (
+        "docs/results.md",
+        "python -m klear.compare --config configs/rl.yaml --objectives ppo,dapo,cispo,gppo --seeds 0,1,2,3",
+    ): Plan(60),
     ("docs/results.md", "python -m klear.compare --config configs/rl.yaml --objectives ppo,cispo,gppo"): Plan(15),
     # docs/rewards.md
     ("docs/rewards.md", "from klear.rewards import RewardPool, get_reward, score_batch"): Run(
