@@ -124,8 +124,18 @@ def seeds_needed(differences: Sequence[float], alpha: float = 0.05, power: float
     if sd == 0:
         return 2
     effect = abs(mean) / sd
-    for pairs in range(2, limit + 1):
+
+    def enough(pairs: int) -> bool:  # monotone in pairs: the right side shrinks as the degrees of freedom grow
         df = pairs - 1
-        if pairs >= ((t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) / effect) ** 2:
-            return pairs
-    return limit
+        return pairs >= ((t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) / effect) ** 2
+
+    if not enough(limit):
+        return limit
+    low, high = 2, limit  # the smallest n with enough(n), by bisection: a few dozen quantiles, not thousands
+    while low < high:
+        middle = (low + high) // 2
+        if enough(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
