@@ -9,7 +9,7 @@ It also prints a table of final ``eval/accuracy`` per objective and variant (mea
 with each variant's paired difference from the objective's baseline variant (``base``: runs labelled by the
 objective alone, or ``sync``), p-values Holm-corrected over every difference in the table.
 
-    python tools/plot_staleness.py OUTPUT_DIR [OUTPUT_DIR ...] --out docs/results_staleness.png
+    python tools/plot_staleness.py OUTPUT_DIR [OUTPUT_DIR ...] [--objectives ppo,gppo] --out docs/results_staleness.png
 """
 
 from __future__ import annotations
@@ -124,8 +124,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directories", nargs="+", help="klear.compare output directories")
     parser.add_argument("--out", default="staleness.png")
+    parser.add_argument("--objectives", help="comma-separated objectives to keep (default: every one found)")
     args = parser.parse_args(argv)
     runs = read_runs(args.directories)
+    if args.objectives:
+        keep = set(args.objectives.split(","))
+        runs = {key: seeds for key, seeds in runs.items() if key[0] in keep}
     plot(runs, args.out)
     print(table(runs))
     print(f"wrote {args.out}")

@@ -43,13 +43,22 @@ def test_the_command_writes_the_figure(tmp_path):
     write_comparison(tmp_path / "a", ["ppo", "cispo"], ["sync", "stale1"])
     out = tmp_path / "staleness.png"
     result = subprocess.run(
-        [sys.executable, str(TOOLS / "plot_staleness.py"), str(tmp_path / "a"), "--out", str(out)],
+        [
+            sys.executable,
+            str(TOOLS / "plot_staleness.py"),
+            str(tmp_path / "a"),
+            "--out",
+            str(out),
+            "--objectives",
+            "ppo",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    assert "| ppo |" in result.stdout and "| cispo |" not in result.stdout  # --objectives keeps ppo only
 
 
 def test_the_table_pairs_each_variant_with_the_baseline(tmp_path):
