@@ -110,8 +110,6 @@ def run_until(args: list[str], output: Path, rows: int, env: dict) -> subprocess
         [sys.executable, "-m", "klear.fit", *args, f"output_dir={output}"],
         env=env,
         start_new_session=True,
-        # A terminal's job takes Ctrl-C; a runner that started the suite in the background may pass SIGINT ignored.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
