@@ -171,8 +171,10 @@ class Objective(nn.Module):
         ratio = self.ratio(log_ratio, mask)
         per_token = self.surrogate(ratio, advantages)
         loss = aggregate(per_token, mask, self.loss_agg, normalizer)
-        metrics = self._metrics(log_ratio.detach(), ratio.detach(), advantages, mask)
-        metrics.update(self._gradient_metrics(log_ratio.detach(), advantages, mask, normalizer))
+        log_ratio, ratio = log_ratio.detach(), ratio.detach()
+        band = self.outside_band(ratio, advantages)
+        metrics = self._metrics(log_ratio, ratio, advantages, mask, band)
+        metrics.update(self._gradient_metrics(log_ratio, advantages, mask, normalizer, band))
         return ObjectiveOutput(loss=loss, metrics=metrics)
 
     def normalizer(self, mask: Tensor, max_len: int | None = None) -> Tensor:
@@ -220,14 +222,16 @@ class Objective(nn.Module):
         diff = torch.where(mask, logprobs.float() - old_logprobs.float(), 0.0)
         return diff + (diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO) - diff).detach()
 
-    def _metrics(self, log_ratio: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    def _metrics(
+        self, log_ratio: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor, band: tuple[Tensor, Tensor]
+    ) -> dict[str, Tensor]:
         count = mask.sum().clamp(min=1).float()
 
         def token_mean(values: Tensor) -> Tensor:
             return torch.where(mask, values.float(), 0.0).sum() / count
 
         low, high = self.clipped(ratio, advantages)
-        below, above = self.outside_band(ratio, advantages)
+        below, above = band
         return {
             "clip_frac_low": token_mean(low),
             "clip_frac_high": token_mean(high),
@@ -240,23 +244,29 @@ class Objective(nn.Module):
         }
 
     def _gradient_metrics(
-        self, log_ratio: Tensor, advantages: Tensor, mask: Tensor, normalizer: Tensor | float | None
+        self,
+        log_ratio: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        normalizer: Tensor | float | None,
+        band: tuple[Tensor, Tensor],
     ) -> dict[str, Tensor]:
         """Sums of ``|dL/dx_t|``, the loss gradient with respect to each sampled token's log-prob: over every token
-        and over the tokens outside the band by sign (:meth:`outside_band`). Their quotients are the share of the
-        update's gradient those tokens carry: 0 for PPO clip, what GPPO keeps. (`GRADIENT_SUMS`: sums, not means.)
+        and over the tokens outside the band by sign (``band``, from :meth:`outside_band`). Their quotients are the
+        share of the update's gradient those tokens carry: 0 for PPO clip, what GPPO keeps. (`GRADIENT_SUMS`: sums,
+        not means.)
 
         The surrogate is recomputed on a detached copy of the log-ratio, elementwise on (B, T): it costs nothing
         next to the model's forward, and it is the gradient the loss has, aggregation weights included.
         """
         with torch.enable_grad():
-            x = log_ratio.detach().requires_grad_(True)
+            x = log_ratio.clone().requires_grad_(True)
             loss = aggregate(self.surrogate(self.ratio(x, mask), advantages), mask, self.loss_agg, normalizer)
             (grad,) = torch.autograd.grad(loss, x, allow_unused=True)
         if grad is None:
             grad = torch.zeros_like(x)
         magnitude = torch.where(mask, grad.abs(), 0.0)
-        below, above = self.outside_band(self.ratio(log_ratio.detach(), mask), advantages)
+        below, above = band
         return {
             "grad_abs": magnitude.sum(),
             "grad_abs_below_neg": torch.where(below & mask, magnitude, 0.0).sum(),
