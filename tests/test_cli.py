@@ -141,6 +141,18 @@ def test_help_config_of_every_key_imports_neither_lightning_nor_transformers():
     assert rows["objective.eps_high"][1:3] == ["0.28", "0.28"]  # gppo's constructor default
 
 
+def test_data_commands_without_a_model_import_no_model_stack(tmp_path):
+    """synthetic, dedup, decontaminate, mix and filter-tests start in a fraction of a second: curate loads a model."""
+    rows = tmp_path / "train.jsonl"
+    code = (
+        "from klear.prep.cli import main\n"
+        f"assert main(['synthetic', '--num', '20', '--out', {str(rows)!r}]) == 0\n"
+        f"assert main(['dedup', '--data', {str(rows)!r}, '--out', {str(tmp_path / 'dedup.jsonl')!r}]) == 0"
+    )
+    assert heavy_modules_after(code) == []
+    assert (tmp_path / "dedup.jsonl").is_file()
+
+
 def test_help_config_of_an_unknown_section_lists_the_sections():
     result = klear_command("fit", "--config", "configs/rl.yaml", "--help-config", "rolout")
     assert result.returncode == 2 and result.stdout == ""

@@ -30,13 +30,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from klear.data.problems import SYNTHETIC_REWARDS, synthetic_records
 from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.synthetic import plain_solution, sft_rows
 from klear.data.synthetic_code import labelled_solution
+
+if TYPE_CHECKING:  # only for annotations: the data commands should not pay transformers' import
+    from transformers import PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100
 """Label of a token that is not learned (HF's and PyTorch's cross-entropy ``ignore_index``)."""

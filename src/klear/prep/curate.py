@@ -44,9 +44,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from klear.data.problems import Problem
-from klear.data.prompts import encode_prompt
-from klear.eval.sampler import build_engine
-from klear.eval.tasks import EvalError, load_eval_problems
 from klear.prep.mixing import PASS_RATE_KEY
 from klear.prep.pass_rates import (
     PRESETS,
@@ -123,6 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> str:
+    # Imported here: the model stack (torch, transformers) loads when curate runs, not when another data command does.
+    from klear.eval.tasks import EvalError, load_eval_problems
+
     preset = PRESETS.get(args.preset, {})
     args.reward = args.reward or preset.get("reward")
     args.k = preset.get("k", DEFAULT_K) if args.k is None else args.k
@@ -210,6 +210,10 @@ def sample(
     args: argparse.Namespace, reward: Reward, problems: list[Problem], pending: list[int], path: Path
 ) -> dict[int, dict]:
     """Sample and score the ``pending`` problems chunk by chunk, appending each chunk's records to ``path``."""
+    from klear.data.prompts import encode_prompt
+    from klear.eval.sampler import build_engine
+    from klear.eval.tasks import EvalError
+
     try:
         engine, tokenizer = build_engine(args, [problems[i] for i in pending])
     except EvalError as error:

@@ -17,11 +17,12 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from klear.registry import Registry
+
+if TYPE_CHECKING:  # only for annotations: the data commands should not pay torch's import
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
