@@ -52,7 +52,8 @@ def one_process(tmp_path_factory):
     return output
 
 
-@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+# ddp with the vLLM engine stays in the default suite through the asynchronous test below.
+@pytest.mark.parametrize("strategy", ["fsdp2", pytest.param("ddp", marks=pytest.mark.slow)])
 def test_two_ranks_with_an_engine_each_match_one_process(one_process, tmp_path, strategy):
     fit_in_subprocess([*RL, f"trainer.strategy={strategy}", "trainer.devices=2", f"output_dir={tmp_path}"])
     two = read_metrics(tmp_path / "metrics.csv")

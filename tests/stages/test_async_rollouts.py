@@ -181,26 +181,33 @@ def test_an_error_in_the_trainer_stops_the_worker(tmp_path):
     assert not multiprocessing.active_children()
 
 
-@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp2"])
-def test_two_ranks_with_async_rollouts_match_one_process(strategy, tmp_path):
+SHARDED = [*RL_RANKS, "rollout.max_staleness=2", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=1"]
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_with_async_rollouts_match_one_process(tmp_path):
     args = [*RL_RANKS, "trainer.max_steps=4", "rollout.max_staleness=1"]
     one, two = tmp_path / "one", tmp_path / "two"
     assert main([*args, f"output_dir={one}"]) == 0
-    fit_in_subprocess([*args, f"trainer.strategy={strategy}", "trainer.devices=2", f"output_dir={two}"])
+    fit_in_subprocess([*args, "trainer.strategy=ddp", "trainer.devices=2", f"output_dir={two}"])
     assert_same_metrics(one, two)
     assert float(read_metrics(two / "metrics.csv")[2]["rollout/staleness"]) == 1.0
 
 
-def test_a_sharded_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path):
-    """FSDP2 restores a checkpoint only after ``on_fit_start``: the in-flight rollouts are read at the first push."""
-    args = [*RL_RANKS, "rollout.max_staleness=2", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=1"]
-    args += ["trainer.strategy=fsdp2", "trainer.devices=2"]
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    fit_in_subprocess([*args, f"output_dir={straight}"])
+def test_two_sharded_ranks_match_one_process_and_resume_exactly_after_kill_9(tmp_path):
+    """Two FSDP2 ranks two steps stale give one process's metrics; killed (both ranks and their workers, as a node
+    failure would) and resumed, the uninterrupted run's. FSDP2 restores a checkpoint only after ``on_fit_start``: the
+    in-flight rollouts are read at the first push."""
+    one, straight, killed = tmp_path / "one", tmp_path / "straight", tmp_path / "killed"
+    assert main([*SHARDED, f"output_dir={one}"]) == 0
+    sharded = [*SHARDED, "trainer.strategy=fsdp2", "trainer.devices=2"]
+    fit_in_subprocess([*sharded, f"output_dir={straight}"])
+    assert_same_metrics(one, straight)
+    assert [float(row["rollout/staleness"]) for row in read_metrics(straight / "metrics.csv")[:3]] == [0, 1, 2]
     env, tag = tagged_env()
-    process = run_until(args, killed, rows=3, env=env)
-    os.killpg(process.pid, signal.SIGKILL)  # both ranks and their workers, as a node failure would
+    process = run_until(sharded, killed, rows=3, env=env)
+    os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert_no_process_left(tag)
-    fit_in_subprocess([*args, f"output_dir={killed}", "--resume"])
+    fit_in_subprocess([*sharded, f"output_dir={killed}", "--resume"])
     assert_same_metrics(straight, killed, rel=1e-5)
