@@ -260,8 +260,8 @@ assert "gppo" in list_objectives()
     ): Plan(32),
     (
         "docs/results.md",
-        "python -m klear.compare --config configs/ablations/objectives.yaml --objectives ppo,gppo",
-    ): Plan(32),
+        "python -m klear.compare --config configs/ablations/objectives.yaml --objectives ppo,dapo,cispo,gppo --seeds",
+    ): Plan(64),
     ("docs/results.md", "python -m klear.compare --config configs/ablations/objectives.yaml --objectives gppo"): Plan(
         8
     ),
