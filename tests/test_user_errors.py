@@ -152,31 +152,26 @@ def test_an_empty_or_broken_sft_file_is_one_line_naming_it(tmp_path):
     assert error.startswith(f"error: {broken}: no SFT example in 2 rows (first: {broken}:1: ")
 
 
-def test_a_copied_run_directory_resumes_and_extends(tmp_path):
-    original, copy = tmp_path / "original", tmp_path / "copy"
-    args = ["--config", "configs/rl.yaml", *RL_QUICK]
-    assert klear("klear.fit", *args, f"output_dir={original}").returncode == 0
-    shutil.copytree(original, copy)
-    result = klear("klear.fit", *args, f"output_dir={copy}", "--resume", "trainer.max_steps=3")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert [row["step"] for row in read_metrics(copy / "metrics.csv")] == ["0", "1", "2", "3"]
-    assert [row["step"] for row in read_metrics(original / "metrics.csv")] == ["0", "1", "2"]
-
-
-@pytest.mark.parametrize("change", ["answer", "row count"])
-def test_resume_refuses_data_that_changed(tmp_path, change):
+def test_a_copied_run_directory_resumes_and_extends_and_refuses_data_that_changed(tmp_path):
     rows = [{"problem": f"Start with {i}. Add 2.", "answer": str(i + 2)} for i in range(16)]
     data = tmp_path / "train.jsonl"
     write_rows(data, rows)
-    args = ["--config", "configs/rl.yaml", *RL_QUICK, f"data.train={data}", f"output_dir={tmp_path / 'run'}"]
-    assert klear("klear.fit", *args, "reward.name=math").returncode == 0
-    if change == "answer":
-        rows[3]["answer"] = "99"  # same row count, other content
-    else:
-        rows.append({"problem": "Start with 1. Add 1.", "answer": "2"})
-    write_rows(data, rows)
-    error = one_line_error(klear("klear.fit", *args, "reward.name=math", "--resume", "trainer.max_steps=3"))
-    assert "--resume: the train data" in error and "differs from the data the run started on" in error
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    args = ["--config", "configs/rl.yaml", *RL_QUICK, f"data.train={data}", "reward.name=math"]
+    assert klear("klear.fit", *args, f"output_dir={original}").returncode == 0
+    shutil.copytree(original, copy)
+    resume = [*args, f"output_dir={copy}", "--resume", "trainer.max_steps=3"]
+    changed_answer = [dict(row) for row in rows]
+    changed_answer[3]["answer"] = "99"  # same row count, other content
+    for changed in (changed_answer, [*rows, {"problem": "Start with 1. Add 1.", "answer": "2"}]):
+        write_rows(data, changed)
+        error = one_line_error(klear("klear.fit", *resume))
+        assert "--resume: the train data" in error and "differs from the data the run started on" in error
+    write_rows(data, rows)  # the data the run started on: the copy resumes where the original stopped
+    result = klear("klear.fit", *resume)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [row["step"] for row in read_metrics(copy / "metrics.csv")] == ["0", "1", "2", "3"]
+    assert [row["step"] for row in read_metrics(original / "metrics.csv")] == ["0", "1", "2"]
 
 
 def test_compare_with_every_run_failing_claims_no_figure(tmp_path):

@@ -102,9 +102,8 @@ def test_pick_samples_by_inverse_cdf_of_the_truncated_distribution():
 
 def test_sampled_frequencies_follow_the_tempered_truncated_distribution(engine, prompts):
     samples = 4000
-    rollouts = engine.generate(
-        prompts[:1], SamplingParams(max_new_tokens=1, temperature=0.7, top_k=5, n=samples, seed=3)
-    )
+    wide = HFEngine(engine.model, engine.tokenizer, batch_size=samples)  # the same draws in one batch, not 800
+    rollouts = wide.generate(prompts[:1], SamplingParams(max_new_tokens=1, temperature=0.7, top_k=5, n=samples, seed=3))
     with torch.no_grad():
         logits = engine.model(torch.tensor([prompts[0]])).logits[0, -1].float() / 0.7
     top = torch.topk(logits, 5)
