@@ -262,6 +262,7 @@ assert "gppo" in list_objectives()
         "docs/results.md",
         "python -m klear.compare --config configs/ablations/objectives.yaml --objectives ppo,dapo,cispo,gppo --seeds",
     ): Plan(64),
+    ("docs/results.md", "python -m klear.compare --config configs/ablations/objectives.yaml --seeds 0-7"): Plan(32),
     ("docs/results.md", "python -m klear.compare --config configs/ablations/objectives.yaml --objectives gppo"): Plan(
         8
     ),
