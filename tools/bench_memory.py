@@ -11,10 +11,10 @@ again with ``trainer.strategy=fsdp2 trainer.devices=2`` (gloo on CPU).
 Every process of a run records a memory timeline (:mod:`klear.runtime.memory`): its peak is the kernel's high-water
 mark (``VmHWM``), per rank under fsdp2, and the phase where it was reached; ``--timeline`` prints each phase's
 largest RSS as well. The state is the run's: float32 weights + gradients + AdamW's two moments (16 bytes a
-parameter), plus, under fsdp2, the whole copy the engine of a sharded policy needs (the rollout engine in RL, the
-evaluation engine in SFT); a whole policy's hf engine samples from the policy itself and needs none. A 1-rank peak
-should stay within 1.3x of it, an fsdp2 rank's near half of it. One summary line per run (per rank), then a last
-line with the largest ratio of each kind.
+parameter); the hf engine samples from the policy itself, whole or sharded, and needs no copy. A 1-rank peak should
+stay within 1.3x of it, an fsdp2 rank's near half of it; each line also gives the peak above the process's own
+memory before the model loads (the interpreter and its libraries, the same on every rank whatever the model). One
+summary line per run (per rank), then a last line with the largest ratio of each kind.
 
     python tools/bench_memory.py [--layers 28] [--runs rl,sft,rl-fsdp2,sft-fsdp2] [--timeline]
 """
@@ -134,9 +134,9 @@ def read_timeline(path: Path) -> RankMemory:
     return RankMemory(rank, peak, peak_phase, phases)
 
 
-def state_bytes(parameters: int, world: int) -> int:
-    """Weights, gradients and optimizer, plus the whole copy the engine of a sharded policy needs (world > 1)."""
-    return parameters * BYTES_PER_PARAMETER + (parameters * 4 if world > 1 else 0)
+def state_bytes(parameters: int) -> int:
+    """Float32 weights, gradients and AdamW's two moments."""
+    return parameters * BYTES_PER_PARAMETER
 
 
 def main() -> None:
@@ -151,16 +151,18 @@ def main() -> None:
     model_dir = model_dir / "model"
     print(f"model: {parameters / 1e6:.0f}M parameters ({args.layers} layers)", flush=True)
     worst = {1: 0.0, 2: 0.0}
+    state = state_bytes(parameters)
     for name in args.runs.split(","):
         ranks = run(name, model_dir, args.work)
         world = len(ranks)
-        state = state_bytes(parameters, world)
         for memory in ranks:
             label = f"{name.split('-')[0]} {'1-rank' if world == 1 else f'fsdp2 rank {memory.rank}'}"
             ratio = memory.peak / state
             worst[world] = max(worst[world], ratio)
+            process = memory.phases.get("", 0)  # before the model loads: the interpreter and its libraries
             print(
-                f"{label}: peak {memory.peak / GB:.2f} GB / state {state / GB:.2f} GB = {ratio:.2f}x, "
+                f"{label}: peak {memory.peak / GB:.2f} GB / state {state / GB:.2f} GB = {ratio:.2f}x "
+                f"({(memory.peak - process) / state:.2f}x above the process's {process / GB:.2f} GB before loading), "
                 f"peak in {memory.peak_phase or 'start'}",
                 flush=True,
             )
@@ -169,7 +171,7 @@ def main() -> None:
                     print(f"    {phase or 'start':<24} max RSS {rss / GB:6.2f} GB", flush=True)
     print(
         f"bench_memory: 1-rank peak / state {worst[1]:.2f}x (goal <= 1.3x), "
-        f"fsdp2 per-rank peak / state {worst[2]:.2f}x (half: 0.5x; the engine's copy and the gathered root add to it)"
+        f"fsdp2 per-rank peak / state {worst[2]:.2f}x (half: 0.5x, plus the process itself)"
     )
 
 

@@ -174,7 +174,7 @@ def test_the_rl_engine_of_a_whole_policy_samples_from_the_policy_itself(prompts)
     config = ModelConfig(path="tiny")
     policy = load_model(config)  # in train mode
     engine = build_hf_engine(policy, load_tokenizer(config), model=config, rollout=RolloutConfig())
-    assert engine.model is policy and not engine.owns_weights
+    assert engine.model is policy and engine.lockstep is None
     modes = []
     policy.register_forward_pre_hook(lambda module, args: modes.append(module.training))
     engine.generate(prompts[:1], SamplingParams(max_new_tokens=3, seed=0))
@@ -187,20 +187,31 @@ def test_the_rl_engine_of_a_whole_policy_samples_from_the_policy_itself(prompts)
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
 
 
-def test_an_engine_that_owns_its_copy_frees_it_while_asleep(prompts):
+def test_ranks_of_a_sharded_policy_sample_in_lockstep_what_one_process_samples(tmp_path):
+    """Two ranks of one FSDP2-sharded model (gloo, in a subprocess) with different numbers of prompts, batches
+    and decoding steps: both run the same number of forwards, and each samples exactly what a whole model samples
+    for its prompts."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.rollout import lockstep_ranks
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*command, lockstep_ranks.__file__, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["forwards"] == ranks[1]["forwards"] > 10
     config = ModelConfig(path="tiny")
-    policy = load_model(config)
-    engine = HFEngine(load_model(config).eval(), load_tokenizer(config), batch_size=5, owns_weights=True)
-    sampling = SamplingParams(max_new_tokens=6, n=2, seed=3)
-    expected = [r.response_ids for r in engine.generate(prompts, sampling)]
-    engine.sleep()
-    assert all(parameter.numel() == 0 for parameter in engine.model.parameters())
-    with pytest.raises(RuntimeError, match="asleep"):
-        engine.generate(prompts, sampling)
-    engine.wake_up()
-    named = list(policy.named_parameters())
-    engine.update_weights(named[:-1])
-    with pytest.raises(RuntimeError, match="missing 1 parameters"):
-        engine.generate(prompts, sampling)
-    engine.update_weights(named[-1:])
-    assert [r.response_ids for r in engine.generate(prompts, sampling)] == expected
+    whole = HFEngine(load_model(config), load_tokenizer(config), batch_size=4)
+    for rank, result in enumerate(ranks):
+        for prompts, sampled in zip(lockstep_ranks.PROMPTS[rank], result["calls"], strict=True):
+            expected = whole.generate(prompts, lockstep_ranks.SAMPLING)
+            assert [row[:2] for row in sampled] == [[r.prompt_index, r.response_ids] for r in expected]
+            for row, rollout in zip(sampled, expected, strict=True):
+                assert row[2] == pytest.approx(rollout.logprobs, abs=1e-5)
+    assert ranks[1]["calls"][0] == [] and len(ranks[0]["calls"][0]) == 6

@@ -1,7 +1,7 @@
 """RL at a real model's width and vocabulary, through the command: two layers of Qwen3-0.6B's shape (hidden
 1024, 16/8 heads of 128, vocabulary 151,936; 187M parameters), randomly initialised here, with the token budget
 on. The tiny model's 261-token vocabulary and 128 width hide the paths that matter at scale: the chunked output
-head at a real vocabulary, packed rows, the engine's copy and the export of a model of real width."""
+head at a real vocabulary, packed rows and the export of a model of real width."""
 
 import json
 

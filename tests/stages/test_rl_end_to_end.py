@@ -53,9 +53,8 @@ def test_every_objective_trains(objective, tmp_path):
 
 
 def separate_engine(module) -> HFEngine:
-    """An hf engine over a copy of the policy, as a separate inference engine (vLLM, or the whole copy a sharded
-    policy's engine holds) is: one whose weights a failed refresh leaves stale. The default hf engine of a whole
-    policy samples from the policy itself, and cannot go stale."""
+    """An hf engine over a copy of the policy, as a separate inference engine (vLLM) is: one whose weights a failed
+    refresh leaves stale. The default hf engine samples from the policy itself, and cannot go stale."""
     model = copy.deepcopy(module.model).eval().requires_grad_(False)
     return HFEngine(model, module.tokenizer, batch_size=module.config.rollout.batch_size)
 

@@ -57,7 +57,7 @@ def evaluate(
         n=samples,
         seed=EVAL_SEED + mine.start,
     )
-    rollouts = engine.generate(prompts, sampling) if prompts else []
+    rollouts = engine.generate(prompts, sampling)  # with no prompts too: a sharded policy samples in lockstep
     references = [problems[mine.start + rollout.prompt_index].reference for rollout in rollouts]
     verdicts = score([rollout.text for rollout in rollouts], references) if rollouts else []
     not_bool = [verdict for verdict in verdicts if not isinstance(verdict, bool)]

@@ -70,7 +70,8 @@ class RolloutEngine(Protocol):
     """What the RL loop calls. Sleep and wake are no-ops for engines that do not share the training devices."""
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Rollout]:
-        """``len(prompts) * sampling.n`` rollouts, grouped by prompt in prompt order."""
+        """``len(prompts) * sampling.n`` rollouts, grouped by prompt in prompt order. ``prompts`` may be empty (a
+        data-parallel rank whose share of a step is empty still calls, since a sharded policy samples in lockstep)."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:

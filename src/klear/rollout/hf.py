@@ -23,9 +23,12 @@ Where the time goes on a small model is memory traffic and Python per token, not
 Prompts are left-padded into one batch; positions count real tokens only, so a padded prompt is computed as if
 it were alone (up to floating-point reduction order).
 
-Memory: the RL stage's engine samples from the policy itself when the policy is whole in this process, so the
-weights exist once; only a sharded (FSDP2) policy, which cannot generate rank by rank, gets a whole copy, and that
-copy's weights are freed while the engine sleeps (see :func:`build_hf_engine`).
+Memory: the engine samples from the training policy itself, so the weights exist once. A sharded (FSDP2) policy
+samples in lockstep: each forward gathers one layer at a time on every rank (a collective), so before each forward
+the ranks agree, by one all-reduce of a flag, whether any of them still has one to run, and a rank whose own
+prompts are done runs a one-token forward alongside until none has. Every rank thus runs the same number of
+forwards whatever its prompts, their lengths and when their samples stop, and no rank holds more than its shard
+plus the layer being computed (see :func:`build_hf_engine`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ import functools
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, DynamicLayer
@@ -42,7 +47,6 @@ from transformers.cache_utils import Cache, DynamicLayer
 from klear.config import ModelConfig, RolloutConfig
 from klear.rollout.engine import Rollout, SamplingParams
 from klear.runtime import memory
-from klear.runtime.memory import release_freed_memory
 
 COMPACT_BELOW = 0.75
 """Finished rows leave the compute batch once at most this fraction of it is still generating."""
@@ -53,13 +57,12 @@ class HFEngine:
 
     Args:
         model: a causal LM; the engine samples from it as it is, in eval mode (train mode is restored after each
-            call): the training model itself, or a copy that :meth:`update_weights` refreshes.
+            call): the training model itself, or a model of its own that :meth:`update_weights` refreshes. A
+            sharded (FSDP2) model is the training model itself, sampled in lockstep by every rank (see the module
+            docstring): every rank must call :meth:`generate` as often as the others, with or without prompts.
         tokenizer: its tokenizer (for decoding and the end-of-sequence and pad ids).
         batch_size: at most this many sequences are sampled together (prompts x samples).
         stop_token_ids: ids that end a response; defaults to the model's generation config and the tokenizer's eos.
-        owns_weights: ``model`` is the engine's own copy: :meth:`sleep` frees its parameters' memory, and after
-            :meth:`wake_up` every parameter must arrive through :meth:`update_weights` before the next
-            :meth:`generate`. Leave it off for a model that is used elsewhere (the training model).
     """
 
     def __init__(
@@ -68,14 +71,10 @@ class HFEngine:
         tokenizer: PreTrainedTokenizerBase,
         batch_size: int = 256,
         stop_token_ids: list[int] | None = None,
-        owns_weights: bool = False,
     ) -> None:
         self.model = model
-        self.owns_weights = owns_weights
-        self._released: dict[str, tuple[torch.Size, torch.dtype, torch.device]] = {}
-        """Parameters freed by :meth:`sleep` (name -> shape, dtype, device)."""
-        self._missing: set[str] = set()
-        """Parameters re-allocated by :meth:`wake_up` that no :meth:`update_weights` has filled yet."""
+        self.lockstep = _shard_group(model)
+        """The process group of a sharded model's ranks, which sample in lockstep; None for a whole model."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.stop_token_ids = stop_token_ids or default_stop_ids(model, tokenizer)
@@ -85,11 +84,6 @@ class HFEngine:
     # -------------------------------------------------------------------------------------------- protocol
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Rollout]:
-        if self._released or self._missing:
-            state = "asleep" if self._released else f"missing {len(self._missing)} parameters since it woke up"
-            raise RuntimeError(
-                f"the hf engine is {state}: call wake_up() and then update_weights() with every parameter first"
-            )
         seed = sampling.seed
         if seed is None:
             seed = int(torch.randint(2**62, (1,), generator=self.generator))
@@ -105,6 +99,8 @@ class HFEngine:
             with memory.phase("rollout"):
                 for start in range(0, len(jobs), self.batch_size):
                     rollouts.extend(self._generate_batch(jobs[start : start + self.batch_size], sampling))
+                if self.lockstep is not None:
+                    self._keep_step_until_all_done()
         finally:
             self.model.train(was_training)
         return rollouts
@@ -112,9 +108,10 @@ class HFEngine:
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Copy each tensor into the parameter of that name; a tensor that already is that parameter's memory (the
-        engine samples from the training model itself) is left alone."""
-        if self._released:
-            raise RuntimeError("update_weights on a sleeping hf engine: call wake_up() first")
+        engine samples from the training model itself) is left alone. A sharded model is the training model itself:
+        nothing is read from ``named_tensors`` (reading it would gather every parameter whole)."""
+        if self.lockstep is not None:
+            return
         parameters = dict(self.model.named_parameters())
         for name, tensor in named_tensors:
             if name not in parameters:
@@ -124,26 +121,31 @@ class HFEngine:
                 raise ValueError(f"parameter {name!r}: engine shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
             if not _same_memory(target, tensor):
                 target.copy_(tensor)
-            self._missing.discard(name)
 
     def sleep(self) -> None:
-        """Free the weights of a model the engine owns (a sharded policy's whole copy) while the trainer runs; for
-        a shared model, nothing to release."""
-        if not self.owns_weights or self._released:
-            return
-        for name, parameter in self.model.named_parameters():
-            self._released[name] = (parameter.shape, parameter.dtype, parameter.device)
-            parameter.data = parameter.data.new_empty(0)
-        release_freed_memory()
+        """Nothing to release: the engine holds no memory between calls."""
 
     def wake_up(self) -> None:
-        """Allocate the weights :meth:`sleep` freed again; their values arrive with the next :meth:`update_weights`
-        (which every caller runs after waking: the refresh callback, the SFT evaluation)."""
-        parameters = dict(self.model.named_parameters())
-        for name, (shape, dtype, device) in self._released.items():
-            parameters[name].data = torch.empty(shape, dtype=dtype, device=device)
-            self._missing.add(name)
-        self._released = {}
+        """Nothing to take back (see :meth:`sleep`)."""
+
+    # ------------------------------------------------------------------------------------------- lockstep
+
+    def _any_rank_forwards(self, forwarding: bool) -> bool:
+        """Lockstep: whether this rank or any other runs a forward now (one all-reduce over the model's ranks)."""
+        flag = torch.tensor([int(forwarding)], device=next(self.model.parameters()).device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.lockstep)
+        return bool(flag.item())
+
+    @torch.no_grad()
+    def _keep_step_until_all_done(self) -> None:
+        """Lockstep, after this rank's last forward: a one-token forward beside each forward another rank still
+        runs, then the gathered root unit is freed (FSDP2 keeps the root's parameters after a forward, for the
+        backward that training runs next)."""
+        pad = torch.full((1, 1), self.pad_id, device=next(self.model.parameters()).device)
+        while self._any_rank_forwards(False):
+            self.model(input_ids=pad, use_cache=False, logits_to_keep=1)
+        if isinstance(self.model, FSDPModule):
+            self.model.reshard()
 
     # ------------------------------------------------------------------------------------------- sampling
 
@@ -212,6 +214,8 @@ class HFEngine:
         return logits, attention, positions, cache
 
     def _forward(self, input_ids: Tensor, attention: Tensor, positions: Tensor, cache: Cache) -> Tensor:
+        if self.lockstep is not None:
+            self._any_rank_forwards(True)
         output = self.model(
             input_ids=input_ids,
             attention_mask=attention,
@@ -253,48 +257,30 @@ def build_hf_engine(
     precision: str = "32-true",
     max_model_len: int | None = None,
 ) -> HFEngine:
-    """The ``hf`` engine of the RL stage: the policy itself when it is whole in this process, else a whole copy.
+    """The ``hf`` engine of the RL stage: the policy itself, whole or sharded.
 
     The engine has no dtype or precision of its own (it computes in the policy's dtype, under the trainer's
-    precision context, as the trainer does), so a copy of a whole policy would only hold the same numbers twice:
-    the engine samples from the policy's own modules, and the refresh after each update finds the policy's own
-    tensors and copies nothing. ``rollout/logprob_gap`` then measures the numerics of the engine's batched,
-    cached sampling against the trainer's forward alone (~1e-6 in float32); stale weights cannot happen.
+    precision context, as the trainer does), so a copy of the policy would only hold the same numbers twice: the
+    engine samples from the policy's own modules, and the refresh after each update copies nothing.
+    ``rollout/logprob_gap`` then measures the numerics of the engine's batched, cached sampling against the
+    trainer's forward alone (~1e-6 in float32); stale weights cannot happen.
 
-    A sharded (FSDP2) policy cannot generate rank by rank (each forward is a collective), so its engine holds a
-    whole copy, refreshed with the gathered tensors after every update (what the gap then also checks), and frees
-    that copy's weights while it sleeps (during the update), so a rank holds its shard of the training state plus
-    one whole copy only while sampling. ``max_model_len`` is ignored: the engine reserves no memory per sequence
-    ahead of a call.
+    A sharded (FSDP2) policy samples in lockstep across its ranks (see the module docstring), gathering one layer
+    at a time as its training forward does, so a rank never holds more than its shard of the weights: sampling
+    costs one all-gather of the model per generated token instead of memory for a whole copy (for fast sampling
+    at scale, the ``vllm`` engine). ``max_model_len`` is ignored: the engine reserves no memory per sequence ahead
+    of a call.
     """
-    return policy_engine(policy, model, tokenizer, rollout.batch_size)  # seeded per call
+    return HFEngine(policy, tokenizer, batch_size=rollout.batch_size)  # seeded per call
 
 
-def policy_engine(policy: nn.Module, model_config, tokenizer: PreTrainedTokenizerBase, batch_size: int) -> HFEngine:
-    """An hf engine over `engine_model`: the policy itself, or the whole copy of a sharded one, which the engine
-    owns (freed while it sleeps). The RL rollouts and the SFT evaluation build theirs here."""
-    return HFEngine(
-        engine_model(policy, model_config), tokenizer, batch_size=batch_size, owns_weights=is_sharded(policy)
-    )
-
-
-def is_sharded(policy: nn.Module) -> bool:
-    """Whether ``policy``'s parameters are sharded across ranks (FSDP2 DTensors)."""
-    return any(isinstance(parameter, DTensor) for parameter in policy.parameters())
-
-
-def engine_model(policy: nn.Module, model_config) -> nn.Module:
-    """What an hf engine samples from: ``policy`` itself when it is whole; for a sharded (FSDP2) policy, the model
-    of ``model_config`` loaded whole on the policy's device, frozen, which holds the policy's weights once refreshed
-    with its full tensors."""
-    if not is_sharded(policy):
-        return policy
-    from klear.models import load_model
-
-    with memory.phase("engine"):
-        device = next(policy.parameters()).device
-        whole = load_model(model_config, on_cuda=device.type == "cuda").to(device)
-        return whole.eval().requires_grad_(False)
+def _shard_group(model: nn.Module) -> dist.ProcessGroup | None:
+    """The process group ``model``'s parameters are sharded over (FSDP2 DTensors on a one-dimensional mesh), or
+    None for a whole model."""
+    for parameter in model.parameters():
+        if isinstance(parameter, DTensor):
+            return parameter.device_mesh.get_group()
+    return None
 
 
 def _pick(logits: Tensor, sampling: SamplingParams, uniforms: Tensor | None) -> tuple[Tensor, Tensor]:

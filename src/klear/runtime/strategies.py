@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from klear.runtime import memory
+from klear.runtime.vocab_shards import shard_vocabulary
 
 
 def build_strategy(config: DictConfig):
@@ -43,7 +44,10 @@ def uses_fsdp2(config: DictConfig) -> bool:
 
 
 def shard_model(model: nn.Module, mesh, config: DictConfig) -> nn.Module:
-    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head), over ``mesh``.
+    """``fully_shard`` each decoder layer, then the root (final norm, anything else outside the layers), over
+    ``mesh``; the input embedding and the output head are sharded by vocabulary rows and streamed in blocks instead
+    (`klear.runtime.vocab_shards`), so no rank ever holds one of those (V, H) matrices or its gradient whole (unless
+    ``trainer.fsdp_cpu_offload``, which FSDP2 applies to them as to the rest).
 
     Decoder layers are the modules whose class the model lists in ``_no_split_modules`` (every transformers
     decoder does), so any Hugging Face causal LM shards per layer without a model-specific list. Idempotent.
@@ -54,8 +58,10 @@ def shard_model(model: nn.Module, mesh, config: DictConfig) -> nn.Module:
         return model
     trainer = config.trainer
     options: dict = {"mesh": mesh, "reshard_after_forward": trainer.fsdp_reshard_after_forward}
+    compute_dtype = None
     if trainer.fsdp_mixed_precision and mesh.device_type == "cuda":
-        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        compute_dtype = torch.bfloat16
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     if trainer.fsdp_cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
@@ -67,7 +73,8 @@ def shard_model(model: nn.Module, mesh, config: DictConfig) -> nn.Module:
         )
     for layer in layers:
         fully_shard(layer, **options)
-    fully_shard(model, **options)
+    streamed = set() if trainer.fsdp_cpu_offload else shard_vocabulary(model, mesh, compute_dtype)
+    fully_shard(model, **options, ignored_params=streamed)
     return model
 
 

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from klear.models.attention import packed_kwargs
+from klear.runtime.vocab_shards import VocabShardedHead
 
 CHUNK_ELEMENTS = 2**24
 """Logits per chunk of the output head (x 4 bytes in float32): 110 positions at Qwen's vocabulary of 151,936."""
@@ -244,6 +245,9 @@ class _ScoringHead:
         selected = hidden[self.mask]  # (N, H)
         targets = self.targets[self.mask].clamp(min=0)
         out = hidden.new_zeros((*self.mask.shape, 2), dtype=torch.float32)
+        if isinstance(self.head, VocabShardedHead):  # under FSDP2: streamed by vocabulary blocks
+            scores = self.head.scores(selected, targets, self.temperature, self.with_entropy)
+            return out.index_put((self.mask,), scores)
         if type(self.head) is nn.Linear and self.head.bias is None:  # every causal LM's head; else autograd's path
             scores = _LinearHeadScores.apply(
                 selected, self.head.weight, targets, self.temperature, self.with_entropy, self.chunk_size

@@ -89,7 +89,8 @@ class StepSampler:
         mine = rank_range(len(problems), self.rank, self.world)
         prompts = [encode_prompt(self.tokenizer, problem.prompt) for problem in problems[mine.start : mine.stop]]
         timer = time.perf_counter()
-        rollouts = self.engine.generate(prompts, replace(sampling, seed=sampling.seed + mine.start)) if prompts else []
+        # Called with no prompts too: an engine over a sharded policy samples in lockstep with the other ranks.
+        rollouts = self.engine.generate(prompts, replace(sampling, seed=sampling.seed + mine.start))
         seconds = time.perf_counter() - timer
         for sample in rollouts:
             sample.prompt_index += mine.start

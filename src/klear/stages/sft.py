@@ -27,12 +27,11 @@ from klear.eval.in_training import EVAL_DATA_SEED
 from klear.models import load_model, load_tokenizer
 from klear.rewards import Reward, get_reward
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.hf import HFEngine, policy_engine
+from klear.rollout.hf import HFEngine
 from klear.runtime.device import policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
 from klear.runtime.run_dir import RunDir
-from klear.runtime.strategies import full_tensors
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.logprobs import token_logprobs
 
@@ -98,20 +97,10 @@ class SFTModule(StageModule):
         )
 
     def eval_engine(self) -> HFEngine:
-        """An engine over the model itself; a sharded model cannot generate rank by rank (each forward is a
-        collective), so under fsdp2 a whole copy, refreshed before every evaluation and asleep (its weights freed)
-        between evaluations, so training holds only the rank's shard of the state."""
+        """An engine over the model itself (under fsdp2, the ranks sample their shares in lockstep)."""
         if self._eval_engine is None:
-            batch_size = self.config.eval.batch_size
-            self._eval_engine = policy_engine(self.model, self.config.model, self.tokenizer, batch_size)
-        self._eval_engine.wake_up()
-        self._eval_engine.update_weights(full_tensors(self.model))  # a no-op for the model itself
+            self._eval_engine = HFEngine(self.model, self.tokenizer, batch_size=self.config.eval.batch_size)
         return self._eval_engine
-
-    def run_eval(self) -> dict[str, float]:
-        metrics = super().run_eval()
-        self._eval_engine.sleep()  # frees the weights of a copy; nothing for the model itself
-        return metrics
 
 
 def _shift_left(labels: torch.Tensor) -> torch.Tensor:
