@@ -7,7 +7,8 @@
 # 1. builds a Qwen3-0.6B-shaped model (random weights, the built-in tokenizer), checks that packed rows equal padded
 #    rows on CUDA, and runs the vLLM engine on it: refresh time, tokens/s, trainer-engine log-prob gap before and
 #    after a refresh, sleep/wake;
-# 2. short RL runs through the CLI with FSDP2 on CUDA: the hf engine (rows, then a token budget), the vllm engine;
+# 2. short RL runs through the CLI with FSDP2 on CUDA (the embedding and head sharded by vocabulary rows): the hf
+#    engine (rows, then a token budget), the vllm engine; each asserts a trainer-engine gap below 0.05;
 # 3. asynchronous rollouts (rollout.max_staleness=1) with the vllm engine in its worker process, on the training GPU
 #    and, when there are two GPUs, on a GPU of its own (rollout.worker_devices=[1]); each asserts the staleness
 #    schedule, a gap below 0.05 against the weights that sampled, and the trainer's and engine's idle times.
@@ -25,6 +26,8 @@ column = lambda key: [float(row[key]) for row in rows if row.get(key)]
 gaps, accuracy, rollout = column("rollout/logprob_gap"), column("eval/accuracy"), column("timing/rollout_s")
 print(f"{sys.argv[1]}: eval/accuracy {accuracy[0]:.3f} -> {accuracy[-1]:.3f}, logprob_gap mean {sum(gaps) / len(gaps):.2e}"
       f" max {max(gaps):.2e}, rollout {sum(rollout) / len(rollout):.2f}s/step")
+# bfloat16 compute: the engine and the trainer agree to a few 1e-3 (a stale or broken engine shows 1e-1 and more).
+assert len(rows) >= 4 and max(gaps) < 0.05, gaps
 EOF
 }
 
@@ -40,12 +43,12 @@ fi
 
 short=(--config configs/rl.yaml trainer.accelerator=gpu trainer.strategy=fsdp2 trainer.max_steps=4
        trainer.progress_bar=false eval.every_n_steps=0 eval.num_prompts=48 eval.samples=2)
-step python -m klear.fit "${short[@]}" output_dir="$work/rl-fsdp2-hf" && summary "$work/rl-fsdp2-hf/metrics.csv"
+step python -m klear.fit "${short[@]}" output_dir="$work/rl-fsdp2-hf" && step summary "$work/rl-fsdp2-hf/metrics.csv"
 step python -m klear.fit "${short[@]}" algorithm.micro_batch_tokens=2048 output_dir="$work/rl-fsdp2-tokens" \
-    && summary "$work/rl-fsdp2-tokens/metrics.csv"
+    && step summary "$work/rl-fsdp2-tokens/metrics.csv"
 if python -c "import vllm" 2>/dev/null; then
     step python -m klear.fit "${short[@]}" rollout.engine=vllm output_dir="$work/rl-fsdp2-vllm" \
-        && summary "$work/rl-fsdp2-vllm/metrics.csv"
+        && step summary "$work/rl-fsdp2-vllm/metrics.csv"
 fi
 async_asserts() {  # an asynchronous run's metrics.csv: the schedule, the gap, the idle times logged
     python - "$1" <<'EOF'

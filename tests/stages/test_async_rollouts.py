@@ -1,6 +1,7 @@
 """Asynchronous rollouts (``rollout.max_staleness``) end to end through the real CLI on the tiny model.
 
-``max_staleness=0`` is the synchronous step bit for bit (against a golden file the synchronous code wrote); with
+``max_staleness=0`` is the synchronous step (against a golden file the synchronous code wrote: the same samples, and
+the trainer's numbers to float32 rounding, which differs between CPUs' kernels); with
 ``k >= 1`` step ``n`` trains on rollouts sampled from the weights after update ``n - k``, exactly, a ``kill -9`` and
 ``--resume`` give the uninterrupted run's metrics, two ranks give one process's, and however the run ends (its
 end, Ctrl-C, ``kill -9``, a worker that dies) no worker process is left behind and nothing hangs.
@@ -36,13 +37,20 @@ def compared(row: dict) -> dict:
     return {k: v for k, v in row.items() if not (k.startswith(TIMING[0]) or k.endswith(TIMING[1]))}
 
 
-def test_max_staleness_0_is_the_synchronous_step_bit_for_bit(tmp_path):
+def test_max_staleness_0_is_the_synchronous_step(tmp_path):
     fit_in_subprocess([*SHORT, "rollout.max_staleness=0", f"output_dir={tmp_path}"])
     golden, rows = read_metrics(GOLDEN), read_metrics(tmp_path / "metrics.csv")
-    # Every metric the golden run logged, bit for bit; metrics added since (diagnostics) are compared by presence.
-    known = {key for row in golden for key in row}
-    assert [compared({k: v for k, v in row.items() if k in known}) for row in rows] == [compared(r) for r in golden]
-    assert len(rows) == len(golden) and {"objective/below_band_neg", "actor/entropy_pos"} <= set(rows[0])
+    assert [row["step"] for row in rows] == [row["step"] for row in golden]
+    assert {"objective/below_band_neg", "actor/entropy_pos"} <= set(rows[0])  # diagnostics added since: present
+    for expected, row in zip(golden, rows, strict=True):
+        # What was sampled (rewards, lengths, filtering, evaluations) exactly. The trainer's float32 numbers to
+        # rounding: on the CPU that wrote the file they are equal bit for bit, but another CPU's kernels (AVX2 or
+        # AVX-512 matmuls) round differently, and a behaviour change shows far above this tolerance.
+        for key, value in compared(expected).items():
+            if key.startswith(("reward/", "rollout/", "eval/")) and key != "rollout/logprob_gap":
+                assert row[key] == value, (key, expected["step"])
+            elif value != "":
+                assert float(row[key]) == pytest.approx(float(value), rel=1e-5, abs=1e-6), (key, expected["step"])
 
 
 @pytest.fixture(scope="module")
