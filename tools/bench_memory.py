@@ -16,7 +16,7 @@ stay within 1.3x of it, an fsdp2 rank's near half of it; each line also gives th
 memory before the model loads (the interpreter and its libraries, the same on every rank whatever the model). One
 summary line per run (per rank), then a last line with the largest ratio of each kind.
 
-    python tools/bench_memory.py [--layers 28] [--runs rl,sft,rl-fsdp2,sft-fsdp2] [--timeline]
+    python tools/bench_memory.py [--layers 28] [--runs rl,sft,rl-fsdp2,sft-fsdp2] [--timeline] [--mmap-threshold B]
 """
 
 from __future__ import annotations
@@ -101,9 +101,10 @@ def _build_model(directory: Path, layers: int) -> None:
     (directory / "parameters.txt").write_text(str(count))
 
 
-def run(name: str, model_dir: Path, work: Path) -> list[RankMemory]:
+def run(name: str, model_dir: Path, work: Path, mmap_threshold: int = 0) -> list[RankMemory]:
     """Run ``name`` (``rl``, ``sft``, ``rl-fsdp2``, ``sft-fsdp2``) through ``python -m klear.fit``; its processes'
-    memory, rank 0 first."""
+    memory, rank 0 first. ``mmap_threshold`` > 0: glibc serves blocks from that size up by ``mmap`` and returns them
+    when freed (``MALLOC_MMAP_THRESHOLD_``), instead of keeping freed blocks in its heaps."""
     stage, _, strategy = name.partition("-")
     timeline = work / f"timeline-{name}"
     for old in timeline.glob("*.tsv") if timeline.exists() else []:
@@ -111,6 +112,8 @@ def run(name: str, model_dir: Path, work: Path) -> list[RankMemory]:
     arguments = [a.format(steps=STEPS[stage]) for a in STAGES[stage]]
     arguments += [f"model.path={model_dir}", f"output_dir={work / name}", *(FSDP2 if strategy else [])]
     env = {**os.environ, "KLEAR_MEMORY_TIMELINE": str(timeline)}
+    if mmap_threshold:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
     command = [sys.executable, "-m", "klear.fit", *arguments, "--overwrite"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if result.returncode != 0:
@@ -145,15 +148,23 @@ def main() -> None:
     parser.add_argument("--runs", default="rl,sft,rl-fsdp2,sft-fsdp2", help="comma-separated runs")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "klear-bench-memory")
     parser.add_argument("--timeline", action="store_true", help="print each phase's largest RSS")
+    parser.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=0,
+        help="run with MALLOC_MMAP_THRESHOLD_=BYTES (e.g. 1048576): freed blocks of that size and up go back to the "
+        "system at once instead of staying in glibc's heaps",
+    )
     args = parser.parse_args()
     model_dir = args.work / f"qwen3-0.6b-shape-{args.layers}-layers"
     parameters = build_model(model_dir, args.layers)
     model_dir = model_dir / "model"
-    print(f"model: {parameters / 1e6:.0f}M parameters ({args.layers} layers)", flush=True)
+    threshold = f", MALLOC_MMAP_THRESHOLD_={args.mmap_threshold}" if args.mmap_threshold else ""
+    print(f"model: {parameters / 1e6:.0f}M parameters ({args.layers} layers){threshold}", flush=True)
     worst = {1: 0.0, 2: 0.0}
     state = state_bytes(parameters)
     for name in args.runs.split(","):
-        ranks = run(name, model_dir, args.work)
+        ranks = run(name, model_dir, args.work, args.mmap_threshold)
         world = len(ranks)
         for memory in ranks:
             label = f"{name.split('-')[0]} {'1-rank' if world == 1 else f'fsdp2 rank {memory.rank}'}"
