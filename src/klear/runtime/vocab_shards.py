@@ -1,4 +1,4 @@
-"""The input embedding and the output head sharded by vocabulary rows under FSDP2, their rows streamed in blocks.
+"""The input embedding and the output head sharded by vocabulary rows under FSDP2, never gathered whole.
 
 FSDP2 gathers a unit's parameters whole for its forward and backward, and produces their gradients whole before
 reducing them to shards. For the decoder layers that is one layer at a time. The embedding and the output head
@@ -8,20 +8,26 @@ the embedding lookup's dense gradient and the reduce-scatter's copy: four (V, H)
 of the state, whatever the number of ranks.
 
 Here each of them is a DTensor sharded by vocabulary rows (``Shard(0)``: rank ``r`` holds rows
-``[r * ceil(V / N), ...)``, as FSDP2 shards it) that FSDP2 leaves alone, and its module computes block by block:
-the rank that holds a block of rows broadcasts it, every rank applies it to its own tokens, and in the backward
-every rank's gradient of the block is reduced (averaged, as FSDP2 averages) onto the rank that holds it. A rank
-never holds more than one block of the matrix and its gradient beyond its shard; the output head's log-softmax
-over the whole vocabulary is accumulated across blocks (running maximum, sum of exponentials and, for the
-entropy, their weighted sum of logits, as flash attention accumulates its softmax).
+``[r * ceil(V / N), ...)``, as FSDP2 shards it) that FSDP2 leaves alone, and its module computes in one of two
+ways, chosen per call and identically on every rank:
 
-The cost is communication: the head's rows cross the network three times per forward and backward (forward,
-backward, gradient), the embedding's twice, against FSDP2's two (gather, reduce-scatter), and every forward of
-the engine's lockstep sampling streams both. For Qwen3-8B's untied head that is about 2% more traffic per step;
-for a tied 0.6B model 25%. Under mixed precision the blocks travel and compute in the compute dtype (bf16), as
-FSDP2 gathers them; the gradients are reduced in float32.
+- streamed: the rank that holds a block of rows broadcasts it, every rank applies it to its own positions, and in
+  the backward every rank's gradient of the block is reduced (averaged, as FSDP2 averages) onto the rank that
+  holds it. A rank holds one block of the matrix and its gradient beyond its shard; the output head's
+  log-softmax over the whole vocabulary is accumulated across blocks (running maximum, sum of exponentials and,
+  for the entropy, their weighted sum of logits, as flash attention accumulates its softmax);
+- exchanged, when every rank's positions together fit one block (`VocabLayout.exchange_rows`: a sampling step, a
+  short training pass): the positions travel instead of the rows. Every rank computes its own rows for all the
+  ranks' positions; lookups are reduce-scattered back, logits handed out by an all-to-all, the head's partial
+  sums combined, and the hidden states' gradients reduce-scattered; the rows' gradients need no communication.
 
-Every rank must call the same modules in the same order (each block is a collective), which the FSDP2 training
+The cost is communication. Streamed, the head's rows cross the network three times per forward and backward
+(forward, backward, gradient), the embedding's twice, against FSDP2's two (gather, reduce-scatter): for Qwen3-8B's
+untied head about 2% more traffic per step, for a tied 0.6B model 25%. Exchanged, the traffic is the positions'
+hidden states, far less than the rows when positions are few. Under mixed precision the blocks travel and compute
+in the compute dtype (bf16), as FSDP2 gathers them; the gradients are reduced in float32.
+
+Every rank must call the same modules in the same order (each call is a collective), which the FSDP2 training
 step and the hf engine's lockstep sampling already guarantee for the layers.
 """
 
@@ -36,7 +42,8 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 BLOCK_ELEMENTS = 2**24
-"""Elements of one streamed block of rows (64 MB in float32): 16,384 rows at hidden size 1024."""
+"""Elements of one streamed block of rows (64 MB in float32): 16,384 rows at hidden size 1024; also the most
+positions x hidden size that are exchanged instead."""
 CHUNK_ELEMENTS = 2**24
 """Logits computed at once (positions x block rows), as in `klear.stages.logprobs`."""
 
