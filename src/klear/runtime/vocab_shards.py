@@ -325,8 +325,8 @@ class _Scores(torch.autograd.Function):
     def backward(ctx, grad_scores):
         hidden, local, targets, normaliser, entropy = ctx.saved_tensors
         layout, temperature, with_entropy, count, dtype = ctx.settings
-        grad = torch.zeros_like(local)
         if ctx.most is None:
+            grad = torch.zeros_like(local)
             grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
             compute, upstream = hidden.to(layout.compute_dtype), grad_scores.float()
             for owner, first, end in layout.blocks():
@@ -338,14 +338,12 @@ class _Scores(torch.autograd.Function):
             return grad_hidden.to(dtype), grad, None, None, None, None
         upstream = layout.gather(grad_scores.float(), ctx.most)  # zeros at every rank's padding
         partial = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
-        # The rows' gradient in float32: the shard's own gradient buffer when the weights are float32.
-        rows_grad = grad if grad.dtype == torch.float32 else torch.zeros(local.shape, device=local.device)
+        rows_grad = torch.zeros(local.shape, dtype=torch.float32, device=local.device)
         first = layout.shards[layout.rank][0]
         args = (hidden, local.to(layout.compute_dtype), first, targets, normaliser, entropy, upstream, temperature)
         _block_backward(*args, with_entropy, partial, rows_grad)
-        if rows_grad is not grad:
-            grad.copy_(rows_grad)
-        grad.div_(layout.world)  # averaged over the ranks, as FSDP2 averages
+        # Averaged over the ranks, as FSDP2 averages; float32 weights keep this one buffer as their gradient.
+        grad = rows_grad.div_(layout.world).to(local.dtype)
         grad_hidden = partial.new_empty((ctx.most, partial.shape[1]))
         dist.reduce_scatter_tensor(grad_hidden, partial, group=layout.group)
         return grad_hidden[:count].to(dtype), grad, None, None, None, None
