@@ -205,6 +205,11 @@ assert "gppo" in list_objectives()
         ),
         "the code SFT runs in the slow tier only",
     ),
+    # docs/data-formats.md
+    ("docs/data-formats.md", "python -m klear.data synthetic --layout verl"): Covered(
+        ("tests/test_commands.py::test_the_verl_layout_run_routes_math_and_code_rows_to_their_verifiers",),
+        "with fewer rows and steps; the cat and python -c lines done by the test",
+    ),
     # docs/evaluation.md
     ("docs/evaluation.md", "python -m klear.eval --model tiny-sft "): Covered(
         (
@@ -217,6 +222,17 @@ assert "gppo" in list_objectives()
         (
             "tests/data/test_code_formats.py::test_lcb_converted_tests_score_with_the_code_reward",
             "tests/test_commands.py::test_eval_on_synthetic_code_runs_the_sandbox",
+        ),
+    ),
+    ("docs/evaluation.md", "python -m klear.data synthetic --split eval --num 100 --out eval.jsonl"): Covered(
+        ("tests/test_commands.py::test_eval_scores_saved_completions_as_documented",),
+        "the three commands, the python -c one with its output redirected by the test",
+    ),
+    ("docs/evaluation.md", "python -m klear.eval --model Kwai-Klear/Klear-Reasoner-8B"): NotOnCPU(
+        "an 8B model downloaded from the hub, sampled 64 x 64K tokens per problem on GPUs with vLLM",
+        (
+            "tests/data/test_published_rows.py::test_klear_benchmarks_read_as_they_are",
+            "tests/eval/test_sampler.py::test_rope_scaling_reaches_the_model_and_its_context",
         ),
     ),
     ("docs/evaluation.md", "from klear.data.code_formats import code_rows"): Covered(
@@ -283,7 +299,8 @@ assert "gppo" in list_objectives()
         setup=CODE_COMPLETIONS,
         check="""
 assert math("<think>7 + 5 = 12</think> \\\\boxed{12}", "12") == 1.0 and math("\\\\boxed{13}", "12") == 0.0
-assert klear("\\\\boxed{12}", "12") == -2  # no <think>: Klear's format penalty
+assert klear("\\\\boxed{12}", "12") == -0.5  # no </think>: Klear's format penalty, checked first
+assert klear("7 + 5 = 12</think> \\\\boxed{12}", "12") == -2  # </think> without <think>
 assert code(completion, [{"input": "1 2", "output": "3"}, {"fn_name": "add", "args": [1, 2], "expected": 3}]) == 1.0
 assert code(completion, [{"code": "assert add(1, 2) == 3"}, {"code": "assert add(-1, 1) == 0"}]) == 1.0
 assert result.scores == [1.0, 0.0] and result.correct == [True, False] and result.timeouts == result.errors == 0

@@ -160,8 +160,8 @@ def test_klear_scheme() -> None:
     assert klear("<think>ok</think>\\boxed{2}", "2") == 1.0
     assert klear("<think>ok</think>\\boxed{3}", "2") == -1.0
     assert klear("<think>ok</think>no box", "2") == -1.0
-    assert klear("ok</think>\\boxed{2}", "2") == -2.0  # no <think>: the larger penalty wins
-    assert klear("\\boxed{2}", "2") == -2.0
+    assert klear("ok</think>\\boxed{2}", "2") == -2.0  # a </think> without <think>
+    assert klear("\\boxed{2}", "2") == -0.5  # neither tag: </think> is checked first, as Klear's code does
     assert klear("<think>ok \\boxed{2}", "2") == -0.5  # the reasoning never ended
 
 

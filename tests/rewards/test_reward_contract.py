@@ -37,7 +37,9 @@ def test_math_references_are_kept_or_read_as_text(math: MathReward, reference: A
     [
         (None, "must be a str or a number, got NoneType"),
         (True, "must be a str or a number, got bool"),
-        ([1, 2], "must be a str or a number, got list"),
+        ([1, 2], "is a list holding int; a list must hold the acceptable answers' texts"),
+        ([], "is an empty list"),
+        (["4", ""], "holds no answer"),
         ({"answer": 1}, "must be a str or a number, got dict"),
         (float("nan"), "must be a finite number, got nan"),
         ("", "holds no answer: ''"),

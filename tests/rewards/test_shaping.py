@@ -44,7 +44,7 @@ def test_think_format() -> None:
     assert klear("<think>a</think>b", 1.0) == 1.0
     assert klear("a</think>b", 1.0) == -2.0
     assert klear("<think>a b", 1.0) == -0.5
-    assert klear("no tags", -1.0) == -2.0
+    assert klear("no tags", -1.0) == -0.5  # the reference checks </think> first
     only_close = ThinkFormat(missing_think_close=-0.5)  # the template put <think> in the prompt
     assert only_close("a</think>b", 1.0) == 1.0
     assert only_close("a b", 1.0) == -0.5

@@ -6,6 +6,7 @@ Nothing here evaluates or parses the text as an expression.
 
 - `after_reasoning`: the text after the last ``</think>`` (the whole text when there is none).
 - `last_boxed`: the content of the last complete ``\\boxed{...}`` / ``\\fbox{...}``.
+- `answer_line`: the rest of the last ``Answer:`` line (DAPO-Math-17k's answer format).
 - `answer_is`, `last_number`: opt-in fallbacks for completions that state the answer without a box.
 - `last_code_block`: the last fenced python block.
 """
@@ -24,6 +25,7 @@ _MAX_BOX_CANDIDATES = 16
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*:?\s*", re.IGNORECASE)
+_ANSWER_LINE = re.compile(r"answer\s*:[ \t]*([^\n]+)", re.IGNORECASE)
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _PYTHON_TAGS = ("python", "python3", "py")
 
@@ -75,6 +77,15 @@ def answer_is(text: str, max_chars: int) -> str | None:
     rest = text[found[0].end() : found[0].end() + max_chars + 1]
     stop = re.search(r"\n|\.(?:\s|$)", rest)
     answer = (rest[: stop.start()] if stop else rest).strip().strip("$*").strip()
+    return answer if answer and len(answer) <= max_chars else None
+
+
+def answer_line(text: str, max_chars: int) -> str | None:
+    """What follows the last ``Answer:`` on its line, as DAPO's verifier reads it (``Answer: $42$`` -> ``$42$``)."""
+    found = deque(_ANSWER_LINE.finditer(text), maxlen=1)
+    if not found:
+        return None
+    answer = found[0].group(1).strip()
     return answer if answer and len(answer) <= max_chars else None
 
 

@@ -4,13 +4,15 @@ Pipeline, cheapest first:
 
 1. Format (optional, Klear's scheme): a completion without ``<think>`` / ``</think>`` gets the configured
    penalty instead of a correctness score (`ThinkFormat`).
-2. Extraction, on the text after ``</think>``: the last balanced ``\\boxed{...}``; the fallbacks
-   ``"answer_is"`` ("... the answer is 42.") and ``"last_number"`` only when asked for, in the order given.
-   An answer longer than ``max_answer_chars`` is scored wrong without being parsed.
+2. Extraction, on the text after ``</think>``: the last balanced ``\\boxed{...}`` (``extract="boxed"``), or the
+   last ``Answer:`` line (``extract="answer_line"``, DAPO-Math-17k's format: its prompts ask for a last line
+   ``Answer: $Answer``); the fallbacks ``"answer_is"`` ("... the answer is 42.") and ``"last_number"`` only when
+   asked for, in the order given. An answer longer than ``max_answer_chars`` is scored wrong without being parsed.
 3. Light normalisation (``$``, trailing full stop, thousands separators such as ``1,000`` / ``1\\,000``,
-   ``\\text{5 apples}`` -> ``5 apples``), then an in-process fast path: identical strings modulo spacing and
-   ``\\left``/``\\dfrac``-style spellings, or two exact rationals (``3``, ``-0.5``, ``7/2``, ``\\frac{7}{2}``)
-   are decided without sympy. Most integer answers never leave the process.
+   ``\\text{5 apples}`` -> ``5 apples``, the degree sign ``°`` / ``\\degree`` spelt ``^\\circ``), then an
+   in-process fast path: identical strings modulo spacing and ``\\left``/``\\dfrac``-style spellings, or two
+   exact rationals (``3``, ``-0.5``, ``7/2``, ``\\frac{7}{2}``) are decided without sympy. Most integer answers
+   never leave the process.
 4. Everything else goes to math-verify (sympy underneath) in a killable checker process with ``timeout``
    (`math_checker`): fractions/decimals/percent, ``\\sqrt``, ``\\pi``, sets, tuples, intervals, equations,
    units. math-verify's own SIGALRM timeouts are off; ours work from any thread or process.
@@ -19,10 +21,13 @@ A check that times out or breaks scores ``wrong`` with status ``"timeout"`` / ``
 `Reward.counts` and `RewardPool`), never an exception. An empty final answer (``\\boxed{}``, ``\\boxed{ }``) is
 wrong without a check.
 
-The reference is a ``str``, or an ``int`` / ``float`` read as its text (a JSON number: ``3`` -> ``"3"``), and must
-hold an answer (not empty, also once a ``\\boxed{}`` around it is removed); anything else raises ValueError,
-both in `MathReward.check_reference` (before training) and when scoring, because scoring against an empty
-reference would reward an empty answer.
+The reference is a ``str``, or an ``int`` / ``float`` read as its text (a JSON number: ``3`` -> ``"3"``), or a
+non-empty list of texts: acceptable answers, any of which makes a completion correct (Skywork-OR1's training rows).
+Each must hold an answer (not empty, also once a ``\\boxed{}`` around it is removed); a reference that is a
+worked solution is read as its answer: the text after the last ``####`` (GSM8K's rationales end in ``#### 18``),
+else its last ``\\boxed{}`` (MATH's solutions). Anything else raises ValueError, both in
+`MathReward.check_reference` (before training) and when scoring, because scoring against an empty reference
+would reward an empty answer.
 """
 
 from __future__ import annotations
@@ -35,10 +40,11 @@ from typing import Any
 
 from klear.rewards import math_checker
 from klear.rewards.base import Reward, RewardOutcome, register_reward
-from klear.rewards.extract import after_reasoning, answer_is, last_boxed, last_number
+from klear.rewards.extract import after_reasoning, answer_is, answer_line, last_boxed, last_number
 from klear.rewards.shaping import ThinkFormat
 
 FALLBACKS = ("answer_is", "last_number")
+EXTRACTIONS = ("boxed", "answer_line")
 MAX_REFERENCE_CHARS = 10_000
 
 _SPACING = re.compile(r"\s+|\\left|\\right|\\!|\\,|\\;|\\:|\\displaystyle|\\ ")
@@ -46,6 +52,7 @@ _THOUSANDS = re.compile(r"^([+-]?)(\d{1,3})((?:(?:,|\{,\}|\\,|\\ |\\!| )\d{3})+)
 _SEPARATOR = re.compile(r",|\{,\}|\\,|\\ |\\!| ")
 _TEXT_NUMBER = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{\s*([-+]?\.?\d[^{}]*)\}$")
 _INTEGER_OR_DECIMAL = re.compile(r"^([+-]?)(\d{1,100}(?:\.\d{0,100})?|\.\d{1,100})$")
+_DEGREES = re.compile(r"\s*(?:°|\\degree\b|\^\{\\circ\}|\^\\circ\b)")
 _FRACTION = re.compile(r"^([+-]?)(?:(\d{1,100})/(\d{1,100})|\\frac\{(\d{1,100})\}\{(\d{1,100})\})$")
 
 
@@ -60,7 +67,9 @@ class MathReward(Reward):
         wrong: score of a wrong, missing or uncheckable answer (Klear: -1.0).
         missing_think: score when ``<think>`` is absent; None (default) skips the check (Klear: -2.0).
         missing_think_close: score when ``</think>`` is absent; None skips the check (Klear: -0.5).
-        fallbacks: extraction fallbacks tried in order when there is no ``\\boxed{}``: ``"answer_is"``,
+        extract: where the final answer is: ``"boxed"``, the last ``\\boxed{}``; ``"answer_line"``, the last
+            ``Answer:`` line (DAPO).
+        fallbacks: extraction fallbacks tried in order when that finds nothing: ``"answer_is"``,
             ``"last_number"``. Default none: an unboxed answer is wrong.
         timeout: seconds one equivalence check may take (checks with sympy; the fast path is instant).
         max_answer_chars: longer extracted answers are wrong without being parsed.
@@ -74,6 +83,7 @@ class MathReward(Reward):
         wrong: float = 0.0,
         missing_think: float | None = None,
         missing_think_close: float | None = None,
+        extract: str = "boxed",
         fallbacks: Sequence[str] = (),
         timeout: float = 5.0,
         max_answer_chars: int = 1000,
@@ -84,11 +94,14 @@ class MathReward(Reward):
         unknown = [name for name in fallbacks if name not in FALLBACKS]
         if unknown or isinstance(fallbacks, str):
             raise ValueError(f"unknown fallbacks {unknown or fallbacks!r}; give a list drawn from {FALLBACKS}")
+        if extract not in EXTRACTIONS:
+            raise ValueError(f"unknown extract {extract!r}; accepted: {', '.join(EXTRACTIONS)}")
         if timeout <= 0 or max_answer_chars <= 0:
             raise ValueError(f"timeout and max_answer_chars must be positive, got {timeout}, {max_answer_chars}")
         self.correct = correct
         self.wrong = wrong
         self.format = ThinkFormat(missing_think, missing_think_close)
+        self.extract_from = extract
         self.fallbacks = tuple(fallbacks)
         self.timeout = timeout
         self.max_answer_chars = max_answer_chars
@@ -102,31 +115,42 @@ class MathReward(Reward):
     def extract(self, completion: str) -> str | None:
         """The final answer of ``completion`` as written (before normalisation), or None."""
         tail = after_reasoning(completion)
-        answer = last_boxed(tail, self.max_answer_chars)
+        if self.extract_from == "answer_line":
+            answer = answer_line(tail, self.max_answer_chars)
+        else:
+            answer = last_boxed(tail, self.max_answer_chars)
         for fallback in self.fallbacks:
             if answer is not None:
                 break
             answer = answer_is(tail, self.max_answer_chars) if fallback == "answer_is" else last_number(tail)
         return answer
 
-    def check_reference(self, reference: Any) -> str:
-        """``reference`` as text: a ``str`` is kept, an ``int`` / ``float`` becomes ``str(value)``.
+    def check_reference(self, reference: Any) -> str | list[str]:
+        """``reference`` as text: a ``str`` is kept, an ``int`` / ``float`` becomes ``str(value)``, a list of texts
+        (acceptable answers) is kept as a list.
 
         Raises:
-            ValueError: another type (None, bool, list, dict), a non-finite number, an empty answer (also inside
-                ``\\boxed{}``), or more than ``MAX_REFERENCE_CHARS`` characters.
+            ValueError: another type (None, bool, dict), a non-finite number, an empty list or one holding anything
+                but texts, an empty answer (also inside ``\\boxed{}``), or more than ``MAX_REFERENCE_CHARS``
+                characters.
         """
-        if isinstance(reference, int | float) and not isinstance(reference, bool):
-            if not math.isfinite(reference):
-                raise ValueError(f"the math reward's reference must be a finite number, got {reference!r}")
-            reference = str(reference)
-        if not isinstance(reference, str):
-            raise ValueError(f"the math reward's reference must be a str or a number, got {type(reference).__name__}")
+        if isinstance(reference, list | tuple):
+            if not reference or not all(isinstance(item, str) for item in reference):
+                kinds = sorted({type(item).__name__ for item in reference if not isinstance(item, str)})
+                what = "an empty list" if not reference else f"a list holding {', '.join(kinds)}"
+                raise ValueError(
+                    f"the math reward's reference is {what}; a list must hold the acceptable answers' texts"
+                )
+            for answer in reference:
+                _reference_answer(answer)
+            return list(reference)
+        reference = _reference_text(reference, "reference")
         _reference_answer(reference)
         return reference
 
     def _evaluate(self, completion: str, reference: Any) -> RewardOutcome:
-        gold = _reference_answer(self.check_reference(reference))
+        checked = self.check_reference(reference)
+        golds = [_reference_answer(gold) for gold in (checked if isinstance(checked, list) else [checked])]
         penalty = self.format.penalty(completion)
         if penalty is not None:
             return RewardOutcome(penalty, "ok", "format penalty", correct=False)
@@ -140,15 +164,32 @@ class MathReward(Reward):
         pred = normalise(answer)
         if not _compact(pred):  # "\boxed{}" must never match anything, whatever the reference
             return RewardOutcome(self.wrong, "ok", "empty final answer", correct=False)
-        verdict = fast_verdict(gold, pred)
-        if verdict is not None:
-            score = self.correct if verdict else self.wrong
-            return RewardOutcome(score, "ok", f"answer {pred[:80]!r} (fast path)", correct=verdict)
-        result = math_checker.check_equivalent(gold, pred, self.timeout, self.memory_mb, self.startup_timeout)
+        verdicts = [fast_verdict(gold, pred) for gold in golds]
+        if True in verdicts or all(verdict is False for verdict in verdicts):
+            equal = True in verdicts
+            score = self.correct if equal else self.wrong
+            return RewardOutcome(score, "ok", f"answer {pred[:80]!r} (fast path)", correct=equal)
+        result = None
+        for gold, verdict in zip(golds, verdicts, strict=True):
+            if verdict is None:
+                result = math_checker.check_equivalent(gold, pred, self.timeout, self.memory_mb, self.startup_timeout)
+                if result.equal and result.status == "ok":
+                    break
         equal = result.equal and result.status == "ok"
         score = self.correct if equal else self.wrong
         detail = f"answer {pred[:80]!r}; {result.detail}".rstrip("; ")
         return RewardOutcome(score, result.status, detail, correct=equal)
+
+
+def _reference_text(reference: Any, what: str) -> str:
+    """A reference answer as text: a ``str``, or a finite ``int`` / ``float`` as ``str(value)``."""
+    if isinstance(reference, int | float) and not isinstance(reference, bool):
+        if not math.isfinite(reference):
+            raise ValueError(f"the math reward's {what} must be a finite number, got {reference!r}")
+        return str(reference)
+    if not isinstance(reference, str):
+        raise ValueError(f"the math reward's {what} must be a str or a number, got {type(reference).__name__}")
+    return reference
 
 
 def _reference_answer(reference: str) -> str:
@@ -156,7 +197,9 @@ def _reference_answer(reference: str) -> str:
     if len(reference) > MAX_REFERENCE_CHARS:
         raise ValueError(f"reference of {len(reference)} characters exceeds {MAX_REFERENCE_CHARS}: {reference[:80]!r}")
     answer = reference
-    if "\\boxed" in reference or "\\fbox" in reference:
+    if "####" in reference:  # a GSM8K rationale: the answer follows its last "####"
+        answer = reference.rsplit("####", 1)[1]
+    elif "\\boxed" in reference or "\\fbox" in reference:
         boxed = last_boxed(reference, MAX_REFERENCE_CHARS)
         if boxed is not None:
             answer = boxed
@@ -172,6 +215,7 @@ def normalise(answer: str) -> str:
     answer = answer.strip().strip("$").strip()
     if answer.endswith(".") and not answer.endswith(".."):
         answer = answer[:-1].rstrip()
+    answer = _DEGREES.sub(lambda _: "^\\circ", answer)
     text_number = _TEXT_NUMBER.match(answer)
     if text_number:
         answer = text_number.group(1).strip()

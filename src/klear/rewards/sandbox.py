@@ -160,11 +160,14 @@ def run_sandboxed(
     isolation: Isolation,
     stop_on_failure: bool = False,
     total_timeout: float | None = None,
+    prelude: str = "",
 ) -> SandboxRun:
     """Run ``code`` on each test and compare with ``expected`` inside the sandbox.
 
-    A test is ``{"kind": "stdio", "input"}``, ``{"kind": "call", "fn_name", "args", "kwargs"}`` or
-    ``{"kind": "code", "source"}`` (its ``expected`` entry is unused: the source's own asserts decide).
+    A test is ``{"kind": "stdio", "input"}``, ``{"kind": "call", "fn_name", "args", "kwargs", "or_first"?}``,
+    ``{"kind": "code", "source"}`` or ``{"kind": "pytest", "source"}`` (for the last two the ``expected`` entry
+    is unused: the source's own asserts decide). ``prelude`` is Python source run in the program's namespace
+    before it, for every test.
     ``stop_on_failure`` skips the remaining tests after the first that crashes, times out or fails a code
     test's check (all-or-nothing scoring needs no more). ``total_timeout`` is the wall-clock budget of all the
     tests together: a test gets ``limits.timeout`` or what is left of the budget if less, and tests not started
@@ -179,6 +182,7 @@ def run_sandboxed(
     workdir = None if namespaces else tempfile.mkdtemp(prefix="klear-sandbox-")
     job = {
         "code": code,
+        "prelude": prelude,
         "tests": tests,
         "timeout": limits.timeout,
         "total_timeout": total_timeout,

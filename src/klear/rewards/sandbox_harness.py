@@ -16,20 +16,29 @@ fresh process group and, where the OS allows, as PID 1 of new PID/mount/network/
 5. only then reads the expected outputs (so they never share memory with a running program, which could
    otherwise read them from a forked copy of this process) and writes one JSON verdict per test to stdout.
 
-Tests are of three kinds. ``stdio`` runs the program as ``__main__`` with the test's stdin and compares its
-stdout; ``call`` runs it as module ``solution``, calls a function and compares the JSON of its return value;
-``code`` runs it as module ``solution``, then the test's (trusted) Python source in the same namespace and
-child. A code test passes only when, after that source returned, the child writes a random per-test token to
-the result pipe and exits 0, so a program that exits early (``os._exit(0)``) never passes. A failed ``assert``
-is ``wrong``; any other exception, a ``SystemExit`` of any code, or an exit before the token is ``error``.
-Before the source runs, the ``builtins`` module and ``__builtins__`` are restored to what they were before the
-program and trace/profile hooks are removed. What is not guarded is listed in `code_reward`'s docstring.
+Tests are of four kinds; the job's ``prelude`` (trusted source, compiled on its own) runs in the program's
+namespace before the program in each. ``stdio`` runs the program as ``__main__`` with the test's stdin and
+compares its stdout; ``call`` runs it as module ``solution``, calls a function and compares the JSON of its
+return value (or, with ``or_first``, of the first item of a list); ``code`` runs it as module ``solution``, then
+the test's (trusted) Python source in the same namespace and child, as ``__main__``; ``pytest`` writes the
+test's pytest file and ``solution.py`` (the program, for tracebacks) to the work directory and runs pytest
+in-process, the program being imported from memory (prelude, then program) when the file imports ``solution``.
+pytest itself is imported in the child only, after it dropped its privileges; this file uses the standard
+library alone. A code or pytest test passes only when, after the check returned, the child writes a random
+per-test token to the result pipe and exits 0, so a program that exits early (``os._exit(0)``) never passes. A
+failed ``assert`` (pytest: a failed test) is ``wrong``; any other exception, a ``SystemExit`` of any code, an
+exit before the token, or a pytest run that collected nothing, broke in collection, skipped a test or never
+imported the program is ``error``. Before check code runs (and once pytest imported the program), the
+``builtins`` module and ``__builtins__`` are restored to what they were before the program and trace/profile
+hooks are removed. What is not guarded is listed
+in `code_reward`'s docstring.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -51,6 +60,9 @@ if _LINUX:
 
 _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 4, 36, 38
 _STDERR_CAP = 2048
+_CHECKED = ("code", "pytest")  # the kinds whose own checks decide, confirmed by the token
+# pytest without the caches, the plugins installed beside it or any config file above the work directory.
+_PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-c", "pytest.ini", "--rootdir", ".", "--confcutdir", "."]
 
 
 def main() -> None:
@@ -95,7 +107,7 @@ def _run_test(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int 
     err_r, err_w = os.pipe()
     res_r, res_w = os.pipe()
     # What a code test's child writes once the check source has returned; unknown to the program beforehand.
-    token = os.urandom(16).hex().encode() if test["kind"] == "code" else None
+    token = os.urandom(16).hex().encode() if test["kind"] in _CHECKED else None
     pid = os.fork()
     if pid == 0:
         _child(job, test, workdir, uid, (stdin_r, out_w, err_w, res_w), token)
@@ -222,7 +234,7 @@ def _child(
         sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         sys.argv = ["solution.py"]
-        exit_code = _execute(test, job["code"], token)
+        exit_code = _execute(test, job["code"], job["prelude"], token)
     except BaseException:  # the program's own errors are reported on its stderr
         traceback.print_exc()
     finally:
@@ -246,8 +258,10 @@ def _limit_child(job: dict[str, Any], limit_processes: bool) -> None:
         prctl(_PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries cannot raise privileges again
 
 
-def _execute(test: dict[str, Any], code: str, token: bytes | None) -> int:
+def _execute(test: dict[str, Any], code: str, prelude: str, token: bytes | None) -> int:
     kind = test["kind"]
+    if kind == "pytest":
+        return _run_pytest(test["source"], code, prelude, token)
     namespace: dict[str, Any] = {"__name__": "__main__" if kind == "stdio" else "solution"}
     namespace["__builtins__"] = builtins
     # Taken before the program runs, so that it cannot replace them (see the module docstring).
@@ -255,6 +269,8 @@ def _execute(test: dict[str, Any], code: str, token: bytes | None) -> int:
     builtins_dict, write, settrace, setprofile = vars(builtins), os.write, sys.settrace, sys.setprofile
     saved_builtins = dict(builtins_dict)
     try:
+        if prelude:
+            exec(compile(prelude, "prelude.py", "exec"), namespace)
         exec(compile(code, "solution.py", "exec"), namespace)
     except SystemExit as exit_:
         if kind != "stdio":
@@ -275,6 +291,7 @@ def _execute(test: dict[str, Any], code: str, token: bytes | None) -> int:
         builtins_dict.clear()  # the program's additions go too, not only its replacements
         builtins_dict.update(saved_builtins)
         namespace["__builtins__"] = builtins
+        namespace["__name__"] = "__main__"  # the check runs as a script: its main guard must not skip it
         try:
             exec(check, namespace)
         except AssertionError:
@@ -284,9 +301,74 @@ def _execute(test: dict[str, Any], code: str, token: bytes | None) -> int:
     return 0
 
 
+def _run_pytest(source: str, code: str, prelude: str, token: bytes | None) -> int:
+    """Run pytest on the test file in this (confined) child; the token only when every collected test passed."""
+    sys.dont_write_bytecode = True
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    for name, text in (("test_solution.py", source), ("solution.py", code), ("pytest.ini", "[pytest]\n")):
+        with open(name, "w", encoding="utf-8") as file:
+            file.write(text)
+    import pytest  # from the interpreter's installation, after the privileges were dropped
+
+    main, write, record = pytest.main, os.write, _PytestRecord()
+    finder = _SolutionFinder(prelude, code, os.path.abspath("solution.py"))
+    sys.meta_path.insert(0, finder)  # `import solution` runs prelude + program lazily, during collection
+    exit_code = main([*_PYTEST_ARGS, "test_solution.py"], plugins=[record])
+    if exit_code == 1 and record.failed:  # pytest.ExitCode.TESTS_FAILED
+        write(3, b"assertion")
+    elif exit_code == 0 and finder.imported and record.collected and record.passed == record.collected:
+        write(3, token)
+    return 0
+
+
+class _PytestRecord:
+    """A pytest plugin counting collected, passed and failed tests (a skipped test is neither)."""
+
+    def __init__(self) -> None:
+        self.collected = self.passed = self.failed = 0
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        self.collected = len(session.items)
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        self.passed += report.when == "call" and report.passed
+        self.failed += report.failed
+
+
+class _SolutionFinder:
+    """Imports module ``solution`` from memory: the prelude, then the program, in the module's namespace (so the
+    program keeps its line numbers and ``from __future__`` imports, which a file prelude + program would break).
+    Once the program ran, the builtins are restored and trace/profile hooks removed, as before check code."""
+
+    def __init__(self, prelude: str, code: str, path: str) -> None:
+        self.prelude, self.code, self.path = prelude, code, path
+        self.imported = False
+        # Taken before the program runs, so that it cannot replace them.
+        self.builtins, self.saved, self.hooks = vars(builtins), dict(vars(builtins)), (sys.settrace, sys.setprofile)
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.util.spec_from_loader(name, self, origin=self.path) if name == "solution" else None
+
+    def create_module(self, spec: Any) -> None:
+        return None  # the default module object
+
+    def exec_module(self, module: Any) -> None:
+        self.imported = True
+        module.__file__ = self.path
+        try:
+            if self.prelude:
+                exec(compile(self.prelude, "prelude.py", "exec"), vars(module))
+            exec(compile(self.code, self.path, "exec"), vars(module))
+        finally:
+            for hook in self.hooks:
+                hook(None)
+            self.builtins.clear()
+            self.builtins.update(self.saved)
+
+
 def _verdict(test: dict[str, Any], run: dict[str, Any], expected: Any) -> dict[str, Any]:
     verdict = {"status": run["status"], "stderr": run["stderr"][-300:].decode("utf-8", "replace")}
-    if test["kind"] == "code" and run["status"] in ("ok", "error"):
+    if test["kind"] in _CHECKED and run["status"] in ("ok", "error"):
         if run["result"] == b"assertion":
             verdict["status"] = "wrong"
         elif run["status"] == "ok":  # exited 0: passed only if it got past the check to write the token
@@ -297,12 +379,19 @@ def _verdict(test: dict[str, Any], run: dict[str, Any], expected: Any) -> dict[s
     if test["kind"] == "stdio":
         passed = _lines(run["stdout"].decode("utf-8", "replace")) == _lines(expected)
     else:
-        try:
-            passed = _same(json.loads(run["result"]), expected)
-        except ValueError:
-            passed = False
+        passed = _returned(run["result"], expected, test.get("or_first", False))
     verdict["status"] = "passed" if passed else "wrong"
     return verdict
+
+
+def _returned(result: bytes, expected: Any, or_first: bool) -> bool:
+    """Whether a call's JSON result equals ``expected`` (or its first item, with ``or_first``: TACO's lists)."""
+    try:
+        got = json.loads(result)
+    except ValueError:
+        return False
+    first = or_first and isinstance(expected, list) and len(expected) > 0
+    return _same(got, expected) or (first and _same(got, expected[0]))
 
 
 def _lines(text: str) -> list[str]:

@@ -5,8 +5,9 @@
   -1 beyond. It is *added* to the correctness reward, so a correct answer that rambles into the buffer is
   worth less than a concise one, without the cliff of hard truncation.
 - `ThinkFormat`: format penalties for the ``<think> ... </think>`` layout. Klear-Reasoner's scheme *replaces*
-  the correctness reward: no ``<think>`` -> -2, no ``</think>`` -> -0.5 (and then correct +1, wrong -1, which
-  are the math reward's ``correct`` / ``wrong`` options). `MathReward` uses it through its
+  the correctness reward: no ``</think>`` -> -0.5, else no ``<think>`` -> -2 (checked in that order, as the
+  reference code does, so a completion with neither tag gets -0.5), and then correct +1, wrong -1, which are the
+  rewards' ``correct`` / ``wrong`` options. `MathReward` uses it through its
   ``missing_think`` / ``missing_think_close`` options; other rewards can compose it the same way.
 
 Example (the RL loop, per batch)::
@@ -77,11 +78,12 @@ class ThinkFormat:
     missing_think_close: float | None = None
 
     def penalty(self, completion: str) -> float | None:
-        """The reward that replaces the correctness reward, or None when the format is fine."""
-        if self.missing_think is not None and THINK_OPEN not in completion:
-            return self.missing_think
+        """The reward that replaces the correctness reward, or None when the format is fine: a missing ``</think>``
+        first (the reasoning never ended), then a ``</think>`` without ``<think>``."""
         if self.missing_think_close is not None and THINK_CLOSE not in completion:
             return self.missing_think_close
+        if self.missing_think is not None and THINK_OPEN not in completion:
+            return self.missing_think
         return None
 
     def __call__(self, completion: str, score: float) -> float:
