@@ -88,7 +88,7 @@ def test_cli_error_is_one_line_and_exit_code_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: unknown config key 'model.pth'; accepted keys of section 'model': path, dtype, "
-        "gradient_checkpointing, attn_implementation; did you mean 'model.path'?"
+        "gradient_checkpointing, attn_implementation, rope_scaling; did you mean 'model.path'?"
     ]
     assert not (tmp_path / "config.yaml").exists()  # nothing was started
 
@@ -131,6 +131,19 @@ def test_cli_unreadable_data_file_is_one_line(tmp_path):
             r"rollout.worker_devices = \[-1\]: GPU indices are >= 0",
         ),
         (["rollout.prompts_per_step=0"], "rollout.prompts_per_step = 0 is not accepted; accepted: an integer >= 1"),
+        (["reward.by_source.my_set=maths"], "reward.by_source.my_set: unknown reward 'maths'"),
+        (["reward.by_source.my_set={reward: math}"], "reward.by_source.my_set: a route is a reward name or"),
+        (
+            ["reward.by_source.my_set={name: math, options: {extract: last}}"],
+            "reward.by_source.my_set: reward 'math': unknown extract 'last'; accepted: boxed, answer_line",
+        ),
+        (["reward.by_source.my_set={name: code, options: {hrad: true}}"], "reward 'code' has no option 'hrad'"),
+        (["data.truncation=right"], "data.truncation = 'right' is not accepted; accepted: skip, left, error"),
+        (["algorithm.oversample=0.5"], "algorithm.oversample = 0.5 is not accepted; accepted: a number >= 1"),
+        (
+            ["model.rope_scaling={factor: 2}"],
+            "model.rope_scaling = {'factor': 2} is not accepted; accepted: empty, or a",
+        ),
     ],
 )
 def test_bad_rl_configs_name_the_key(overrides, message):

@@ -24,7 +24,7 @@ def test_bad_math_rows_are_skipped_by_their_file_line_and_the_rest_kept(tmp_path
             {"problem": "1+1?", "answer": "2"},  # line 1: kept
             "",  # line 2: blank, not a row
             {"problem": "2+2?", "answer": 4},  # line 3: a JSON number is read as its text
-            {"problem": "list?", "answer": ["4"]},  # line 4: a list is no math answer
+            {"problem": "list?", "answer": ["4", "4.0"]},  # line 4: acceptable answers
             {"problem": "none?", "answer": None},  # line 5
             {"problem": "empty?", "answer": "  "},  # line 6: an empty answer would match an empty \boxed{}
             {"problem": "dict?", "answer": {"value": 1}},  # line 7
@@ -37,14 +37,15 @@ def test_bad_math_rows_are_skipped_by_their_file_line_and_the_rest_kept(tmp_path
     assert [(p.line, p.prompt, p.reference) for p in loaded.problems] == [
         (1, "1+1?", "2"),
         (3, "2+2?", "4"),
+        (4, "list?", ["4", "4.0"]),
         (10, "3+3?", "6"),
     ]
-    assert sorted(bad.line for bad in loaded.bad) == [4, 5, 6, 7, 8, 9]
+    assert sorted(bad.line for bad in loaded.bad) == [5, 6, 7, 8, 9]
     assert all(bad.path == source for bad in loaded.bad)
     reasons = {bad.line: bad.reason for bad in loaded.bad}
-    assert "got list" in reasons[4] and "got NoneType" in reasons[5] and "holds no answer" in reasons[6]
+    assert "got NoneType" in reasons[5] and "holds no answer" in reasons[6] and "got dict" in reasons[7]
     assert reasons[9].startswith("no prompt text: 'problem' is missing")
-    assert loaded.rows == 9 and loaded.report()["skipped"] == 6
+    assert loaded.rows == 9 and loaded.report()["skipped"] == 5
 
 
 def test_malformed_code_tests_are_skipped_and_good_ones_kept(tmp_path):
@@ -99,9 +100,13 @@ def test_synthetic_sources_are_checked_too_and_their_digest_follows_the_content(
 @pytest.mark.parametrize(
     ("row", "expected"),
     [
-        ({"problem": "p", "answer": "1"}, Task("math", "problem", "answer")),
-        ({"problem": "p", "answer": TESTS}, Task("code", "problem", "answer")),
-        ({"question": "p", "tests": TESTS}, Task("code", "question", "tests")),
+        ({"problem": "p", "answer": "1"}, Task("math", route=False)),
+        ({"problem": "p", "answer": TESTS}, Task("code", route=False)),
+        ({"question": "p", "tests": TESTS}, Task("code", route=False)),
+        (
+            {"prompt": [{"role": "user", "content": "p"}], "reward_model": {"ground_truth": json.dumps(TESTS)}},
+            Task("code", route=False),
+        ),
     ],
 )
 def test_the_task_is_told_from_the_first_row(row, expected):
@@ -109,5 +114,5 @@ def test_the_task_is_told_from_the_first_row(row, expected):
 
 
 def test_an_unknown_layout_names_its_fields():
-    with pytest.raises(DataError, match=r"cannot tell the task from the fields \['prompt', 'solution'\]"):
+    with pytest.raises(DataError, match=r"cannot tell the layout from the fields \['prompt', 'solution'\]"):
         choose_task([{"prompt": "x", "solution": "y"}], "data.jsonl")

@@ -229,10 +229,24 @@ MATH_ROW = {"problem": "Start with 1. Add 1.", "answer": "2"}
     ("rows", "extra", "message"),
     [
         (None, [], "missing.jsonl: no such file"),
-        ([{"prompt": "x", "solution": "y"}], [], "cannot tell the task from the fields ['prompt', 'solution']"),
-        ([{"problem": "x", "answer": "1", "tests": []}], [], "cannot tell the task"),
+        ([{"prompt": "x", "solution": "y"}], [], "cannot tell the layout from the fields ['prompt', 'solution']"),
+        (
+            [
+                {
+                    "data_source": "mystery",
+                    "prompt": [{"role": "user", "content": "x"}],
+                    "reward_model": {"ground_truth": "1"},
+                }
+            ],
+            [],
+            "data_source 'mystery' has no reward: add it to reward.by_source",
+        ),
         ([{"question": "x", "tests": []}], ["--reward", "math"], "no usable problem in 1 rows"),
-        ([{"prompt": "x", "answer": "1"}], [], "no usable problem in 1 rows (each needs a 'problem' text"),
+        (
+            [{"problem": ["x"], "answer": "1"}],
+            [],
+            "no usable problem in 1 rows (read as layout klear: prompt 'problem'",
+        ),
         ([{"question": "x", "tests": [{"input": "1"}]}], [], "data.jsonl:1: code test 0: unknown keys"),
         ([{"problem": "x", "answer": ""}], [], "data.jsonl:1: the math reward's reference holds no answer"),
         ([MATH_ROW], ["--reward", "nope"], "unknown reward 'nope'"),

@@ -86,3 +86,23 @@ def test_a_factory_without_the_newer_settings_still_builds() -> None:
     problems = [Problem("Start with 1. Add 1.", "2")]
     engine, _ = build_engine(arguments(engine=f"{__name__}:fixed_keywords_engine"), problems)
     assert engine == "engine" and sorted(CALLS[0][2]) == ["model", "precision", "rollout", "seed"]
+
+
+def test_rope_scaling_reaches_the_model_and_its_context(tmp_path) -> None:
+    """``--rope-scaling`` (YaRN, as the paper's 64K evaluation): the policy the engine gets computes with it, the
+    engine is told it through ``model``, and prompt budgets use the stretched context."""
+    CALLS.clear()
+    yarn = {"rope_type": "yarn", "factor": 2.5}
+    build_engine(arguments(rope_scaling=yarn))
+    policy, _, settings = CALLS[0]
+    assert settings["model"].rope_scaling == yarn
+    assert policy.config.rope_parameters["rope_type"] == "yarn" and policy.config.rope_parameters["factor"] == 2.5
+    assert policy.config.rope_parameters["rope_theta"] == 10000.0  # the checkpoint's own, kept
+    assert policy.config.max_position_embeddings == 1280  # 2.5 x tiny-sft's 512
+    assert policy.model.rotary_emb.attention_scaling > 1.0  # YaRN's attention temperature
+    data = str(write_jsonl([{"problem": "Start with 1. Add 1.", "answer": "2"}], tmp_path / "a.jsonl"))
+    # 1000 new tokens leave no room in tiny-sft's 512 positions, and room for a prompt in 1280
+    with pytest.raises(EvalError, match="leave no room for a prompt"):
+        load_eval_problems(arguments(data=data, max_new_tokens=1000))
+    problems, _, _ = load_eval_problems(arguments(data=data, max_new_tokens=1000, rope_scaling=yarn))
+    assert len(problems.problems) == 1

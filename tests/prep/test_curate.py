@@ -31,7 +31,7 @@ BASE = [
 ]
 BAD_LINES = [
     '{"problem": "Start with 3. Add 1.", "level": 1}',  # line 25: no answer
-    '{"problem": "Start with 4. Add 1.", "answer": ["5"]}',  # line 26: the math reward rejects a list reference
+    '{"problem": "Start with 4. Add 1.", "answer": [5]}',  # line 26: a list of answers must hold texts
     "oops",  # line 27: not JSON
 ]
 
@@ -127,7 +127,7 @@ def test_curate_keeps_the_middle_band(data, full_run):
     assert sum(report["correct_histogram"].values()) == 24 and report["correct_histogram"]["4/4"] == always
     assert [(bad["line"], bad["reason"]) for bad in report["bad_rows"]] == [
         (25, "no reference: 'answer' is missing (fields: ['level', 'problem'])"),
-        (26, "the math reward's reference must be a str or a number, got list"),
+        (26, "the math reward's reference is a list holding int; a list must hold the acceptable answers' texts"),
         (27, "not valid JSON (Expecting value at column 1)"),
     ]
     # tiny-sft solves the easy level more often than the hard one.

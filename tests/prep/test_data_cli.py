@@ -43,7 +43,10 @@ def test_writes_are_atomic(tmp_path):
 def test_synthetic_writes_the_embedded_task(tmp_path, capsys):
     out = tmp_path / "eval.jsonl"
     assert main(["synthetic", "--out", str(out), "--split", "eval", "--num", "6", "--levels", "1,3"]) == 0
-    assert capsys.readouterr().out.strip() == f"synthetic: wrote 6 math eval problems (levels 1,3, seed 0) -> {out}"
+    assert (
+        capsys.readouterr().out.strip()
+        == f"synthetic: wrote 6 math eval problems (levels 1,3, seed 0, klear layout) -> {out}"
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["level"] for row in rows] == [1, 3, 1, 3, 1, 3]
     assert all(

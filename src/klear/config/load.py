@@ -91,6 +91,7 @@ def check_config(config: DictConfig) -> None:
         raise ConfigError(f"optim.betas = {list(config.optim.betas)} is not accepted; accepted: two numbers in [0, 1)")
     _check_levels(config.data)
     _check_synthetic_rewards(config)
+    _check_rope_scaling(config.model.rope_scaling)
     problem = model_path_problem(config.model.path)
     if problem:
         raise ConfigError(f"model.path = {config.model.path!r}: {problem}")
@@ -124,6 +125,7 @@ def check_rl(config: DictConfig) -> None:
             build()
         except (ValueError, TypeError, RuntimeError) as error:  # their messages name the component and the values
             raise ConfigError(_first_line(error)) from error
+    _check_routes(config.reward)
     if config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "rollout.engine=vllm needs vLLM: pip install -e '.[vllm]' on GPU machines, or on CPU "
@@ -147,6 +149,38 @@ def check_rl(config: DictConfig) -> None:
         raise ConfigError("rollout.worker_devices names GPUs: set trainer.accelerator=gpu (or leave it empty)")
     if any(device < 0 for device in rollout.worker_devices):
         raise ConfigError(f"rollout.worker_devices = {list(rollout.worker_devices)}: GPU indices are >= 0")
+
+
+def _check_routes(reward: DictConfig) -> None:
+    """Every ``reward.by_source`` route names a reward (a name or ``{name, options}``) whose options it accepts."""
+    from klear.rewards.base import REWARDS
+    from klear.rewards.routing import spec_of
+
+    for source, spec in OmegaConf.to_container(reward.by_source).items():
+        key = f"reward.by_source.{source}"
+        try:
+            name, options = spec_of(spec)
+        except ValueError as error:
+            raise ConfigError(f"{key}: {_first_line(error)}") from error
+        if name == reward.name:
+            options = {**OmegaConf.to_container(reward.options), **options}
+        try:
+            _check_call(f"{key}.options", REWARDS.get(name), options, name)
+        except (ValueError, TypeError, RuntimeError) as error:
+            raise ConfigError(f"{key}: {_first_line(error)}") from error
+
+
+def _check_rope_scaling(rope_scaling: DictConfig) -> None:
+    """``model.rope_scaling``: empty, or a ``rope_type`` name with a positive ``factor``."""
+    if not rope_scaling:
+        return
+    rope_type, factor = rope_scaling.get("rope_type", rope_scaling.get("type")), rope_scaling.get("factor")
+    if not isinstance(rope_type, str) or not isinstance(factor, int | float) or isinstance(factor, bool) or factor <= 0:
+        raise ConfigError(
+            f"model.rope_scaling = {OmegaConf.to_container(rope_scaling)} is not accepted; accepted: empty, or a "
+            "rope_type (yarn, linear, dynamic, ...) with a factor > 0, e.g. {rope_type: yarn, factor: 2.5, "
+            "original_max_position_embeddings: 32768}"
+        )
 
 
 STAGE_CHECKS: dict[str, list] = {"rl": [check_rl]}

@@ -70,6 +70,10 @@ class ModelConfig:
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     attn_implementation: str = choice("sdpa", "eager", "flash_attention_2")
     """The transformers attention kernel."""
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    """Replaces the model config's ``rope_scaling`` (for both engines), e.g. ``{rope_type: yarn, factor: 2.5,
+    original_max_position_embeddings: 32768}`` to run Qwen3 past its 32K context as the paper's 64K evaluation
+    does; ``max_position_embeddings`` becomes ``factor`` x the original. Empty: the model's own."""
 
 
 @dataclass
@@ -190,18 +194,24 @@ class SFTRunConfig:
 class RLDataConfig:
     train: str = "synthetic"
     """``synthetic`` (the built-in arithmetic task), ``synthetic-code`` (the built-in programming task), or a
-    jsonl/json/parquet file or Hugging Face dataset of problems with a reference (LiveCodeBench rows as they are).
-    Rows the reward cannot check, or whose prompt is too long, are skipped by file and line and counted."""
+    jsonl/json/parquet file or Hugging Face dataset of problems with a reference, in any published layout (klear's
+    ``problem``/``answer``, verl's ``prompt``/``reward_model``/``data_source``, Klear's benchmarks, GSM8K, MATH,
+    LiveCodeBench, ...; docs/data-formats.md), detected from the first row. Rows the reward cannot check, or whose
+    prompt is too long, are skipped by file and line and counted."""
     eval: str = "synthetic"
     """Held-out problems scored by ``eval/accuracy``: ``synthetic``, ``synthetic-code`` or a file, as ``train``."""
-    prompt_key: str = "problem"
-    """Field holding the problem text (often ``question`` in code datasets)."""
-    reference_key: str = "answer"
-    """Field holding what the reward checks against: a final answer (math) or a list of tests (code; often
-    ``tests`` in code datasets)."""
+    prompt_key: str = ""
+    """Dotted path of the prompt field (``question``, ``prompt``); empty: the detected layout's."""
+    reference_key: str = ""
+    """Dotted path of the field the reward checks against (``reward_model.ground_truth``, ``meta.answer``): a final
+    answer (math) or tests (code); empty: the detected layout's."""
     max_prompt_tokens: int = at_least(0, 0)
-    """Longest prompt in tokens (chat template included); longer ones are skipped and counted. 0: the model's
+    """Longest prompt in tokens (chat template included); longer ones are handled by ``truncation``. 0: the model's
     context (``max_position_embeddings``) minus ``rollout.max_new_tokens`` (``eval.max_new_tokens`` for ``eval``)."""
+    truncation: str = choice("skip", "left", "error")
+    """Prompts longer than ``max_prompt_tokens``: skipped and counted (``skip``), cut to their last
+    ``max_prompt_tokens`` tokens (``left``, the reference recipe's), or the run stops before training naming the
+    file and line (``error``)."""
     num_train: int = at_least(4000, 1)
     """Synthetic task: training problems generated."""
     num_eval: int = at_least(200, 1)
@@ -281,6 +291,12 @@ class RewardConfig:
     """Per-item deadline of the worker pool (seconds)."""
     overlong_buffer: int = at_least(0, 0)
     """DAPO soft overlong punishment: penalty from 0 to -1 over the last this-many tokens; 0: off."""
+    by_source: dict[str, Any] = field(default_factory=dict)
+    """Rows whose ``data_source`` (else ``ability``) is this name, or starts with it, are scored by this reward: a
+    name or import path, or ``{name: ..., options: {...}}``. Added to the publishers' routes (Klear's
+    ``math_longcot_math_verify`` -> math, ``coder1_longcot`` -> code, DAPO's ``math_dapo`` -> math on its
+    ``Answer:`` line, rllm's code sources -> code, ...; docs/data-formats.md). ``name`` scores rows without a source;
+    ``options`` apply to every route to ``name``."""
 
 
 @dataclass
@@ -289,6 +305,10 @@ class AlgorithmConfig:
     """Advantage estimator: ``grpo`` (group z-score), ``dr_grpo`` (no std), ``rloo`` (leave-one-out)."""
     filter_groups: bool = True
     """Drop groups whose rewards are all equal (zero advantage everywhere; DAPO's dynamic sampling)."""
+    oversample: float = at_least(1.0, 1)
+    """Dynamic sampling's over-sampling: each step samples ``oversample`` x ``rollout.prompts_per_step`` prompts
+    (rounded up) and trains on the first ``prompts_per_step`` groups that survive the filter (the reference recipe
+    generates 256 for 128: 2.0). 1: sample what is trained on."""
     max_regenerations: int = at_least(0, 0)
     """Extra sampling rounds, on fresh prompts, to refill the batch after filtering; 0: train on what is left."""
     mini_batch_prompts: int = at_least(16, 1)

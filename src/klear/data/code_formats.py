@@ -162,6 +162,14 @@ def livecodebench_tests(row: dict, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> l
     return tests
 
 
+def livecodebench_test_list(tests: list[dict]) -> list[dict]:
+    """LiveCodeBench tests as rllm stores them (a list of ``{"input", "output", "testtype", "metadata"}``, the
+    function name in the first test's ``metadata.func_name``) in the ``code`` reward's format."""
+    functional = any(test.get("testtype") == "functional" for test in tests)
+    fn_name = _func_name(tests[0]) if functional else None
+    return [_lcb_test(test, fn_name, f"test {index}") for index, test in enumerate(tests)]
+
+
 def decode_lcb_tests(value: Any, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> list[dict]:
     """A LiveCodeBench test field as its list of test dicts.
 

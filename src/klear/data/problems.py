@@ -1,61 +1,98 @@
 """Problems with a checkable reference: one loader for RL training, the in-training evaluation, ``klear.eval`` and
 ``klear.data curate``.
 
-A problem is a prompt text and the reference its reward checks a completion against: a final answer for ``math``,
-a list of tests for ``code``. Sources:
+A problem is a prompt (text, or chat messages) and the reference its reward checks a completion against: a final
+answer for ``math``, a list of tests for ``code``. Sources:
 
 - ``synthetic`` (the built-in arithmetic task, :mod:`klear.data.synthetic`) and ``synthetic-code`` (the built-in
   programming task, :mod:`klear.data.synthetic_code`), drawn from a seed;
-- any file or dataset `klear.data.readers.read_numbered` reads, whose prompt and reference fields the `Task`
-  names (``problem`` / ``answer`` by default, for math and code alike; ``question`` / ``tests`` is common for
-  code). Rows of LiveCodeBench (its release format, compressed private tests included), HumanEval and MBPP are
-  converted on the fly (:mod:`klear.data.code_formats`), so those files train and evaluate as they are.
+- any file or dataset `klear.data.readers.read_numbered` reads, in any published layout `klear.data.layouts`
+  recognises (klear's ``problem`` / ``answer``, verl's chat ``prompt`` / ``reward_model.ground_truth`` /
+  ``data_source``, Klear-Reasoner's benchmark files, GSM8K, MATH, Open-Reasoner-Zero, LiveCodeBench, HumanEval,
+  MBPP, ...), detected per file from its first row and logged; `Task` overrides the fields with dotted paths.
+
+Each row's verifier: when the reward is a `klear.rewards.routing.RoutedReward` and the task routes (the default),
+a row with a data source (else an ``ability``) is scored by the reward its route names, and its reference is
+wrapped as `klear.rewards.routing.Routed`; a source no route knows is a skipped row. Rows without a source are
+scored by the reward itself. A reference stored as JSON text is decoded; a code reference in a publisher's layout
+is read into the ``code`` reward's tests (`klear.data.code_layouts`).
 
 Every row is checked here, before any model is built, so that nothing about the data can fail in the middle of a
-run: the prompt must be text, the reference must be one the reward accepts (`klear.rewards.check_reference`:
-a math answer that is a list or ``None``, an empty answer, a malformed code test are refused; a JSON number as a
-math answer is read as its text), and, when a tokenizer and a limit are given, the prompt must fit in
-``max_prompt_tokens`` tokens of the chat template. A row that fails is skipped as a `BadRow` naming its file,
-its 1-based line and why, and counted; a source with no usable row is refused with one line (`DataError`).
+run: the prompt must be text or chat messages ending in a user turn, the reference must be one its reward accepts
+(`klear.rewards.check_reference`: a math answer that is ``None`` or empty, an empty list of answers, a malformed
+code test are refused; a JSON number as a math answer is read as its text), and, when a tokenizer and a limit are
+given, the prompt must fit in ``max_prompt_tokens`` tokens of the chat template (``truncation``: a longer prompt
+is skipped, cut on the left, or stops the load). A row that fails is skipped as a `BadRow` naming its file, its
+1-based line and why, and counted; a source with no usable row is refused with one line (`DataError`). Math
+references that read like prose rather than an answer are counted per source and warned about
+(`ProblemSet.warnings`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from klear.cli import first_line
+from klear.data.layouts import Layout, decode_json_text, detect_layout
 from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.synthetic import generate_problems
 
-TASK_FIELDS: dict[str, tuple[str, str]] = {"math": ("problem", "answer"), "code": ("question", "tests")}
-"""Reward name -> the (prompt, reference) fields its data rows usually have, for telling a file's task apart."""
+log = logging.getLogger(__name__)
+
 SYNTHETIC_REWARDS: dict[str, str] = {"synthetic": "math", "synthetic-code": "code"}
 """Built-in synthetic sources -> the reward that checks them."""
+TRUNCATIONS = ("skip", "left", "error")
+"""What happens to a prompt longer than ``max_prompt_tokens``: skipped (a counted bad row), cut to its last tokens
+(verl's ``truncation: left``, the Klear-Reasoner recipe's), or the load stops with the file and line."""
+_SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
 
 
 @dataclass(frozen=True)
 class Task:
-    """Which reward decides correctness and which row fields hold the prompt and its reference."""
+    """Which reward decides correctness, and the row fields of the prompt and the reference when given.
+
+    Args:
+        reward: the reward of rows without a source (and of every row when ``route`` is False).
+        prompt_key, reference_key: dotted paths overriding the detected layout's fields; "" detects.
+        route: rows that carry a data source are scored by their route's reward (a `RoutedReward`).
+    """
 
     reward: str
-    prompt_key: str = "problem"
-    reference_key: str = "answer"
+    prompt_key: str = ""
+    reference_key: str = ""
+    route: bool = True
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One usable problem: its prompt text, its checked reference, and where it came from."""
+    """One usable problem: its prompt, its checked reference, and where it came from."""
 
-    prompt: str
+    prompt: str | list[dict[str, str]]
+    """The problem text, or the chat messages of the row (``{"role", "content"}``, ending in a user turn)."""
     reference: Any
+    """What the reward checks against, wrapped as `klear.rewards.routing.Routed` when its row's source routed it."""
     line: int = 0
     """1-based line of a jsonl file (else 1-based position in the source); 0 for a synthetic problem."""
     row: dict = field(default_factory=dict, compare=False)
     """The data row as read (a synthetic problem's record), for outputs that copy it."""
+    source: str = ""
+    """The row's data source (else its ``ability``); "" when it has none."""
+    max_prompt_tokens: int = 0
+    """Left truncation: keep only the last this-many prompt tokens (`klear.data.prompts.encode_problem`); 0: all."""
+
+    @property
+    def plain_reference(self) -> Any:
+        """The reference without its route."""
+        from klear.rewards.routing import unrouted
+
+        return unrouted(self.reference)
 
 
 @dataclass
@@ -67,19 +104,27 @@ class ProblemSet:
     bad: list[BadRow]
     longest_prompt: int = 0
     """Tokens of the longest usable prompt, when prompts were measured (``prompt_length``); 0 otherwise."""
+    layout: Layout | None = None
+    """The layout the rows were read in (None for a synthetic task)."""
+    warnings: list[str] = field(default_factory=list)
+    """What a user should hear about the data before training (prose-like references, truncated prompts)."""
 
     @property
     def rows(self) -> int:
         """Rows read: usable plus skipped."""
         return len(self.problems) + len(self.bad)
 
+    def sources(self) -> dict[str, int]:
+        """Problems per data source, for rows that carry one."""
+        return dict(sorted(Counter(problem.source for problem in self.problems if problem.source).items()))
+
     def digest(self) -> str:
         """A hash of every problem's prompt and reference, in order: equal digests mean the same data."""
-        return content_digest([(problem.prompt, problem.reference) for problem in self.problems])
+        return content_digest([(problem.prompt, problem.plain_reference) for problem in self.problems])
 
     def report(self) -> dict[str, Any]:
-        """What a run records about this source: counts, the digest and every skipped row by line."""
-        return {
+        """What a run records about this source: counts, the layout, the digest and every skipped row by line."""
+        report = {
             "source": self.source,
             "rows": self.rows,
             "problems": len(self.problems),
@@ -87,10 +132,25 @@ class ProblemSet:
             "digest": self.digest(),
             "bad_rows": [row.to_dict() for row in self.bad],
         }
+        if self.layout is not None:
+            report["layout"] = self.layout.describe()
+        if self.sources():
+            report["sources"] = self.sources()
+        if self.warnings:
+            report["warnings"] = self.warnings
+        return report
+
+    def log(self, what: str) -> None:
+        """The load in the log: the layout (with the fields it reads), then every warning."""
+        if self.layout is not None:
+            log.info("%s: %s: %s", what, self.source, self.layout.summary())
+        for warning in self.warnings:
+            log.warning("%s: %s", what, warning)
 
 
-PromptLength = Callable[[str], int]
-"""``prompt text -> tokens`` of the prompt as the model sees it (chat template and generation prompt included)."""
+PromptLength = Callable[[Any], int]
+"""``prompt -> tokens`` of a prompt (text or messages) as the model sees it (chat template and generation prompt
+included)."""
 
 
 def load_problems(
@@ -105,49 +165,156 @@ def load_problems(
     rows: tuple[list[tuple[int, dict]], list[BadRow]] | None = None,
     prompt_length: PromptLength | None = None,
     max_prompt_tokens: int = 0,
+    truncation: str = "skip",
 ) -> ProblemSet:
     """The checked problems of ``source``: a synthetic task (``num`` problems of ``split``, from ``seed`` and
-    ``levels``) or a file / dataset read whole. Raises `DataError` when no row is usable.
+    ``levels``) or a file / dataset read whole. Raises `DataError` when no row is usable (or, with
+    ``truncation="error"``, at the first prompt that is too long).
 
     Args:
-        task: the reward name (for messages) and the row fields of the prompt and the reference.
-        reward: the reward callable whose `check_reference` validates and normalises each reference.
+        task: the reward name (for messages and for rows without a source), field overrides, whether to route.
+        reward: the reward callable whose `check_reference` validates and normalises each reference; a
+            `klear.rewards.routing.RoutedReward` routes rows by their source.
         rows: the source already read with `read_numbered` (rows and bad rows), to read it once.
-        prompt_length: tokens of a prompt; with ``max_prompt_tokens > 0``, longer prompts are skipped rows.
+        prompt_length: tokens of a prompt; with ``max_prompt_tokens > 0``, longer prompts are handled by
+            ``truncation`` (`TRUNCATIONS`).
     """
-    from klear.rewards.base import check_reference  # the rewards import their checkers; keep `klear.data` light
+    from klear.rewards.routing import RoutedReward
 
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"truncation {truncation!r} is not one of {', '.join(TRUNCATIONS)}")
     if source in SYNTHETIC_REWARDS:
         numbered, bad = [(0, record) for record in synthetic_records(source, split, num, seed, levels)], []
-        keys = ("problem", "answer")
+        layout, shown = Layout("klear", "problem", "answer"), None
     else:
         numbered, bad = rows if rows is not None else read_numbered(source)
         bad = list(bad)
-        keys = (task.prompt_key, task.reference_key)
-    problems, longest = [], 0
+        if not numbered:
+            raise DataError(f"{source}: no usable problem in {len(bad)} rows{_first(bad)}")
+        try:
+            layout = detect_layout(numbered[0][1], task.prompt_key, task.reference_key)
+        except ValueError as error:
+            raise DataError(f"{source}: {error}") from None
+        shown = layout
+    router = reward if isinstance(reward, RoutedReward) and task.route else None
+    reader = _RowReader(source, layout, task, reward, router)
+    limit = max_prompt_tokens if prompt_length is not None else 0
+    problems, longest, cut = [], 0, 0
     for line, row in numbered:
         try:
-            prompt, reference = _prompt_and_reference(row, *keys)
-            reference = check_reference(reward, reference)
-            if max_prompt_tokens and prompt_length is not None:
+            prompt, reference, origin = reader.read(row, line)
+            keep = 0
+            if limit:
                 tokens = prompt_length(prompt)
-                if tokens > max_prompt_tokens:
-                    raise ValueError(
-                        f"prompt of {tokens} tokens is longer than max_prompt_tokens = {max_prompt_tokens}"
-                    )
+                if tokens > limit:
+                    if truncation != "left":
+                        message = f"prompt of {tokens} tokens is longer than max_prompt_tokens = {limit}"
+                        if truncation == "error":
+                            raise DataError(f"{source}:{line}: {message} (truncation: error)")
+                        raise ValueError(message)
+                    keep, tokens, cut = limit, limit, cut + 1
                 longest = max(longest, tokens)
         except ValueError as error:
+            if isinstance(error, DataError):
+                raise
             bad.append(BadRow(source, line, first_line(error)))
             continue
-        problems.append(Problem(prompt, reference, line, row))
+        problems.append(Problem(prompt, reference, line, row, origin, keep))
     bad.sort(key=lambda row: row.line)  # file order: rows the reader refused and rows refused here
     if not problems:
-        first = f"; first: {bad[0]}" if bad else ""
         raise DataError(
-            f"{source}: no usable problem in {len(bad)} rows (each needs a {keys[0]!r} text and a {keys[1]!r} "
-            f"reference the {task.reward} reward accepts){first}"
+            f"{source}: no usable problem in {len(bad)} rows (read as {layout.summary()}; each needs a prompt and a "
+            f"reference the {task.reward} reward accepts){_first(bad)}"
         )
-    return ProblemSet(source, problems, bad, longest)
+    warnings = reader.prose_warnings()
+    if cut:
+        warnings.append(f"{cut} prompts longer than {limit} tokens keep their last {limit} (truncation: left)")
+    return ProblemSet(source, problems, bad, longest, shown, warnings)
+
+
+class _RowReader:
+    """One row's prompt, checked reference and source, through the file's layout and the row's route."""
+
+    def __init__(self, source: str, layout: Layout, task: Task, reward: Any, router: Any) -> None:
+        from klear.rewards.base import check_reference
+
+        self.source, self.layout, self.task, self.reward, self.router = source, layout, task, reward, router
+        self.check = check_reference
+        self.prose: dict[str, list] = {}  # source -> [count, line and text of the first]
+
+    def read(self, row: dict, line: int) -> tuple[str | list[dict[str, str]], Any, str]:
+        from klear.data.code_formats import code_row
+
+        if self.layout.name in ("livecodebench", "humaneval", "mbpp"):
+            row = code_row(row)
+        prompt, reference, origin = self.layout.extract(row)
+        name, label = self._route(row, origin)
+        reference = _prepared(reference, name, origin)
+        reference = self.check(self.reward if label is None else self.router.reward_of(label), reference)
+        if name == "math":
+            self._note_prose(reference, origin, line)
+        return prompt, reference if label is None else _routed(label, reference), origin
+
+    def _route(self, row: dict, origin: str) -> tuple[str, str | None]:
+        """The reward name of the row and its route label (None: the reward itself scores it)."""
+        if self.router is None or not origin:
+            return self.layout.reward or self.task.reward, None
+        by_source = bool(self.layout.source) and self.layout.source_of(row, ability=False) == origin
+        label = self.router.route(origin, ability=not by_source)
+        if label is None:
+            key = self.layout.source if by_source else self.layout.ability
+            raise ValueError(
+                f"{key} {origin!r} has no reward: add it to reward.by_source (a name or prefix -> a reward); known: "
+                f"{', '.join(self.router.known())}"
+            )
+        return self.router.name_of(label), label
+
+    def _note_prose(self, reference: Any, origin: str, line: int) -> None:
+        texts = reference if isinstance(reference, list) else [reference]
+        example = next((text for text in texts if looks_like_prose(text)), None)
+        if example is not None:
+            entry = self.prose.setdefault(origin or "(none)", [0, line, example])
+            entry[0] += 1
+
+    def prose_warnings(self) -> list[str]:
+        return [
+            f"{count} math references of source {origin!r} read like prose rather than an answer (e.g. "
+            f"{self.source}:{line}: {example[:80]!r}); the math reward compares the final answer with that whole "
+            "text: point data.reference_key (--reference-key) at the answer field"
+            for origin, (count, line, example) in sorted(self.prose.items())
+        ]
+
+
+def _routed(label: str, reference: Any) -> Any:
+    from klear.rewards.routing import Routed
+
+    return Routed(label, reference)
+
+
+def _prepared(reference: Any, reward: str, source: str) -> Any:
+    """A reference as its reward reads it: code tests in a publisher's layout as klear's tests, a math answer list
+    stored as JSON text decoded."""
+    if reward == "code":
+        from klear.data.code_layouts import code_reference
+
+        return code_reference(reference, source)
+    if reward == "math":
+        decoded = decode_json_text(reference)
+        if isinstance(decoded, list) and decoded and all(isinstance(item, str) for item in decoded):
+            return decoded  # Skywork-OR1's '["4", "4.0"]': acceptable answers
+    return reference
+
+
+def looks_like_prose(reference: Any) -> bool:
+    """Whether a math reference reads like a worked solution rather than an answer: several sentences, and neither
+    a ``####`` answer nor a ``\\boxed{}`` the math reward would take from it."""
+    if not isinstance(reference, str) or "####" in reference or "\\boxed" in reference or "\\fbox" in reference:
+        return False
+    return len(_SENTENCE_END.findall(reference)) >= 2 and len(reference.split()) >= 8
+
+
+def _first(bad: list[BadRow]) -> str:
+    return f"; first: {bad[0]}" if bad else ""
 
 
 def synthetic_records(source: str, split: str, num: int, seed: int, levels: Sequence[int]) -> list[dict]:
@@ -166,49 +333,28 @@ def choose_task(
     prompt_key: str | None = None,
     reference_key: str | None = None,
 ) -> Task:
-    """The task of a problem file, as given or told from its first row: code when the reference (``tests``,
-    or ``answer`` holding a list) is a list of tests or the row is a LiveCodeBench, HumanEval or MBPP one, else
-    math."""
-    from klear.data.code_formats import is_code_benchmark
+    """The task of a problem file, as given or told from its layout (`klear.data.layouts.detect_layout`, first
+    row): code for code layouts and for references that are lists of tests, else math. Rows that carry a data
+    source (or an ``ability``) route by it unless ``reward`` is given, which then scores every row."""
+    if not rows:
+        raise DataError(f"{source}: no rows")
+    if reward is not None:
+        return Task(reward, prompt_key or "", reference_key or "", route=False)
+    try:
+        layout = detect_layout(rows[0], prompt_key or "", reference_key or "")
+    except ValueError as error:
+        raise DataError(f"{source}: {error}") from None
+    route = bool(layout.source or layout.ability)
+    if layout.reward:
+        return Task(layout.reward, prompt_key or "", reference_key or "", route)
+    from klear.data.layouts import get_path
 
-    if reward is None:
-        if not rows:
-            raise DataError(f"{source}: no rows")
-        first = rows[0]
-        if reference_key is not None:
-            code, math = isinstance(first.get(reference_key), list), reference_key in first
-            math = math and not code
-        else:
-            code = is_code_benchmark(first) or "tests" in first or isinstance(first.get("answer"), list)
-            math = "answer" in first and not isinstance(first["answer"], list)
-        if code == math:  # neither, or both (a row with an answer text and tests)
-            raise DataError(
-                f"{source}: cannot tell the task from the fields {sorted(first)}: math rows have 'problem' and an "
-                "'answer' text, code rows 'problem' (or 'question') and a list of tests in 'answer' (or 'tests'); "
-                "pass --reward NAME (and --prompt-key / --reference-key)"
-            )
-        reward = "code" if code else "math"
-    if reward == "code" and rows and prompt_key is None and reference_key is None and "tests" in rows[0]:
-        prompt_key, reference_key = TASK_FIELDS["code"]
-    return Task(reward, prompt_key or "problem", reference_key or "answer")
+    value = decode_json_text(get_path(rows[0], layout.reference))
+    code = isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
+    return Task("code" if code else "math", prompt_key or "", reference_key or "", route)
 
 
 def content_digest(items: Any) -> str:
     """A short sha256 of ``items`` as JSON (keys sorted): the same content gives the same digest."""
     text = json.dumps(items, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _prompt_and_reference(row: dict, prompt_key: str, reference_key: str) -> tuple[str, Any]:
-    from klear.data.code_formats import code_row, is_code_benchmark
-
-    if prompt_key not in row and is_code_benchmark(row):
-        row = code_row(row)
-        prompt_key, reference_key = "problem", "answer"
-    prompt = row.get(prompt_key)
-    if not isinstance(prompt, str) or not prompt.strip():
-        found = f"holds a {type(prompt).__name__}" if prompt_key in row else f"is missing (fields: {sorted(row)})"
-        raise ValueError(f"no prompt text: {prompt_key!r} {found}")
-    if reference_key not in row:
-        raise ValueError(f"no reference: {reference_key!r} is missing (fields: {sorted(row)})")
-    return prompt, row[reference_key]

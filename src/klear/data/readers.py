@@ -11,11 +11,14 @@ What was simplified, and why: every input is read into memory as a list of dicts
 project trains on (tens to a few hundred thousand rows) fit comfortably, and a list makes shuffling, packing and
 mixing plain Python; streaming would be the next step for corpora that do not fit.
 
-Broken rows are never dropped silently: a jsonl line that is not valid JSON, not UTF-8, or not an object is a
-`BadRow`; `read_rows` skips it with a logging warning naming the file and line (the first `MAX_ROW_WARNINGS` of
-them, `warn_bad_rows`), and a summary warning gives the total. Blank lines are not rows and are skipped without
-a warning. A missing or unreadable file, or an input of no accepted format, raises `DataError` with one line
-naming it and the accepted formats.
+A row that is a JSON list of objects (Open-Reasoner-Zero's training rows are two-message lists) is kept as
+``{"turns": [...]}``, so every row is a dict; `klear.data.layouts` reads such rows.
+
+Broken rows are never dropped silently: a jsonl line that is not valid JSON, not UTF-8, or not an object (nor a
+list of objects) is a `BadRow`; `read_rows` skips it with a logging warning naming the file and line (the first
+`MAX_ROW_WARNINGS` of them, `warn_bad_rows`), and a summary warning gives the total. Blank lines are not rows
+and are skipped without a warning. A missing or unreadable file, or an input of no accepted format, raises
+`DataError` with one line naming it and the accepted formats.
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ def _read_jsonl(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[Bad
                 except json.JSONDecodeError as error:
                     bad.append(BadRow(name, number, f"not valid JSON ({error.msg} at column {error.colno})"))
                     continue
+                row = as_row(row)
                 if isinstance(row, dict):
                     rows.append((number, row))
                 else:
@@ -161,11 +165,19 @@ def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadR
         raise DataError(f"{path}: a JSON {type(data).__name__}; a .json input is one list of objects (or use .jsonl)")
     rows, bad = [], []
     for position, item in enumerate(data, start=1):
+        item = as_row(item)
         if isinstance(item, dict):
             rows.append((position, item))
         else:
             bad.append(BadRow(name, position, f"item {position} is a JSON {type(item).__name__}, not an object"))
     return rows, bad
+
+
+def as_row(value: object) -> object:
+    """A JSON list of objects as the row ``{"turns": [...]}``; anything else unchanged."""
+    if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+        return {"turns": value}
+    return value
 
 
 def _numbered(rows: list[dict]) -> tuple[list[tuple[int, dict]], list[BadRow]]:

@@ -43,13 +43,15 @@ from transformers import PreTrainedTokenizerBase
 
 from klear import cli
 from klear.data.problems import Problem, Task
-from klear.data.prompts import encode_prompt
+from klear.data.prompts import encode_problem
 from klear.data.readers import DataError, write_jsonl
-from klear.eval.metrics import markdown_table, problem_record, summarize
+from klear.eval.completions import read_completions
+from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
 from klear.eval.sampler import build_engine
 from klear.eval.tasks import EvalError, build_reward, check_model_path, load_eval_problems
 from klear.rewards import Reward, score_batch
-from klear.rollout.engine import RolloutEngine, SamplingParams
+from klear.rewards.routing import seeded_reference
+from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 from klear.runtime.device import uses_cuda
 
 __all__ = [  # the loaders live in `klear.eval.tasks` and `klear.eval.sampler`; importable from here as well
@@ -69,8 +71,17 @@ log = logging.getLogger(__name__)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=cli.prog("eval"), description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="HF model directory or hub name; built-in: tiny, tiny-sft")
+    parser.add_argument("--model", help="HF model directory or hub name; built-in: tiny, tiny-sft")
     parser.add_argument("--data", required=True, help="jsonl/json/parquet file or HF dataset of problems")
+    parser.add_argument(
+        "--completions",
+        help='score saved generations instead of sampling: a jsonl with one {"completions": [...]} per data row',
+    )
+    parser.add_argument(
+        "--rope-scaling",
+        type=_json_object,
+        help='the model\'s rope scaling as JSON, e.g. \'{"rope_type": "yarn", "factor": 2.5}\' (both engines)',
+    )
     parser.add_argument("--k", type=int, default=1, help="report pass@k (and avg@k) (default: %(default)s)")
     parser.add_argument("--n", type=int, help="samples per problem for the estimators, >= k (default: k)")
     parser.add_argument("--temperature", type=float, default=0.6, help="0: greedy (default: %(default)s)")
@@ -110,22 +121,37 @@ def main(argv: list[str] | None = None) -> int:
         if (output / "results.jsonl").exists() and not args.overwrite:
             raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
         problems, task, reward = load_eval_problems(args)
-        engine, tokenizer = build_engine(args, problems.problems[: args.limit])
+        chosen = problems.problems[: args.limit]
+        if args.completions is not None:
+            saved = read_completions(args.completions, problems, args.k)[: args.limit]
+            args.n = len(saved[0])
+        else:
+            engine, tokenizer = build_engine(args, chosen)
     except (EvalError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    layout = problems.layout.describe() if problems.layout is not None else {}
     summary = {
         "model": args.model,
+        "completions": args.completions,
         "data": args.data,
-        **vars(task),
+        "reward": task.reward,
+        "prompt_key": layout.get("prompt", task.prompt_key),
+        "reference_key": layout.get("reference", task.reference_key),
+        "layout": layout,
+        "routed": task.route and bool(problems.sources()),
         "rows": problems.rows,
         "rows_skipped": len(problems.bad),
         "bad_rows": [row.to_dict() for row in problems.bad],
         **{key: getattr(args, key) for key in ("k", "n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
-        "engine": args.engine,
+        "rope_scaling": args.rope_scaling,
+        "engine": args.engine if args.completions is None else None,
         "device": "cuda" if uses_cuda("auto") else "cpu",
     }
-    records, timing = run(engine, tokenizer, problems.problems[: args.limit], task, reward, args)
+    if args.completions is not None:
+        records, timing = score(chosen, [[SavedCompletion(text) for text in row] for row in saved], reward, args)
+    else:
+        records, timing = run(engine, tokenizer, chosen, task, reward, args)
     summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
     table = markdown_table(summary)
     write_jsonl(records, output / "results.jsonl")
@@ -153,6 +179,12 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, ok, requirement in requirements:
         if not ok:
             raise EvalError(f"{flag} must be {requirement}, got {getattr(args, flag[2:].replace('-', '_'))}")
+    if args.completions is not None:
+        if args.model is not None:
+            raise EvalError("--model and --completions exclude each other: sample with a model, or score saved ones")
+        return
+    if args.model is None:
+        raise EvalError("give --model PATH to sample answers, or --completions GEN.jsonl to score saved ones")
     if args.temperature == 0 and args.n > 1:
         raise EvalError("greedy decoding (--temperature 0) gives one answer per problem: use --k 1 without --n")
 
@@ -166,7 +198,7 @@ def run(
     args: argparse.Namespace,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Sample ``n`` answers per problem and score them: the per-problem records, and timings."""
-    prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems]
+    prompts = [encode_problem(tokenizer, problem) for problem in problems]
     sampling = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -179,23 +211,45 @@ def run(
     timer = time.perf_counter()
     rollouts = engine.generate(prompts, sampling)
     sampling_s = time.perf_counter() - timer
-    log.info("scoring %d samples with the %s reward", len(rollouts), task.reward)
-    timer = time.perf_counter()
-    references = [problems[rollout.prompt_index].reference for rollout in rollouts]
-    texts = [rollout.text for rollout in rollouts]
-    result = score_batch(reward, texts, references, num_workers=args.num_workers, timeout=args.reward_timeout)
-    scoring_s = time.perf_counter() - timer
     n = args.n  # the engine returns each problem's n samples together, in problem order
-    records = [
-        problem_record(
-            problem,
-            rollouts[i * n : (i + 1) * n],
-            result.scores[i * n : (i + 1) * n],
-            result.statuses[i * n : (i + 1) * n],
-            result.correct[i * n : (i + 1) * n],
-            args.k,
-        )
-        for i, problem in enumerate(problems)
-    ]
+    records, timing = score(problems, [rollouts[i * n : (i + 1) * n] for i in range(len(problems))], reward, args)
     tokens = sum(len(rollout.response_ids) for rollout in rollouts)
-    return records, {"sampling_s": sampling_s, "scoring_s": scoring_s, "sampled_tokens_per_s": tokens / sampling_s}
+    return records, {"sampling_s": sampling_s, **timing, "sampled_tokens_per_s": tokens / sampling_s}
+
+
+def score(
+    problems: list[Problem],
+    samples: list[list[Rollout | SavedCompletion]],
+    reward: Reward,
+    args: argparse.Namespace,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Score each problem's samples (sampled or saved): the per-problem records, and the scoring time. Sample ``j``
+    of problem ``i`` samples its tests (a code suite with ``max_test_cases``) with seed ``seed + i * n + j``."""
+    log.info("scoring %d samples", sum(len(row) for row in samples))
+    timer = time.perf_counter()
+    n = len(samples[0]) if samples else 0
+    references = [
+        seeded_reference(problem.reference, args.seed + i * n + j)
+        for i, problem in enumerate(problems)
+        for j in range(len(samples[i]))
+    ]
+    texts = [sample.text for row in samples for sample in row]
+    result = score_batch(reward, texts, references, num_workers=args.num_workers, timeout=args.reward_timeout)
+    records, start = [], 0
+    for problem, row in zip(problems, samples, strict=True):
+        part = slice(start, start + len(row))
+        start += len(row)
+        records.append(
+            problem_record(problem, row, result.scores[part], result.statuses[part], result.correct[part], args.k)
+        )
+    return records, {"scoring_s": time.perf_counter() - timer}
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, got {text!r}")
+    return value

@@ -4,7 +4,8 @@ The problems, their order and (when sampling) the seed are the same at every eva
 ``eval/accuracy`` measures the policy and nothing else. Greedy decoding gives the accuracy of the single most
 likely answer; with a temperature, ``samples`` answers per problem are drawn and ``eval/accuracy`` is their
 mean (avg@k), with ``eval/pass_at_k`` alongside (`klear.eval.metrics.pass_at_k` with ``n = k = samples``: the
-share of problems with at least one correct answer). Whether an answer is correct is the reward's verdict
+share of problems with at least one correct answer), and, when the problems carry data sources,
+``eval/accuracy/<source>`` for each. Whether an answer is correct is the reward's verdict
 (`klear.rewards.scorer.RewardScorer.correctness`), not a threshold on its score.
 """
 
@@ -17,8 +18,9 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.config import EvalConfig
 from klear.data.problems import Problem
-from klear.data.prompts import encode_prompt
+from klear.data.prompts import encode_problem
 from klear.eval.metrics import pass_at_k
+from klear.rewards.routing import seeded_reference
 from klear.rollout.engine import RolloutEngine, SamplingParams
 from klear.runtime.distributed import gather_objects, rank_range
 
@@ -48,7 +50,7 @@ def evaluate(
     """
     problems = problems[: config.num_prompts]
     mine = rank_range(len(problems), rank, world)
-    prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems[mine.start : mine.stop]]
+    prompts = [encode_problem(tokenizer, problem) for problem in problems[mine.start : mine.stop]]
     samples = config.samples if config.temperature > 0 else 1
     sampling = SamplingParams(
         max_new_tokens=config.max_new_tokens,
@@ -58,7 +60,10 @@ def evaluate(
         seed=EVAL_SEED + mine.start,
     )
     rollouts = engine.generate(prompts, sampling)  # with no prompts too: a sharded policy samples in lockstep
-    references = [problems[mine.start + rollout.prompt_index].reference for rollout in rollouts]
+    references = [
+        seeded_reference(problems[mine.start + rollout.prompt_index].reference, EVAL_SEED + mine.start * samples + i)
+        for i, rollout in enumerate(rollouts)
+    ]
     verdicts = score([rollout.text for rollout in rollouts], references) if rollouts else []
     not_bool = [verdict for verdict in verdicts if not isinstance(verdict, bool)]
     if not_bool:  # a list of rewards would otherwise be read as "correct" wherever it is non-zero
@@ -75,4 +80,7 @@ def evaluate(
     if samples > 1:
         counts = [sum(correct[i * samples : (i + 1) * samples]) for i in range(len(problems))]
         metrics[f"eval/pass_at_{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(counts)
+    for source in sorted({problem.source for problem in problems} - {""}):
+        hits = [value for i, value in enumerate(correct) if problems[i // samples].source == source]
+        metrics[f"eval/accuracy/{source}"] = sum(hits) / len(hits)
     return metrics

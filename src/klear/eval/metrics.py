@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from klear.data.problems import Problem
@@ -42,79 +43,119 @@ def reported_ks(k: int) -> list[int]:
     return [*ks, k]
 
 
+@dataclass(frozen=True)
+class SavedCompletion:
+    """A completion made elsewhere (``klear.eval --completions``): its text, with no token count or finish reason."""
+
+    text: str
+    length: int | None = None
+    finish_reason: str | None = None
+
+
 def problem_record(
     problem: Problem,
-    rollouts: Sequence[Rollout],
+    rollouts: Sequence[Rollout | SavedCompletion],
     scores: Sequence[float],
     statuses: Sequence[str],
     correct: Sequence[bool],
     k: int,
 ) -> dict[str, Any]:
-    """One line of ``results.jsonl``: the problem (``line`` of its data row, text, reference), every sample (with
-    its score, status and whether it is ``correct``, as the reward decided), and the problem's correct count, avg
-    and pass@k."""
+    """One line of ``results.jsonl``: the problem (``line`` of its data row, prompt, reference and, when the row has
+    one, its ``source``), every sample (with its score, status and whether it is ``correct``, as the reward decided;
+    ``length`` and ``finish_reason`` are None for saved completions), and the problem's correct count, avg and
+    pass@k."""
     samples = [
         {
             "text": rollout.text,
             "score": score,
             "correct": bool(flag),
             "status": status,
-            "length": len(rollout.response_ids),
+            "length": rollout.length if isinstance(rollout, SavedCompletion) else len(rollout.response_ids),
             "finish_reason": rollout.finish_reason,
         }
         for rollout, score, status, flag in zip(rollouts, scores, statuses, correct, strict=True)
     ]
     n, c = len(samples), sum(sample["correct"] for sample in samples)
-    return {
-        "line": problem.line,
-        "problem": problem.prompt,
-        "reference": problem.reference,
-        "n": n,
-        "correct": c,
-        "avg": c / n,
-        "pass@k": pass_at_k(n, c, k),
-        "samples": samples,
-    }
+    record = {"line": problem.line, "problem": problem.prompt, "reference": problem.plain_reference}
+    if problem.source:
+        record["source"] = problem.source
+    return {**record, "n": n, "correct": c, "avg": c / n, "pass@k": pass_at_k(n, c, k), "samples": samples}
 
 
 def summarize(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
-    """avg@k, pass@k (and pass@j for `reported_ks`), response lengths and reward failures of ``records``."""
+    """avg@k, pass@k (and pass@j for `reported_ks`), response lengths and reward failures of ``records``; with
+    ``by_source`` (problems, samples, avg@k, pass@k per data source) when the records carry sources. Lengths are
+    None for saved completions (no tokenizer counted them)."""
     samples = [sample for record in records for sample in record["samples"]]
     statuses = [sample["status"] for sample in samples]
     pass_at = {str(j): _mean([pass_at_k(r["n"], r["correct"], j) for r in records]) for j in reported_ks(k)}
-    return {
+    lengths = [sample["length"] for sample in samples if sample["length"] is not None]
+    reasons = [sample["finish_reason"] for sample in samples if sample["finish_reason"] is not None]
+    summary = {
         "problems": len(records),
         "samples": len(samples),
         "avg@k": _mean([sample["correct"] for sample in samples]),
         "pass@k": pass_at[str(k)],
         "pass@": pass_at,
-        "mean_response_length": _mean([sample["length"] for sample in samples]),
-        "truncated_frac": _mean([sample["finish_reason"] == "length" for sample in samples]),
+        "mean_response_length": _mean(lengths) if lengths else None,
+        "truncated_frac": _mean([reason == "length" for reason in reasons]) if reasons else None,
         "reward_timeouts": statuses.count("timeout"),
         "reward_errors": statuses.count("error"),
+    }
+    sources = sorted({record["source"] for record in records if "source" in record})
+    if sources:
+        summary["by_source"] = {source: _source_summary(records, source, k) for source in sources}
+    return summary
+
+
+def _source_summary(records: Sequence[dict[str, Any]], source: str, k: int) -> dict[str, Any]:
+    mine = [record for record in records if record.get("source") == source]
+    samples = [sample["correct"] for record in mine for sample in record["samples"]]
+    return {
+        "problems": len(mine),
+        "samples": len(samples),
+        "avg@k": _mean(samples),
+        "pass@k": _mean([pass_at_k(r["n"], r["correct"], k) for r in mine]),
     }
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
     """The summary as a two-column markdown table."""
     n, skipped = summary["n"], summary["rows_skipped"]
+    saved = summary.get("completions") is not None
+    reward = (
+        "rewards by source" if summary.get("by_source") and summary.get("routed") else f"{summary['reward']} reward"
+    )
     rows = [
-        ("model", f"`{summary['model']}`"),
-        ("data", f"`{summary['data']}` ({summary['reward']} reward)"),
+        ("model", f"`{summary['model']}`" if not saved else f"none: completions of `{summary['completions']}`"),
+        ("data", f"`{summary['data']}` ({reward})"),
         (
             "problems",
             f"{summary['problems']}" + (f" ({skipped} bad rows skipped: see summary.json)" if skipped else ""),
         ),
-        ("samples per problem", f"{n} (temperature {summary['temperature']}, top-p {summary['top_p']})"),
+        (
+            "samples per problem",
+            f"{n}" + ("" if saved else f" (temperature {summary['temperature']}, top-p {summary['top_p']})"),
+        ),
         (f"avg@{n} (= pass@1)", f"{summary['avg@k']:.4f}"),
         *[(f"pass@{j}", f"{value:.4f}") for j, value in summary["pass@"].items() if j != "1"],
-        ("mean response length", f"{summary['mean_response_length']:.1f} tokens"),
-        ("truncated", f"{summary['truncated_frac']:.1%} (at {summary['max_new_tokens']} new tokens)"),
-        ("reward timeouts / errors", f"{summary['reward_timeouts']} / {summary['reward_errors']}"),
-        ("sampling", f"{summary['sampling_s']:.1f} s ({summary['sampled_tokens_per_s']:.0f} tokens/s)"),
-        ("scoring", f"{summary['scoring_s']:.1f} s"),
-        ("wall time", f"{summary['wall_s']:.1f} s"),
+        *[
+            (
+                f"`{source}`",
+                f"avg@{n} {row['avg@k']:.4f}, pass@{summary['k']} {row['pass@k']:.4f} ({row['problems']} problems)",
+            )
+            for source, row in summary.get("by_source", {}).items()
+        ],
     ]
+    if not saved:
+        rows += [
+            ("mean response length", f"{summary['mean_response_length']:.1f} tokens"),
+            ("truncated", f"{summary['truncated_frac']:.1%} (at {summary['max_new_tokens']} new tokens)"),
+        ]
+    rows.append(("reward timeouts / errors", f"{summary['reward_timeouts']} / {summary['reward_errors']}"))
+    if not saved:
+        rows.append(("sampling", f"{summary['sampling_s']:.1f} s ({summary['sampled_tokens_per_s']:.0f} tokens/s)"))
+    rows += [("scoring", f"{summary['scoring_s']:.1f} s"), ("wall time", f"{summary['wall_s']:.1f} s")]
     return "\n".join(["| metric | value |", "|---|---|", *[f"| {name} | {value} |" for name, value in rows]])
 
 

@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 from klear.cli import first_line
 from klear.config import ModelConfig, RolloutConfig
 from klear.data.problems import Problem
-from klear.data.prompts import encode_prompt
+from klear.data.prompts import encode_problem
 from klear.eval.tasks import EvalError, load_eval_tokenizer
 from klear.models import load_model
 from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, create_engine, needed_model_len
@@ -30,7 +30,8 @@ def build_engine(
 ) -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
     """The engine ``args.engine`` over the model ``args.model``, and its tokenizer.
 
-    The engine gets ``args.max_new_tokens``, ``args.temperature``, ``args.top_p``, ``args.top_k`` and
+    ``args.rope_scaling`` (``--rope-scaling``), when set, replaces the model's rope scaling in both engines. The
+    engine gets ``args.max_new_tokens``, ``args.temperature``, ``args.top_p``, ``args.top_k`` and
     ``args.batch_size`` as its rollout options and ``args.seed`` as its seed. Given the ``problems`` it will
     sample, it also gets their longest prompt + ``args.max_new_tokens`` as ``max_model_len`` (the ``vllm``
     engine's context: without it, the model's whole context).
@@ -43,7 +44,7 @@ def build_engine(
     except ValueError as error:
         raise EvalError(f"--engine: {first_line(error)}") from error
     on_cuda = uses_cuda("auto")
-    model_config = ModelConfig(path=args.model)
+    model_config = ModelConfig(path=args.model, rope_scaling=getattr(args, "rope_scaling", None) or {})
     tokenizer = load_eval_tokenizer(args.model)
     try:
         model = load_model(model_config, on_cuda=on_cuda)
@@ -57,7 +58,7 @@ def build_engine(
         top_k=args.top_k,
         batch_size=args.batch_size,
     )
-    lengths = [len(encode_prompt(tokenizer, problem.prompt)) for problem in problems]
+    lengths = [len(encode_problem(tokenizer, problem)) for problem in problems]
     need = needed_model_len(lengths, args.max_new_tokens) if lengths else None
     try:
         engine = create_engine(

@@ -1,10 +1,12 @@
 """The problems of an evaluation, shared by ``python -m klear.eval`` and ``python -m klear.data curate``.
 
-`load_eval_problems` reads a problem file once, picks the task from its first row (math rows have ``problem``
-and an ``answer`` text, code rows a list of tests; ``--reward``, ``--prompt-key`` and ``--reference-key`` override
-the choice, see `klear.data.problems.choose_task`), builds the task's reward, and loads the problems with the loader
-RL training uses (`klear.data.problems.load_problems`): a row without the fields, with a reference the reward
-rejects or with a prompt longer than the limit is skipped with a warning naming its file and line. What cannot be
+`load_eval_problems` reads a problem file once, recognises its layout from its first row and picks the task (code
+for code layouts and test lists, else math; rows with a data source are each scored by their source's verifier
+unless ``--reward`` names one, which then scores every row; ``--prompt-key`` and ``--reference-key`` override the
+fields, see `klear.data.problems.choose_task`), builds the reward, and loads the problems with the loader RL
+training uses (`klear.data.problems.load_problems`): a row without the fields, with a reference the reward
+rejects, of a source no route knows, or with a prompt longer than the limit is skipped with a warning naming its
+file and line. Without a model (``--completions``), prompts are not measured. What cannot be
 evaluated at all — an unknown reward or option, a model path that is not a model, a response budget that leaves no
 room for a prompt — raises `EvalError`, one line naming the argument.
 """
@@ -24,6 +26,7 @@ from klear.data.prompts import encode_prompt
 from klear.data.readers import read_numbered, warn_bad_rows
 from klear.models import load_tokenizer, prompt_budget
 from klear.rewards import Reward, get_reward
+from klear.rewards.routing import routed_reward
 
 
 class EvalError(ValueError):
@@ -36,7 +39,8 @@ def load_eval_problems(
     """The checked problems of ``args.data`` (bad rows skipped by file and line), their task and reward.
 
     Reads ``args.data``, ``args.reward``, ``args.prompt_key``, ``args.reference_key``, ``args.model`` (its tokenizer
-    measures the prompts) and ``args.max_prompt_tokens`` (0: the model's context minus ``args.max_new_tokens``).
+    measures the prompts; None: no prompt-length check) and ``args.max_prompt_tokens`` (0: the model's context minus
+    ``args.max_new_tokens``).
 
     Raises:
         EvalError: an unknown reward or option, or a model that cannot be loaded or leaves no room for a prompt.
@@ -44,25 +48,27 @@ def load_eval_problems(
     """
     rows = read_numbered(args.data)
     task = choose_task([row for _, row in rows[0]], args.data, args.reward, args.prompt_key, args.reference_key)
-    reward = build_reward(task.reward, reward_options or {})
-    limit = args.max_prompt_tokens or _prompt_budget(args.model, args.max_new_tokens)
-    tokenizer = load_eval_tokenizer(args.model)
-    problems = load_problems(
-        args.data,
-        task,
-        reward,
-        rows=rows,
-        prompt_length=lambda text: len(encode_prompt(tokenizer, text)),
-        max_prompt_tokens=limit,
-    )
+    reward = build_reward(task.reward, reward_options or {}, route=task.route)
+    prompt_length, limit = None, 0
+    if args.model is not None:
+        rope = getattr(args, "rope_scaling", None)  # klear.data curate has no --rope-scaling
+        limit = args.max_prompt_tokens or _prompt_budget(args.model, args.max_new_tokens, rope)
+        tokenizer = load_eval_tokenizer(args.model)
+
+        def prompt_length(prompt: Any) -> int:
+            return len(encode_prompt(tokenizer, prompt))
+
+    problems = load_problems(args.data, task, reward, rows=rows, prompt_length=prompt_length, max_prompt_tokens=limit)
+    problems.log("--data")
     warn_bad_rows(problems.bad, {args.data: problems.rows})
     return problems, task, reward
 
 
-def build_reward(name: str, options: dict[str, Any]) -> Reward:
-    """The reward ``name`` with ``options``; `EvalError` naming the reward or option when it cannot be built."""
+def build_reward(name: str, options: dict[str, Any], route: bool = False) -> Reward:
+    """The reward ``name`` with ``options`` (routing rows with a data source to their publishers' verifiers when
+    ``route``); `EvalError` naming the reward or option when it cannot be built."""
     try:
-        return get_reward(name, **options)
+        return routed_reward(name, options) if route else get_reward(name, **options)
     except (ValueError, TypeError) as error:  # the message names the reward (or option) and the accepted ones
         raise EvalError(f"--reward {name}: {first_line(error)}") from error
 
@@ -83,10 +89,10 @@ def check_model_path(path: str) -> None:
         raise EvalError(f"--model {path}: {problem}")
 
 
-def _prompt_budget(path: str, max_new_tokens: int) -> int:
+def _prompt_budget(path: str, max_new_tokens: int, rope_scaling: dict[str, Any] | None = None) -> int:
     check_model_path(path)
     try:
-        return prompt_budget(ModelConfig(path=path), max_new_tokens)
+        return prompt_budget(ModelConfig(path=path, rope_scaling=rope_scaling or {}), max_new_tokens)
     except OSError as error:
         raise EvalError(f"--model {path}: {first_line(error)}") from error
     except ValueError as error:  # the response budget leaves no room for a prompt

@@ -7,12 +7,14 @@ from klear.models.loading import (
     SHIPPED,
     TINY_SFT_DIR,
     cache_dir,
+    hf_config,
     load_model,
     load_tokenizer,
     model_context,
     model_dtype,
     prompt_budget,
     resolve_model_path,
+    rope_overrides,
 )
 
 __all__ = [
@@ -20,10 +22,12 @@ __all__ = [
     "SHIPPED",
     "TINY_SFT_DIR",
     "cache_dir",
+    "hf_config",
     "load_model",
     "load_tokenizer",
     "model_context",
     "model_dtype",
     "prompt_budget",
     "resolve_model_path",
+    "rope_overrides",
 ]

@@ -9,6 +9,11 @@ task), where ``configs/rl_code.yaml`` starts; ``tiny-sft-testbed`` is the model 
 (every answer boxed, stopped early), where the objective ablations of ``configs/ablations/`` start.
 Any other value goes to ``from_pretrained`` unchanged, so a local directory or a hub name works the same way.
 
+``model.rope_scaling`` replaces the checkpoint's rope scaling (YaRN for Qwen3's 64K evaluation): its fields are
+merged over the config's ``rope_parameters`` (which keep ``rope_theta``), and ``max_position_embeddings`` becomes
+``factor`` x ``original_max_position_embeddings`` (the checkpoint's context when not given), so prompt budgets
+and the engines' context follow. The vLLM engine receives the same fields as ``hf_overrides`` (`rope_overrides`).
+
 ``model.attn_implementation: sdpa`` loads :mod:`klear.models.attention`'s ``sdpa_gqa``: transformers' sdpa, except
 that on CPU a masked grouped-query attention no longer copies its K/V heads (same values).
 """
@@ -19,6 +24,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -62,11 +68,37 @@ def resolve_model_path(path: str) -> str:
 
 
 def model_context(config: ModelConfig) -> int:
-    """The longest sequence (prompt + response) the model of ``config.path`` takes: ``max_position_embeddings``."""
+    """The longest sequence (prompt + response) the model of ``config.path`` takes: ``max_position_embeddings``
+    (scaled by ``model.rope_scaling``)."""
+    return int(hf_config(config).get_text_config().max_position_embeddings)  # multimodal configs nest the text model
+
+
+def hf_config(config: ModelConfig) -> Any:
+    """The Hugging Face config of ``config.path``, with ``model.rope_scaling`` applied (`rope_overrides`)."""
     from transformers import AutoConfig
 
-    model_config = AutoConfig.from_pretrained(resolve_model_path(config.path))
-    return int(model_config.get_text_config().max_position_embeddings)  # multimodal configs nest the text model
+    loaded = AutoConfig.from_pretrained(resolve_model_path(config.path))
+    text = loaded.get_text_config()
+    for key, value in rope_overrides(config, text.to_dict()).items():
+        setattr(text, key, value)
+    return loaded
+
+
+def rope_overrides(config: ModelConfig, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The config fields ``model.rope_scaling`` changes in a checkpoint's (text) config dict: ``rope_parameters``
+    (the checkpoint's, with the scaling's fields over them) and ``max_position_embeddings``; {} without a scaling."""
+    scaling = dict(config.rope_scaling or {})
+    if not scaling:
+        return {}
+    context = int(checkpoint["max_position_embeddings"])
+    scaling.setdefault("original_max_position_embeddings", context)
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    base = checkpoint.get("rope_parameters") or {"rope_theta": checkpoint.get("rope_theta", 10000.0)}
+    return {
+        "rope_parameters": {**base, **scaling},
+        "max_position_embeddings": int(scaling["factor"] * scaling["original_max_position_embeddings"]),
+    }
 
 
 def prompt_budget(config: ModelConfig, max_new_tokens: int) -> int:
@@ -98,6 +130,7 @@ def load_model(config: ModelConfig, on_cuda: bool = False) -> PreTrainedModel:
     with memory.phase("load"):
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model_path(config.path),
+            config=hf_config(config),
             dtype=model_dtype(config, on_cuda),
             attn_implementation=attention.NAME if config.attn_implementation == "sdpa" else config.attn_implementation,
         )

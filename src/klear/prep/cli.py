@@ -15,6 +15,7 @@ one summary line with its counts. A bad option or unreadable input stops it with
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from klear import cli
@@ -44,6 +45,13 @@ def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
         help="math: arithmetic chains, answer in \\boxed{}; code: stdin/stdout programs with tests (default: math)",
     )
     parser.add_argument("--split", choices=SPLITS, default="train", help="train or eval (disjoint by text)")
+    parser.add_argument(
+        "--layout",
+        choices=("klear", "verl"),
+        default="klear",
+        help="klear: problem, answer, solution, level; verl: Klear-Reasoner's training rows (data_source, chat "
+        "prompt, reward_model.ground_truth; code tests in Code-R1's JSON) (default: %(default)s)",
+    )
     parser.add_argument("--num", type=int, default=1000, help="problems (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default: %(default)s)")
     parser.add_argument(
@@ -60,11 +68,34 @@ def run_synthetic(args: argparse.Namespace) -> str:
         problems = generate(args.num, split=args.split, seed=args.seed, levels=levels)
     except ValueError as error:
         raise CommandError(f"--levels {args.levels!r} / --num {args.num}: {error}") from None
+    if args.layout == "verl":
+        problems = [verl_row(problem, args.task, index) for index, problem in enumerate(problems)]
     out = write_rows(problems, args.out)
     return (
-        f"synthetic: wrote {len(problems)} {args.task} {args.split} problems (levels {args.levels}, seed {args.seed}) "
-        f"-> {out}"
+        f"synthetic: wrote {len(problems)} {args.task} {args.split} problems (levels {args.levels}, seed {args.seed}, "
+        f"{args.layout} layout) -> {out}"
     )
+
+
+VERL_SOURCES = {"math": "math_longcot_math_verify", "code": "coder1_longcot"}
+"""The data sources of Klear-Reasoner's math and code training rows, which route them to their verifiers."""
+
+
+def verl_row(problem: dict, task: str, index: int) -> dict:
+    """A built-in task's problem as a Klear-Reasoner training row (its README's "Training Data Format"): math with
+    the answer as ground truth, code with Code-R1's ``{"inputs", "outputs"}`` JSON of its stdin tests."""
+    if task == "code":
+        tests = {"inputs": [t["input"] for t in problem["answer"]], "outputs": [t["output"] for t in problem["answer"]]}
+        truth = json.dumps(tests)
+    else:
+        truth = problem["answer"]
+    return {
+        "data_source": VERL_SOURCES[task],
+        "prompt": [{"content": problem["problem"], "role": "user"}],
+        "ability": task,
+        "reward_model": {"ground_truth": truth, "style": "rule"},
+        "extra_info": {"index": index, "level": problem["level"], "solution": problem["solution"]},
+    }
 
 
 HANDLERS = {

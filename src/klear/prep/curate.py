@@ -210,7 +210,7 @@ def sample(
     args: argparse.Namespace, reward: Reward, problems: list[Problem], pending: list[int], path: Path
 ) -> dict[int, dict]:
     """Sample and score the ``pending`` problems chunk by chunk, appending each chunk's records to ``path``."""
-    from klear.data.prompts import encode_prompt
+    from klear.data.prompts import encode_problem
     from klear.eval.sampler import build_engine
     from klear.eval.tasks import EvalError
 
@@ -224,7 +224,7 @@ def sample(
     with _scorer(reward, args.num_workers, args.reward_timeout) as scorer, _progress(len(pending)) as progress:
         for chunk, indices in groupby(pending, key=lambda i: i // args.chunk):
             batch = [problems[i] for i in indices]
-            prompts = [encode_prompt(tokenizer, problem.prompt) for problem in batch]
+            prompts = [encode_problem(tokenizer, problem) for problem in batch]
             rollouts = engine.generate(prompts, replace(sampling, seed=chunk_seed(args.seed, chunk)))
             result = scorer([r.text for r in rollouts], [batch[r.prompt_index].reference for r in rollouts])
             new = [_record(problem, rollouts[j * k : (j + 1) * k], result, j * k, k) for j, problem in enumerate(batch)]

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from klear.data.layouts import detect_layout, get_path, prompt_text, read_prompt
 from klear.data.readers import BadRow, read_numbered, warn_bad_rows, write_jsonl
 
 __all__ = [
@@ -43,14 +44,21 @@ class CommandError(ValueError):
 
 
 def row_text(row: dict, key: str | None = None) -> str:
-    """The problem text of a row: ``row[key]``, else the first of `TEXT_KEYS`, else its user turns joined.
+    """The problem text of a row: ``row[key]`` (a dotted path), else the prompt of its published layout
+    (`klear.data.layouts`: a verl chat prompt's user turns, Klear's benchmark messages, ...), else the first of
+    `TEXT_KEYS`, else its user turns joined.
 
     Raises ValueError saying what the row lacks (the caller makes it a `BadRow`).
     """
     if key is not None:
-        if not isinstance(row.get(key), str):
+        value = get_path(row, key)
+        if not isinstance(value, str):
             raise ValueError(f"no text field {key!r} (fields: {sorted(row)})")
-        return row[key]
+        return value
+    try:
+        return prompt_text(read_prompt(row, detect_layout(row).prompt))
+    except ValueError:
+        pass  # no layout, or a benchmark row converted later: the plain fields below
     for name in TEXT_KEYS:
         if isinstance(row.get(name), str):
             return row[name]

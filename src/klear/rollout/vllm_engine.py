@@ -81,7 +81,7 @@ except RuntimeError as error:  # "operator torchvision::nms does not exist": CUD
 
 from klear.cli import first_line
 from klear.config import ModelConfig, RolloutConfig
-from klear.models import resolve_model_path
+from klear.models import resolve_model_path, rope_overrides
 from klear.rollout.engine import Rollout, SamplingParams
 from klear.rollout.hf import default_stop_ids
 from klear.rollout.vllm_sizing import (
@@ -318,6 +318,8 @@ def build_vllm_engine(
         )
     model_dir = model_directory(model.path)
     config = json.loads((model_dir / "config.json").read_text())
+    overrides = rope_overrides(model, config)  # model.rope_scaling, as the hf engine's model has it
+    config.update(overrides)
     dtype = _dtype(options.dtype, precision, next(policy.parameters()).device)
     length, source = engine_model_len(options.max_model_len, max_model_len, config["max_position_embeddings"])
     kv_cache = options.kv_cache_memory_bytes or (CPU_KV_CACHE_BYTES if on_cpu else None)
@@ -333,6 +335,8 @@ def build_vllm_engine(
         "max_model_len": length if source != CONTEXT else None,  # None: vLLM derives the context itself
         "max_num_seqs": rollout.batch_size,
     }
+    if overrides:
+        llm_options["hf_overrides"] = overrides
     if on_cpu:
         llm_options["enable_chunked_prefill"] = False  # see the module docstring
     if ranks > 1:

@@ -120,8 +120,9 @@ def stage_problems(
 ) -> ProblemSet:
     """The checked problems of ``config.data[split]`` (``train`` or ``eval``), skipped rows warned about.
 
-    Prompts longer than ``data.max_prompt_tokens`` are skipped; when that is 0 (or the stage has no such key), the
-    limit is what the model's context leaves after ``max_new_tokens``, so no kept prompt can overflow generation.
+    Prompts longer than ``data.max_prompt_tokens`` are handled by ``data.truncation`` (RL; skipped in SFT's
+    evaluation); when that is 0 (or the stage has no such key), the limit is what the model's context leaves after
+    ``max_new_tokens``, so no kept prompt can overflow generation.
     """
     data = config.data
     limit = data.get("max_prompt_tokens", 0)
@@ -139,9 +140,11 @@ def stage_problems(
         num=data[f"num_{split}"],
         seed=seed,
         levels=data.levels,
-        prompt_length=lambda text: len(encode_prompt(tokenizer, text)),
+        prompt_length=lambda prompt: len(encode_prompt(tokenizer, prompt)),
         max_prompt_tokens=limit,
+        truncation=data.truncation if config.stage == "rl" else "skip",  # SFT's data.truncation cuts its examples
     )
+    problems.log(f"data.{split}")
     warn_bad_rows(problems.bad, {data[split]: problems.rows})
     log.info(
         "data.%s: %d problems from %s (%d rows skipped)", split, len(problems.problems), data[split], len(problems.bad)

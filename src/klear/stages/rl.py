@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -39,7 +40,8 @@ from klear.data.problems import Problem, Task
 from klear.eval.in_training import EVAL_DATA_SEED
 from klear.models import load_model, load_tokenizer
 from klear.objectives import get_objective
-from klear.rewards import Reward, get_reward
+from klear.rewards import Reward
+from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import needed_model_len
 from klear.runtime.device import policy_on_cuda
@@ -140,7 +142,7 @@ class RLModule(StageModule):
     def training_step(self, problems: list[Problem], batch_idx: int) -> None:
         if self.asynchronous:
             scored, metrics = self.engine.take(batch_idx)
-            self._warn_if_starved(batch_idx, len(scored), len(problems))
+            self._warn_if_starved(batch_idx, len(scored), self.config.rollout.prompts_per_step)
         else:
             timer = time.perf_counter()
             scored, metrics = self.rollout(problems, step=batch_idx)
@@ -169,7 +171,7 @@ class RLModule(StageModule):
     def rollout(self, problems: list[Problem], step: int) -> tuple[ScoredGroups, dict[str, float]]:
         """Sample, score and filter the step's groups in this process (`StepSampler`)."""
         scored, metrics = self.sampler.rollout(problems, step)
-        self._warn_if_starved(step, len(scored), len(problems))
+        self._warn_if_starved(step, len(scored), self.config.rollout.prompts_per_step)
         return scored, metrics
 
     def _warn_if_starved(self, step: int, kept: int, wanted: int) -> None:
@@ -294,7 +296,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatch
     one is skipped by file and line (and listed in ``data_report.json``), a source with no usable row stops."""
     data, tokenizer = config.data, load_tokenizer(config.model)
     task = Task(config.reward.name, data.prompt_key, data.reference_key)
-    reward = get_reward(config.reward.name, **config.reward.options)
+    reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)
     train = stage_problems(config, "train", tokenizer, task, reward, config.seed, config.rollout.max_new_tokens)
     evaluation = stage_problems(config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens)
     run_dir.record_data({"train": train.report(), "eval": evaluation.report()})
@@ -306,7 +308,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatch
     )
     batches = ResumableBatches(
         train.problems,
-        batch_size=config.rollout.prompts_per_step,
+        batch_size=math.ceil(config.rollout.prompts_per_step * config.algorithm.oversample),  # dynamic sampling
         num_batches=config.trainer.max_steps,
         seed=config.seed,
     )

@@ -84,7 +84,7 @@ def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
 class _Service:
     def __init__(self, spec: WorkerSpec, weights) -> None:
         from klear.models import load_model, load_tokenizer
-        from klear.rewards import get_reward
+        from klear.rewards.routing import routed_reward
         from klear.rewards.scorer import RewardScorer
         from klear.rollout.hf import HFEngine
         from klear.runtime.device import compute_precision
@@ -102,7 +102,7 @@ class _Service:
         self.tokenizer = load_tokenizer(config.model)
         self.model = load_model(config.model, on_cuda=self.device.type == "cuda").to(self.device)
         self.model.eval().requires_grad_(False)
-        reward = get_reward(config.reward.name, **config.reward.options)
+        reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)
         self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
         self.engine = build_engine(config, self.model, self.tokenizer, spec.max_model_len)
         # The hf engine samples from self.model itself; any other engine holds weights of its own, and self.model

@@ -19,7 +19,8 @@ import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from klear.data.prompts import encode_prompt
+from klear.data.prompts import encode_problem
+from klear.rewards.routing import seeded_reference
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams, create_engine
 from klear.runtime.device import compute_precision
@@ -54,8 +55,11 @@ class StepSampler:
         self.rank, self.world = rank, world
 
     def rollout(self, problems: list, step: int) -> tuple[ScoredGroups, dict[str, float]]:
-        """Sample, score and filter groups; refill from fresh prompts up to ``max_regenerations`` rounds."""
-        algorithm, wanted, n = self.config.algorithm, len(problems), self.config.rollout.group_size
+        """Sample, score and filter groups; keep the first ``rollout.prompts_per_step`` that survive (the step samples
+        ``algorithm.oversample`` times as many prompts), refill from fresh prompts up to ``max_regenerations``
+        rounds."""
+        algorithm, n = self.config.algorithm, self.config.rollout.group_size
+        wanted = min(len(problems), self.config.rollout.prompts_per_step)
         kept: list[ScoredGroups] = []
         metrics: dict[str, float] = {}
         for attempt in range(algorithm.max_regenerations + 1):
@@ -64,7 +68,7 @@ class StepSampler:
                 zero_variance(scored.shaped) if algorithm.filter_groups else torch.zeros(len(scored), dtype=torch.bool)
             )
             if attempt == 0:
-                metrics = rollout_metrics(scored, counts, filtered, seconds)
+                metrics = rollout_metrics(scored, counts, filtered, seconds, [p.source for p in problems])
             kept.append(scored.select([i for i in range(len(scored)) if not filtered[i]]))
             if sum(len(part) for part in kept) >= wanted:
                 break
@@ -87,7 +91,7 @@ class StepSampler:
             seed=step_seed(self.config.seed, step, attempt),
         )
         mine = rank_range(len(problems), self.rank, self.world)
-        prompts = [encode_prompt(self.tokenizer, problem.prompt) for problem in problems[mine.start : mine.stop]]
+        prompts = [encode_problem(self.tokenizer, problem) for problem in problems[mine.start : mine.stop]]
         timer = time.perf_counter()
         # Called with no prompts too: an engine over a sharded policy samples in lockstep with the other ranks.
         rollouts = self.engine.generate(prompts, replace(sampling, seed=sampling.seed + mine.start))
@@ -95,7 +99,14 @@ class StepSampler:
         for sample in rollouts:
             sample.prompt_index += mine.start
         if rollouts:
-            scores = self.scorer.score(rollouts, [problems[r.prompt_index].reference for r in rollouts])
+            references = [  # each sample's own test seed (a code suite that samples its tests)
+                seeded_reference(
+                    problems[r.prompt_index].reference,
+                    sampling.seed + r.prompt_index * rollout.group_size + i % rollout.group_size,
+                )
+                for i, r in enumerate(rollouts)
+            ]
+            scores = self.scorer.score(rollouts, references)
             share = (rollouts, scores.raw, scores.shaped, scores.correct, scores.metrics(), seconds)
         else:
             empty = torch.empty(0)
@@ -131,10 +142,17 @@ def build_engine(config: DictConfig, policy, tokenizer: PreTrainedTokenizerBase,
     )
 
 
-def rollout_metrics(scored: ScoredGroups, counts: dict[str, float], filtered, seconds: float) -> dict[str, float]:
-    """The ``reward/*`` and ``rollout/*`` metrics of a step's first sampling round."""
+def rollout_metrics(
+    scored: ScoredGroups, counts: dict[str, float], filtered, seconds: float, sources: list[str] | None = None
+) -> dict[str, float]:
+    """The ``reward/*`` and ``rollout/*`` metrics of a step's first sampling round; with the data ``sources`` of its
+    groups (when rows carry one), ``reward/mean/<source>`` too."""
     rollouts = scored.rollouts
     tokens = sum(len(rollout.response_ids) for rollout in rollouts)
+    by_source = {}
+    for source in sorted(set(sources or []) - {""}):
+        rows = [i for i, name in enumerate(sources) if name == source]
+        by_source[f"reward/mean/{source}"] = float(scored.shaped[rows].mean())
     return {
         "reward/mean": float(scored.shaped.mean()),
         "reward/raw_mean": float(scored.raw.mean()),
@@ -144,6 +162,7 @@ def rollout_metrics(scored: ScoredGroups, counts: dict[str, float], filtered, se
         "rollout/truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
         "rollout/filtered_groups": float(filtered.float().mean()),
         "rollout/gen_tokens_per_s": tokens / max(seconds, 1e-9),
+        **by_source,
     }
 
 

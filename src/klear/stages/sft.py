@@ -25,7 +25,8 @@ from klear.data.readers import warn_bad_rows
 from klear.data.sft import IGNORE_INDEX, build_sft_examples, sft_source
 from klear.eval.in_training import EVAL_DATA_SEED
 from klear.models import load_model, load_tokenizer
-from klear.rewards import Reward, get_reward
+from klear.rewards import Reward
+from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.hf import HFEngine
 from klear.runtime.device import policy_on_cuda
@@ -132,7 +133,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     stats.bad = sorted(bad + stats.bad, key=lambda row: row.line)  # file order, as the problem loader reports
     warn_bad_rows(stats.bad, {data.train: stats.rows + len(bad)})
     log.info("SFT data: %s", stats)
-    task, reward = Task(config.eval.reward), get_reward(config.eval.reward)
+    task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
     eval_problems = stage_problems(config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens)
     train_report = {
         "source": data.train,

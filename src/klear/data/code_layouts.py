@@ -1,0 +1,183 @@
+"""The code test layouts of the published RL sets, read into the ``code`` reward's tests (`klear.rewards.code_reward`).
+
+A code row's reference (``reward_model.ground_truth`` in verl rows, usually a JSON string) comes in the layout of
+whoever built the set; `code_reference` reads each as it is, by its shape and, where two publishers use the same
+shape differently, by the row's data source:
+
+- Code-R1 (Klear-Reasoner's ``coder1*`` rows): ``{"inputs": [...], "outputs": [...]}`` stdin tests (list-valued
+  items joined with ", ", as Code-R1 does), ``{"functional": str | [str]}`` test programs run after the solution,
+  ``{"pytest": str}`` a pytest file; optional ``timeout`` (seconds per test) and ``max_test_cases`` (that many
+  tests sampled per completion; `CODE_R1_MAX_TESTS` when absent, Code-R1's default). Functional and pytest
+  programs get the publisher's import prelude (the standard-library names and the LeetCode helpers
+  ``ListNode``, ``TreeNode``, ... of `klear.rewards.code_prelude`); stdin programs run as written.
+- rllm (``taco``, ``apps``, ``code_contests``, ``codeforces``, ``livecodebench``, ``leetcode``, ``kodcode``,
+  ``primeintellect``, ``humanevalplus``, each optionally ``_longcot``): TACO/APPS/CodeContests ``{"inputs",
+  "outputs", "fn_name"?}`` (with ``fn_name`` call-based: ``fn(*inputs[i])``, or ``Solution().fn``, equal to
+  ``outputs[i]`` or to its first element); Codeforces ``[{"input", "output"}]``; LiveCodeBench ``[{"input",
+  "output", "testtype", "metadata": {"func_name"}}]``; PrimeIntellect ``[{"input", "output", "fn_name"?,
+  "type"}]``; LeetCode ``{"functional": "def check(candidate): ... check(Solution().f)"}``; KodCode a pytest file;
+  HumanEval+ a test program (``inputs = [...]`` and its checks). Every program gets the import prelude, as rllm's
+  runners prepend theirs; over `RLLM_MAX_TESTS` tests, the ones with the shortest inputs are kept, as rllm does.
+- klear's own tests (a list of ``{"input", "output"}``, ``{"fn_name", "args", "expected"}``, ``{"code"}``) pass
+  through unchanged.
+
+A layout klear cannot run (file-based tests, an unknown shape) raises ValueError naming what it is, so the row is
+skipped at load time with its file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from klear.data.layouts import decode_json_text
+
+RLLM_SOURCES = (
+    "taco",
+    "apps",
+    "code_contests",
+    "codeforces",
+    "livecodebench",
+    "leetcode",
+    "kodcode",
+    "primeintellect",
+    "humanevalplus",
+)
+"""rllm's code data sources (a ``_longcot`` suffix is the same source)."""
+RLLM_MAX_TESTS = 32
+"""rllm runs at most this many tests of a problem: those with the shortest inputs."""
+_SUITE_KEYS = ("timeout", "max_test_cases")
+CODE_R1_MAX_TESTS = 16
+"""Code-R1 samples this many stdin tests or test programs per completion when a row sets no ``max_test_cases``."""
+
+
+def rllm_source(source: str) -> str:
+    """The rllm source ``source`` names (``taco_longcot`` -> ``taco``), or "" when it is not one."""
+    base = source.removesuffix("_longcot")
+    return base if base in RLLM_SOURCES else ""
+
+
+def code_reference(value: Any, source: str = "") -> list[dict[str, Any]] | dict[str, Any]:
+    """``value`` (a row's code reference, decoded from JSON when it is a JSON string) as the ``code`` reward's tests:
+    a list of tests, or a suite ``{"tests", "prelude"?, "timeout"?, "max_test_cases"?}``. ValueError when its layout
+    is not one klear can run."""
+    value = decode_json_text(value)
+    rllm = rllm_source(source)
+    if isinstance(value, str):
+        if rllm == "kodcode":
+            return _suite([{"pytest": value}], prelude=True)
+        if rllm == "humanevalplus":
+            return _suite([{"code": value}], prelude=True)
+        raise ValueError(
+            "code tests are a string that is not JSON (and the source is neither kodcode nor humanevalplus)"
+        )
+    if isinstance(value, list):
+        return _listed(value, rllm)
+    if isinstance(value, dict):
+        return _keyed(value, rllm)
+    raise ValueError(f"code tests are a {type(value).__name__}, not a list of tests or a test layout")
+
+
+def _listed(tests: list, rllm: str) -> list[dict[str, Any]] | dict[str, Any]:
+    if not tests or not all(isinstance(test, dict) for test in tests):
+        raise ValueError("code tests must be a non-empty list of objects")
+    first = tests[0]
+    if "testtype" in first:  # LiveCodeBench through rllm
+        from klear.data.code_formats import livecodebench_test_list
+
+        converted = livecodebench_test_list(tests)
+    elif "type" in first or ("fn_name" in first and "args" not in first):  # PrimeIntellect
+        converted = _primeintellect(tests)
+    else:
+        converted = tests  # klear's own tests (Codeforces rows are stdin tests of this shape), checked by the reward
+    if not rllm:
+        return converted
+    return _suite(_shortest(converted), prelude=True)
+
+
+def _keyed(tests: dict, rllm: str) -> dict[str, Any]:
+    if "inputs_file" in tests or "outputs_file" in tests:
+        raise ValueError("file-based tests (inputs_file / outputs_file) point at files klear does not read")
+    options = {key: tests[key] for key in _SUITE_KEYS if key in tests}
+    if not rllm:
+        options.setdefault("max_test_cases", CODE_R1_MAX_TESTS)
+    if "functional" in tests:
+        programs = tests["functional"]
+        programs = [programs] if isinstance(programs, str) else programs
+        if not isinstance(programs, list) or not programs or not all(isinstance(p, str) for p in programs):
+            raise ValueError("'functional' must be a test program or a non-empty list of them")
+        return _suite([{"code": program} for program in programs], prelude=True, **options)
+    if "pytest" in tests:
+        if not isinstance(tests["pytest"], str):
+            raise ValueError("'pytest' must be the source of a pytest file")
+        return _suite([{"pytest": tests["pytest"]}], prelude=True, **options)
+    if "inputs" in tests and "outputs" in tests:
+        inputs, outputs = tests["inputs"], tests["outputs"]
+        if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+            raise ValueError("'inputs' and 'outputs' must be lists of the same length")
+        if not inputs:
+            raise ValueError("no tests: 'inputs' is empty")
+        fn_name = tests.get("fn_name")
+        if fn_name:
+            if not isinstance(fn_name, str) or not fn_name.isidentifier():
+                raise ValueError(f"fn_name {fn_name!r} is not a Python name")
+            calls = [_call(fn_name, args, want) for args, want in zip(inputs, outputs, strict=True)]
+            return _suite(_shortest(calls) if rllm else calls, prelude=True, **options)
+        join = "\n" if rllm else ", "  # rllm's runners join list-valued items by line, Code-R1 by ", "
+        stdio = [
+            {"input": _text(given, join), "output": _text(want, join)}
+            for given, want in zip(inputs, outputs, strict=True)
+        ]
+        return _suite(_shortest(stdio), prelude=True, **options) if rllm else _suite(stdio, **options)
+    raise ValueError(f"code tests with keys {sorted(tests)} are not a test layout klear knows")
+
+
+def _primeintellect(tests: list[dict]) -> list[dict[str, Any]]:
+    out = []
+    for index, test in enumerate(tests):
+        if "input" not in test or "output" not in test:
+            raise ValueError(f"test {index} has no 'input' / 'output'")
+        fn_name = test.get("fn_name")
+        if fn_name:
+            out.append(_call(fn_name, test["input"], test["output"]))
+        else:
+            out.append({"input": _text(test["input"], "\n"), "output": _text(test["output"], "\n")})
+    return out
+
+
+def _call(fn_name: str, args: Any, expected: Any) -> dict[str, Any]:
+    if isinstance(args, str):  # some sets store the arguments as JSON text
+        args = decode_json_text(args)
+    if not isinstance(args, list):
+        args = [args]
+    return {"fn_name": fn_name, "args": args, "expected": expected, "or_first": True}
+
+
+def _text(value: Any, join: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return join.join(map(str, value))
+    return json.dumps(value) if not isinstance(value, int | float) else str(value)
+
+
+def _shortest(tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """rllm's cut: over `RLLM_MAX_TESTS` tests, the ones with the shortest inputs (stable)."""
+    if len(tests) <= RLLM_MAX_TESTS:
+        return tests
+
+    def size(test: dict[str, Any]) -> int:
+        return len(test["input"]) if "input" in test else len(json.dumps(test.get("args", "")))
+
+    keep = sorted(range(len(tests)), key=lambda i: size(tests[i]))[:RLLM_MAX_TESTS]
+    return [tests[i] for i in sorted(keep)]
+
+
+def _suite(tests: list[dict[str, Any]], prelude: bool = False, **options: Any) -> dict[str, Any]:
+    suite: dict[str, Any] = {"tests": tests}
+    if prelude:
+        from klear.rewards.code_prelude import BASE_PRELUDE, LEETCODE_PRELUDE
+
+        suite["prelude"] = BASE_PRELUDE + "\n" + LEETCODE_PRELUDE
+    suite.update(options)
+    return suite

@@ -1,0 +1,111 @@
+"""``klear.eval --completions``: saved generations scored with no model, on verl-layout rows routed by source."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from klear.data.readers import write_jsonl
+from klear.data.synthetic import generate_problems
+from klear.data.synthetic_code import generate_code_problems
+from klear.eval.cli import main
+from klear.prep.cli import verl_row
+
+
+def mixed_rows() -> list[dict]:
+    """Two math and two code problems of the built-in tasks as Klear-Reasoner training rows, interleaved."""
+    math = [verl_row(p, "math", i) for i, p in enumerate(generate_problems(2, split="eval", seed=0, levels=[1]))]
+    code = [verl_row(p, "code", i) for i, p in enumerate(generate_code_problems(2, split="eval", seed=0, levels=[1]))]
+    return [math[0], code[0], math[1], code[1]]
+
+
+def right(row: dict) -> str:
+    return row["extra_info"]["solution"]  # the built-in tasks' reference solutions
+
+
+def wrong(row: dict) -> str:
+    return "```python\nprint(0)\n```" if row["ability"] == "code" else "<think>no</think> \\boxed{-1}"
+
+
+def write_gen(path: Path, lines: list[object]) -> str:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def test_saved_completions_are_scored_by_each_rows_verifier(tmp_path, capsys):
+    rows = mixed_rows()
+    mystery = {**rows[0], "data_source": "mystery"}  # a source no route knows: a bad row
+    data = write_jsonl([*rows[:2], mystery, *rows[2:]], tmp_path / "mixed.jsonl")
+    # line 3 of the data is a bad row: its line of completions is skipped with it
+    gen = [
+        {"completions": [right(rows[0]), wrong(rows[0])], "id": "ignored"},
+        {"completions": [right(rows[1]), right(rows[1])]},
+        {"completions": ["unused", "unused"]},
+        {"completions": [wrong(rows[2]), None]},  # not text: scored as the empty completion, never a crash
+        {"completions": [wrong(rows[3]), right(rows[3])]},
+    ]
+    output = tmp_path / "out"
+    argv = ["--data", str(data), "--completions", write_gen(tmp_path / "gen.jsonl", gen), "--k", "2"]
+    assert main([*argv, "--output", str(output)]) == 0
+    records = [json.loads(line) for line in (output / "results.jsonl").read_text().splitlines()]
+    summary = json.loads((output / "summary.json").read_text())
+    assert [record["line"] for record in records] == [1, 2, 4, 5]
+    assert [[s["correct"] for s in record["samples"]] for record in records] == [
+        [True, False],
+        [True, True],
+        [False, False],
+        [False, True],
+    ]
+    assert [record["source"] for record in records] == [
+        "math_longcot_math_verify",
+        "coder1_longcot",
+        "math_longcot_math_verify",
+        "coder1_longcot",
+    ]
+    assert records[1]["samples"][0]["score"] == 1.0 and records[3]["samples"][0]["score"] == 0.0  # pass fractions
+    assert records[0]["samples"][0]["length"] is None and records[0]["samples"][0]["finish_reason"] is None
+    assert summary["rows"] == 5 and summary["rows_skipped"] == 1 and "mystery" in summary["bad_rows"][0]["reason"]
+    assert summary["avg@k"] == pytest.approx(4 / 8) and summary["n"] == 2 and summary["model"] is None
+    assert summary["layout"]["name"] == "verl" and summary["layout"]["source"] == "data_source"
+    assert summary["by_source"] == {
+        "coder1_longcot": {"problems": 2, "samples": 4, "avg@k": 0.75, "pass@k": 1.0},
+        "math_longcot_math_verify": {"problems": 2, "samples": 4, "avg@k": 0.25, "pass@k": 0.5},
+    }
+    printed = capsys.readouterr().out
+    assert "`coder1_longcot`" in printed and "none: completions of" in printed
+
+
+def test_reward_forces_one_verifier_on_every_row(tmp_path):
+    rows = mixed_rows()[:2]
+    data = write_jsonl(rows, tmp_path / "mixed.jsonl")
+    gen = write_gen(tmp_path / "gen.jsonl", [{"completions": [right(row)]} for row in rows])
+    output = tmp_path / "out"
+    assert main(["--data", str(data), "--completions", gen, "--reward", "code", "--output", str(output)]) == 0
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["rows_skipped"] == 1 and "code tests" in summary["bad_rows"][0]["reason"]  # an answer is no tests
+
+
+@pytest.mark.parametrize(
+    ("gen", "extra", "message"),
+    [
+        ([{"completions": ["a"]}], [], "1 lines, but --data"),
+        ([{"completions": ["a"]}, "not json"], [], "gen.jsonl:2: not valid JSON"),
+        ([{"completions": ["a"]}, {"text": "a"}], [], 'gen.jsonl:2: not an object with a non-empty "completions"'),
+        ([{"completions": ["a"]}, {"completions": ["a", "b"]}], [], "gen.jsonl:2: 2 completions, but line 1 has 1"),
+        ([{"completions": ["a"]}, {"completions": ["b"]}], ["--k", "2"], "1 completions per problem, fewer than --k 2"),
+        ([{"completions": ["a"]}, {"completions": ["b"]}], ["--model", "tiny-sft"], "exclude each other"),
+    ],
+)
+def test_bad_saved_completions_are_one_line(tmp_path, capsys, gen, extra, message):
+    data = write_jsonl(mixed_rows()[:2], tmp_path / "data.jsonl")
+    gen_path = tmp_path / "gen.jsonl"
+    gen_path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in gen))
+    code = main(["--data", str(data), "--completions", str(gen_path), "--output", str(tmp_path / "o"), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_without_model_or_completions_is_one_line(tmp_path, capsys):
+    data = write_jsonl(mixed_rows()[:1], tmp_path / "data.jsonl")
+    assert main(["--data", str(data)]) == 2
+    assert "give --model PATH to sample answers, or --completions" in capsys.readouterr().err
