@@ -269,6 +269,7 @@ def test_the_verl_layout_run_routes_math_and_code_rows_to_their_verifiers(tmp_pa
     report = json.loads((output / "data_report.json").read_text())
     assert report["train"]["layout"]["name"] == "verl" and report["train"]["problems"] == 80
     assert report["train"]["sources"] == {"coder1_longcot": 40, "math_longcot_math_verify": 40}
+    assert "| `eval/accuracy/coder1_longcot` | 0 |" in (output / "report.md").read_text()  # a row per source
 
     solutions = tmp_path / "verl_solutions.jsonl"
     solutions.write_text(

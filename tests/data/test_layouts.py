@@ -106,20 +106,22 @@ def test_rows_route_by_source_else_ability_else_the_run_reward(tmp_path):
         {"data_source": "", "prompt": chat, "ability": "math", "reward_model": {"ground_truth": "2"}},
         {"prompt": chat, "reward_model": {"ground_truth": '["2", "2.0"]'}},
         {"data_source": "olympiad", "prompt": chat, "reward_model": {"ground_truth": "2"}},
+        {"data_source": "test-math-aime24", "prompt": chat, "ability": "math", "reward_model": {"ground_truth": "2"}},
     ]
     reward = routed_reward("math")
     loaded = load_problems(write(tmp_path / "verl.jsonl", rows), Task("math"), reward)
-    first, second, third = loaded.problems
+    first, second, third, fifth = loaded.problems
+    assert fifth.source == "test-math-aime24" and reward.name_of(fifth.reference.route) == "math"  # by its ability
     assert first.source == "math_dapo" and reward.reward_of(first.reference.route).extract_from == "answer_line"
     assert second.source == "math" and reward.name_of(second.reference.route) == "math"
     assert third.source == "" and third.reference == ["2", "2.0"]  # no source: the run's reward, JSON decoded
     assert [bad.line for bad in loaded.bad] == [4]
     assert "data_source 'olympiad' has no reward: add it to reward.by_source" in loaded.bad[0].reason
-    assert loaded.sources() == {"math": 1, "math_dapo": 1}
+    assert loaded.sources() == {"math": 1, "math_dapo": 1, "test-math-aime24": 1}
     assert loaded.report()["layout"]["name"] == "verl"
     # Without routing (klear.eval --reward NAME), every row is scored by the one reward, sources unknown or not.
     forced = load_problems(write(tmp_path / "verl.jsonl", rows), Task("math", route=False), get_reward("math"))
-    assert len(forced.problems) == 4 and not any(isinstance(p.reference, Routed) for p in forced.problems)
+    assert len(forced.problems) == 5 and not any(isinstance(p.reference, Routed) for p in forced.problems)
 
 
 def test_left_truncation_keeps_the_last_prompt_tokens_and_error_stops(tmp_path):

@@ -34,7 +34,8 @@ def write_gen(path: Path, lines: list[object]) -> str:
 
 def test_saved_completions_are_scored_by_each_rows_verifier(tmp_path, capsys):
     rows = mixed_rows()
-    mystery = {**rows[0], "data_source": "mystery"}  # a source no route knows: a bad row
+    mystery = {**rows[0], "data_source": "mystery"}  # a source no route knows, and no ability: a bad row
+    del mystery["ability"]
     data = write_jsonl([*rows[:2], mystery, *rows[2:]], tmp_path / "mixed.jsonl")
     # line 3 of the data is a bad row: its line of completions is skipped with it
     gen = [

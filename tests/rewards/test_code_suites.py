@@ -135,8 +135,8 @@ def test_the_preludes_bind_what_code_r1_binds(monkeypatch: pytest.MonkeyPatch) -
     namespace: dict = {}
     exec(BASE_PRELUDE + LEETCODE_PRELUDE, namespace)
     assert (namespace["Counter"], namespace["bisect"], namespace["time"]) == (collections.Counter, bisect, time.time)
-    assert ("np" in namespace) == (importlib.util.find_spec("numpy") is not None)
-    assert ("pd" in namespace) == (importlib.util.find_spec("pandas") is not None)
+    if importlib.util.find_spec("numpy") is not None:  # np is numpy, imported on first use
+        assert namespace["np"].array([1, 2]).sum() == 3 and namespace["np"].ndarray.__name__ == "ndarray"
     tree, same_tree = namespace["tree_node"], namespace["is_same_tree"]
     root = tree([3, 9, 20, None, None, 15, 7])
     assert (root.val, root.left.val, root.left.left, root.right.left.val, root.right.right.val) == (3, 9, None, 15, 7)
@@ -144,12 +144,15 @@ def test_the_preludes_bind_what_code_r1_binds(monkeypatch: pytest.MonkeyPatch) -
     same_list, build = namespace["is_same_list"], namespace["list_node"]
     assert same_list(build([1, 2]), build([1, 2])) and not same_list(build([1, 2]), build([1]))
     assert build([]) is None and tree([]) is None
-    # A machine without numpy and pandas still runs the prelude (importing a module set to None fails).
+    # A machine without numpy and pandas still runs the prelude (importing a module set to None fails); only a
+    # program that uses them fails, when it does.
     monkeypatch.setitem(sys.modules, "numpy", None)
     monkeypatch.setitem(sys.modules, "pandas", None)
     bare: dict = {}
     exec(BASE_PRELUDE, bare)
-    assert "np" not in bare and "pd" not in bare and bare["List"] is namespace["List"]
+    assert bare["List"] is namespace["List"]
+    with pytest.raises(ImportError):
+        bare["pd"].DataFrame()
 
 
 def test_or_first_accepts_the_first_item_of_a_listed_expectation(reward: CodeReward) -> None:

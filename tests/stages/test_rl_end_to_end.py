@@ -171,3 +171,16 @@ def test_filtered_groups_are_refilled_from_fresh_prompts(tmp_path):
     rows = read_metrics(tmp_path / "metrics.csv")[:6]
     assert all(float(row["rollout/kept_groups"]) == 4 for row in rows)
     assert any(float(row["rollout/filtered_groups"]) > 0 for row in rows)  # something was filtered and refilled
+
+
+def test_oversampled_steps_train_on_the_first_surviving_groups(tmp_path):
+    # algorithm.oversample=2: each step samples 8 prompts' groups and trains on the first 4 with reward variance
+    # (even_length leaves a group of 4 without variance 1 time in 8), as the reference recipe samples 256 for 128.
+    args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path}", *SHORT, "trainer.max_steps=3"]
+    assert main([*args, "algorithm.oversample=2.0", "eval.every_n_steps=0"]) == 0
+    rows = read_metrics(tmp_path / "metrics.csv")[:3]
+    assert all(float(row["rollout/kept_groups"]) == 4 for row in rows)  # never more than prompts_per_step
+    assert all(float(row["actor/updates"]) == 2 for row in rows)  # 4 groups in mini-batches of 2 prompts
+    config = load_config("configs/rl.yaml", [*SHORT, "algorithm.oversample=2.0", f"output_dir={tmp_path / 'b'}"])
+    _, batches = build_stage(config, prepare_run_dir(config, resume=False, overwrite=False))
+    assert batches.batch_size == 8  # 2 x rollout.prompts_per_step sampled per step

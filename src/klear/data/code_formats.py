@@ -1,4 +1,4 @@
-"""Public code benchmarks as klear code rows: LiveCodeBench, HumanEval and MBPP.
+"""Public code benchmarks as klear code rows: LiveCodeBench, HumanEval, MBPP and LeetCodeDataset.
 
 Each converter turns one benchmark row into ``{"problem": <prompt text>, "answer": [tests], ...}``, the tests
 in the ``code`` reward's format (`klear.rewards.code_reward`), which is what klear's RL and eval read from code
@@ -20,6 +20,10 @@ rows by default. `code_row` picks the converter from the row's fields; `code_row
   the completion's program and then that code run without an exception. The prompt asks for the whole program
   (the imports and helper functions the signature comes with, and the completed function) in one block, since
   the reward runs the completion alone rather than appended to the prompt as HumanEval's harness does.
+- LeetCodeDataset (``newfacade/LeetCodeDataset``, the source of Code-R1's and rllm's LeetCode rows): its
+  ``query`` is the prompt, and one test program ``test + check(entry_point)`` runs after the solution with the
+  row's ``prompt`` (the dataset's import prelude) as the suite's prelude.
+- TACO / APPS and CodeContests rows as their publishers ship them are read by `klear.data.code_layouts`.
 - MBPP (``mbpp`` full, ``text`` / ``test_setup_code``, or sanitized, ``prompt`` / ``test_imports``): one
   ``{"code": setup + assert}`` test per entry of ``test_list``; the prompt is MBPP's own ("here is your task:
   ... Your code should pass these tests"), shortened to the first assert, which shows the function's name and
@@ -83,9 +87,14 @@ def is_livecodebench(row: dict) -> bool:
     return "question_content" in row and "public_test_cases" in row
 
 
+def is_leetcodedataset(row: dict) -> bool:
+    """Whether ``row`` is a LeetCodeDataset row (newfacade/LeetCodeDataset: query, test, entry_point, prompt)."""
+    return all(key in row for key in ("query", "test", "entry_point", "prompt"))
+
+
 def is_humaneval(row: dict) -> bool:
-    """Whether ``row`` is a HumanEval row (it has prompt, test and entry_point)."""
-    return all(key in row for key in ("prompt", "test", "entry_point"))
+    """Whether ``row`` is a HumanEval row (it has prompt, test and entry_point, and is no LeetCodeDataset row)."""
+    return all(key in row for key in ("prompt", "test", "entry_point")) and not is_leetcodedataset(row)
 
 
 def is_mbpp(row: dict) -> bool:
@@ -94,8 +103,12 @@ def is_mbpp(row: dict) -> bool:
 
 
 def is_code_benchmark(row: dict) -> bool:
-    """Whether `code_row` converts ``row`` (a LiveCodeBench, HumanEval or MBPP row)."""
-    return is_livecodebench(row) or is_humaneval(row) or is_mbpp(row)
+    """Whether `code_row` converts ``row`` (a LiveCodeBench, HumanEval, MBPP, LeetCodeDataset, TACO/APPS or
+    CodeContests row)."""
+    from klear.data.code_layouts import is_code_contests, is_taco_apps
+
+    benchmark = is_livecodebench(row) or is_humaneval(row) or is_mbpp(row) or is_leetcodedataset(row)
+    return benchmark or is_taco_apps(row) or is_code_contests(row)
 
 
 def code_row(row: dict) -> dict:
@@ -106,7 +119,17 @@ def code_row(row: dict) -> dict:
         return humaneval_row(row)
     if is_mbpp(row):
         return mbpp_row(row)
-    raise ValueError(f"not a LiveCodeBench, HumanEval or MBPP row (fields: {sorted(row)})")
+    if is_leetcodedataset(row):
+        return leetcodedataset_row(row)
+    from klear.data.code_layouts import code_contests_row, is_code_contests, is_taco_apps, taco_apps_row
+
+    if is_taco_apps(row):
+        return taco_apps_row(row)
+    if is_code_contests(row):
+        return code_contests_row(row)
+    raise ValueError(
+        f"not a LiveCodeBench, HumanEval, MBPP, LeetCodeDataset, TACO/APPS or CodeContests row (fields: {sorted(row)})"
+    )
 
 
 def code_rows(rows: list[tuple[int, dict]], path: str, bad: list[BadRow]) -> list[dict]:
@@ -214,6 +237,17 @@ def humaneval_row(row: dict) -> dict:
         "answer": [{"code": test + f"\ncheck({entry_point})\n"}],
         "task_id": row.get("task_id"),
     }
+
+
+def leetcodedataset_row(row: dict) -> dict:
+    """A LeetCodeDataset row as ``{"problem": query, "answer": {"tests": [{"code": test + check(entry_point)}],
+    "prelude": prompt}, "task_id"}``: its ``prompt`` is the import prelude its solutions rely on, and a solution
+    passes when ``prompt + solution + test + check(entry_point)`` runs, as the dataset's own evaluation does."""
+    query, prelude, test, entry_point = (_text(row, key) for key in ("query", "prompt", "test", "entry_point"))
+    if not all(part.isidentifier() for part in entry_point.replace("()", "").split(".")):
+        raise ValueError(f"entry_point {entry_point!r} is not a Python name or Solution().method")
+    suite = {"tests": [{"code": test + f"\ncheck({entry_point})\n"}], "prelude": prelude}
+    return {"problem": query, "answer": suite, "task_id": row.get("task_id")}
 
 
 def mbpp_row(row: dict) -> dict:

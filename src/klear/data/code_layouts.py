@@ -18,8 +18,8 @@ shape differently, by the row's data source:
   "type"}]``; LeetCode ``{"functional": "def check(candidate): ... check(Solution().f)"}``; KodCode a pytest file;
   HumanEval+ a test program (``inputs = [...]`` and its checks). Every program gets the import prelude, as rllm's
   runners prepend theirs; over `RLLM_MAX_TESTS` tests, the ones with the shortest inputs are kept, as rllm does.
-- klear's own tests (a list of ``{"input", "output"}``, ``{"fn_name", "args", "expected"}``, ``{"code"}``) pass
-  through unchanged.
+- klear's own tests (a list of ``{"input", "output"}``, ``{"fn_name", "args", "expected"}``, ``{"code"}``, or a
+  suite ``{"tests", ...}``) pass through unchanged.
 
 A layout klear cannot run (file-based tests, an unknown shape) raises ValueError naming what it is, so the row is
 skipped at load time with its file and line.
@@ -27,6 +27,7 @@ skipped at load time with its file and line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -62,6 +63,9 @@ def code_reference(value: Any, source: str = "") -> list[dict[str, Any]] | dict[
     a list of tests, or a suite ``{"tests", "prelude"?, "timeout"?, "max_test_cases"?}``. ValueError when its layout
     is not one klear can run."""
     value = decode_json_text(value)
+    if isinstance(value, str) and value.lstrip().startswith('"'):  # rllm's json.dumps of a test program
+        with contextlib.suppress(json.JSONDecodeError):  # else a program that starts with a string literal
+            value = json.loads(value)
     rllm = rllm_source(source)
     if isinstance(value, str):
         if rllm == "kodcode":
@@ -96,6 +100,8 @@ def _listed(tests: list, rllm: str) -> list[dict[str, Any]] | dict[str, Any]:
 
 
 def _keyed(tests: dict, rllm: str) -> dict[str, Any]:
+    if "tests" in tests:
+        return tests  # klear's own suite (`klear.rewards.code_reward`), checked by the reward
     if "inputs_file" in tests or "outputs_file" in tests:
         raise ValueError("file-based tests (inputs_file / outputs_file) point at files klear does not read")
     options = {key: tests[key] for key in _SUITE_KEYS if key in tests}
@@ -181,3 +187,46 @@ def _suite(tests: list[dict[str, Any]], prelude: bool = False, **options: Any) -
         suite["prelude"] = BASE_PRELUDE + "\n" + LEETCODE_PRELUDE
     suite.update(options)
     return suite
+
+
+def is_taco_apps(row: dict) -> bool:
+    """Whether ``row`` is a TACO or APPS row as their publishers ship it (``question`` and ``input_output``)."""
+    return "question" in row and "input_output" in row
+
+
+def is_code_contests(row: dict) -> bool:
+    """Whether ``row`` is a CodeContests row (``deepmind/code_contests``: ``description`` and ``public_tests``)."""
+    return "description" in row and isinstance(row.get("public_tests"), dict)
+
+
+def taco_apps_row(row: dict) -> dict:
+    """A TACO / APPS row (``BAAI/TACO``, ``codeparrot/apps``) as ``{"problem", "answer"}``: the question (and its
+    starter code, when it has one) and ``input_output`` read as rllm reads it (stdin tests, or calls with
+    ``fn_name``; the import prelude; the 32 tests with the shortest inputs)."""
+    question, starter = row.get("question"), row.get("starter_code") or ""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("no text field 'question'")
+    if not isinstance(starter, str):
+        raise ValueError(f"starter_code is a {type(starter).__name__}, not a string")
+    problem = question.strip() + (
+        f"\n\nUse this starter code:\n```python\n{starter.rstrip()}\n```" if starter.strip() else ""
+    )
+    return {"problem": problem, "answer": code_reference(row["input_output"], "taco")}
+
+
+def code_contests_row(row: dict) -> dict:
+    """A CodeContests row as ``{"problem", "answer"}``: the description, and its public, private and generated
+    tests (in that order) as stdin tests."""
+    description = row.get("description")
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError("no text field 'description'")
+    tests = []
+    for kind in ("public_tests", "private_tests", "generated_tests"):
+        group = row.get(kind) or {"input": [], "output": []}
+        inputs, outputs = group.get("input"), group.get("output")
+        if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+            raise ValueError(f"{kind} must hold 'input' and 'output' lists of the same length")
+        tests += [{"input": _text(i, "\n"), "output": _text(o, "\n")} for i, o in zip(inputs, outputs, strict=True)]
+    if not tests:
+        raise ValueError("no tests: public_tests, private_tests and generated_tests are all empty")
+    return {"problem": description.strip(), "answer": tests}

@@ -4,7 +4,8 @@ Publishers lay out the same thing (a problem and what checks its answer) in a do
 they are: `detect_layout` recognises a file's layout from its first row, and `Layout.extract` takes each row's
 prompt, reference and source through it. The layouts, in the order they are tried:
 
-- ``livecodebench``, ``humaneval``, ``mbpp``: public code benchmarks, converted whole (`klear.data.code_formats`).
+- ``livecodebench``, ``humaneval``, ``mbpp``, ``leetcodedataset``, ``taco-apps``, ``code-contests``: code sets as
+  their publishers ship them, converted whole (`klear.data.code_formats`, `klear.data.code_layouts`).
 - ``verl``: verl's RL rows (Klear-Reasoner, DAPO-Math-17k, Skywork-OR1, rllm's code sets, ...): ``prompt`` a list
   of chat messages, ``reward_model.ground_truth`` the reference (often a JSON string), ``data_source`` (else
   ``ability``) the source that picks the verifier (`klear.rewards.routing`).
@@ -36,6 +37,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 _MISSING = object()
+CONVERTED = ("livecodebench", "humaneval", "mbpp", "leetcodedataset", "taco-apps", "code-contests")
+"""Layouts whose rows `klear.data.code_formats.code_row` converts whole before their fields are read."""
 ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 """Message roles as publishers spell them -> the chat template's."""
 
@@ -115,9 +118,11 @@ def detect_layout(row: dict, prompt_key: str = "", reference_key: str = "") -> L
 
 
 def _detect(row: dict) -> Layout | None:
-    from klear.data.code_formats import is_humaneval, is_livecodebench, is_mbpp
+    from klear.data.code_formats import is_humaneval, is_leetcodedataset, is_livecodebench, is_mbpp
+    from klear.data.code_layouts import is_code_contests, is_taco_apps
 
-    for name, matches in (("livecodebench", is_livecodebench), ("humaneval", is_humaneval), ("mbpp", is_mbpp)):
+    matchers = (is_livecodebench, is_humaneval, is_mbpp, is_leetcodedataset, is_taco_apps, is_code_contests)
+    for name, matches in zip(CONVERTED, matchers, strict=True):
         if matches(row):
             return Layout(name, "problem", "answer", reward="code", note=f"converted from the {name} layout")
     source = "data_source" if "data_source" in row else ""

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from klear.cli import first_line
-from klear.data.layouts import Layout, decode_json_text, detect_layout
+from klear.data.layouts import CONVERTED, Layout, decode_json_text, detect_layout, get_path
 from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.synthetic import generate_problems
 
@@ -245,7 +245,7 @@ class _RowReader:
     def read(self, row: dict, line: int) -> tuple[str | list[dict[str, str]], Any, str]:
         from klear.data.code_formats import code_row
 
-        if self.layout.name in ("livecodebench", "humaneval", "mbpp"):
+        if self.layout.name in CONVERTED:
             row = code_row(row)
         prompt, reference, origin = self.layout.extract(row)
         name, label = self._route(row, origin)
@@ -256,15 +256,19 @@ class _RowReader:
         return prompt, reference if label is None else _routed(label, reference), origin
 
     def _route(self, row: dict, origin: str) -> tuple[str, str | None]:
-        """The reward name of the row and its route label (None: the reward itself scores it)."""
+        """The reward name of the row and its route label (None: the reward itself scores it): by its data source,
+        else by its ``ability`` (also when no route knows the source)."""
         if self.router is None or not origin:
             return self.layout.reward or self.task.reward, None
-        by_source = bool(self.layout.source) and self.layout.source_of(row, ability=False) == origin
-        label = self.router.route(origin, ability=not by_source)
+        source = self.layout.source_of(row, ability=False) if self.layout.source else ""
+        ability = get_path(row, self.layout.ability) if self.layout.ability else None
+        label = self.router.route(source) if source else None
+        if label is None and isinstance(ability, str) and ability.strip():
+            label = self.router.route(ability.strip(), ability=True)
         if label is None:
-            key = self.layout.source if by_source else self.layout.ability
+            what = f"{self.layout.source} {source!r}" if source else f"{self.layout.ability} {origin!r}"
             raise ValueError(
-                f"{key} {origin!r} has no reward: add it to reward.by_source (a name or prefix -> a reward); known: "
+                f"{what} has no reward: add it to reward.by_source (a name or prefix -> a reward); known: "
                 f"{', '.join(self.router.known())}"
             )
         return self.router.name_of(label), label
@@ -347,8 +351,6 @@ def choose_task(
     route = bool(layout.source or layout.ability)
     if layout.reward:
         return Task(layout.reward, prompt_key or "", reference_key or "", route)
-    from klear.data.layouts import get_path
-
     value = decode_json_text(get_path(rows[0], layout.reference))
     code = isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
     return Task("code" if code else "math", prompt_key or "", reference_key or "", route)

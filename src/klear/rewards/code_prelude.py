@@ -8,21 +8,21 @@ programs in those sets call ``Counter``, ``List`` or ``ListNode`` without import
 
 - `BASE_PRELUDE`: the names of Code-R1's ``BASE_IMPORTS``, written out again without its duplicates, with the
   same final bindings (``bisect``, ``copy``, ``random`` are the modules, ``time`` is the function
-  ``time.time``, ``re_search`` is ``re.search``). ``numpy as np`` and ``pandas as pd`` are each imported inside
-  ``try: ... except ImportError: pass``, so a machine without them still runs every program that does not use
-  them (one that does fails its tests with a NameError).
+  ``time.time``, ``re_search`` is ``re.search``). ``np`` and ``pd`` stand for numpy and pandas, imported on
+  their first use (an attribute of ``np``), so a program that never touches them never pays for them, and a
+  machine without them still runs every program that does not use them (one that does fails its tests with an
+  ImportError).
 - `LEETCODE_PRELUDE`: ``ListNode``, ``TreeNode``, ``list_node`` and ``tree_node`` (build them from LeetCode's
   level-order lists, ``None`` for a missing child), ``is_same_list`` and ``is_same_tree``, what LeetCode test
   programs call. Self-contained: it runs with or without `BASE_PRELUDE` before it.
 
 What the prelude costs, measured in the sandbox (namespaces, 512 MB address-space limit, one forked child per
-test, a warm file cache): the standard-library part ~5 ms per test, numpy ~50 ms more, pandas ~220 ms more (~280
-ms in all). Both fit under the default ``memory_mb=512`` and under the 0.5 s per test we allowed, so both are
-kept, but they take a share of the limit: with pandas imported about 350 MB of address space is in use before
-the program starts, which leaves it ~150 MB (pandas does not import at ``memory_mb=256``; numpy alone not at
-128). A program that needs more, or a ``memory_mb`` too low for the imports, fails with a MemoryError; that is
-deliberately not caught (a silent fallback would turn into NameErrors far from the cause). Code-R1 runs its
-programs with 1 GB (``--rlimit-as=1024m``), which ``memory_mb=1024`` matches.
+test, a warm file cache): the standard-library part ~5 ms per test; a program that uses numpy pays ~50 ms more,
+pandas ~220 ms more, when it first touches them (imported up front, they cost every test of every program that
+much: 0.28 s x 32 tests per completion on rllm's rows). Both import under the default ``memory_mb=512``, but they
+take a share of the limit: with pandas imported about 350 MB of address space is in use, which leaves a program
+~150 MB (pandas does not import at ``memory_mb=256``; numpy alone not at 128); a MemoryError there is deliberately
+not caught. Code-R1 runs its programs with 1 GB (``--rlimit-as=1024m``), which ``memory_mb=1024`` matches.
 """
 
 from __future__ import annotations
@@ -45,14 +45,21 @@ from typing import Any, Callable, Deque, Dict, Generator, Iterable, Iterator, Li
 import bisect, collections, copy, datetime, functools, heapq, io, itertools, math, operator, os, random, re
 import string, sys
 from time import time
-try:
-    import numpy as np
-except ImportError:
-    pass
-try:
-    import pandas as pd
-except ImportError:
-    pass
+
+
+class _LazyModule:  # np / pd: imported on first use, so programs that never touch them never pay for them
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attribute):
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attribute)
+
+
+np = _LazyModule("numpy")
+pd = _LazyModule("pandas")
 """
 
 LEETCODE_PRELUDE = """\

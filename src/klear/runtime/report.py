@@ -23,8 +23,8 @@ Series = tuple[str, list[float], list[float], list[float] | None]
 
 PANELS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     "rl": [
-        ("eval/accuracy", "fraction correct", ("eval/accuracy",)),
-        ("reward (train samples)", "mean reward", ("reward/mean", "reward/raw_mean")),
+        ("eval/accuracy", "fraction correct", ("eval/accuracy", "eval/accuracy/*")),
+        ("reward (train samples)", "mean reward", ("reward/mean", "reward/raw_mean", "reward/mean/*")),
         ("actor/entropy", "nats / token", ("actor/entropy",)),
         ("clipped tokens", "fraction of tokens", ("objective/clip_frac_low", "objective/clip_frac_high")),
         ("actor/grad_norm", "L2 norm before clipping", ("actor/grad_norm",)),
@@ -36,7 +36,8 @@ PANELS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("train/grad_norm", "L2 norm before clipping", ("train/grad_norm",)),
     ],
 }
-"""Stage -> the panels of ``curves.png``: title, y-axis label, the metrics drawn together."""
+"""Stage -> the panels of ``curves.png``: title, y-axis label, the metrics drawn together (``prefix/*``: every
+logged metric under the prefix, such as the per-source ``eval/accuracy/<source>``)."""
 KEY_METRICS = {stage: [key for _, _, keys in panels for key in keys] for stage, panels in PANELS.items()}
 """Stage -> the metrics of the final-values table: those of the panels, and for RL the trainer-engine gap."""
 KEY_METRICS["rl"].append("rollout/logprob_gap")
@@ -71,7 +72,7 @@ def write_run_report(
     rows = read_metrics(output_dir / "metrics.csv")
     curves = output_dir / "curves.png"
     panels = [
-        (title, unit, [_series(rows, key) for key in keys if any(key in row for row in rows)])
+        (title, unit, [_series(rows, key) for key in _expand(keys, rows) if any(key in row for row in rows)])
         for title, unit, keys in PANELS.get(config.stage, [])
     ]
     panels = [panel for panel in panels if panel[2]]
@@ -82,6 +83,17 @@ def write_run_report(
     report = output_dir / "report.md"
     report.write_text(_markdown(output_dir, config, rows, wall_seconds, status, first_step, bool(panels)))
     return [report, curves] if panels else [report]
+
+
+def _expand(keys: tuple[str, ...] | list[str], rows: list[dict[str, float]]) -> list[str]:
+    """``keys`` with each ``prefix/*`` replaced by the logged metrics under that prefix, sorted."""
+    out = []
+    for key in keys:
+        if key.endswith("/*"):
+            out += sorted({name for row in rows for name in row if name.startswith(key[:-1])})
+        else:
+            out.append(key)
+    return out
 
 
 def _series(rows: list[dict[str, float]], key: str) -> Series:
@@ -124,7 +136,7 @@ def _markdown(
         f"| {n} (`{k}`, median / total) | {statistics.median(v):.3f} s / {sum(v):.1f} s |" for n, k, v in idle if v
     ]
     lines += ["", "## Final values", ""]
-    present = [key for key in KEY_METRICS.get(config.stage, []) if any(key in row for row in rows)]
+    present = [key for key in _expand(KEY_METRICS.get(config.stage, []), rows) if any(key in row for row in rows)]
     if present:
         lines += ["| metric | first | final | at step | min | max |", "|---|---|---|---|---|---|"]
         for key in present:
@@ -133,7 +145,7 @@ def _markdown(
                 f"| `{key}` | {_num(values[0])} | {_num(values[-1])} | {steps_of[-1]:.0f} | "
                 f"{_num(min(values))} | {_num(max(values))} |"
             )
-    missing = [key for key in KEY_METRICS.get(config.stage, []) if key not in present]
+    missing = [key for key in KEY_METRICS.get(config.stage, []) if key not in present and not key.endswith("/*")]
     lines += ["", f"Not logged: {', '.join(f'`{key}`' for key in missing)}.", ""] if missing else [""]
     lines += _data(output_dir / "data_report.json") + _files(output_dir, curves)
     return "\n".join(lines) + "\n"
