@@ -166,3 +166,23 @@ def test_prose_references_are_warned_about_per_source_and_gsm8k_rationales_are_n
     assert loaded.warnings[0].startswith("2 math references of source '(none)' read like prose")
     assert f"{tmp_path / 'g.jsonl'}:2:" in loaded.warnings[0]
     assert get_reward("math")("\\boxed{5}", rows[0]["answer"]) == 1.0
+
+
+def test_verl_rows_in_parquet_load_as_in_jsonl(tmp_path):
+    """verl's sets ship as parquet: nested chat prompts and reward_model dicts come back as lists and dicts."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    rows = [
+        {
+            "data_source": "math_longcot_math_verify",
+            "prompt": [{"content": "1+1?", "role": "user"}],
+            "ability": "math",
+            "reward_model": {"ground_truth": "2", "style": "rule"},
+            "extra_info": {"index": 0},
+        }
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    loaded = load_problems(str(tmp_path / "train.parquet"), Task("math"), routed_reward("math"))
+    assert loaded.layout.name == "verl" and loaded.problems[0].prompt == [{"role": "user", "content": "1+1?"}]
+    assert loaded.problems[0].plain_reference == "2" and loaded.problems[0].source == "math_longcot_math_verify"

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -51,18 +50,17 @@ import traceback
 from typing import Any
 
 _LINUX = sys.platform.startswith("linux")
-if _LINUX:
-    # Run by path with -I, so the sibling module is found through this file's directory.
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from sandbox_mounts import harden_mounts, prctl
+# Run by path with -I, so the sibling modules are found through this file's directory.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sandbox_pytest import run_pytest  # noqa: E402
 
-    del sys.path[0]
+if _LINUX:
+    from sandbox_mounts import harden_mounts, prctl
+del sys.path[0]
 
 _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 4, 36, 38
 _STDERR_CAP = 2048
 _CHECKED = ("code", "pytest")  # the kinds whose own checks decide, confirmed by the token
-# pytest without the caches, the plugins installed beside it or any config file above the work directory.
-_PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-c", "pytest.ini", "--rootdir", ".", "--confcutdir", "."]
 
 
 def main() -> None:
@@ -261,7 +259,7 @@ def _limit_child(job: dict[str, Any], limit_processes: bool) -> None:
 def _execute(test: dict[str, Any], code: str, prelude: str, token: bytes | None) -> int:
     kind = test["kind"]
     if kind == "pytest":
-        return _run_pytest(test["source"], code, prelude, token)
+        return run_pytest(test["source"], code, prelude, token)
     namespace: dict[str, Any] = {"__name__": "__main__" if kind == "stdio" else "solution"}
     namespace["__builtins__"] = builtins
     # Taken before the program runs, so that it cannot replace them (see the module docstring).
@@ -299,71 +297,6 @@ def _execute(test: dict[str, Any], code: str, prelude: str, token: bytes | None)
             raise
         write(3, token)
     return 0
-
-
-def _run_pytest(source: str, code: str, prelude: str, token: bytes | None) -> int:
-    """Run pytest on the test file in this (confined) child; the token only when every collected test passed."""
-    sys.dont_write_bytecode = True
-    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    for name, text in (("test_solution.py", source), ("solution.py", code), ("pytest.ini", "[pytest]\n")):
-        with open(name, "w", encoding="utf-8") as file:
-            file.write(text)
-    import pytest  # from the interpreter's installation, after the privileges were dropped
-
-    main, write, record = pytest.main, os.write, _PytestRecord()
-    finder = _SolutionFinder(prelude, code, os.path.abspath("solution.py"))
-    sys.meta_path.insert(0, finder)  # `import solution` runs prelude + program lazily, during collection
-    exit_code = main([*_PYTEST_ARGS, "test_solution.py"], plugins=[record])
-    if exit_code == 1 and record.failed:  # pytest.ExitCode.TESTS_FAILED
-        write(3, b"assertion")
-    elif exit_code == 0 and finder.imported and record.collected and record.passed == record.collected:
-        write(3, token)
-    return 0
-
-
-class _PytestRecord:
-    """A pytest plugin counting collected, passed and failed tests (a skipped test is neither)."""
-
-    def __init__(self) -> None:
-        self.collected = self.passed = self.failed = 0
-
-    def pytest_collection_finish(self, session: Any) -> None:
-        self.collected = len(session.items)
-
-    def pytest_runtest_logreport(self, report: Any) -> None:
-        self.passed += report.when == "call" and report.passed
-        self.failed += report.failed
-
-
-class _SolutionFinder:
-    """Imports module ``solution`` from memory: the prelude, then the program, in the module's namespace (so the
-    program keeps its line numbers and ``from __future__`` imports, which a file prelude + program would break).
-    Once the program ran, the builtins are restored and trace/profile hooks removed, as before check code."""
-
-    def __init__(self, prelude: str, code: str, path: str) -> None:
-        self.prelude, self.code, self.path = prelude, code, path
-        self.imported = False
-        # Taken before the program runs, so that it cannot replace them.
-        self.builtins, self.saved, self.hooks = vars(builtins), dict(vars(builtins)), (sys.settrace, sys.setprofile)
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        return importlib.util.spec_from_loader(name, self, origin=self.path) if name == "solution" else None
-
-    def create_module(self, spec: Any) -> None:
-        return None  # the default module object
-
-    def exec_module(self, module: Any) -> None:
-        self.imported = True
-        module.__file__ = self.path
-        try:
-            if self.prelude:
-                exec(compile(self.prelude, "prelude.py", "exec"), vars(module))
-            exec(compile(self.code, self.path, "exec"), vars(module))
-        finally:
-            for hook in self.hooks:
-                hook(None)
-            self.builtins.clear()
-            self.builtins.update(self.saved)
 
 
 def _verdict(test: dict[str, Any], run: dict[str, Any], expected: Any) -> dict[str, Any]:
