@@ -49,9 +49,11 @@ import json
 import pickle
 import pickletools
 import zlib
+from collections.abc import Callable
 from datetime import date
 from typing import Any
 
+from klear.data.code_layouts import code_contests_row, is_code_contests, is_taco_apps, taco_apps_row
 from klear.data.readers import BadRow
 
 MAX_DECOMPRESSED_BYTES = 512 << 20
@@ -102,34 +104,18 @@ def is_mbpp(row: dict) -> bool:
     return "test_list" in row and ("text" in row or "prompt" in row)
 
 
-def is_code_benchmark(row: dict) -> bool:
-    """Whether `code_row` converts ``row`` (a LiveCodeBench, HumanEval, MBPP, LeetCodeDataset, TACO/APPS or
-    CodeContests row)."""
-    from klear.data.code_layouts import is_code_contests, is_taco_apps
-
-    benchmark = is_livecodebench(row) or is_humaneval(row) or is_mbpp(row) or is_leetcodedataset(row)
-    return benchmark or is_taco_apps(row) or is_code_contests(row)
+def benchmark_layout(row: dict) -> str | None:
+    """The name of the code-set layout whose converter `code_row` applies to ``row`` (`CONVERTERS`), or None."""
+    return next((name for name, (matches, _) in CONVERTERS.items() if matches(row)), None)
 
 
 def code_row(row: dict) -> dict:
-    """``row`` as a klear code row by whichever of LiveCodeBench, HumanEval or MBPP its fields match."""
-    if is_livecodebench(row):
-        return livecodebench_row(row)
-    if is_humaneval(row):
-        return humaneval_row(row)
-    if is_mbpp(row):
-        return mbpp_row(row)
-    if is_leetcodedataset(row):
-        return leetcodedataset_row(row)
-    from klear.data.code_layouts import code_contests_row, is_code_contests, is_taco_apps, taco_apps_row
-
-    if is_taco_apps(row):
-        return taco_apps_row(row)
-    if is_code_contests(row):
-        return code_contests_row(row)
-    raise ValueError(
-        f"not a LiveCodeBench, HumanEval, MBPP, LeetCodeDataset, TACO/APPS or CodeContests row (fields: {sorted(row)})"
-    )
+    """``row`` as a klear code row by whichever layout of `CONVERTERS` its fields match."""
+    name = benchmark_layout(row)
+    if name is None:
+        kinds = "LiveCodeBench, HumanEval, MBPP, LeetCodeDataset, TACO/APPS or CodeContests"
+        raise ValueError(f"not a {kinds} row (fields: {sorted(row)})")
+    return CONVERTERS[name][1](row)
 
 
 def code_rows(rows: list[tuple[int, dict]], path: str, bad: list[BadRow]) -> list[dict]:
@@ -346,6 +332,17 @@ class _StrUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         raise pickle.UnpicklingError("persistent id refused")
+
+
+CONVERTERS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], dict]]] = {
+    "livecodebench": (is_livecodebench, livecodebench_row),
+    "humaneval": (is_humaneval, humaneval_row),
+    "mbpp": (is_mbpp, mbpp_row),
+    "leetcodedataset": (is_leetcodedataset, leetcodedataset_row),
+    "taco-apps": (is_taco_apps, taco_apps_row),
+    "code-contests": (is_code_contests, code_contests_row),
+}
+"""Layout name -> (does a row have it, its converter), tried in this order: the code sets read whole."""
 
 
 def _text(row: dict, key: str) -> str:

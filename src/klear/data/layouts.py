@@ -5,7 +5,7 @@ they are: `detect_layout` recognises a file's layout from its first row, and `La
 prompt, reference and source through it. The layouts, in the order they are tried:
 
 - ``livecodebench``, ``humaneval``, ``mbpp``, ``leetcodedataset``, ``taco-apps``, ``code-contests``: code sets as
-  their publishers ship them, converted whole (`klear.data.code_formats`, `klear.data.code_layouts`).
+  their publishers ship them, converted whole (`klear.data.code_formats.CONVERTERS`).
 - ``verl``: verl's RL rows (Klear-Reasoner, DAPO-Math-17k, Skywork-OR1, rllm's code sets, ...): ``prompt`` a list
   of chat messages, ``reward_model.ground_truth`` the reference (often a JSON string), ``data_source`` (else
   ``ability``) the source that picks the verifier (`klear.rewards.routing`).
@@ -33,12 +33,10 @@ chat template as it is: system turns are kept, never flattened into one user str
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 _MISSING = object()
-CONVERTED = ("livecodebench", "humaneval", "mbpp", "leetcodedataset", "taco-apps", "code-contests")
-"""Layouts whose rows `klear.data.code_formats.code_row` converts whole before their fields are read."""
 ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 """Message roles as publishers spell them -> the chat template's."""
 
@@ -104,27 +102,22 @@ def detect_layout(row: dict, prompt_key: str = "", reference_key: str = "") -> L
             )
         layout = Layout("custom", prompt_key, reference_key)
     if prompt_key or reference_key:
-        name = layout.name if layout.name == "custom" else f"{layout.name}, fields given"
-        return Layout(
-            name,
-            prompt_key or layout.prompt,
-            reference_key or layout.reference,
-            layout.source,
-            layout.ability,
-            layout.reward,
-            "" if reference_key else layout.note,
+        return replace(
+            layout,
+            name=layout.name if layout.name == "custom" else f"{layout.name}, fields given",
+            prompt=prompt_key or layout.prompt,
+            reference=reference_key or layout.reference,
+            note="" if reference_key else layout.note,
         )
     return layout
 
 
 def _detect(row: dict) -> Layout | None:
-    from klear.data.code_formats import is_humaneval, is_leetcodedataset, is_livecodebench, is_mbpp
-    from klear.data.code_layouts import is_code_contests, is_taco_apps
+    from klear.data.code_formats import benchmark_layout
 
-    matchers = (is_livecodebench, is_humaneval, is_mbpp, is_leetcodedataset, is_taco_apps, is_code_contests)
-    for name, matches in zip(CONVERTED, matchers, strict=True):
-        if matches(row):
-            return Layout(name, "problem", "answer", reward="code", note=f"converted from the {name} layout")
+    name = benchmark_layout(row)
+    if name is not None:  # converted whole by `klear.data.code_formats.code_row`
+        return Layout(name, "problem", "answer", reward="code", note=f"converted from the {name} layout")
     source = "data_source" if "data_source" in row else ""
     ability = "ability" if "ability" in row else ""
     if isinstance(row.get("prompt"), list) and isinstance(row.get("reward_model"), dict):

@@ -13,7 +13,8 @@ answer for ``math``, a list of tests for ``code``. Sources:
 
 Each row's verifier: when the reward is a `klear.rewards.routing.RoutedReward` and the task routes (the default),
 a row with a data source (else an ``ability``) is scored by the reward its route names, and its reference is
-wrapped as `klear.rewards.routing.Routed`; a source no route knows is a skipped row. Rows without a source are
+wrapped as `klear.rewards.routing.Routed`; a source no route knows routes by the row's ``ability``, and without
+one it is a skipped row. Rows without a source are
 scored by the reward itself. A reference stored as JSON text is decoded; a code reference in a publisher's layout
 is read into the ``code`` reward's tests (`klear.data.code_layouts`).
 
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from klear.cli import first_line
-from klear.data.layouts import CONVERTED, Layout, decode_json_text, detect_layout, get_path
+from klear.data.layouts import Layout, decode_json_text, detect_layout, get_path
 from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.synthetic import generate_problems
 
@@ -134,8 +135,9 @@ class ProblemSet:
         }
         if self.layout is not None:
             report["layout"] = self.layout.describe()
-        if self.sources():
-            report["sources"] = self.sources()
+        sources = self.sources()
+        if sources:
+            report["sources"] = sources
         if self.warnings:
             report["warnings"] = self.warnings
         return report
@@ -214,9 +216,9 @@ def load_problems(
                         raise ValueError(message)
                     keep, tokens, cut = limit, limit, cut + 1
                 longest = max(longest, tokens)
+        except DataError:  # truncation: error
+            raise
         except ValueError as error:
-            if isinstance(error, DataError):
-                raise
             bad.append(BadRow(source, line, first_line(error)))
             continue
         problems.append(Problem(prompt, reference, line, row, origin, keep))
@@ -243,9 +245,9 @@ class _RowReader:
         self.prose: dict[str, list] = {}  # source -> [count, line and text of the first]
 
     def read(self, row: dict, line: int) -> tuple[str | list[dict[str, str]], Any, str]:
-        from klear.data.code_formats import code_row
+        from klear.data.code_formats import CONVERTERS, code_row
 
-        if self.layout.name in CONVERTED:
+        if self.layout.name in CONVERTERS:
             row = code_row(row)
         prompt, reference, origin = self.layout.extract(row)
         name, label = self._route(row, origin)
@@ -260,7 +262,7 @@ class _RowReader:
         else by its ``ability`` (also when no route knows the source)."""
         if self.router is None or not origin:
             return self.layout.reward or self.task.reward, None
-        source = self.layout.source_of(row, ability=False) if self.layout.source else ""
+        source = self.layout.source_of(row, ability=False)
         ability = get_path(row, self.layout.ability) if self.layout.ability else None
         label = self.router.route(source) if source else None
         if label is None and isinstance(ability, str) and ability.strip():

@@ -9,8 +9,9 @@ A reference is a non-empty list of tests, or a suite dict ``{"tests": [...], "pr
 - ``timeout``: seconds per test for this problem, in place of the reward's ``timeout``; the reward's
   ``total_timeout`` is scaled by the same ratio.
 - ``max_test_cases`` (>= 1) and ``seed`` (default 0): a suite with more tests than that runs the subset
-  ``sorted(random.Random(seed).sample(range(n), max_test_cases))``, the same one for every completion of the
-  problem (Code-R1 draws a fresh sample per completion), and is scored over it.
+  ``sorted(random.Random(seed).sample(range(n), max_test_cases))`` and is scored over it. The scorers give each
+  sample its own seed (`klear.rewards.routing.seeded_reference`: from the run's seed, the step and the sample),
+  so samples draw different subsets, as Code-R1's do, and a rerun draws the same ones.
 
 Tests are dicts of one of four shapes:
 

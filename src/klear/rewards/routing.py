@@ -98,7 +98,7 @@ class RoutedReward(Reward):
         self.default_name = default_name
         self.default_options = dict(default_options or {})
         self.routes = {key: spec_of(spec) for key, spec in {**PUBLISHED_ROUTES, **(by_source or {})}.items()}
-        self._default_label = json.dumps([default_name, {}])
+        self._default_label = _label(default_name, {})
         self.rewards: dict[str, Reward] = {self._default_label: default}
         """Label (the JSON of ``[name, options]``) -> its reward."""
 
@@ -133,7 +133,7 @@ class RoutedReward(Reward):
         return self.rewards[label]
 
     def _build(self, name: str, options: dict[str, Any]) -> str:
-        label = json.dumps([name, options], sort_keys=True)
+        label = _label(name, options)
         self.reward_of(label)
         return label
 
@@ -173,6 +173,11 @@ class RoutedReward(Reward):
 
     def __repr__(self) -> str:
         return f"RoutedReward(default={self.default_name!r}, rewards={sorted(self.rewards)})"
+
+
+def _label(name: str, options: Mapping[str, Any]) -> str:
+    """The label of a route's reward: the JSON of ``[name, options]``, so any process can rebuild the reward."""
+    return json.dumps([name, options], sort_keys=True)
 
 
 def routed_reward(
