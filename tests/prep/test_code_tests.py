@@ -1,6 +1,6 @@
 """``python -m klear.data filter-tests`` on a hand-checked fixture, the solutions run in the real sandbox.
 
-fixtures/code_tests.jsonl (``--min-tests 3``; stdin tests "1 0"->1, "2 3"->5, "4 4"->8):
+fixtures/code_tests.jsonl (``--min-tests 3``; stdin tests "1 0"->1, "2 3"->5, "4 4"->8), read as training reads it:
    1 good            kept: a + b passes 3 of 3
    2 two-tests       removed: 2 tests < 3
    3 wrong-solution  removed: a - b passes only "1 0" (1 of 3)
@@ -9,7 +9,7 @@ fixtures/code_tests.jsonl (``--min-tests 3``; stdin tests "1 0"->1, "2 3"->5, "4
    6 wrong-test      removed: the third test expects 9 for "4 4", so the right solution passes 2 of 3
    7 no-tests        bad row: no "tests"
    8 no-solution     bad row when solutions are checked; kept with --no-solution-check
-   9 tests-as-text   bad row: "tests" is a JSON string, not a list
+   9 tests-as-text   kept: "tests" is JSON text of the list, decoded as training decodes it
   10 truncated       bad row: not valid JSON
 """
 
@@ -42,14 +42,14 @@ def test_as_completion_fences_a_bare_program_only():
 
 def test_filter_tests_runs_reference_solutions_in_the_sandbox(tmp_path, capsys):
     ids, report, summary = run(tmp_path, capsys)
-    assert ids == ["good", "functional"]
+    assert ids == ["good", "functional", "tests-as-text"]
     assert report["counts"] == {
         "rows": 10,
-        "kept": 2,
+        "kept": 3,
         "too_few_tests": 1,
         "malformed_tests": 1,
         "solution_fails": 2,
-        "bad_rows": 4,
+        "bad_rows": 3,
     }
     removed = [(r["line"], r["reason"], r["tests"]) for r in report["removed"]]
     assert removed == [
@@ -64,18 +64,21 @@ def test_filter_tests_runs_reference_solutions_in_the_sandbox(tmp_path, capsys):
     assert details[6] == "passed 2 of 3 tests"
     assert "missing keys ['output']" in details[4]
     assert [(b["line"], b["reason"]) for b in report["bad_rows"]] == [
-        (7, "'tests' is missing (fields: ['id', 'question', 'solution']); expected a list of tests"),
-        (8, "no reference solution text in 'solution' (fields: ['id', 'question', 'tests'])"),
-        (9, "'tests' holds a str; expected a list of tests"),
+        (7, "no reference: 'tests' is missing (fields: ['id', 'question', 'solution'])"),
+        (
+            8,
+            "no reference solution text in any of ['solution', 'extra_info.solution'] (fields: ['id', 'question', "
+            "'tests'])",
+        ),
         (10, "not valid JSON (Expecting value at column 1)"),
     ]
-    assert summary.startswith("filter-tests: kept 2 of 10 rows; removed with fewer than 3 tests: 1, malformed")
+    assert summary.startswith("filter-tests: kept 3 of 10 rows; removed with fewer than 3 tests: 1, malformed")
 
 
 def test_without_solution_check_only_tests_are_screened(tmp_path, capsys):
     ids, report, summary = run(tmp_path, capsys, "--no-solution-check")
-    assert ids == ["good", "wrong-solution", "functional", "wrong-test", "no-solution"]
-    assert report["counts"]["bad_rows"] == 3  # a row without a solution is fine when none is run
+    assert ids == ["good", "wrong-solution", "functional", "wrong-test", "no-solution", "tests-as-text"]
+    assert report["counts"]["bad_rows"] == 2  # a row without a solution is fine when none is run
     assert report["counts"]["solution_fails"] == 0
     assert "reference solution not run (--no-solution-check)" in summary
 
@@ -85,7 +88,7 @@ def test_paper_default_needs_16_tests(tmp_path, capsys):
     assert main(["filter-tests", "--data", FIXTURE, "--out", str(out)]) == 0
     assert out.read_text() == ""  # no fixture problem has 16 tests
     report = json.loads((tmp_path / "kept.report.json").read_text())
-    assert report["counts"]["too_few_tests"] == 6 and report["settings"]["min_tests"] == 16
+    assert report["counts"]["too_few_tests"] == 7 and report["settings"]["min_tests"] == 16
 
 
 class HalfCode(CodeReward):
@@ -100,5 +103,5 @@ class HalfCode(CodeReward):
 def test_a_solution_is_kept_on_the_rewards_verdict_not_its_score(tmp_path, capsys, monkeypatch, num_workers):
     monkeypatch.setattr(code_tests, "get_reward", lambda name, **options: HalfCode(**options))
     ids, report, _ = run(tmp_path, capsys, "--num-workers", str(num_workers))
-    assert ids == ["good", "functional"]  # as with the plain code reward, though they score 0.5
+    assert ids == ["good", "functional", "tests-as-text"]  # as with the plain code reward, though they score 0.5
     assert report["counts"]["solution_fails"] == 2

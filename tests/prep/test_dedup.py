@@ -66,4 +66,6 @@ def test_bad_threshold_is_one_line_error(tmp_path, capsys):
         main(["dedup", "--data", FIXTURE, "--out", str(tmp_path / "u.jsonl"), "--near", "jaccard", "--threshold", "0"])
         == 2
     )
-    assert capsys.readouterr().err.strip() == "error: --threshold must be in (0, 1], got 0.0"
+    assert capsys.readouterr().err.strip() == (
+        "error: argument --threshold: must be a number in (0, 1], got 0 (see python -m klear.data dedup --help)"
+    )

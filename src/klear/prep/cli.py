@@ -9,7 +9,8 @@
 
 Every command reads jsonl (json, parquet and Hugging Face datasets too, through `klear.data.readers`), skips a
 bad row with a warning naming its line and counts it in its report, writes its outputs atomically, and prints
-one summary line with its counts. A bad option or unreadable input stops it with one line (exit code 2).
+one summary line with its counts. A bad option, an unreadable input, an input without a usable row or an output
+that is one of the inputs (or cannot be written) stops it with one line (exit code 2).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from klear.data.readers import DataError
 from klear.data.synthetic import DEFAULT_LEVELS, SPLITS
 from klear.prep import code_tests, curate, decontaminate, dedup
 from klear.prep import mix as mix_command
+from klear.prep.options import OneLineParser, OptionError, at_least
+from klear.prep.paths import Files, check_files
 from klear.prep.rowfiles import CommandError, write_rows
 
 COMMANDS = {
@@ -52,13 +55,17 @@ def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
         help="klear: problem, answer, solution, level; verl: Klear-Reasoner's training rows (data_source, chat "
         "prompt, reward_model.ground_truth; code tests in Code-R1's JSON) (default: %(default)s)",
     )
-    parser.add_argument("--num", type=int, default=1000, help="problems (default: %(default)s)")
+    parser.add_argument("--num", type=at_least(1), default=1000, help="problems (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default: %(default)s)")
     parser.add_argument(
         "--levels",
         default=",".join(map(str, DEFAULT_LEVELS)),
         help=f"difficulty levels, comma-separated, of {sorted(synthetic.LEVELS)} (default: %(default)s)",
     )
+
+
+def synthetic_files(args: argparse.Namespace) -> Files:
+    return Files(outputs=[("--out", args.out)])
 
 
 def run_synthetic(args: argparse.Namespace) -> str:
@@ -99,13 +106,14 @@ def verl_row(problem: dict, task: str, index: int) -> dict:
 
 
 HANDLERS = {
-    "synthetic": (add_synthetic_arguments, run_synthetic),
-    "curate": (curate.add_arguments, curate.run),
-    "decontaminate": (decontaminate.add_arguments, decontaminate.run),
-    "dedup": (dedup.add_arguments, dedup.run),
-    "filter-tests": (code_tests.add_arguments, code_tests.run),
-    "mix": (mix_command.add_arguments, mix_command.run),
+    "synthetic": (add_synthetic_arguments, synthetic_files, run_synthetic),
+    "curate": (curate.add_arguments, curate.files, curate.run),
+    "decontaminate": (decontaminate.add_arguments, decontaminate.files, decontaminate.run),
+    "dedup": (dedup.add_arguments, dedup.files, dedup.run),
+    "filter-tests": (code_tests.add_arguments, code_tests.files, code_tests.run),
+    "mix": (mix_command.add_arguments, mix_command.files, mix_command.run),
 }
+"""Each command: its arguments, the files it reads and writes (checked by `check_files` before it runs), its run."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,16 +122,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Data preparation for SFT and RL, on any jsonl data (see docs/data.md).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (add_arguments, _) in HANDLERS.items():
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
+    for name, (add_arguments, _, _) in HANDLERS.items():
         add_arguments(commands.add_parser(name, help=COMMANDS[name], description=COMMANDS[name]))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        summary = HANDLERS[args.command][1](args)
+        args = build_parser().parse_args(argv)
+    except OptionError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    _, files, run = HANDLERS[args.command]
+    try:
+        check_files(files(args))  # before anything is read: an output that is an input would lose it
+        summary = run(args)
     except (CommandError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -2,17 +2,26 @@
 
 The paper's code RL data kept problems with at least 16 test cases, and filtering out problems whose tests are
 wrong made code RL rise more steadily (its Fig. 4): a test the reference solution fails rewards wrong programs
-and punishes right ones. A row is kept when
+and punishes right ones. Problems are read by the loader RL training and ``klear.eval`` use
+(`klear.data.problems.load_problems`), so the tests are the ones training would score: the reference of the
+file's layout (klear's ``answer`` or ``tests``, verl's ``reward_model.ground_truth``, a code benchmark's, or
+``--tests-key``, a dotted path), decoded from JSON and read from a publisher's test layout (Code-R1's
+``{"inputs", "outputs"}``, functional and pytest programs, rllm's sets: `klear.data.code_layouts`). A row is kept
+when
 
-1. its tests (``--tests-key``, the ``code`` reward's format: ``{"input", "output"}``, functional
-   ``{"fn_name", "args", "expected"}`` or test programs ``{"code"}``) are well formed and at least ``--min-tests``
-   of them, and
-2. its reference solution (``--solution-key``; a bare program, or text with a fenced python block as a model
-   would write it) passes every one of them, run by the ``code`` reward in the project's sandbox.
+1. its tests (the ``code`` reward's format: ``{"input", "output"}``, functional ``{"fn_name", "args",
+   "expected"}`` or test programs ``{"code"}``, alone or in a suite) are well formed and at least
+   ``--min-tests`` of them, and
+2. its reference solution (``--solution-key``, else ``solution`` or verl's ``extra_info.solution``; a bare
+   program, or text with a fenced python block as a model would write it) passes every one of them (all of a
+   suite's tests, also where training samples ``max_test_cases`` of them), run by the ``code`` reward in the
+   project's sandbox.
 
 ``--no-solution-check`` keeps step 1 only, for data that ships no reference solutions. Solutions run in this
 process one after another, or in ``--num-workers`` processes (a `RewardPool`); each test has ``--timeout``
-seconds. A row without a test list or, when checking, without a solution text is a bad row.
+seconds. A kept row is written as it was read, in the file's own layout. A row without a prompt or without tests
+the loader can read or, when checking, without a solution text is a bad row; a file without any usable row stops
+the command (exit code 2).
 """
 
 from __future__ import annotations
@@ -22,9 +31,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from klear.data.layouts import get_path
+from klear.data.problems import Problem, Task, load_problems
+from klear.data.readers import DataError
+from klear.prep.options import at_least, greater_than
+from klear.prep.paths import Files
 from klear.prep.rowfiles import (
     BadRow,
-    CommandError,
     bad_rows_report,
     read_numbered,
     report_path,
@@ -36,6 +49,11 @@ from klear.rewards import get_reward, score_batch
 from klear.rewards.code_reward import parse_tests
 
 DEFAULT_MIN_TESTS = 16
+SOLUTION_KEYS = ("solution", "extra_info.solution")
+"""Fields tried, in order, for a row's reference solution when no ``--solution-key`` is given (klear's rows,
+verl's rows as ``klear.data synthetic --layout verl`` writes them)."""
+SAMPLING_KEYS = ("max_test_cases", "seed")
+"""Suite keys that make the reward run a sample of the tests: dropped, so a solution is checked on all of them."""
 POOL_SLACK_S = 10.0
 """Per-solution deadline of the worker pool beyond the tests' own: the sandbox's own limits fire first."""
 
@@ -55,52 +73,85 @@ def as_completion(solution: str) -> str:
     return solution if "```" in solution else f"```python\n{solution}\n```"
 
 
+def accept_as_loaded(completion: str, reference: Any) -> float:
+    """The reward the loader checks references with here: every reference it could read is accepted, so that
+    `screen` counts malformed tests as a reason to remove the row rather than as a bad row."""
+    return 0.0
+
+
+def load(path: str, tests_key: str | None, prompt_key: str | None) -> tuple[list[Problem], list[BadRow]]:
+    """The problems of ``path`` as training reads them, the reference being the tests; `DataError` when none."""
+    task = Task("code", prompt_key or "", tests_key or "", route=False)
+    problems = load_problems(path, task, accept_as_loaded, rows=read_numbered(path))
+    return problems.problems, problems.bad
+
+
+def solution_of(row: dict, key: str | None) -> str | None:
+    """The reference solution text of ``row`` at ``key`` (a dotted path), else at the first of `SOLUTION_KEYS`."""
+    for path in (key,) if key is not None else SOLUTION_KEYS:
+        value = get_path(row, path)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def tests_of(reference: Any) -> list | None:
+    """The test list of a reference (a list, or a suite's ``tests``); None when it has none."""
+    tests = reference.get("tests") if isinstance(reference, dict) else reference
+    return tests if isinstance(tests, list) else None
+
+
 def screen(
-    rows: list[tuple[int, dict]], tests_key: str, solution_key: str | None, min_tests: int, path: str
-) -> tuple[list[tuple[int, dict, Any]], list[Removal], list[BadRow]]:
-    """Step 1 for every row: ``(line, row, tests)`` still in, removals for test count and form, bad rows."""
+    problems: list[Problem], solution_key: str | None, check: bool, min_tests: int, path: str
+) -> tuple[list[tuple[Problem, str, Any]], list[Removal], list[BadRow]]:
+    """Step 1 for every problem: ``(problem, solution, tests)`` still in, removals for test count and form, and
+    the rows without a solution (bad rows when solutions are checked)."""
     candidates, removed, bad = [], [], []
-    for line, row in rows:
-        tests = row.get(tests_key)
-        if not isinstance(tests, list):
-            found = f"holds a {type(tests).__name__}" if tests_key in row else f"is missing (fields: {sorted(row)})"
-            bad.append(BadRow(path, line, f"{tests_key!r} {found}; expected a list of tests"))
+    for problem in problems:
+        line, reference = problem.line, problem.reference
+        solution = solution_of(problem.row, solution_key)
+        if check and solution is None:
+            fields = f"{solution_key!r}" if solution_key is not None else f"any of {list(SOLUTION_KEYS)}"
+            bad.append(BadRow(path, line, f"no reference solution text in {fields} (fields: {sorted(problem.row)})"))
             continue
-        if solution_key is not None and not isinstance(row.get(solution_key), str):
-            bad.append(BadRow(path, line, f"no reference solution text in {solution_key!r} (fields: {sorted(row)})"))
-            continue
-        if len(tests) < min_tests:
-            removed.append(Removal(line, "too_few_tests", len(tests), f"{len(tests)} < {min_tests}"))
+        tests = tests_of(reference)
+        count = len(tests) if tests is not None else 0
+        if tests is not None and count < min_tests:
+            removed.append(Removal(line, "too_few_tests", count, f"{count} < {min_tests}"))
             continue
         try:
-            parse_tests(tests)
+            parse_tests(reference)
         except ValueError as error:
-            removed.append(Removal(line, "malformed_tests", len(tests), str(error)))
+            removed.append(Removal(line, "malformed_tests", count, str(error)))
             continue
-        candidates.append((line, row, tests))
+        if isinstance(reference, dict):
+            reference = {key: value for key, value in reference.items() if key not in SAMPLING_KEYS}
+        candidates.append((problem, solution or "", reference))
     return candidates, removed, bad
 
 
 def check_solutions(
-    candidates: list[tuple[int, dict, Any]], solution_key: str, timeout: float, num_workers: int
+    candidates: list[tuple[Problem, str, Any]], timeout: float, num_workers: int
 ) -> tuple[list[dict], list[Removal]]:
-    """Step 2: run each reference solution on its own tests; keep the rows it passes completely."""
+    """Step 2: run each reference solution on its own tests; keep the rows it passes completely, as read."""
     if not candidates:
         return [], []
     reward = get_reward("code", timeout=timeout)
-    completions = [as_completion(row[solution_key]) for _, row, _ in candidates]
+    completions = [as_completion(solution) for _, solution, _ in candidates]
     tests = [tests for _, _, tests in candidates]
-    deadline = max(len(t) for t in tests) * timeout + POOL_SLACK_S
+    per_test = max([timeout, *(t.get("timeout") or 0 for t in tests if isinstance(t, dict))])  # a suite's own
+    deadline = max(len(tests_of(t)) for t in tests) * per_test + POOL_SLACK_S
     result = score_batch(reward, completions, tests, num_workers=num_workers, timeout=deadline)
     kept, removed = [], []
     outcomes = zip(candidates, result.scores, result.statuses, result.correct, strict=True)
-    for (line, row, row_tests), value, status, correct in outcomes:
+    for (problem, _, row_tests), value, status, correct in outcomes:
         if correct:  # the code reward's verdict: every test passed
-            kept.append(row)
+            kept.append(problem.row)
             continue
-        detail = f"passed {round(value * len(row_tests))} of {len(row_tests)} tests"
+        count = len(tests_of(row_tests))
+        detail = f"passed {round(value * count)} of {count} tests"
         removed.append(
-            Removal(line, "solution_fails", len(row_tests), detail + ("" if status == "ok" else f" ({status})"))
+            Removal(problem.line, "solution_fails", count, detail + ("" if status == "ok" else f" ({status})"))
         )
     return kept, removed
 
@@ -108,48 +159,61 @@ def check_solutions(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="code problems: jsonl/json/parquet file or HF dataset")
     parser.add_argument("--out", required=True, help="rows kept (.jsonl); the report goes to <stem>.report.json")
-    parser.add_argument("--tests-key", default="tests", help="field with the test list (default: %(default)s)")
     parser.add_argument(
-        "--solution-key", default="solution", help="field with the reference solution (default: %(default)s)"
+        "--tests-key",
+        "--reference-key",
+        help="field (dotted path) with the tests (default: the layout's reference, as training reads it: answer, "
+        "tests, reward_model.ground_truth, ...)",
+    )
+    parser.add_argument("--prompt-key", help="field (dotted path) with the problem text (default: the layout's)")
+    parser.add_argument(
+        "--solution-key",
+        help=f"field (dotted path) with the reference solution (default: the first of {', '.join(SOLUTION_KEYS)})",
     )
     parser.add_argument(
         "--min-tests",
-        type=int,
+        type=at_least(0),
         default=DEFAULT_MIN_TESTS,
         help="fewest tests to keep (default: %(default)s, the paper's)",
     )
     parser.add_argument("--no-solution-check", action="store_true", help="only count and validate the tests")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per test (default: %(default)s)")
-    parser.add_argument("--num-workers", type=int, default=0, help="sandbox worker processes; 0: in this process")
+    parser.add_argument(
+        "--timeout", type=greater_than(0.0), default=5.0, help="seconds per test (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--num-workers", type=at_least(0), default=0, help="sandbox worker processes; 0: in this process"
+    )
+
+
+def files(args: argparse.Namespace) -> Files:
+    return Files([("--data", args.data)], [("--out", args.out), ("the report of --out", report_path(args.out))])
 
 
 def run(args: argparse.Namespace) -> str:
-    if args.min_tests < 0 or args.timeout <= 0 or args.num_workers < 0:
-        raise CommandError(
-            f"need --min-tests >= 0, --timeout > 0 and --num-workers >= 0; got {args.min_tests}, {args.timeout}, "
-            f"{args.num_workers}"
-        )
-    rows, read_bad = read_numbered(args.data)
-    solution_key = None if args.no_solution_check else args.solution_key
-    candidates, removed, screen_bad = screen(rows, args.tests_key, solution_key, args.min_tests, args.data)
-    bad = read_bad + screen_bad
+    problems, load_bad = load(args.data, args.tests_key, args.prompt_key)
+    check = not args.no_solution_check
+    candidates, removed, screen_bad = screen(problems, args.solution_key, check, args.min_tests, args.data)
+    bad = sorted(load_bad + screen_bad, key=lambda row: row.line)
+    if not candidates and not removed:  # every row lacks a solution: nothing was filtered, nothing can be kept
+        raise DataError(f"{args.data}: no usable row in {len(bad)} rows; first: {bad[0]}")
     warn_bad_rows(bad)
-    if solution_key is None:
-        kept = [row for _, row, _ in candidates]
-    else:
-        kept, failed = check_solutions(candidates, solution_key, args.timeout, args.num_workers)
+    if check:
+        kept, failed = check_solutions(candidates, args.timeout, args.num_workers)
         removed = sorted(removed + failed, key=lambda item: item.line)
+    else:
+        kept = [problem.row for problem, _, _ in candidates]
     out = write_rows(kept, args.out)
     report = report_path(out)
     reasons = Counter(item.reason for item in removed)
     counts = {
-        "rows": len(rows) + len(read_bad),
+        "rows": len(problems) + len(load_bad),
         "kept": len(kept),
         **{reason: reasons[reason] for reason in ("too_few_tests", "malformed_tests", "solution_fails")},
         "bad_rows": len(bad),
     }
     settings = {
-        key: getattr(args, key) for key in ("tests_key", "solution_key", "min_tests", "no_solution_check", "timeout")
+        key: getattr(args, key)
+        for key in ("tests_key", "prompt_key", "solution_key", "min_tests", "no_solution_check", "timeout")
     }
     write_json(
         {
@@ -163,7 +227,7 @@ def run(args: argparse.Namespace) -> str:
         },
         report,
     )
-    checked = "not run (--no-solution-check)" if solution_key is None else f"failing: {counts['solution_fails']}"
+    checked = f"failing: {counts['solution_fails']}" if check else "not run (--no-solution-check)"
     return (
         f"filter-tests: kept {counts['kept']} of {counts['rows']} rows; removed with fewer than {args.min_tests} "
         f"tests: {counts['too_few_tests']}, malformed tests: {counts['malformed_tests']}, reference solution "

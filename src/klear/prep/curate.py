@@ -54,6 +54,7 @@ from klear.prep.pass_rates import (
     load_results,
     row_digest,
 )
+from klear.prep.paths import Files
 from klear.prep.rowfiles import (
     BadRow,
     CommandError,
@@ -89,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     rule.add_argument("--band", help="pass rates kept, e.g. '(0, 1)' (drops always- and never-solved); '(' excludes")
     parser.add_argument("--k", type=int, help=f"samples per problem (default: {DEFAULT_K})")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads; 0: chosen by klear from the free cores (default: 0)"
+    )
     parser.add_argument("--engine", default="hf", help="rollout engine name or import path (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=1.0, help="as RL samples (default: %(default)s)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: %(default)s)")
@@ -119,17 +123,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="discard earlier results in --out")
 
 
-def run(args: argparse.Namespace) -> str:
-    # Imported here: the model stack (torch, transformers) loads when curate runs, not when another data command does.
-    from klear.eval.tasks import EvalError, load_eval_problems
+def out_dir(args: argparse.Namespace) -> Path:
+    """``--out``, else ``outputs/curate/<data stem>``."""
+    return Path(args.out or Path("outputs") / "curate" / Path(args.data).stem)
 
+
+def files(args: argparse.Namespace) -> Files:
+    out = out_dir(args)
+    return Files([("--data", args.data)], [("--out", out / name) for name in (RESULTS, SETTINGS, KEPT, REPORT)])
+
+
+def run(args: argparse.Namespace) -> str:
     preset = PRESETS.get(args.preset, {})
     args.reward = args.reward or preset.get("reward")
     args.k = preset.get("k", DEFAULT_K) if args.k is None else args.k
     band = Band.parse(args.band or preset["band"])
     args.reward_options = parse_options(args.reward_option)
     check_args(args)
-    out = Path(args.out or Path("outputs") / "curate" / Path(args.data).stem)
+    out = out_dir(args)
+    # Imported here, after the checks: the model stack (torch, transformers) loads when curate runs on good options.
+    from klear.eval.tasks import EvalError, load_eval_problems
+
     try:
         loaded, task, reward = load_eval_problems(args, args.reward_options)
     except EvalError as error:
@@ -172,6 +186,7 @@ def check_args(args: argparse.Namespace) -> None:
         ("--top-k", args.top_k >= 0, ">= 0 (0: off)"),
         ("--max-new-tokens", args.max_new_tokens >= 1, ">= 1"),
         ("--batch-size", args.batch_size >= 1, ">= 1"),
+        ("--threads", args.threads >= 0, ">= 0 (0: chosen by klear)"),
         ("--chunk", args.chunk >= 1, ">= 1"),
         ("--num-workers", args.num_workers >= 0, ">= 0"),
         ("--reward-timeout", args.reward_timeout > 0, "> 0"),

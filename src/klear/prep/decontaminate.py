@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from klear.prep.ngrams import ngrams, words
+from klear.prep.options import at_least
+from klear.prep.paths import Files
 from klear.prep.rowfiles import (
-    CommandError,
     bad_rows_report,
     read_numbered,
     report_path,
@@ -83,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="training rows: jsonl/json/parquet file or HF dataset")
     parser.add_argument("--eval", required=True, nargs="+", help="one or more evaluation files to protect")
     parser.add_argument("--out", required=True, help="clean rows (.jsonl); the report goes to <stem>.report.json")
-    parser.add_argument("--n", type=int, default=DEFAULT_N, help="n-gram size in words (default: %(default)s)")
+    parser.add_argument("--n", type=at_least(1), default=DEFAULT_N, help="n-gram size in words (default: %(default)s)")
     parser.add_argument(
         "--key",
         help="field with the training problem text (default: problem, question, prompt, "
@@ -92,9 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-key", help="field with the eval problem text (default: as for --key)")
 
 
+def files(args: argparse.Namespace) -> Files:
+    inputs = [("--data", args.data), *(("--eval", path) for path in args.eval)]
+    return Files(inputs, [("--out", args.out), ("the report of --out", report_path(args.out))])
+
+
 def run(args: argparse.Namespace) -> str:
-    if args.n < 1:
-        raise CommandError(f"--n must be >= 1, got {args.n}")
     rows, bad = read_numbered(args.data)
     items = texts_of(rows, args.key, args.data, bad)
     eval_sets, eval_bad = [], []

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from klear.prep.ngrams import jaccard, ngrams, normalise, symbols
+from klear.prep.options import at_least, in_unit_interval
+from klear.prep.paths import Files
 from klear.prep.rowfiles import (
     CommandError,
     bad_rows_report,
@@ -142,19 +144,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--threshold",
-        type=float,
+        type=in_unit_interval,
         default=0.8,
         help="near duplicate: n-gram Jaccard similarity at or above this (default: %(default)s)",
     )
     parser.add_argument(
-        "--n", type=int, default=5, help="n-gram size of near-duplicate detection (default: %(default)s)"
+        "--n", type=at_least(1), default=5, help="n-gram size of near-duplicate detection (default: %(default)s)"
     )
-    parser.add_argument("--num-perm", type=int, default=128, help="MinHash permutations (default: %(default)s)")
+    parser.add_argument("--num-perm", type=at_least(2), default=128, help="MinHash permutations (default: %(default)s)")
+
+
+def files(args: argparse.Namespace) -> Files:
+    return Files([("--data", args.data)], [("--out", args.out), ("the report of --out", report_path(args.out))])
 
 
 def run(args: argparse.Namespace) -> str:
-    if args.n < 1:
-        raise CommandError(f"--n must be >= 1, got {args.n}")
     rows, bad = read_numbered(args.data)
     items = texts_of(rows, args.key, args.data, bad)
     warn_bad_rows(bad)

@@ -9,10 +9,13 @@ each row's ``pass_rate``: ``curate --band '[0, 1]'`` measures it for any problem
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import yaml
 
-from klear.prep.mixing import Source, build_mix, load_spec, spec_from_dict
+from klear.prep.mixing import MixSpec, Source, build_mix, load_spec, spec_from_dict
+from klear.prep.options import at_least
+from klear.prep.paths import Files
 from klear.prep.rowfiles import CommandError, write_rows, write_text
 from klear.rewards import get_reward
 
@@ -63,24 +66,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a source [,count=..|fraction=..][,filter=false]; repeatable, after the spec's sources",
     )
     parser.add_argument("--out", required=True, help="output .jsonl; the report goes to <stem>.report.md beside it")
-    parser.add_argument("--top-k", type=int, help="keep only the K sources of highest quality")
+    parser.add_argument("--top-k", type=at_least(1), help="keep only the K sources of highest quality")
     parser.add_argument("--easy-pass-rate", type=float, help="pass_rate above which a prompt is easy (filter on)")
     parser.add_argument("--seed", type=int, help="sampling and shuffle seed (default 0)")
     parser.add_argument("--reward", help="reward that checks a row's 'answer' when it has no 'correct' flag")
 
 
-def run(args: argparse.Namespace) -> str:
+def read_sources(args: argparse.Namespace) -> tuple[MixSpec | None, list[Source]]:
+    """The spec file (None without ``--spec``) and every source: the spec's, then those of ``--source``."""
     spec = load_spec(args.spec) if args.spec else None
     sources = (spec.sources if spec else []) + [parse_source(text) for text in args.source]
     if not sources:
         raise CommandError("mix: give --spec or at least one --source")
+    return spec, sources
+
+
+def report_file(out: str | Path) -> Path:
+    """The report of the mix written to ``out``: ``<out stem>.report.md`` beside it."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.report.md")
+
+
+def files(args: argparse.Namespace) -> Files:
+    _, sources = read_sources(args)
+    inputs = [("--spec", args.spec)] if args.spec else []
+    inputs += [(f"source {source.name!r}", source.path) for source in sources]
+    return Files(inputs, [("--out", args.out), ("the report of --out", report_file(args.out))])
+
+
+def run(args: argparse.Namespace) -> str:
+    spec, sources = read_sources(args)
     settings = {"top_k": args.top_k, "easy_pass_rate": args.easy_pass_rate, "seed": args.seed}
     base = {"top_k": spec.top_k, "easy_pass_rate": spec.easy_pass_rate, "seed": spec.seed} if spec else {}
     merged = {**base, **{key: value for key, value in settings.items() if value is not None}}
     spec = spec_from_dict({"sources": [vars(source) for source in sources], **merged})
     rows, report = build_mix(spec, get_reward(args.reward) if args.reward else None)
     out = write_rows(rows, args.out)
-    report_path = out.with_name(f"{out.stem}.report.md")
+    report_path = report_file(out)
     text = report.to_markdown()
     write_text(text, report_path)
     read = sum(source.read for source in report.sources)

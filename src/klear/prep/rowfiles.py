@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from klear.data.layouts import detect_layout, get_path, prompt_text, read_prompt
-from klear.data.readers import BadRow, read_numbered, warn_bad_rows, write_jsonl
+from klear.data.readers import BadRow, DataError, read_numbered, warn_bad_rows, write_jsonl
 
 __all__ = [
     "BadRow",
@@ -73,13 +73,19 @@ def row_text(row: dict, key: str | None = None) -> str:
 def texts_of(
     rows: list[tuple[int, dict]], key: str | None, path: str, bad: list[BadRow]
 ) -> list[tuple[int, dict, str]]:
-    """``(line, row, text)`` of the rows that have a problem text; the others are appended to ``bad``."""
+    """``(line, row, text)`` of the rows that have a problem text; the others are appended to ``bad`` (which holds
+    the rows of ``path`` the reader refused). `DataError` when no row has one: the command would write nothing and
+    report success."""
     out = []
     for line, row in rows:
         try:
             out.append((line, row, row_text(row, key)))
         except ValueError as error:
             bad.append(BadRow(path, line, str(error)))
+    if not out:
+        if not bad:
+            raise DataError(f"{path}: no rows: nothing to read")
+        raise DataError(f"{path}: no usable row in {len(bad)} rows; first: {min(bad, key=lambda row: row.line)}")
     return out
 
 

@@ -1,0 +1,75 @@
+"""What a data command reads and writes, checked before it reads a row: no output may be one of its inputs, and
+every output must be writable where it is asked for.
+
+A command that writes over its own input loses data and still exits 0 (``dedup --data t.jsonl --out t.jsonl``
+leaves the deduplicated rows in place of the originals, and a rerun removes more), so every ``klear.data``
+command declares its files (`Files`) and `check_files` refuses, in one line naming both options, an output that
+is the same file as an input: the same path, another spelling of it, a symbolic link to it or a hard link
+(``os.path.samefile`` compares the device and inode). An output whose folder is a file, or a folder that cannot
+be written, is refused the same way, before anything is read or computed, instead of a traceback at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from klear.prep.rowfiles import CommandError
+
+
+@dataclass(frozen=True)
+class Files:
+    """A command's files, each with what names it (``--data``, ``--out``, "the report of --out", ...)."""
+
+    inputs: Sequence[tuple[str, str | Path]] = field(default_factory=list)
+    outputs: Sequence[tuple[str, str | Path]] = field(default_factory=list)
+
+
+def check_files(files: Files) -> None:
+    """Raise `CommandError` when an output cannot be written or is the same file as an input."""
+    for label, out in files.outputs:
+        out = Path(out)
+        check_writable(label, out)
+        for source, path in files.inputs:
+            if same_file(out, Path(path)):
+                option = next(word for word in label.split() if word.startswith("--"))  # "the report of --out"
+                raise CommandError(
+                    f"{label} {out} is the {source} file {path}: writing it would replace that input; "
+                    f"pick another {option}"
+                )
+
+
+def same_file(out: Path, path: Path) -> bool:
+    """Whether writing ``out`` would write ``path``'s file (through any spelling, symbolic or hard link).
+
+    An output that does not exist yet is a new file; an input that is not a file (a hub dataset name, a datasets
+    folder) is never written by a command.
+    """
+    target = Path(os.path.realpath(out))  # links followed, and ``sub/..`` undone as the write's mkdir would
+    if not (target.exists() and path.is_file()):
+        return False
+    return os.path.samefile(target, path)  # device and inode: hard links too
+
+
+def check_writable(label: str, out: Path) -> None:
+    """``out`` can be created or replaced: not a folder itself, under folders (existing or to be made) only, the
+    nearest existing one writable."""
+    if out.is_dir():
+        raise CommandError(f"{label} {out} is a folder: give the path of a file to write")
+    folder = out.parent
+    while not folder.exists():  # made by the write (mkdir -p); the nearest existing one must hold folders
+        if folder.is_symlink():  # a dangling link: mkdir would fail on it
+            raise CommandError(f"{label} {out}: {folder} is a broken symbolic link; write {label} elsewhere")
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CommandError(f"{label} {out}: {folder} is a file, not a folder; write {label} elsewhere")
+    probe = folder / f".klear-write-probe-{os.getpid()}"  # os.access trusts permission bits; /proc refuses root
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise CommandError(
+            f"{label} {out}: the folder {folder} is not writable ({error.strerror or error}); write {label} elsewhere"
+        ) from None
