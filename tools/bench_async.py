@@ -26,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SUMMARY = re.compile(r"run finished: (\d+) steps in ([\d.]+) s")
+SUMMARY = re.compile(r"run finished: (\d+) steps in (?:(\d+) h )?(?:(\d+) min ?)?(?:([\d.]+) s)?")
+"""The closing summary's first line: ``12.3 s``, ``3 min 8 s`` or ``1 h 05 min`` (`klear.runtime.report.duration`)."""
 
 
 def run(config: str, staleness: int, overrides: list[str], root: Path) -> dict[str, float]:
@@ -39,7 +40,8 @@ def run(config: str, staleness: int, overrides: list[str], root: Path) -> dict[s
     match = SUMMARY.search(result.stdout)
     if match is None:
         raise SystemExit(f"no run summary in the output of max_staleness={staleness}:\n{result.stdout[-2000:]}")
-    steps, seconds = int(match.group(1)), float(match.group(2))
+    hours, minutes, rest = (float(part or 0) for part in match.group(2, 3, 4))
+    steps, seconds = int(match.group(1)), 3600 * hours + 60 * minutes + rest
     with (output / "metrics.csv").open(newline="") as file:
         rows = [row for row in csv.DictReader(file) if row.get("reward/mean")]
     with (output / "config.yaml").open() as file:

@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from klear import cli
 from klear.config.load import ConfigError, load_config, read_yaml, save_config
 from klear.data.readers import DataError
-from klear.runtime.run_dir import RunDir, RunError, remove_path
+from klear.runtime.preflight import preflight
+from klear.runtime.run_dir import RunDir, RunError, remove_path, write_failure
 
 STAGES: dict[str, str] = {"sft": "klear.stages.sft:build", "rl": "klear.stages.rl:build"}
 """Stage name -> ``"module:function"`` with ``build(config, run_dir) -> (LightningModule, train_batches)``."""
@@ -28,6 +29,7 @@ STAGES: dict[str, str] = {"sft": "klear.stages.sft:build", "rl": "klear.stages.r
 RESUMABLE_CHANGES = {
     "trainer.max_steps",
     "trainer.progress_bar",
+    "trainer.cpu_threads",
     "logging.tensorboard",
     "logging.wandb",
     "output_dir",
@@ -88,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.quiet:
             config.trainer.progress_bar = False
+        preflight(config)  # the machine, model and data files: before output_dir holds anything
         run_dir = prepare_run_dir(config, resume=args.resume, overwrite=args.overwrite)
         module, batches = build_stage(config, run_dir)
+        if args.resume:  # only once every check of the resume passed: a refused resume leaves the run as it was
+            save_config(config, run_dir.config)
     except (ConfigError, RunError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -115,46 +120,79 @@ def train(
     config: DictConfig, run_dir: RunDir, module, batches, args: argparse.Namespace, argv: list[str] | None
 ) -> int:
     """Fit, then write ``report.md`` and ``curves.png`` and print the closing summary however the run ended:
-    finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), interrupted with Ctrl-C (130) or failed (the
-    exception propagates after the summary). The last checkpoint is kept in every case."""
+    finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), interrupted with Ctrl-C (130), stopped by
+    SIGTERM (143, every rank at the same step boundary: `klear.runtime.stopping`), a write that failed (a full disk:
+    one line, exit 1) or failed otherwise (the exception propagates after the summary). The last complete
+    checkpoint is kept in every case, and a report that cannot be written never hides how the run ended."""
     import time
 
     from klear.rollout.refresh import LogprobGapError
     from klear.runtime import lightning_compat
-    from klear.runtime.report import write_run_report
+    from klear.runtime.stopping import EXIT_SIGTERM, SignalStop, StopRequested
 
-    trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=module_callbacks(config))
     first_step = run_dir.resume_step() if args.resume else 0  # read now: the run replaces the checkpoint
     started, code, outcome, detail, failure = time.perf_counter(), 0, "finished", "", None
-    try:
-        checkpoint = str(run_dir.last_checkpoint) if args.resume else None
-        trainer.fit(module, train_dataloaders=batches, ckpt_path=checkpoint, weights_only=False)  # our own files
-    except LogprobGapError as error:
-        print(f"error: {error}", file=sys.stderr)
-        code, outcome, detail = 3, "stopped", f": {cli.first_line(error)}"
-    except SystemExit:  # Lightning answers Ctrl-C with a graceful shutdown, then sys.exit(1)
-        if not trainer.interrupted:
-            raise
-        code, outcome = 130, "interrupted"
-    except Exception as error:
-        code, outcome, detail, failure = 1, "failed", f": {type(error).__name__}: {cli.first_line(error)}", error
-    status = outcome if code == 0 else f"{outcome} at step {lightning_compat.completed_steps(trainer)}{detail}"
-    if trainer.is_global_zero:
-        seconds = time.perf_counter() - started
-        write_run_report(run_dir.root, config, seconds, status, first_step)
-        print(run_summary(run_dir, status, seconds, first_step, None if code == 0 else resume_command(argv)))
+    resume = resume_command(argv)
+
+    def forced_exit(reason: str) -> None:
+        status = f"stopped at step {lightning_compat.completed_steps(trainer)}: SIGTERM ({reason})"
+        if trainer.is_global_zero:
+            for partial in run_dir.checkpoints.glob("*.tmp"):  # a save cut short: never mistaken for a checkpoint
+                remove_path(partial)
+            print(run_summary(run_dir, status, time.perf_counter() - started, first_step, resume), flush=True)
+
+    stop = SignalStop(forced_exit)
+    trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop, *module_callbacks(config)])
+    with stop.watching():
+        try:
+            checkpoint = str(run_dir.last_checkpoint) if args.resume else None
+            trainer.fit(module, train_dataloaders=batches, ckpt_path=checkpoint, weights_only=False)  # our own files
+        except StopRequested as error:
+            code, outcome, detail = EXIT_SIGTERM, "stopped", f": {error}"
+        except LogprobGapError as error:
+            print(f"error: {error}", file=sys.stderr)
+            code, outcome, detail = 3, "stopped", f": {cli.first_line(error)}"
+        except SystemExit:  # Lightning answers Ctrl-C with a graceful shutdown, then sys.exit(1)
+            if not trainer.interrupted:
+                raise
+            code, outcome = 130, "interrupted"
+        except OSError as error:  # a full disk, a quota: what to do is one line, not a traceback
+            print(f"error: {write_failure(error, run_dir.root)}", file=sys.stderr)
+            code, outcome, detail = 1, "failed", f": {type(error).__name__}: {cli.first_line(error)}"
+        except Exception as error:
+            code, outcome, detail, failure = 1, "failed", f": {type(error).__name__}: {cli.first_line(error)}", error
+        with stop.closing:  # a forced exit from here on would print a second summary
+            status = outcome if code == 0 else f"{outcome} at step {lightning_compat.completed_steps(trainer)}{detail}"
+            if trainer.is_global_zero:
+                seconds = time.perf_counter() - started
+                report(run_dir, config, seconds, status, first_step, must_succeed=code == 0 and failure is None)
+                print(run_summary(run_dir, status, seconds, first_step, None if code == 0 else resume))
     if failure is not None:
         raise failure
     return code
 
 
+def report(run_dir: RunDir, config: DictConfig, seconds: float, status: str, first_step: int, must_succeed: bool):
+    """``report.md`` and ``curves.png``; when the run did not finish, a report that cannot be written (the disk
+    that stopped the run is full) is one warning line, so that the run's own error and summary still show."""
+    from klear.runtime.report import write_run_report
+
+    try:
+        write_run_report(run_dir.root, config, seconds, status, first_step)
+    except Exception as error:
+        if must_succeed:
+            raise
+        reason = write_failure(error, run_dir.root) if isinstance(error, OSError) else cli.first_line(error)
+        print(f"warning: the run's report was not written: {reason}", file=sys.stderr)
+
+
 def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir:
-    """Check the output directory against ``--resume`` / ``--overwrite`` and write ``config.yaml``."""
+    """Check the output directory against ``--resume`` / ``--overwrite`` (a resume: that its last checkpoint is
+    complete, before any file of the run is touched) and write ``config.yaml`` (a new run)."""
     run_dir = RunDir(config.output_dir, resume=resume)
     run_dir.check_writable()
     if resume:
-        if run_dir.last_checkpoint is None:
-            raise RunError(f"--resume: no checkpoint in {run_dir.checkpoints}; start the run without --resume")
+        run_dir.check_resumable()
         changed = _changed_keys(read_yaml(run_dir.config), config) - RESUMABLE_CHANGES
         if changed:
             raise RunError(
@@ -169,7 +207,8 @@ def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir
     elif overwrite:
         for stale in [*run_dir.checkpoints.glob("*.ckpt"), run_dir.metrics, run_dir.data_report]:
             remove_path(stale)
-    save_config(config, run_dir.config)
+    if not resume:  # a resume writes it once the data was checked too (`main`)
+        save_config(config, run_dir.config)
     return run_dir
 
 
@@ -198,6 +237,8 @@ def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 
     lines.append(f"{model}metrics: {run_dir.metrics}; report: {run_dir.root / 'report.md'} (curves.png)")
     if resume and run_dir.last_checkpoint is not None:
         lines.append(f"nothing is lost: {run_dir.last_checkpoint} is kept; resume with: {resume}")
+    elif resume:
+        lines.append(f"no checkpoint was completed: start again with: {resume.removesuffix(' --resume')} --overwrite")
     return "\n".join(lines)
 
 
@@ -234,6 +275,7 @@ def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callb
     from klear.runtime.device import default_precision, uses_cuda
     from klear.runtime.metrics_log import MetricsCSVLogger
     from klear.runtime.progress import StepProgressBar
+    from klear.runtime.stopping import cluster_plugins
     from klear.runtime.strategies import build_strategy
 
     loggers = [MetricsCSVLogger(run_dir.root, resume_step=run_dir.resume_step() if resume else None)]
@@ -253,6 +295,7 @@ def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callb
         devices=config.trainer.devices,
         num_nodes=config.trainer.num_nodes,
         strategy=build_strategy(config),
+        plugins=cluster_plugins(),
         precision=default_precision(config),
         max_epochs=1,
         max_steps=-1,

@@ -296,7 +296,8 @@ def _stop_all(workers: list[_Worker]) -> None:
 
 def _work(connection: Connection, reward: Reward, failure_reward: float) -> None:
     """Worker loop: warm the reward up, say "ready", then score items until told to stop (None)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which then closes the pool
+    for stop in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and SIGTERM are for the trainer, which closes the pool
+        signal.signal(stop, signal.SIG_IGN)
     try:
         reward.warmup()
     except Exception as error:

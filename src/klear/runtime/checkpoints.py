@@ -3,11 +3,14 @@
 A one-file checkpoint is streamed to disk by ``torch.save``, tensor by tensor (:class:`StreamingCheckpointIO`):
 Lightning's own writer serialises the whole checkpoint into an in-memory buffer first, to make the write atomic,
 which holds a second copy of the weights and the optimizer state at the moment memory is fullest. The write is
-atomic here anyway (a temporary name, then a rename).
+atomic here anyway (a temporary name, then a rename), and a save that fails (a full disk) removes its temporary
+file and raises the ``OSError`` naming the checkpoint, which ``torch.save`` alone reports as a ``RuntimeError``
+without a cause.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from klear.runtime import lightning_compat, memory
-from klear.runtime.run_dir import CHECKPOINT_GLOB, RunDir, remove_path
+from klear.runtime.run_dir import CHECKPOINT_GLOB, RunDir, remove_path, with_path
 
 
 class StepCheckpoint(L.Callback):
@@ -60,8 +63,15 @@ class StepCheckpoint(L.Callback):
             remove_path(temporary)  # the leftover of a save that was killed
         trainer.strategy.barrier("klear-checkpoint-start")
         # A file, or a directory of shards under fsdp2; with the callbacks' and loops' state (not weights only).
-        with memory.phase("checkpoint"):
-            trainer.save_checkpoint(temporary, weights_only=False)
+        try:
+            with memory.phase("checkpoint"):
+                trainer.save_checkpoint(temporary, weights_only=False)
+        except BaseException as error:
+            with contextlib.suppress(OSError):  # another rank's shards may be going away at the same time
+                remove_path(temporary)
+            if isinstance(error, OSError):  # named after the checkpoint it was to be: the temporary one is gone
+                raise OSError(error.errno, error.strerror or str(error), str(target)) from error
+            raise
         trainer.strategy.barrier("klear-checkpoint-saved")
         if trainer.is_global_zero:
             os.replace(temporary, target)
@@ -80,4 +90,33 @@ class StreamingCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(checkpoint, path)
+        try:
+            with path.open("wb") as file:
+                written = _Recorded(file)
+                try:
+                    torch.save(checkpoint, written)
+                except RuntimeError as error:
+                    if written.error is None:
+                        raise
+                    raise written.error from error
+        except OSError as error:
+            raise with_path(error, path) from error
+
+
+class _Recorded:
+    """A binary file whose ``write`` keeps the ``OSError`` it raised: ``torch.save`` replaces it by a RuntimeError
+    (``unexpected pos``) that does not say the disk is full. The tensors' bytes pass through as memoryviews."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()

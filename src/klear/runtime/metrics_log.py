@@ -16,6 +16,8 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
+from klear.runtime.run_dir import with_path
+
 
 class MetricsCSVLogger(Logger):
     """``<root>/metrics.csv`` in Lightning's CSV layout; on resume, rows at or after ``resume_step`` are dropped."""
@@ -59,14 +61,21 @@ class MetricsCSVLogger(Logger):
             self.keys = sorted(set(self.keys) | set(row))
             self._rewrite()
         else:
-            with self.path.open("a", newline="") as file:
-                csv.DictWriter(file, fieldnames=self.keys).writerow(row)
+            try:
+                with self.path.open("a", newline="") as file:
+                    csv.DictWriter(file, fieldnames=self.keys).writerow(row)
+            except OSError as error:  # a full disk: the run's one line names this file
+                raise with_path(error, self.path) from error
 
     def _rewrite(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_suffix(".tmp")
-        with temporary.open("w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=self.keys)
-            writer.writeheader()
-            writer.writerows(self.rows)
+        try:
+            with temporary.open("w", newline="") as file:
+                writer = csv.DictWriter(file, fieldnames=self.keys)
+                writer.writeheader()
+                writer.writerows(self.rows)
+        except OSError as error:
+            temporary.unlink(missing_ok=True)  # the file in place stays whole
+            raise with_path(error, self.path) from error
         os.replace(temporary, self.path)

@@ -13,13 +13,15 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-Series = tuple[str, list[float], list[float], list[float] | None]
-"""One line of a panel: label, steps, values, and half-widths of a band around it (or None)."""
+Series = tuple[str, list[float], list[float], list[float] | list[tuple[float, float]] | None]
+"""One line of a panel: label, steps, values, and a band around it (or None): half-widths, or ``(low, high)`` per
+step where it is not symmetric (``klear.compare`` clips the bands of bounded metrics to their range)."""
 
 PANELS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     "rl": [
@@ -64,6 +66,7 @@ def write_run_report(
     output_dir: Path, config: DictConfig, wall_seconds: float, status: str = "finished", first_step: int = 0
 ) -> list[Path]:
     """Write ``report.md`` and ``curves.png`` (when any panel has data) into ``output_dir``; return the files written.
+    Each is written whole or not at all; a figure that cannot be written raises once ``report.md`` (without it) is.
 
     ``status`` says how the run ended (``finished``, ``interrupted at step N``, ``stopped: <reason>``);
     ``wall_seconds`` is the time of this invocation, which began at ``first_step`` (a resumed run's checkpoint).
@@ -76,13 +79,35 @@ def write_run_report(
         for title, unit, keys in PANELS.get(config.stage, [])
     ]
     panels = [panel for panel in panels if panel[2]]
+    failed = None
     if panels:
-        draw_panels(curves, panels, f"{config.stage.upper()} run {output_dir}")
-    else:
+        try:
+            written(curves, lambda path: draw_panels(path, panels, f"{config.stage.upper()} run {output_dir}"))
+        except OSError as error:  # a full disk: report.md (a few kB) may still fit, without the figure
+            failed, panels = error, []
+    if not panels:
         curves.unlink(missing_ok=True)  # a figure of an earlier run in this directory would contradict the report
     report = output_dir / "report.md"
-    report.write_text(_markdown(output_dir, config, rows, wall_seconds, status, first_step, bool(panels)))
+    text = _markdown(output_dir, config, rows, wall_seconds, status, first_step, bool(panels))
+    written(report, lambda path: path.write_text(text))
+    if failed is not None:
+        raise failed
     return [report, curves] if panels else [report]
+
+
+def written(path: Path, write) -> None:
+    """``write(temporary)`` then rename it to ``path``, so that ``path`` is whole or absent (never half a file, as
+    on a full disk, where the temporary one is removed and the ``OSError`` raised names ``path``)."""
+    temporary = path.with_name(f".{path.stem}.tmp{path.suffix}")  # keeps the suffix: matplotlib picks the format
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def _expand(keys: tuple[str, ...] | list[str], rows: list[dict[str, float]]) -> list[str]:
@@ -281,9 +306,8 @@ def draw_panels(path: Path, panels: list[tuple[str, str, list[Series]]], title: 
             linestyle = "-" if shared else ("-", "--", ":")[index % 3]
             axis.plot(steps, values, label=label, linewidth=1.6, linestyle=linestyle, **style)
             if half is not None:
-                low = [v - h for v, h in zip(values, half, strict=True)]
-                high = [v + h for v, h in zip(values, half, strict=True)]
-                axis.fill_between(steps, low, high, color=colours[label], alpha=0.2)
+                band = [h if isinstance(h, tuple) else (v - h, v + h) for v, h in zip(values, half, strict=True)]
+                axis.fill_between(steps, *zip(*band, strict=True), color=colours[label], alpha=0.2)
         axis.set(title=name, xlabel="step", ylabel=unit)
         axis.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
         axis.grid(alpha=0.3)

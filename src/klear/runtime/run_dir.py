@@ -17,9 +17,11 @@ logger and checkpoint callback that write into the directory are in :mod:`klear.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,27 @@ class RunDir:
     def resume_step(self) -> int:
         """The step the last checkpoint resumes at (steps completed before it)."""
         return int(self.last_checkpoint.stem.removeprefix("step-"))
+
+    def check_resumable(self) -> None:
+        """Raise `RunError` when the last checkpoint cannot be resumed (missing, or cut short by a full disk or a
+        copy that stopped), naming an earlier complete checkpoint when one is kept. Reads only the file's index:
+        called before anything of the run is touched, so that a refused resume changes nothing."""
+        last = self.last_checkpoint
+        if last is None:
+            raise RunError(f"--resume: no checkpoint in {self.checkpoints}; start the run without --resume")
+        problem = checkpoint_problem(last)
+        if problem is None:
+            return
+        earlier = [path for path in sorted(self.checkpoints.glob(CHECKPOINT_GLOB)) if path != last]
+        complete = [path for path in earlier if checkpoint_problem(path) is None]
+        if complete:
+            advice = f"the earlier checkpoint {complete[-1]} is complete: remove {last} and resume again"
+        else:
+            advice = (
+                "no earlier checkpoint is kept (each save replaces the one before): start the run again with "
+                "--overwrite, or set output_dir=..."
+            )
+        raise RunError(f"--resume: {last} is damaged ({problem}); {advice}")
 
     def holds_a_run(self) -> bool:
         return self.last_checkpoint is not None or self.metrics.exists()
@@ -93,6 +116,58 @@ class RunDir:
         temporary = self.data_report.with_name(f".{self.data_report.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
         os.replace(temporary, self.data_report)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the checkpoint at ``path`` cannot be loaded, or None. A one-file checkpoint is a torch zip archive whose
+    index sits at its end, so a file cut short has none, or members that end past the file; a sharded (fsdp2) one
+    is a directory with torch.distributed.checkpoint's ``.metadata`` and Lightning's ``meta.pt``. The values
+    themselves are not read (that would cost a full load)."""
+    if path.is_dir():
+        shards = list(path.glob("*.distcp"))
+        for required in (path / ".metadata", path / "meta.pt"):
+            if not required.is_file() or required.stat().st_size == 0:
+                return f"{required.name} is missing or empty"
+        if not shards:
+            return "it holds no .distcp shard"
+        path = path / "meta.pt"
+    try:
+        size = path.stat().st_size
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError) as error:
+        return f"not a complete torch checkpoint: {error}"
+    if not any(member.filename.endswith("/data.pkl") for member in members):
+        return "not a torch checkpoint: no data.pkl in the archive"
+    cut = [member.filename for member in members if member.header_offset + member.compress_size > size]
+    return f"{cut[0]} ends past the end of the file" if cut else None
+
+
+WRITE_HINTS = {
+    errno.ENOSPC: "free space on that filesystem or set output_dir=... to another one",
+    errno.EDQUOT: "free space within your disk quota or set output_dir=... to another filesystem",
+    errno.EFBIG: "raise the file size limit (ulimit -f) or set output_dir=... to another filesystem",
+    errno.EROFS: "set output_dir=... to a writable filesystem",
+}
+"""What to do about an ``OSError`` that stopped a run's write, by ``errno``."""
+
+
+def write_failure(error: OSError, root: Path) -> str:
+    """The one line (without ``error: ``) that reports ``error`` raised writing a file of the run in ``root``."""
+    reason = error.strerror or type(error).__name__
+    reason = reason[0].lower() + reason[1:]
+    where = error.filename if error.filename is not None else f"the run's files in {root}"
+    hint = WRITE_HINTS.get(error.errno, f"make {root} writable or set output_dir=...")
+    return f"{reason} writing {where}; {hint}"
+
+
+def with_path(error: OSError, path: Path) -> OSError:
+    """``error`` naming ``path`` (a failed ``write`` or ``close`` names no file), so that the run's one line can."""
+    if error.filename is not None:
+        return error
+    named = OSError(error.errno, error.strerror or str(error), str(path))
+    named.__cause__ = error
+    return named
 
 
 def remove_path(path: Path) -> None:

@@ -1,0 +1,164 @@
+"""Stopping a run on SIGTERM: every rank at the same step boundary, within seconds, the last checkpoint intact.
+
+Cluster schedulers stop a job with SIGTERM, sent to every process of the job (SLURM at its time limit or on
+preemption, Kubernetes, a ``kill`` of the process group), then SIGKILL after a grace period. Lightning's own
+SIGTERM handler runs a collective (a broadcast from rank 0) inside the signal handler, wherever each rank happens
+to be, and forwards the signal to the ranks it launched, so a rank signalled twice or in the middle of another
+collective (an evaluation's gather) waits forever for a partner that never comes. Here instead:
+
+- the signal only wakes a watcher thread (``signal.set_wakeup_fd``: the interpreter writes the signal number to a
+  pipe from its C-level handler, so it is seen even while the main thread is blocked in a collective);
+- the ranks agree to stop at the start of the next training step, one ``all_reduce(MAX)`` of the flag that every
+  rank reaches (a rank that was not signalled stops too), and all raise :class:`StopRequested` there: no new step,
+  evaluation or checkpoint is started, and a checkpoint being written when the signal came completes first;
+- a rank that has not stopped within :data:`GRACE_S` seconds, or that receives a second SIGTERM, exits at once
+  (after rank 0 printed the summary and removed a half-written checkpoint): the last complete checkpoint is the
+  one named by the summary either way.
+
+The exit status is :data:`EXIT_SIGTERM` (143 = 128 + 15, what a shell reports for a process ended by SIGTERM).
+Lightning's SLURM auto-requeue is switched off by :func:`cluster_plugins`: its SIGUSR1 handler saves a checkpoint
+with collectives inside a signal handler too (the same hang) and writes an ``hpc_ckpt_N.ckpt`` that klear never
+resumes from. `docs/scale-out.md` says how to stop and requeue under SLURM instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+
+import lightning as L
+import torch
+
+log = logging.getLogger(__name__)
+
+EXIT_SIGTERM = 128 + signal.SIGTERM
+"""The exit status of a run stopped by SIGTERM."""
+GRACE_S = 20.0
+"""Seconds a rank may take from SIGTERM to its stop before it exits regardless (SLURM's and Kubernetes' default
+grace before SIGKILL is 30 s)."""
+
+
+NOTICE = (
+    b"warning: SIGTERM received: stopping at the start of the next step; the last complete checkpoint is kept "
+    b"(a second SIGTERM stops at once)\n"
+)
+
+
+class StopRequested(Exception):
+    """Every rank stops at this step boundary: SIGTERM reached at least one of them."""
+
+
+class SignalStop(L.Callback):
+    """The SIGTERM handling of the module docstring, for the lifetime of :meth:`watching` (around ``fit``).
+
+    Args:
+        on_forced_exit: called once, from the watcher thread, before a forced exit (rank 0 prints the summary
+            there); its argument says why the run is forced to exit.
+    """
+
+    def __init__(self, on_forced_exit: Callable[[str], None]) -> None:
+        self.on_forced_exit = on_forced_exit
+        self.signalled = threading.Event()
+        self.closing = threading.Lock()
+        """Held by whoever ends the run (the main thread's summary or a forced exit), so that only one does."""
+        self.active = False
+        """Whether :meth:`watching` is in force."""
+        self.grace: threading.Timer | None = None
+        """The forced exit after `GRACE_S`, armed by the first SIGTERM and cancelled when the watching ends: a
+        process that lives on after ``fit`` (the Python API, a test) is never ended by a stop it already made."""
+
+    # ------------------------------------------------------------------ the signal, seen by the watcher thread
+
+    def watching(self) -> _Watching:
+        return _Watching(self)
+
+    def _install(self) -> None:
+        # A Python-level handler that does nothing: the C-level one then writes to the wakeup fd instead of the
+        # default action (death). Lightning registers its own handler when `fit` starts: on_train_start undoes it.
+        signal.signal(signal.SIGTERM, _ignore)
+
+    def _watch(self, read_fd: int) -> None:
+        while True:
+            try:
+                received = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not received:  # the write end was closed: the run is over
+                os.close(read_fd)
+                return
+            if signal.SIGTERM not in received:  # SIGINT and other Python-handled signals are the main thread's
+                continue
+            if self.signalled.is_set():
+                self._force("a second SIGTERM")
+            self.grace = threading.Timer(GRACE_S, self._force, args=(f"no stop within {GRACE_S:g} s of SIGTERM",))
+            self.grace.daemon = True
+            self.grace.start()  # armed before the flag is seen, so that the end of the watching always disarms it
+            self.signalled.set()
+            os.write(2, NOTICE)  # not through logging: its locks may be held by the thread this one interrupts
+
+    def _force(self, reason: str) -> None:
+        if not self.active:  # the watching ended (fit returned) while the timer fired
+            return
+        if self.closing.acquire(blocking=False):
+            try:
+                self.on_forced_exit(reason)
+            finally:
+                os._exit(EXIT_SIGTERM)
+
+    # ------------------------------------------------------------------ the agreed stop, in the main thread
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._install()
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch, batch_idx: int) -> None:
+        if stop_agreed(self.signalled.is_set(), trainer.strategy.root_device):
+            raise StopRequested("SIGTERM")
+
+
+def stop_agreed(signalled: bool, device: torch.device) -> bool:
+    """Whether any rank was signalled: a collective every rank calls at the same point (``signalled`` alone in a
+    single process)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return signalled
+    flag = torch.tensor([1 if signalled else 0], device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+class _Watching:
+    """The context of :meth:`SignalStop.watching`: the handler, the wakeup pipe and its watcher thread."""
+
+    def __init__(self, stop: SignalStop) -> None:
+        self.stop = stop
+
+    def __enter__(self) -> SignalStop:
+        self.previous = signal.getsignal(signal.SIGTERM)
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)  # the interpreter's C handler must never block on it
+        self.previous_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+        self.stop._install()
+        self.stop.active = True
+        threading.Thread(target=self.stop._watch, args=(self.read_fd,), name="klear-sigterm", daemon=True).start()
+        return self.stop
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop.active = False
+        if self.stop.grace is not None:
+            self.stop.grace.cancel()
+        signal.set_wakeup_fd(self.previous_fd)
+        signal.signal(signal.SIGTERM, self.previous)
+        os.close(self.write_fd)  # the watcher reads EOF, closes its end and ends
+
+
+def _ignore(signum: int, frame) -> None:
+    """The Python-level SIGTERM handler: the watcher thread acts on the signal."""
+
+
+def cluster_plugins() -> list:
+    """Under SLURM, its environment with Lightning's auto-requeue off (see the module docstring); else none."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []

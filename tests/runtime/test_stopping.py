@@ -1,0 +1,166 @@
+"""SIGTERM, as cluster schedulers send it to every process of a job: each rank stops at the same step boundary
+within seconds, rank 0 prints the summary with the resume command, the exit status is 143, the last checkpoint is
+complete, and ``--resume`` continues. A rank that cannot reach the boundary exits after the grace period."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from klear.runtime.run_dir import checkpoint_problem
+from klear.runtime.stopping import EXIT_SIGTERM, SignalStop
+from tests.runs import RL_SHORT, read_metrics
+
+LONG = [*RL_SHORT, "trainer.max_steps=200", "trainer.checkpoint_every_n_steps=1"]
+"""A run far longer than the test, with a checkpoint every step."""
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    """``python -m klear.fit ARGS`` as a scheduler's job: a process group of its own."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "klear.fit", *args]
+    return subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for(output: Path, rows: int, process: subprocess.Popen) -> None:
+    """Until the run wrote a checkpoint and ``rows`` rows of metrics."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        metrics = output / "metrics.csv"
+        if list(output.glob("checkpoints/step-*.ckpt")) and metrics.is_file() and len(read_metrics(metrics)) >= rows:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the run ended before {rows} rows: {process.returncode}")
+
+
+def group_members(group: int) -> list[int]:
+    """Live processes (zombies aside) of the process group ``group``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == group:
+            found.append(int(entry.name))
+    return found
+
+
+def stop_group(process: subprocess.Popen, within: float) -> tuple[str, str]:
+    """SIGTERM to the whole group; the output once every process of it is gone, which must take under ``within``."""
+    os.killpg(process.pid, signal.SIGTERM)
+    signalled = time.monotonic()
+    stdout, stderr = process.communicate(timeout=within)
+    while group_members(process.pid) and time.monotonic() < signalled + within:
+        time.sleep(0.1)
+    assert not group_members(process.pid), "a process of the run outlived it"
+    return stdout.decode(), stderr.decode()
+
+
+def assert_stopped(output: Path, args: list[str], stdout: str, stderr: str, returncode: int) -> Path:
+    assert returncode == EXIT_SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stdout + stderr, stderr[-3000:]
+    assert "warning: SIGTERM received: stopping at the start of the next step" in stderr
+    summary = stdout.splitlines()
+    assert summary[0].startswith("run stopped at step ") and summary[0].split(": ")[1] == "SIGTERM", summary
+    checkpoint = sorted(output.glob("checkpoints/step-*.ckpt"))[-1]
+    assert (
+        summary[-1]
+        == f"nothing is lost: {checkpoint} is kept; resume with: python -m klear.fit {' '.join(args)} --resume"
+    )
+    assert not list(output.glob("checkpoints/*.tmp"))
+    assert checkpoint_problem(checkpoint) is None
+    state = torch.load(checkpoint, weights_only=False, map_location="cpu")
+    assert state["state_dict"] and state["optimizer_states"] and state["loops"]["fit_loop"]
+    assert "**Status:** stopped at step " in (output / "report.md").read_text()
+    return checkpoint
+
+
+def test_sigterm_stops_one_process_at_a_step_with_the_summary(tmp_path):
+    output = tmp_path / "rl"
+    args = ["--config", "configs/rl.yaml", f"output_dir={output}", *LONG]
+    process = start(args)
+    wait_for(output, rows=2, process=process)
+    stdout, stderr = stop_group(process, within=30)
+    assert_stopped(output, args, stdout, stderr, process.returncode)
+
+
+@pytest.mark.slow
+def test_sigterm_to_two_ranks_during_an_evaluation_stops_both_and_resumes(tmp_path):
+    """The case that hung: SIGTERM to the job's process group while the ranks evaluate (a gather of results)."""
+    output = tmp_path / "rl"
+    evaluation = ["eval.every_n_steps=2", "eval.num_prompts=32", "eval.max_new_tokens=32", "data.num_eval=32"]
+    args = ["--config", "configs/rl.yaml", f"output_dir={output}", *LONG, *evaluation, "trainer.devices=2"]
+    process = start(args)
+    wait_for(output, rows=3, process=process)  # steps 0 and 1 done: the evaluation of step 2 is under way
+    stdout, stderr = stop_group(process, within=30)
+    checkpoint = assert_stopped(output, args, stdout, stderr, process.returncode)
+    assert stderr.count("warning: SIGTERM received") == 2  # each rank once: nobody forwards it a second time
+    steps = int(checkpoint.stem[5:]) + 1
+    again = [arg for arg in args if arg != "trainer.max_steps=200"]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "klear.fit", *again, f"trainer.max_steps={steps}", "--resume"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.splitlines()[0].startswith("run finished: 1 step in ")
+    logged = [int(row["step"]) for row in read_metrics(output / "metrics.csv")]
+    assert logged == sorted(logged) and steps - 1 in logged  # in order, up to the step the resume added
+    assert (output / "hf" / "config.json").is_file()
+
+
+def test_the_watcher_sees_sigterm_and_restores_the_handler(monkeypatch):
+    from klear.runtime import stopping
+
+    monkeypatch.setattr(stopping, "GRACE_S", 2.0)
+    before = signal.getsignal(signal.SIGTERM)
+    stop = SignalStop(on_forced_exit=lambda reason: None)
+    with stop.watching():
+        os.kill(os.getpid(), signal.SIGTERM)  # the default action would end pytest
+        assert stop.signalled.wait(timeout=10)
+    assert signal.getsignal(signal.SIGTERM) is before
+    # The forced exit is disarmed with the watching: this process (pytest) lives on past the grace period.
+    stop.grace.join(timeout=5)
+    assert not stop.grace.is_alive() and not stop.active
+
+
+def test_a_rank_that_never_reaches_the_boundary_exits_after_the_grace_period():
+    script = textwrap.dedent(
+        """
+        import os, signal, time
+        from klear.runtime import stopping
+        stopping.GRACE_S = 0.5
+        stop = stopping.SignalStop(on_forced_exit=lambda reason: print("forced:", reason, flush=True))
+        with stop.watching():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)  # blocked, as in a collective whose partner left
+        """
+    )
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == EXIT_SIGTERM, result.stderr[-3000:]
+    assert result.stdout == "forced: no stop within 0.5 s of SIGTERM\n"
+    assert time.monotonic() - started < 30
+
+
+def test_lightning_slurm_auto_requeue_is_off_under_slurm_only(monkeypatch):
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from klear.runtime.stopping import cluster_plugins
+
+    for name in [name for name in os.environ if name.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    assert cluster_plugins() == []
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "rl")
+    (environment,) = cluster_plugins()
+    assert isinstance(environment, SLURMEnvironment) and environment.auto_requeue is False
