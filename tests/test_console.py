@@ -44,8 +44,9 @@ def test_the_main_command_prints_a_progress_bar_and_a_summary_and_writes_the_rep
     report = (output / "report.md").read_text()
     assert "**Status:** finished; 3 of 3 steps" in report and f"{accuracy[0]:.3f} -> {accuracy[-1]:.3f}" in report
     assert (output / "curves.png").stat().st_size > 10_000
-    logged = len([line for line in result.stderr.splitlines() if line.startswith("INFO")])
-    assert logged <= 2, result.stderr  # the data lines, nothing else
+    logged = [line for line in result.stderr.splitlines() if line.startswith("INFO")]
+    threads = [line for line in logged if line.startswith("INFO klear.runtime.threads: CPU threads: ")]
+    assert len(threads) == 1 and len(logged) <= 3, result.stderr  # the data lines and the thread choice, nothing else
 
 
 def test_ctrl_c_stops_with_a_summary_a_report_and_the_resume_command(tmp_path):

@@ -262,6 +262,10 @@ assert "gppo" in list_objectives()
         ),
         "minutes at the tiny size, tens of minutes at 28 layers: the slow test runs the tiny size",
     ),
+    ("docs/performance.md", "python tools/bench_contention.py"): Covered(
+        ("tests/tools/test_bench_contention.py::test_the_benchmark_prints_its_runs_and_ends_with_the_ratio",),
+        "three runs of the main command: the slow test runs 1 step of it",
+    ),
     ("docs/performance.md", "python tools/bench_async.py"): Covered(
         ("tests/tools/test_bench_async.py::test_the_benchmark_prints_its_table_and_ratios",), "2 steps there"
     ),

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 
 MODEL = """
@@ -48,6 +50,7 @@ def measure(body: str, tmp_path: Path) -> list[float]:
     return [float(value) for value in result.stdout.split()]
 
 
+@pytest.mark.slow  # 35 s; tools/bench_memory.py measures the same, every run's checkpoints go through the writer
 def test_a_checkpoint_streams_to_disk_where_lightnings_writer_copies_it(tmp_path):
     streamed, buffered = measure(
         """

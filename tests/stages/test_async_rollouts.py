@@ -202,6 +202,7 @@ def test_two_ddp_ranks_with_async_rollouts_match_one_process(tmp_path):
     assert float(read_metrics(two / "metrics.csv")[2]["rollout/staleness"]) == 1.0
 
 
+@pytest.mark.slow  # long; the default tier keeps the kill -9 resume of one process and the checkpoint itself
 def test_two_sharded_ranks_match_one_process_and_resume_exactly_after_kill_9(tmp_path):
     """Two FSDP2 ranks two steps stale give one process's metrics; killed (both ranks and their workers, as a node
     failure would) and resumed, the uninterrupted run's. FSDP2 restores a checkpoint only after ``on_fit_start``: the

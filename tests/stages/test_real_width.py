@@ -22,6 +22,7 @@ def test_rl_step_at_real_width_and_vocabulary_with_a_token_budget(tmp_path):
             f"model.path={model}",
             f"output_dir={output}",
             "rollout.prompts_per_step=2",
+            "algorithm.mini_batch_prompts=2",
             "rollout.group_size=2",
             "rollout.max_new_tokens=6",
             # A random model's text at this vocabulary decodes to nothing, which has an even length: every

@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from klear.config import ModelConfig
 from klear.models import attention
 from klear.models.tiny import TINY_SIZES, build_tiny
-from klear.runtime import memory
+from klear.runtime import memory, threads
 
 CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
 SHIPPED: dict[str, str] = {
@@ -125,8 +125,10 @@ def load_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(config: ModelConfig, on_cuda: bool = False) -> PreTrainedModel:
-    """The causal LM of ``config.path`` in the configured dtype, in train mode."""
+def load_model(config: ModelConfig, on_cuda: bool = False, cpu_threads: int = 0) -> PreTrainedModel:
+    """The causal LM of ``config.path`` in the configured dtype, in train mode. Every command loads its model here,
+    so this is where torch's CPU threads are chosen, by the model's size (`klear.runtime.threads`; ``cpu_threads``:
+    ``trainer.cpu_threads`` or ``--threads``, 0 = chosen by klear)."""
     with memory.phase("load"):
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model_path(config.path),
@@ -137,4 +139,5 @@ def load_model(config: ModelConfig, on_cuda: bool = False) -> PreTrainedModel:
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
+    threads.configure(cpu_threads, sum(parameter.numel() for parameter in model.parameters()))
     return model.train()

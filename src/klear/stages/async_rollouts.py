@@ -37,6 +37,7 @@ import torch
 import torch.multiprocessing as mp
 
 from klear.rollout.shared_weights import SharedWeights
+from klear.runtime import threads as cpu_threads
 from klear.stages.rollout_batch import ScoredGroups
 from klear.stages.rollout_worker import WorkerSpec, worker_main
 
@@ -233,9 +234,10 @@ def start_async_rollouts(module) -> AsyncRollouts:
     """The rollout worker of ``module`` (an ``RLModule`` in ``on_fit_start``, whose ``restored_rollouts`` is what
     the checkpoint resumed from holds once it is restored). Nothing starts before the first push.
 
-    On a CPU the cores are split: the worker samples with half of this process's torch threads, the trainer
-    computes with the rest, and an evaluation (which the trainer mostly waits for) takes all of them. Several
-    ranks: rank 0 picks the port of the workers' process group and every rank learns it."""
+    On a CPU the cores are split: the worker samples with half of the torch threads klear's policy chose for this
+    process (`klear.runtime.threads`), the trainer computes with the rest, and an evaluation (which the trainer
+    mostly waits for) takes all of them. Several ranks: rank 0 picks the port of the workers' process group and
+    every rank learns it."""
     config, trainer = module.config, module.trainer
     if module.step_problems is None:
         raise ValueError("rollout.max_staleness >= 1 samples steps ahead: build the RLModule with step_problems")
@@ -251,10 +253,12 @@ def start_async_rollouts(module) -> AsyncRollouts:
         if local >= len(devices):
             raise ValueError(f"rollout.worker_devices = {devices} names no GPU for local rank {local}")
         visible, device = str(_visible_device(devices[local])), "cuda:0"
-    threads = torch.get_num_threads()
+    threads = torch.get_num_threads()  # what klear's thread policy chose when the policy was loaded
     worker_threads = max(1, threads // 2)
     if module.device.type == "cpu":
-        torch.set_num_threads(max(1, threads - worker_threads))
+        cpu_threads.share(
+            max(1, threads - worker_threads), cpu_threads.usable_cores(), "the trainer's half beside the rollout worker"
+        )
     spec = WorkerSpec(
         config=config,
         train_problems=module.train_problems,

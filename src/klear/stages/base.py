@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.config.load import ConfigError
 from klear.data.problems import ProblemSet, Task, load_problems
-from klear.data.prompts import encode_prompt
+from klear.data.prompts import char_bound, encode_prompt
 from klear.data.readers import warn_bad_rows
 from klear.eval.in_training import evaluate
 from klear.models import prompt_budget
@@ -141,6 +141,7 @@ def stage_problems(
         seed=seed,
         levels=data.levels,
         prompt_length=lambda prompt: len(encode_prompt(tokenizer, prompt)),
+        char_bound=char_bound(tokenizer),
         max_prompt_tokens=limit,
         truncation=data.truncation if config.stage == "rl" else "skip",  # SFT's data.truncation cuts its examples
     )

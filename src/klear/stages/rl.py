@@ -82,7 +82,7 @@ class RLModule(StageModule):
             {"config": OmegaConf.to_container(config, resolve=True), "objective_class": _class_path(self.objective)}
         )
         self.tokenizer = tokenizer
-        self.model = load_model(config.model, on_cuda=policy_on_cuda(config))
+        self.model = load_model(config.model, on_cuda=policy_on_cuda(config), cpu_threads=config.trainer.cpu_threads)
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if config.algorithm.kl_coef else None
         self.policy_update = PolicyUpdate(
             self.objective,

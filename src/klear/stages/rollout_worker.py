@@ -13,9 +13,9 @@ order, answering each on the results queue:
 - ``("eval", version)``: the in-training evaluation of the weights loaded last;
 - ``("stop",)``: exit.
 
-A failure is sent back as ``("error", traceback)`` and ends the worker. The worker ignores Ctrl-C (the trainer
-stops it) and dies with the trainer, even one killed by ``kill -9``: the kernel signals it (``PR_SET_PDEATHSIG``)
-and, where that is not available, it notices while it waits for a command.
+A failure is sent back as ``("error", traceback)`` and ends the worker. The worker ignores Ctrl-C and SIGTERM (the
+trainer stops it) and dies with the trainer, even one killed by ``kill -9``: the kernel signals it
+(``PR_SET_PDEATHSIG``) and, where that is not available, it notices while it waits for a command.
 
 Data parallel: every rank's trainer has its own worker, on the rank's share of each step; the workers form a
 process group of their own (gloo), through which they exchange scored rollouts and evaluation results exactly as
@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from klear.runtime import threads
 
 GAP_ROWS = 32
 """``rollout/logprob_gap`` is measured on the first this-many rollouts of a step (a forward pass of its own)."""
@@ -67,10 +69,13 @@ class WorkerSpec:
 def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
     """The worker process's entry point (see the module docstring)."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for stop in (signal.SIGINT, signal.SIGTERM):  # the trainer stops it, at a step boundary it agreed on
+        signal.signal(stop, signal.SIG_IGN)
     if spec.visible_devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_devices
-    torch.set_num_threads(spec.threads)
+    # The trainer's thread policy split its count (async_rollouts.start_async_rollouts): loading the model here
+    # keeps this share instead of choosing again.
+    threads.share(spec.threads, threads.usable_cores(), "the rollout worker's half of the trainer's threads")
     try:
         service = _Service(spec, weights)
         service.serve(commands, results, free)

@@ -48,7 +48,7 @@ class SFTModule(StageModule):
         super().__init__(config)
         self.save_hyperparameters({"config": OmegaConf.to_container(config, resolve=True)})
         self.tokenizer = tokenizer
-        self.model = load_model(config.model, on_cuda=policy_on_cuda(config))
+        self.model = load_model(config.model, on_cuda=policy_on_cuda(config), cpu_threads=config.trainer.cpu_threads)
         self.eval_problems = eval_problems
         self.scorer = RewardScorer(reward)  # the evaluation's reward (eval.reward)
         self._eval_engine: HFEngine | None = None
