@@ -159,3 +159,18 @@ def test_help_config_of_an_unknown_section_lists_the_sections():
     (line,) = result.stderr.strip().splitlines()
     assert "'rolout'" in line and "sections: model, data, objective, rollout, rollout.vllm, reward" in line
     assert line.endswith("did you mean 'rollout'?")
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    # `| head -2` closes the pipe after two lines: exit 141 (128 + SIGPIPE, as coreutils' commands), no traceback.
+    for command in (
+        f"{SCRIPT} fit --list-objectives | head -2",
+        f"{sys.executable} -m klear.fit --list-objectives | true",
+    ):
+        result = subprocess.run(
+            ["bash", "-c", f"set +o pipefail; {command}; echo status ${{PIPESTATUS[0]}}"],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+        assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+        assert result.stdout.splitlines()[-1] in ("status 141", "status 0"), result.stdout  # 0: all written in time
+    assert result.stdout.strip() == "status 141"  # `true` reads nothing: the first write finds the pipe closed

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -163,10 +164,12 @@ def test_a_copied_run_directory_resumes_and_extends_and_refuses_data_that_change
     resume = [*args, f"output_dir={copy}", "--resume", "trainer.max_steps=3"]
     changed_answer = [dict(row) for row in rows]
     changed_answer[3]["answer"] = "99"  # same row count, other content
+    config = (copy / "config.yaml").read_bytes()
     for changed in (changed_answer, [*rows, {"problem": "Start with 1. Add 1.", "answer": "2"}]):
         write_rows(data, changed)
         error = one_line_error(klear("klear.fit", *resume))
         assert "--resume: the train data" in error and "differs from the data the run started on" in error
+        assert (copy / "config.yaml").read_bytes() == config  # a refused resume rewrites nothing
     write_rows(data, rows)  # the data the run started on: the copy resumes where the original stopped
     result = klear("klear.fit", *resume)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -181,3 +184,17 @@ def test_compare_with_every_run_failing_claims_no_figure(tmp_path):
     assert result.returncode == 1
     assert "comparison.png" not in result.stdout and not (tmp_path / "comparison.png").exists()
     assert "every run failed" in one_line_error(result, code=1)
+
+
+def test_a_50_mb_prompt_is_told_by_its_characters_not_tokenized(tmp_path):
+    # No 496 tokens of the built-in tokenizer spell more than 496 x its longest token string (13) characters: the
+    # row is refused without tokenizing 50 MB, which took minutes and 9.7 GB (skip: the 5 MB row above; left:
+    # tests/data/test_problems.py).
+    rows = [{"problem": f"Start with {i}. Add 1.", "answer": str(i + 1)} for i in range(8)]
+    data = write_rows(tmp_path / "train.jsonl", [*rows[:3], {"problem": "x" * 50_000_000, "answer": "1"}, *rows[3:]])
+    args = ["--config", "configs/rl.yaml", *RL_QUICK, f"data.train={data}", "reward.name=math"]
+    started = time.perf_counter()
+    result = klear("klear.fit", *args, "rollout.max_new_tokens=16", f"output_dir={tmp_path}", "data.truncation=error")
+    error = one_line_error(result)
+    assert f"{data}:4: prompt of 50000050 characters is longer than max_prompt_tokens = 496" in error
+    assert time.perf_counter() - started < 30  # where tokenizing it hung; a generous bound

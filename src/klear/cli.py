@@ -6,7 +6,8 @@ arguments of each. ``klear --help`` and ``klear --version`` import nothing heavy
 it torch or transformers) is imported only once that command is chosen.
 
 :func:`run` is the set-up the commands share: log lines at INFO, no download progress bars, and ``main``'s
-return value as the exit status.
+return value as the exit status (141, without a traceback, when stdout's reader closed the pipe early, as in
+``klear fit --list-objectives | head -2``).
 """
 
 from __future__ import annotations
@@ -74,7 +75,24 @@ def setup() -> None:
 def run(main: Callable[[], int]) -> None:
     """What ``python -m klear.<command>`` does: :func:`setup`, then exit with ``main()``'s return value."""
     setup()
-    sys.exit(main())
+    sys.exit(exit_status(main))
+
+
+BROKEN_PIPE = 141
+"""The exit status when the reader of stdout went away (``klear fit --list-objectives | head -2``): 128 + SIGPIPE,
+what a shell reports for ``seq 100000 | head -2``'s ``seq``."""
+
+
+def exit_status(call: Callable[[], int]) -> int:
+    """``call()``'s return value, with stdout flushed; `BROKEN_PIPE` and no traceback when the reader of stdout
+    closed the pipe first (stdout then points at devnull, so the interpreter's own flush at exit cannot fail)."""
+    try:
+        code = call()
+        sys.stdout.flush()  # here, so a closed pipe fails inside the try rather than at interpreter exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,4 +129,4 @@ def main(argv: list[str] | None = None) -> int:
     command_main: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
     if command.setup:
         setup()
-    return command_main(argv[1:])
+    return exit_status(lambda: command_main(argv[1:]))

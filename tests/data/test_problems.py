@@ -116,3 +116,34 @@ def test_the_task_is_told_from_the_first_row(row, expected):
 def test_an_unknown_layout_names_its_fields():
     with pytest.raises(DataError, match=r"cannot tell the layout from the fields \['prompt', 'solution'\]"):
         choose_task([{"prompt": "x", "solution": "y"}], "data.jsonl")
+
+
+def test_a_prompt_too_long_by_its_characters_is_never_tokenized_whole(tmp_path):
+    from klear.data.prompts import char_bound, encode_prompt
+    from klear.models.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    bound = char_bound(tokenizer)
+    assert bound.per_token == max(len(token) for token in tokenizer.get_vocab())  # <|endoftext|>: 13
+    source = write_lines(
+        tmp_path / "big.jsonl", [{"problem": "y", "answer": "1"}, {"problem": "x" * 5_000_000, "answer": "1"}]
+    )
+    measured = []
+
+    def prompt_length(prompt):
+        measured.append(len(prompt))
+        return len(encode_prompt(tokenizer, prompt))
+
+    def load(truncation):
+        return load_problems(
+            source, Task("math"), get_reward("math"), prompt_length=prompt_length, max_prompt_tokens=40,
+            truncation=truncation, char_bound=bound,
+        )  # fmt: skip
+
+    skipped = load("skip")
+    assert [p.line for p in skipped.problems] == [1] and "prompt of 5000050 characters" in skipped.bad[0].reason
+    with pytest.raises(DataError, match=f"{source}:2: prompt of 5000050 characters .* \\(truncation: error\\)"):
+        load("error")
+    cut = load("left").problems[1]  # its last 520 characters (what 40 tokens can spell), then its last 40 tokens
+    assert cut.prompt == "x" * 520 and cut.max_prompt_tokens == 40
+    assert max(measured) == 520  # the 5 MB text never reached the tokenizer

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import importlib.util
 import inspect
+import json
 import types
 import typing
 from pathlib import Path
@@ -41,6 +42,8 @@ def parse_overrides(tokens: list[str]) -> DictConfig:
 
 def read_yaml(path: str | Path) -> DictConfig:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--config {str(path)!r} is a directory; give a YAML file, e.g. configs/rl.yaml")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
@@ -67,6 +70,8 @@ def load_config(
         raise ConfigError(f"stage {stage!r} is not one of: {', '.join(SCHEMAS)}")
     if objective is not None and "objective" not in {field.name for field in dataclasses.fields(SCHEMAS[stage])}:
         raise ConfigError(f"--objective applies to stages with an objective section, not stage {stage!r}")
+    for layer in layers:  # before the merge, whose messages for these name neither the key nor the shape
+        _check_shapes(OmegaConf.to_container(layer, resolve=False), SCHEMAS[stage], prefix="")
     try:
         config = OmegaConf.merge(OmegaConf.structured(SCHEMAS[stage]), *layers)
     except OmegaConfBaseException as error:
@@ -147,6 +152,12 @@ def check_rl(config: DictConfig) -> None:
         raise ConfigError("rollout.worker_devices places rollout workers, which need rollout.max_staleness >= 1")
     if rollout.worker_devices and config.trainer.accelerator == "cpu":
         raise ConfigError("rollout.worker_devices names GPUs: set trainer.accelerator=gpu (or leave it empty)")
+    if algorithm.mini_batch_prompts > rollout.prompts_per_step:
+        raise ConfigError(
+            f"algorithm.mini_batch_prompts = {algorithm.mini_batch_prompts} exceeds rollout.prompts_per_step = "
+            f"{rollout.prompts_per_step}: a mini-batch is a share of the step's prompts; set "
+            f"algorithm.mini_batch_prompts <= {rollout.prompts_per_step}"
+        )
     if any(device < 0 for device in rollout.worker_devices):
         raise ConfigError(f"rollout.worker_devices = {list(rollout.worker_devices)}: GPU indices are >= 0")
 
@@ -209,6 +220,27 @@ def _check_fields(node: Any, schema: type, prefix: str) -> None:
             _check_fields(value, sections[field.name], prefix=f"{key}.")
 
 
+def _check_shapes(layer: dict, schema: type, prefix: str) -> None:
+    """A section given a value that is not a mapping (``rollout: 5``) and a fixed-length list of the wrong length
+    (``optim.betas=[0.9]``), named by key with the shape accepted; unknown keys are left to the merge."""
+    hints, sections = typing.get_type_hints(schema), _sections(schema)
+    for name, value in layer.items():
+        key = f"{prefix}{name}"
+        if name in sections:
+            if not isinstance(value, dict):
+                example = dataclasses.fields(sections[name])[0].name
+                raise ConfigError(
+                    f"{key} = {value!r} is not accepted; accepted: a section of keys, e.g. {key}.{example}=... "
+                    f"(klear fit --help-config {key} lists them)"
+                )
+            _check_shapes(value, sections[name], prefix=f"{key}.")
+            continue
+        items = typing.get_args(hints.get(name)) if typing.get_origin(hints.get(name)) is tuple else ()
+        if items and Ellipsis not in items and isinstance(value, list) and len(value) != len(items):
+            kinds = "numbers" if all(item is float for item in items) else "values"
+            raise ConfigError(f"{key} = {value!r} is not accepted; accepted: a list of {len(items)} {kinds}")
+
+
 def _check_levels(data: DictConfig) -> None:
     from klear.data import synthetic, synthetic_code
 
@@ -236,6 +268,16 @@ def model_path_problem(path: str) -> str | None:
             "no model directory there (a folder with config.json); give a Hugging Face model directory or hub "
             f"name, or a built-in model: {', '.join(BUILTIN_MODELS)}"
         )
+    if looks_local:  # transformers picks the model's classes by config.json's model_type, and has no other way
+        try:
+            fields = json.loads((local / "config.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            return f"{local / 'config.json'} cannot be read as JSON ({_first_line(error)})"
+        if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):
+            return (
+                f"{local / 'config.json'} has no model_type, which transformers reads the architecture from; "
+                'add it (e.g. "model_type": "qwen3"), or point model.path at the folder of a saved model'
+            )
     return None
 
 

@@ -23,7 +23,8 @@ run: the prompt must be text or chat messages ending in a user turn, the referen
 (`klear.rewards.check_reference`: a math answer that is ``None`` or empty, an empty list of answers, a malformed
 code test are refused; a JSON number as a math answer is read as its text), and, when a tokenizer and a limit are
 given, the prompt must fit in ``max_prompt_tokens`` tokens of the chat template (``truncation``: a longer prompt
-is skipped, cut on the left, or stops the load). A row that fails is skipped as a `BadRow` naming its file, its
+is skipped, cut on the left, or stops the load; one that its characters prove too long, `klear.data.prompts.CharBound`,
+is never tokenized whole). A row that fails is skipped as a `BadRow` naming its file, its
 1-based line and why, and counted; a source with no usable row is refused with one line (`DataError`). Math
 references that read like prose rather than an answer are counted per source and warned about
 (`ProblemSet.warnings`).
@@ -42,6 +43,7 @@ from typing import Any
 
 from klear.cli import first_line
 from klear.data.layouts import Layout, decode_json_text, detect_layout, get_path
+from klear.data.prompts import CharBound
 from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.synthetic import generate_problems
 
@@ -168,6 +170,7 @@ def load_problems(
     prompt_length: PromptLength | None = None,
     max_prompt_tokens: int = 0,
     truncation: str = "skip",
+    char_bound: CharBound | None = None,
 ) -> ProblemSet:
     """The checked problems of ``source``: a synthetic task (``num`` problems of ``split``, from ``seed`` and
     ``levels``) or a file / dataset read whole. Raises `DataError` when no row is usable (or, with
@@ -180,6 +183,8 @@ def load_problems(
         rows: the source already read with `read_numbered` (rows and bad rows), to read it once.
         prompt_length: tokens of a prompt; with ``max_prompt_tokens > 0``, longer prompts are handled by
             ``truncation`` (`TRUNCATIONS`).
+        char_bound: the tokenizer's `klear.data.prompts.CharBound`: a prompt it proves too long is refused (or, for
+            ``left``, cut to the characters its last tokens can spell) without being tokenized whole.
     """
     from klear.rewards.routing import RoutedReward
 
@@ -207,6 +212,17 @@ def load_problems(
             prompt, reference, origin = reader.read(row, line)
             keep = 0
             if limit:
+                chars = char_bound.too_long(prompt, limit) if char_bound is not None else 0
+                if chars and truncation != "left":
+                    message = (
+                        f"prompt of {chars} characters is longer than max_prompt_tokens = {limit} (no {limit} tokens "
+                        f"of this tokenizer spell more than {char_bound.chars(limit)} characters)"
+                    )
+                    if truncation == "error":
+                        raise DataError(f"{source}:{line}: {message} (truncation: error)")
+                    raise ValueError(message)
+                if chars:  # left: tokenize only what the kept tokens can come from
+                    prompt = char_bound.cut(prompt, limit)
                 tokens = prompt_length(prompt)
                 if tokens > limit:
                     if truncation != "left":

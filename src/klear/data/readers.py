@@ -84,6 +84,9 @@ def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tupl
     """
     text = str(path)
     local = Path(os.path.expanduser(text))
+    kept = _KEPT.pop((text, split), None)
+    if kept is not None and kept[0] == _signature(local):
+        return kept[1]
     if local.is_dir():
         return _numbered(_read_datasets(text, local, split))
     suffix = local.suffix.lower()
@@ -100,6 +103,29 @@ def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tupl
     if local.exists() or suffix or _looks_like_path(text):
         raise DataError(f"{text}: not a readable data input; accepted inputs: {ACCEPTED_FORMATS}")
     return _numbered(_read_datasets(text, None, split))
+
+
+def keep_read(path: str | Path, split: str | None = None) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    """`read_numbered` of ``path``, kept for the next `read_numbered` of the same input, which takes it (once) while
+    the file is unchanged: ``klear.fit`` checks its data before importing torch (`klear.data.preflight`), and the
+    stage that tokenizes the rows after the model is loaded gets them without reading or parsing them again."""
+    read = read_numbered(path, split)
+    _KEPT[(str(path), split)] = (_signature(Path(os.path.expanduser(str(path)))), read)
+    return read
+
+
+_KEPT: dict[tuple[str, str | None], tuple[tuple[int, int] | None, tuple]] = {}
+"""``(input, split)`` -> (its `_signature` when kept, the rows read): what `keep_read` keeps for the next read."""
+
+
+def _signature(local: Path) -> tuple[int, int] | None:
+    """Modification time and size of a local input (None for a dataset name): a kept read of a file that changed
+    since is not served."""
+    try:
+        stat = local.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
 
 
 def warn_bad_rows(bad: list[BadRow], totals: dict[str, int] | None = None) -> None:
