@@ -12,6 +12,8 @@ from klear.compare.report import area_under_curve
 from klear.compare.stats import holm, mean_ci, paired_t_test, seeds_needed, t_quantile
 from klear.config.load import ConfigError
 from klear.objectives import PolicyObjective
+from tests.test_user_errors import klear as run_command
+from tests.test_user_errors import one_line_error
 
 SHORT = [
     "model.path=tiny",
@@ -137,7 +139,7 @@ def test_holm_and_seeds_needed_by_hand():
 
 def test_seed_ranges():
     assert parse_seeds("0-9") == list(range(10))
-    assert parse_seeds("0-2,7,1") == [0, 1, 2, 7]
+    assert parse_seeds("0-2,7,3") == [0, 1, 2, 7, 3]
     for bad in ("a", "3-1", "-1", "1,,2", "0-"):
         with pytest.raises(ConfigError, match="--seeds must be"):
             parse_seeds(bad)
@@ -156,3 +158,58 @@ def test_training_curves_are_drawn_as_a_centred_moving_average():
     # Window 5: two steps each side, fewer at the ends.
     assert smoothed({0: 0, 1: 10, 2: 20, 3: 30, 4: 40, 5: 50}) == {0: 10, 1: 15, 2: 20, 3: 30, 4: 35, 5: 40}
     assert smoothed({3: 1.0}) == {3: 1.0}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--objectives", "ppo,ppo"], "--objectives names objective 'ppo' more than once; give each objective once"),
+        (["--objectives", "ppo", "--seeds", "0,0"], "--seeds names seed 0 more than once; give each seed once"),
+        (["--objectives", "ppo", "--seeds", "0-3,2"], "--seeds names seed 2 more than once"),
+        (["--objectives", "ppo", "--variants", "a:x=1", "--variants", "a:y=2"], "--variants names label 'a' more"),
+    ],
+    ids=["objectives", "seeds", "seed-in-range", "variant-labels"],
+)
+def test_a_run_named_twice_is_refused_before_any_run(tmp_path, args, message):
+    result = run_command("klear.compare", "--config", "configs/rl.yaml", *args, f"output_dir={tmp_path}", timeout=60)
+    assert message in one_line_error(result)
+    assert not (tmp_path / "runs").exists()
+
+
+def finished_runs(output, accuracy: dict[int, list[float]], reward: dict[int, list[float]]) -> None:
+    """Runs of ``ppo`` that finished, as a comparison leaves them: ``metrics.csv`` (steps 0-3) and ``done.json``."""
+    for seed in accuracy:
+        directory = output / "runs" / f"ppo-seed{seed}"
+        directory.mkdir(parents=True)
+        lines = ["step,eval/accuracy,reward/mean"]
+        lines += [f"{step},{a},{r}" for step, (a, r) in enumerate(zip(accuracy[seed], reward[seed], strict=True))]
+        (directory / "metrics.csv").write_text("\n".join(lines) + "\n")
+        (directory / "done.json").write_text('{"seconds": 1.0}')
+
+
+def test_bands_of_fractions_stay_in_their_range(tmp_path, capsys):
+    """Three seeds with an accuracy near 0: the Student-t band reaches below 0, and comparison.png clips it there;
+    a reward with a penalty below 0 keeps its band."""
+    from klear.compare.report import RANGES, comparison_panels, read_run
+    from klear.compare.runs import Run
+
+    accuracy = {0: [0.0, 0.0, 0.1, 0.9], 1: [0.0, 0.1, 0.0, 1.0], 2: [0.1, 0.0, 0.0, 1.0]}
+    reward = {0: [-0.2, 0.1, 0.0, 0.5], 1: [0.0, -0.1, 0.2, 0.4], 2: [0.1, 0.0, -0.3, 0.6]}
+    finished_runs(tmp_path, accuracy, reward)
+    args = ["--config", "configs/rl.yaml", "--objectives", "ppo", "--seeds", "0-2", f"output_dir={tmp_path}"]
+    assert main(args) == 0  # in this process: a subprocess would spend 3 s importing torch for the objective check
+    assert capsys.readouterr().out.count("skip ppo") == 3
+    assert (tmp_path / "comparison.png").stat().st_size > 10_000
+
+    runs = [Run("ppo", "ppo", seed, [], tmp_path / "runs" / f"ppo-seed{seed}") for seed in accuracy]
+    panels = {title: lines for title, _, lines in comparison_panels(["ppo"], runs, {id(r): read_run(r) for r in runs})}
+    (_, steps, means, band) = panels["eval accuracy"][0]
+    assert steps == [0.0, 1.0, 2.0, 3.0] and RANGES["eval/accuracy"] == (0.0, 1.0)
+    for (low, high), mean, values in zip(band, means, zip(*accuracy.values(), strict=True), strict=True):
+        unclipped = mean_ci(list(values))
+        assert (low, high) == pytest.approx((max(0.0, mean - unclipped[1]), min(1.0, mean + unclipped[1])))
+    assert band[0][0] == 0.0 and means[0] - mean_ci([0.0, 0.0, 0.1])[1] < 0  # clipped at 0
+    assert band[3][1] == 1.0 and means[3] + mean_ci([0.9, 1.0, 1.0])[1] > 1  # and at 1
+    (_, _, reward_means, reward_band) = panels["reward (train samples) (5-step mean)"][0]
+    assert min(low for low, _ in reward_band) < 0  # a reward's range is its own: not clipped
+    assert all(low < mean < high for (low, high), mean in zip(reward_band, reward_means, strict=True))

@@ -272,3 +272,14 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, rows, extra, me
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert message in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_type_transformers_does_not_know_names_model_not_the_budget(tmp_path, capsys):
+    # transformers raises ValueError for it, as for a response budget too long: the message must name --model
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    data = write(tmp_path, [MATH_ROW])
+    assert main(["--model", str(tmp_path / "model"), "--data", data, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --model {tmp_path / 'model'}: ") and err.count("\n") == 1, err
+    assert "no-such-architecture" in err and "--max-new-tokens" not in err

@@ -34,6 +34,7 @@ def arguments(**overrides) -> argparse.Namespace:
     values = dict(
         model="tiny-sft", engine=f"{__name__}:recording_engine", max_new_tokens=32, temperature=0.6, top_p=0.95,
         top_k=5, batch_size=7, seed=3, data="", reward=None, prompt_key=None, reference_key=None, max_prompt_tokens=0,
+        threads=0,
     )  # fmt: skip
     return argparse.Namespace(**{**values, **overrides})
 

@@ -50,6 +50,8 @@ def plan(args: argparse.Namespace) -> tuple[Path, list[Run]]:
     variants = [_parse_variant(text) for text in args.variants] or [("", [])]
     if not objectives:
         raise ConfigError("--objectives is empty; give names such as ppo,dapo,cispo,gppo")
+    _refuse_duplicates("--objectives", "objective", [_slug(name) for name in objectives])
+    _refuse_duplicates("--variants", "label", [label for label, _ in variants])
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     runs = []
@@ -67,7 +69,8 @@ def plan(args: argparse.Namespace) -> tuple[Path, list[Run]]:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"0-9"``, ``"0,1,2"`` or a mix (``"0-4,7"``): the seeds in the order given, each once."""
+    """``"0-9"``, ``"0,1,2"`` or a mix (``"0-4,7"``): the seeds in the order given. A seed given twice is refused:
+    it would run the same run twice and count it as two seeds in the intervals and tests."""
     seeds: list[int] = []
     for item in (part.strip() for part in text.split(",")):
         match = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
@@ -76,8 +79,16 @@ def parse_seeds(text: str) -> list[int]:
                 f"--seeds must be comma-separated non-negative integers or ranges such as 0-9, got {text!r}"
             )
         first, last = int(match[1]), int(match[2] if match[2] is not None else match[1])
-        seeds += [seed for seed in range(first, last + 1) if seed not in seeds]
+        seeds += range(first, last + 1)
+    _refuse_duplicates("--seeds", "seed", seeds)
     return seeds
+
+
+def _refuse_duplicates(option: str, kind: str, values: list) -> None:
+    """One run per objective x variant x seed: the same one twice would be run (and counted) twice."""
+    twice = [value for index, value in enumerate(values) if value in values[:index]]
+    if twice:
+        raise ConfigError(f"{option} names {kind} {twice[0]!r} more than once; give each {kind} once")
 
 
 def execute(config: str, runs: list[Run], jobs: int) -> list[Run]:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 from pathlib import Path
 
 from klear.compare.runs import Run
 from klear.compare.stats import holm, mean_ci, paired_difference, seeds_needed
-from klear.runtime.report import draw_panels, read_metrics
+from klear.runtime.report import Series, draw_panels, read_metrics
 
 PANELS = [
     ("eval/accuracy", "eval accuracy", "fraction correct"),
@@ -37,6 +38,26 @@ PANELS = [
     ("objective/clip_frac_high", "clip fraction high", "fraction of tokens"),
 ]
 """Panels of ``comparison.png``: metric, title, y-axis label."""
+RANGES: dict[str, tuple[float, float]] = {
+    **dict.fromkeys(
+        [
+            "eval/accuracy",
+            "objective/above_band_pos",
+            "objective/below_band_neg",
+            "objective/grad_share_above_pos",
+            "objective/grad_share_below_neg",
+            "objective/clip_frac_high",
+        ],
+        (0.0, 1.0),
+    ),
+    **dict.fromkeys(
+        ["rollout/response_length", "actor/entropy_pos", "actor/entropy_neg", "actor/grad_norm", "objective/approx_kl"],
+        (0.0, math.inf),
+    ),  # approx KL is the k3 estimator, ratio - 1 - log(ratio) >= 0
+}
+"""The values a panel's metric can take: its band in ``comparison.png`` is clipped to them (a Student-t interval
+over a few seeds reaches below 0 for a fraction near 0). ``reward/mean`` has none: its range is the reward's, and a
+format or length penalty takes it below 0."""
 OUTCOMES = [("final", "final accuracy"), ("auc", "AUC"), ("drop", "final - best")]
 """The per-seed outcomes compared against the baseline, each with its own Holm family."""
 DIAGNOSTICS = [
@@ -244,6 +265,15 @@ def smoothed(series: dict[float, float], window: int = SMOOTHING) -> dict[float,
 
 
 def _plot(path: Path, labels: list[str], runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> None:
+    panels = comparison_panels(labels, runs, metrics)
+    draw_panels(path, panels, "Mean over seeds with 95% confidence bands (clipped to each metric's range)")
+
+
+def comparison_panels(
+    labels: list[str], runs: list[Run], metrics: dict[int, list[dict[str, float]]]
+) -> list[tuple[str, str, list[Series]]]:
+    """The panels of ``comparison.png`` (`PANELS`): per label, the mean over seeds at the steps every seed logged,
+    and its 95% band as ``(low, high)``, clipped to the metric's `RANGES`."""
     panels = []
     for key, title, unit in PANELS:
         lines = []
@@ -258,6 +288,8 @@ def _plot(path: Path, labels: list[str], runs: list[Run], metrics: dict[int, lis
             steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
             if steps:
                 stats = [mean_ci([s[step] for s in series]) for step in steps]
-                lines.append((label, steps, [m for m, _ in stats], [h for _, h in stats]))
+                low, high = RANGES.get(key, (-math.inf, math.inf))
+                band = [(max(m - h, low), min(m + h, high)) for m, h in stats]
+                lines.append((label, steps, [m for m, _ in stats], band))
         panels.append((title, unit, lines))
-    draw_panels(path, panels, "Mean over seeds with 95% confidence bands")
+    return panels

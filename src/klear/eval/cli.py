@@ -26,7 +26,9 @@ samples of a problem are a function of ``--seed`` and the problem's position alo
 seeded stream), whatever ``--batch-size`` groups together.
 
 Everything that can be wrong with the arguments, the data or the model is checked before sampling starts and
-reported as one line (exit code 2), including data in which no row is usable.
+reported as one line (exit code 2), including data in which no row is usable. ``--help``, the arguments, the
+engine's name (and for ``vllm`` whether it is installed), the model folder's ``config.json`` and the data file are
+checked before torch, transformers or Lightning are imported: they are imported once a model is loaded.
 """
 
 from __future__ import annotations
@@ -37,22 +39,22 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from klear import cli
+from klear.config.load import BUILTIN_MODELS
 from klear.data.problems import Problem, Task
-from klear.data.prompts import encode_problem
 from klear.data.readers import DataError, write_jsonl
 from klear.eval.completions import read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
-from klear.eval.sampler import build_engine
+from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, build_reward, check_model_path, load_eval_problems
 from klear.rewards import Reward, score_batch
 from klear.rewards.routing import seeded_reference
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
-from klear.runtime.device import uses_cuda
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [  # the loaders live in `klear.eval.tasks` and `klear.eval.sampler`; importable from here as well
     "EvalError",
@@ -71,7 +73,7 @@ log = logging.getLogger(__name__)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=cli.prog("eval"), description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="HF model directory or hub name; built-in: tiny, tiny-sft")
+    parser.add_argument("--model", help=f"HF model directory or hub name; built-in: {', '.join(BUILTIN_MODELS)}")
     parser.add_argument("--data", required=True, help="jsonl/json/parquet file or HF dataset of problems")
     parser.add_argument(
         "--completions",
@@ -104,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=256, help="sequences sampled together (default: %(default)s)")
     parser.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
     parser.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads; 0: chosen by klear from the free cores (default: 0)"
+    )
     parser.add_argument("--engine", default="hf", help="rollout engine name or import path (default: %(default)s)")
     parser.add_argument("--output", help="output directory (default: outputs/eval/<data file stem>)")
     parser.add_argument("--overwrite", action="store_true", help="replace earlier results in the output directory")
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         **{key: getattr(args, key) for key in ("k", "n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
         "rope_scaling": args.rope_scaling,
         "engine": args.engine if args.completions is None else None,
-        "device": "cuda" if uses_cuda("auto") else "cpu",
+        "device": _device(),
     }
     if args.completions is not None:
         records, timing = score(chosen, [[SavedCompletion(text) for text in row] for row in saved], reward, args)
@@ -173,6 +178,7 @@ def check_args(args: argparse.Namespace) -> None:
         ("--limit", args.limit is None or args.limit >= 1, ">= 1"),
         ("--max-prompt-tokens", args.max_prompt_tokens >= 0, ">= 0 (0: what the model's context leaves)"),
         ("--batch-size", args.batch_size >= 1, ">= 1"),
+        ("--threads", args.threads >= 0, ">= 0 (0: chosen by klear)"),
         ("--num-workers", args.num_workers >= 0, ">= 0"),
         ("--reward-timeout", args.reward_timeout > 0, "> 0"),
     ]
@@ -187,6 +193,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise EvalError("give --model PATH to sample answers, or --completions GEN.jsonl to score saved ones")
     if args.temperature == 0 and args.n > 1:
         raise EvalError("greedy decoding (--temperature 0) gives one answer per problem: use --k 1 without --n")
+    check_engine(args.engine)
+    check_model_path(args.model)
 
 
 def run(
@@ -198,6 +206,8 @@ def run(
     args: argparse.Namespace,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Sample ``n`` answers per problem and score them: the per-problem records, and timings."""
+    from klear.data.prompts import encode_problem  # transformers: imported with the model already
+
     prompts = [encode_problem(tokenizer, problem) for problem in problems]
     sampling = SamplingParams(
         max_new_tokens=args.max_new_tokens,
@@ -243,6 +253,12 @@ def score(
             problem_record(problem, row, result.scores[part], result.statuses[part], result.correct[part], args.k)
         )
     return records, {"scoring_s": time.perf_counter() - timer}
+
+
+def _device() -> str:
+    from klear.runtime.device import uses_cuda  # torch: imported here, after every check
+
+    return "cuda" if uses_cuda("auto") else "cpu"
 
 
 def _json_object(text: str) -> dict[str, Any]:

@@ -9,24 +9,26 @@ rejects, of a source no route knows, or with a prompt longer than the limit is s
 file and line. Without a model (``--completions``), prompts are not measured. What cannot be
 evaluated at all — an unknown reward or option, a model path that is not a model, a response budget that leaves no
 room for a prompt — raises `EvalError`, one line naming the argument.
+
+Importing this module imports neither torch nor transformers: the command checks its arguments and reads its data
+before it loads them, for the model's tokenizer and context only.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from klear.cli import first_line
 from klear.config import ModelConfig
 from klear.config.load import model_path_problem
 from klear.data.problems import ProblemSet, Task, choose_task, load_problems
-from klear.data.prompts import encode_prompt
 from klear.data.readers import read_numbered, warn_bad_rows
-from klear.models import load_tokenizer, prompt_budget
 from klear.rewards import Reward, get_reward
 from klear.rewards.routing import routed_reward
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class EvalError(ValueError):
@@ -54,6 +56,7 @@ def load_eval_problems(
         rope = getattr(args, "rope_scaling", None)  # klear.data curate has no --rope-scaling
         limit = args.max_prompt_tokens or _prompt_budget(args.model, args.max_new_tokens, rope)
         tokenizer = load_eval_tokenizer(args.model)
+        from klear.data.prompts import encode_prompt  # transformers: once a model is loaded anyway
 
         def prompt_length(prompt: Any) -> int:
             return len(encode_prompt(tokenizer, prompt))
@@ -75,6 +78,8 @@ def build_reward(name: str, options: dict[str, Any], route: bool = False) -> Rew
 
 def load_eval_tokenizer(path: str) -> PreTrainedTokenizerBase:
     """The tokenizer of the model at ``path`` (``--model``); `EvalError` when there is none."""
+    from klear.models import load_tokenizer
+
     try:
         check_model_path(path)
         return load_tokenizer(ModelConfig(path=path))
@@ -83,18 +88,28 @@ def load_eval_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 
 def check_model_path(path: str) -> None:
-    """``--model`` must be a model directory where it can only be a local path (`model_path_problem`)."""
+    """``--model`` must be a model directory where it can only be a local path, with a config.json that says which
+    model it is (`model_path_problem`): checked before transformers is imported, and named as ``--model``."""
     problem = model_path_problem(path)
     if problem:
         raise EvalError(f"--model {path}: {problem}")
 
 
 def _prompt_budget(path: str, max_new_tokens: int, rope_scaling: dict[str, Any] | None = None) -> int:
+    from klear.models import model_context, prompt_budget
+
     check_model_path(path)
-    try:
-        return prompt_budget(ModelConfig(path=path, rope_scaling=rope_scaling or {}), max_new_tokens)
-    except OSError as error:
+    config = ModelConfig(path=path, rope_scaling=rope_scaling or {})
+    try:  # first the model's context alone: transformers raises ValueError for a config it cannot read, too
+        model_context(config)
+    except (OSError, ValueError) as error:  # an unknown model_type, a hub name that cannot be fetched
         raise EvalError(f"--model {path}: {first_line(error)}") from error
+    except AttributeError as error:  # a config without max_position_embeddings
+        raise EvalError(
+            f"--model {path}: its config gives no context length ({first_line(error)}); give --max-prompt-tokens N"
+        ) from error
+    try:
+        return prompt_budget(config, max_new_tokens)
     except ValueError as error:  # the response budget leaves no room for a prompt
         raise EvalError(
             f"--max-new-tokens {max_new_tokens}: {error}; pass a smaller --max-new-tokens (the built-in tiny models "

@@ -16,6 +16,7 @@ class StepProgressBar(RichProgressBar):
         super().__init__(leave=True)
         self._started: float | None = None
         self._steps = 0
+        self._final: dict[str, float] = {}
 
     def _get_train_description(self, current_epoch: int) -> str:
         return "step"
@@ -28,11 +29,23 @@ class StepProgressBar(RichProgressBar):
         self._steps += 1
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
+    def on_fit_end(self, trainer, pl_module) -> None:
+        """Redraw the last frame with the evaluation of the final weights. The module runs it in its
+        ``on_train_end``, which Lightning calls after the callbacks' (and where a module cannot ``self.log``), so the
+        frame of the last step still shows the previous evaluation while the closing summary gives the final one."""
+        final = pl_module.step_metrics.get("eval/accuracy")
+        if final is not None:
+            self._final = {"eval_acc": final}
+            self._update_metrics(trainer, pl_module)
+            self.refresh()
+        super().on_fit_end(trainer, pl_module)
+
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
         """The module's progress-bar values, and the mean seconds per step of this run so far (evaluations
         included)."""
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)
+        items.update(self._final)
         if self._steps and self._started is not None:
             items["s/step"] = f"{(time.perf_counter() - self._started) / self._steps:.2f}"
         return {key: f"{value:.3f}" if isinstance(value, float) else value for key, value in items.items()}
