@@ -10,7 +10,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from klear.runtime.run_dir import checkpoint_problem
@@ -91,7 +90,6 @@ def test_sigterm_stops_one_process_at_a_step_with_the_summary(tmp_path):
     assert_stopped(output, args, stdout, stderr, process.returncode)
 
 
-@pytest.mark.slow
 def test_sigterm_to_two_ranks_during_an_evaluation_stops_both_and_resumes(tmp_path):
     """The case that hung: SIGTERM to the job's process group while the ranks evaluate (a gather of results)."""
     output = tmp_path / "rl"

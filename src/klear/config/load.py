@@ -276,7 +276,7 @@ def model_path_problem(path: str) -> str | None:
         if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):
             return (
                 f"{local / 'config.json'} has no model_type, which transformers reads the architecture from; "
-                'add it (e.g. "model_type": "qwen3"), or point model.path at the folder of a saved model'
+                'add it (e.g. "model_type": "qwen3"), or give the folder of a saved model'
             )
     return None
 
