@@ -5,7 +5,3 @@ Long chain-of-thought SFT, then reinforcement learning with verifiable rewards, 
 """
 
 __version__ = "0.1.0"
-
-from klear import _moved
-
-_moved.install()  # the import paths of 0.1 that moved, with a DeprecationWarning (see klear._moved)

@@ -33,8 +33,7 @@ from klear.data.code_formats import (
     mbpp_row,
     unpack_compressed_str,
 )
-from klear.data.readers import write_jsonl
-from klear.prep.rowfiles import read_numbered
+from klear.data.readers import read_numbered, write_jsonl
 from klear.rewards import get_reward
 from klear.rewards.code_reward import parse_tests
 

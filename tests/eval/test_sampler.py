@@ -10,7 +10,6 @@ import pytest
 from klear.data.problems import Problem
 from klear.data.prompts import encode_prompt
 from klear.data.readers import write_jsonl
-from klear.eval import cli
 from klear.eval.sampler import build_engine
 from klear.eval.tasks import EvalError, load_eval_problems
 from klear.rewards import MathReward
@@ -21,12 +20,6 @@ CALLS: list[tuple] = []
 def recording_engine(policy, tokenizer, **settings):
     """An engine factory (by import path) that records how it was called."""
     CALLS.append((policy, tokenizer, settings))
-    return "engine"
-
-
-def fixed_keywords_engine(policy, tokenizer, *, model, rollout, seed, precision):
-    """A factory written to the protocol before ``max_model_len`` was added to it."""
-    CALLS.append((policy, tokenizer, {"model": model, "rollout": rollout, "seed": seed, "precision": precision}))
     return "engine"
 
 
@@ -57,10 +50,6 @@ def test_the_factory_is_called_with_the_settings_as_keywords() -> None:
     assert (rollout.top_k, rollout.batch_size) == (5, 7)
 
 
-def test_the_cli_names_still_import() -> None:
-    assert (cli.build_engine, cli.load_eval_problems, cli.EvalError) == (build_engine, load_eval_problems, EvalError)
-
-
 def test_what_cannot_be_evaluated_is_an_eval_error(tmp_path) -> None:
     with pytest.raises(EvalError, match=r"^--engine: unknown rollout engine 'nope'"):
         build_engine(arguments(engine="nope"))
@@ -80,13 +69,6 @@ def test_given_its_problems_the_engine_is_told_the_longest_sequence() -> None:
     longest = max(len(encode_prompt(tokenizer, problem.prompt)) for problem in problems)
     assert CALLS[0][2]["max_model_len"] is None  # no problems: the engine's default
     assert CALLS[1][2]["max_model_len"] == longest + 32  # --max-new-tokens 32
-
-
-def test_a_factory_without_the_newer_settings_still_builds() -> None:
-    CALLS.clear()
-    problems = [Problem("Start with 1. Add 1.", "2")]
-    engine, _ = build_engine(arguments(engine=f"{__name__}:fixed_keywords_engine"), problems)
-    assert engine == "engine" and sorted(CALLS[0][2]) == ["model", "precision", "rollout", "seed"]
 
 
 def test_rope_scaling_reaches_the_model_and_its_context(tmp_path) -> None:

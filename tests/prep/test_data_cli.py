@@ -5,10 +5,10 @@ import json
 import pytest
 
 from klear.data.__main__ import main
-from klear.data.readers import write_jsonl
+from klear.data.readers import read_numbered, write_jsonl
 from klear.data.synthetic import split_of
 from klear.prep.mixing import MixSpec, Source, build_mix
-from klear.prep.rowfiles import read_numbered, row_text, write_rows
+from klear.prep.rowfiles import row_text, write_rows
 
 
 def test_read_numbered_counts_lines_and_positions(tmp_path):

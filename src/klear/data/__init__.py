@@ -2,9 +2,3 @@
 `code_formats`), prompts (`prompts`), SFT tokenization, packing and batches (`sft`, `packing`, `batches`), and the
 built-in synthetic tasks (`synthetic`, `synthetic_code`). Import from the modules; nothing here imports an engine,
 a stage or a command. The data-preparation commands (``python -m klear.data ...``) live in :mod:`klear.prep`."""
-
-from klear._moved import moved_attribute
-
-
-def __getattr__(name: str):
-    return moved_attribute(__name__, name)  # the names klear 0.1 exported here, deprecated

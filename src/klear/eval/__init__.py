@@ -3,9 +3,3 @@
 command shares with ``klear.data curate``: the problem loader with its task choice and reference checks
 (`klear.eval.tasks`) and the sampling engine (`klear.eval.sampler`). A sample is correct when its reward says so
 (`klear.rewards.RewardOutcome.correct`)."""
-
-from klear._moved import moved_attribute
-
-
-def __getattr__(name: str):
-    return moved_attribute(__name__, name)  # the names of the klear 0.1 module `klear.eval`, deprecated

@@ -48,25 +48,13 @@ from klear.data.readers import DataError, write_jsonl
 from klear.eval.completions import read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
 from klear.eval.sampler import build_engine, check_engine
-from klear.eval.tasks import EvalError, build_reward, check_model_path, load_eval_problems
+from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards import Reward, score_batch
 from klear.rewards.routing import seeded_reference
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-__all__ = [  # the loaders live in `klear.eval.tasks` and `klear.eval.sampler`; importable from here as well
-    "EvalError",
-    "build_engine",
-    "build_reward",
-    "check_args",
-    "check_model_path",
-    "load_eval_problems",
-    "main",
-    "parse_args",
-    "run",
-]
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from klear.cli import first_line
 from klear.config import ModelConfig, RolloutConfig
 from klear.data.problems import Problem
 from klear.eval.tasks import EvalError, load_eval_tokenizer
-from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, create_engine, needed_model_len
+from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, needed_model_len
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -83,8 +83,7 @@ def build_engine(
     lengths = [len(encode_problem(tokenizer, problem)) for problem in problems]
     need = needed_model_len(lengths, args.max_new_tokens) if lengths else None
     try:
-        engine = create_engine(
-            factory,
+        engine = factory(
             model.to("cuda" if on_cuda else "cpu"),
             tokenizer,
             model=model_config,

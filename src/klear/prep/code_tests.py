@@ -33,18 +33,10 @@ from typing import Any
 
 from klear.data.layouts import get_path
 from klear.data.problems import Problem, Task, load_problems
-from klear.data.readers import DataError
+from klear.data.readers import BadRow, DataError, read_numbered, warn_bad_rows
 from klear.prep.options import at_least, greater_than
 from klear.prep.paths import Files
-from klear.prep.rowfiles import (
-    BadRow,
-    bad_rows_report,
-    read_numbered,
-    report_path,
-    warn_bad_rows,
-    write_json,
-    write_rows,
-)
+from klear.prep.rowfiles import bad_rows_report, report_path, write_json, write_rows
 from klear.rewards import get_reward, score_batch
 from klear.rewards.code_reward import parse_tests
 

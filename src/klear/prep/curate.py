@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from klear.data.problems import Problem
+from klear.data.readers import BadRow
 from klear.prep.mixing import PASS_RATE_KEY
 from klear.prep.pass_rates import (
     PRESETS,
@@ -55,13 +56,7 @@ from klear.prep.pass_rates import (
     row_digest,
 )
 from klear.prep.paths import Files
-from klear.prep.rowfiles import (
-    BadRow,
-    CommandError,
-    bad_rows_report,
-    write_json,
-    write_rows,
-)
+from klear.prep.rowfiles import CommandError, bad_rows_report, write_json, write_rows
 from klear.rewards import BatchResult, Reward, RewardPool, score_batch
 from klear.rollout.engine import SamplingParams
 

@@ -17,18 +17,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from klear.data.readers import read_numbered, warn_bad_rows
 from klear.prep.ngrams import ngrams, words
 from klear.prep.options import at_least
 from klear.prep.paths import Files
-from klear.prep.rowfiles import (
-    bad_rows_report,
-    read_numbered,
-    report_path,
-    texts_of,
-    warn_bad_rows,
-    write_json,
-    write_rows,
-)
+from klear.prep.rowfiles import bad_rows_report, report_path, texts_of, write_json, write_rows
 
 DEFAULT_N = 9
 

@@ -23,19 +23,11 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from klear.data.readers import read_numbered, warn_bad_rows
 from klear.prep.ngrams import jaccard, ngrams, normalise, symbols
 from klear.prep.options import at_least, in_unit_interval
 from klear.prep.paths import Files
-from klear.prep.rowfiles import (
-    CommandError,
-    bad_rows_report,
-    read_numbered,
-    report_path,
-    texts_of,
-    warn_bad_rows,
-    write_json,
-    write_rows,
-)
+from klear.prep.rowfiles import CommandError, bad_rows_report, report_path, texts_of, write_json, write_rows
 
 NEAR_METHODS = ("none", "jaccard", "minhash")
 

@@ -19,17 +19,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from klear.data.layouts import detect_layout, get_path, prompt_text, read_prompt
-from klear.data.readers import BadRow, DataError, read_numbered, warn_bad_rows, write_jsonl
+from klear.data.readers import BadRow, DataError, write_jsonl
 
 __all__ = [
-    "BadRow",
     "CommandError",
     "bad_rows_report",
-    "read_numbered",
     "report_path",
     "row_text",
     "texts_of",
-    "warn_bad_rows",
     "write_json",
     "write_rows",
     "write_text",

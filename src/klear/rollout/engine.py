@@ -14,7 +14,6 @@ tempered distribution *before* top-k / top-p truncation, which is exactly what t
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -93,9 +92,8 @@ EngineFactory = Callable[..., RolloutEngine]
 ``rollout`` the run's ``model`` and ``rollout`` sections (``ModelConfig``, ``RolloutConfig`` or their DictConfigs),
 ``seed`` the engine's default seed, ``precision`` the trainer's (``32-true``, ``bf16-mixed``) and ``max_model_len``
 the longest prompt + response the caller will ask for (`needed_model_len`; ``None``: not known), which an engine
-that reserves memory per sequence sizes itself by and any other engine ignores. Build engines with
-`create_engine`, which leaves ``max_model_len`` out for a factory written before it existed (one that takes
-neither it nor ``**settings``)."""
+that reserves memory per sequence sizes itself by and any other engine ignores (so every factory takes it, by
+name or through ``**settings``)."""
 
 ENGINES: Registry[EngineFactory] = Registry("rollout engine")
 
@@ -107,25 +105,12 @@ def needed_model_len(prompt_lengths: Iterable[int], max_new_tokens: int) -> int:
     return max(prompt_lengths, default=0) + max_new_tokens
 
 
-OPTIONAL_SETTINGS = ("max_model_len",)
-"""Factory settings added after the factory protocol was published: passed only to factories that take them."""
-
-
-def create_engine(factory: EngineFactory, policy, tokenizer, **settings) -> RolloutEngine:
-    """``factory(policy, tokenizer, **settings)``, without the `OPTIONAL_SETTINGS` it does not take."""
-    parameters = inspect.signature(factory).parameters.values()
-    if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
-        names = {parameter.name for parameter in parameters}
-        settings = {key: value for key, value in settings.items() if key in names or key not in OPTIONAL_SETTINGS}
-    return factory(policy, tokenizer, **settings)
-
-
 def _lazy(path: str) -> EngineFactory:
     """A factory that imports ``"module:function"`` only when an engine is built."""
 
     def factory(policy, tokenizer, **settings) -> RolloutEngine:
         module, _, function = path.partition(":")
-        return create_engine(getattr(importlib.import_module(module), function), policy, tokenizer, **settings)
+        return getattr(importlib.import_module(module), function)(policy, tokenizer, **settings)
 
     factory.__qualname__ = factory.__name__ = path
     return factory

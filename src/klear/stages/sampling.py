@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from klear.data.prompts import encode_problem
 from klear.rewards.routing import seeded_reference
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams, create_engine
+from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams
 from klear.runtime.device import compute_precision
 from klear.runtime.distributed import gather_objects, rank_range
 from klear.stages.advantages import zero_variance
@@ -130,8 +130,7 @@ class StepSampler:
 def build_engine(config: DictConfig, policy, tokenizer: PreTrainedTokenizerBase, max_model_len=None) -> RolloutEngine:
     """The run's rollout engine (``rollout.engine``) over ``policy``, in the precision the policy computes in:
     the trainer's, or the rollout worker's."""
-    return create_engine(
-        ENGINES.get(config.rollout.engine),
+    return ENGINES.get(config.rollout.engine)(
         policy,
         tokenizer,
         model=config.model,
