@@ -1,13 +1,13 @@
 """Synchronous vs asynchronous rollouts on the embedded default: the same config and seed, ``rollout.max_staleness``
 0 (synchronous), 1 and 2, one run each in a fresh process, one after another.
 
-For each run: steps/s and generated tokens/s over the whole run as the run itself times it (its closing summary:
-evaluations and the worker's start included), the median seconds of a step's rollout and update, and where the
-idle time goes: the trainer waiting for rollouts (``timing/trainer_wait_s``) and the rollout worker waiting for
-weights (``timing/engine_wait_s``), per step (median) and over the run (sum). Then the steady-state bound of each
-asynchronous run: a step cannot take less than the longer of its rollout and its update as measured in that run,
-against the sum of both in the synchronous one. The last line gives the ratios to the synchronous run measured
-here.
+For each run: steps/s and generated tokens/s over the whole run as the run itself times it (the status line of its
+``report.md``: evaluations and the worker's start included), the median seconds of a step's rollout and update
+(``metrics.csv``), and where the idle time goes: the trainer waiting for rollouts (``timing/trainer_wait_s``) and
+the rollout worker waiting for weights (``timing/engine_wait_s``), per step (median) and over the run (sum). Then
+the steady-state bound of each asynchronous run: a step cannot take less than the longer of its rollout and its
+update as measured in that run, against the sum of both in the synchronous one. The last line gives the ratios to
+the synchronous run measured here.
 
     python tools/bench_async.py [--config configs/rl.yaml] [--staleness 1,2] [key=value ...]
 
@@ -26,8 +26,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-SUMMARY = re.compile(r"run finished: (\d+) steps in (?:(\d+) h )?(?:(\d+) min ?)?(?:([\d.]+) s)?")
-"""The closing summary's first line: ``12.3 s``, ``3 min 8 s`` or ``1 h 05 min`` (`klear.runtime.report.duration`)."""
+STATUS = re.compile(
+    r"\*\*Status:\*\* finished; (\d+) of \d+ steps, wall time (?:(\d+) h )?(?:(\d+) min ?)?(?:([\d.]+) s)?"
+)
+"""The status line of the run's ``report.md`` (`klear.runtime.report`): steps done and the wall time, as ``12.3 s``,
+``3 min 8 s`` or ``1 h 05 min`` (`klear.runtime.report.duration`)."""
+
+
+def steps_and_seconds(output: Path) -> tuple[int, float]:
+    """The steps and wall seconds a finished run wrote in its ``report.md``; exits when the file or line is missing."""
+    report = output / "report.md"
+    if not report.is_file():
+        raise SystemExit(f"error: {report}: no report.md; the run did not finish writing its output")
+    match = STATUS.search(report.read_text())
+    if match is None:
+        raise SystemExit(f"error: {report}: no '**Status:** finished; N of M steps, wall time ...' line")
+    hours, minutes, rest = (float(part or 0) for part in match.group(2, 3, 4))
+    return int(match.group(1)), 3600 * hours + 60 * minutes + rest
 
 
 def run(config: str, staleness: int, overrides: list[str], root: Path) -> dict[str, float]:
@@ -37,11 +52,7 @@ def run(config: str, staleness: int, overrides: list[str], root: Path) -> dict[s
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"run with max_staleness={staleness} failed:\n{result.stderr[-3000:]}")
-    match = SUMMARY.search(result.stdout)
-    if match is None:
-        raise SystemExit(f"no run summary in the output of max_staleness={staleness}:\n{result.stdout[-2000:]}")
-    hours, minutes, rest = (float(part or 0) for part in match.group(2, 3, 4))
-    steps, seconds = int(match.group(1)), 3600 * hours + 60 * minutes + rest
+    steps, seconds = steps_and_seconds(output)
     with (output / "metrics.csv").open(newline="") as file:
         rows = [row for row in csv.DictReader(file) if row.get("reward/mean")]
     with (output / "config.yaml").open() as file:
