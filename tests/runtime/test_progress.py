@@ -6,25 +6,17 @@ import re
 import subprocess
 import sys
 
-from tests.runs import read_metrics
+from tests.runs import RL_SHORT, read_metrics
 
 RUN = [
-    "model.path=tiny",
-    "reward.name=tests.stages:even_length",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=12",
-    "algorithm.mini_batch_prompts=2",
+    *RL_SHORT,
     "algorithm.micro_batch_size=8",
     "trainer.max_steps=3",
     "trainer.checkpoint_every_n_steps=0",
+    "trainer.progress_bar=true",
     "eval.num_prompts=8",
-    "eval.max_new_tokens=8",
-    "eval.every_n_steps=2",
-    "data.num_train=32",
     "data.num_eval=8",
     "optim.lr=1e-2",
-    "optim.warmup_steps=0",
 ]
 """Three steps evaluated at steps 0 and 2 and after the last: the final accuracy differs from step 2's."""
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klear.prep.rowfiles import CommandError
+from klear.runtime.run_dir import write_probe
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,8 @@ def check_writable(label: str, out: Path) -> None:
         folder = folder.parent
     if not folder.is_dir():
         raise CommandError(f"{label} {out}: {folder} is a file, not a folder; write {label} elsewhere")
-    probe = folder / f".klear-write-probe-{os.getpid()}"  # os.access trusts permission bits; /proc refuses root
     try:
-        probe.write_bytes(b"")
-        probe.unlink()
+        write_probe(folder)
     except OSError as error:
         raise CommandError(
             f"{label} {out}: the folder {folder} is not writable ({error.strerror or error}); write {label} elsewhere"

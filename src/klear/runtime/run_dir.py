@@ -89,11 +89,9 @@ class RunDir:
         """Raise `RunError` when ``output_dir`` is a file or a directory this process cannot write into."""
         if self.root.exists() and not self.root.is_dir():
             raise RunError(f"output_dir {str(self.root)!r} is a file, not a directory; set output_dir=...")
-        probe = self.root / f".klear-write-probe-{os.getpid()}"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            probe.write_text("")
-            probe.unlink()
+            write_probe(self.root)
         except OSError as error:
             raise RunError(
                 f"output_dir {str(self.root)!r} is not writable ({error.strerror or error}); set output_dir=..."
@@ -168,6 +166,14 @@ def with_path(error: OSError, path: Path) -> OSError:
     named = OSError(error.errno, error.strerror or str(error), str(path))
     named.__cause__ = error
     return named
+
+
+def write_probe(folder: Path) -> None:
+    """Create and remove a file in ``folder``; an `OSError` when this process cannot write there. Permission bits
+    (``os.access``) do not tell: root passes them on read-only mounts and on ``/proc``."""
+    probe = folder / f".klear-write-probe-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 def remove_path(path: Path) -> None:
