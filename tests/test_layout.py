@@ -19,6 +19,7 @@ FOLDERS = {
     "eval",
     "compare",
     "runtime",
+    "run",
 }
 
 
@@ -40,7 +41,7 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_top_level_holds_only_the_entry_points_and_one_folder_per_concept():
     files = {path.name for path in PACKAGE.glob("*.py")}
-    assert files == {"__init__.py", "cli.py", "fit.py", "registry.py"}
+    assert files == {"__init__.py", "cli.py", "errors.py", "fit.py", "registry.py"}
     folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
     assert folders == FOLDERS
 

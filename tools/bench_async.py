@@ -29,8 +29,8 @@ from pathlib import Path
 STATUS = re.compile(
     r"\*\*Status:\*\* finished; (\d+) of \d+ steps, wall time (?:(\d+) h )?(?:(\d+) min ?)?(?:([\d.]+) s)?"
 )
-"""The status line of the run's ``report.md`` (`klear.runtime.report`): steps done and the wall time, as ``12.3 s``,
-``3 min 8 s`` or ``1 h 05 min`` (`klear.runtime.report.duration`)."""
+"""The status line of the run's ``report.md`` (`klear.run.report`): steps done and the wall time, as ``12.3 s``,
+``3 min 8 s`` or ``1 h 05 min`` (`klear.run.report.duration`)."""
 
 
 def steps_and_seconds(output: Path) -> tuple[int, float]:

@@ -52,12 +52,6 @@ def prog(command: str) -> str:
     return f"klear {command}" if invoked_as == command else f"python -m klear.{command}"
 
 
-def first_line(error: BaseException) -> str:
-    """The first line of ``error``'s message, or its type name when it has none: what a one-line error quotes."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def setup() -> None:
     """Log lines at INFO and no download progress bars (without importing transformers just for that)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

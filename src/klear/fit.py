@@ -16,10 +16,10 @@ from collections.abc import Callable
 from omegaconf import DictConfig, OmegaConf
 
 from klear import cli
-from klear.config.load import ConfigError, load_config, read_yaml, save_config
-from klear.data.readers import DataError
-from klear.runtime.preflight import preflight
-from klear.runtime.run_dir import RunDir, RunError, remove_path, write_failure
+from klear.config.load import load_config, read_yaml, save_config
+from klear.errors import UserError, first_line
+from klear.run.directory import RunDir, RunError, remove_path, write_failure
+from klear.run.preflight import preflight
 
 STAGES: dict[str, str] = {"sft": "klear.stages.sft:build", "rl": "klear.stages.rl:build"}
 """Stage name -> ``"module:function"`` with ``build(config, run_dir) -> (LightningModule, train_batches)``."""
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         module, batches = build_stage(config, run_dir)
         if args.resume:  # only once every check of the resume passed: a refused resume leaves the run as it was
             save_config(config, run_dir.config)
-    except (ConfigError, RunError, DataError) as error:
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return train(config, run_dir, module, batches, args, argv)
@@ -103,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def set_loudness(quiet: bool, verbose: bool) -> None:
     """``--quiet``: warnings and errors only (the summary is printed, not logged); ``--verbose``: klear's debug
-    lines, and the third-party lines a run filters by default (`klear.runtime.console`)."""
+    lines, and the third-party lines a run filters by default (`klear.run.console`)."""
     import logging
 
-    from klear.runtime.console import quiet_third_party
+    from klear.run.console import quiet_third_party
 
     if verbose:
         logging.getLogger("klear").setLevel(logging.DEBUG)
@@ -121,14 +121,14 @@ def train(
 ) -> int:
     """Fit, then write ``report.md`` and ``curves.png`` and print the closing summary however the run ended:
     finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), interrupted with Ctrl-C (130), stopped by
-    SIGTERM (143, every rank at the same step boundary: `klear.runtime.stopping`), a write that failed (a full disk:
+    SIGTERM (143, every rank at the same step boundary: `klear.run.stopping`), a write that failed (a full disk:
     one line, exit 1) or failed otherwise (the exception propagates after the summary). The last complete
     checkpoint is kept in every case, and a report that cannot be written never hides how the run ended."""
     import time
 
     from klear.rollout.refresh import LogprobGapError
+    from klear.run.stopping import EXIT_SIGTERM, SignalStop, StopRequested
     from klear.runtime import lightning_compat
-    from klear.runtime.stopping import EXIT_SIGTERM, SignalStop, StopRequested
 
     first_step = run_dir.resume_step() if args.resume else 0  # read now: the run replaces the checkpoint
     started, code, outcome, detail, failure = time.perf_counter(), 0, "finished", "", None
@@ -151,16 +151,16 @@ def train(
             code, outcome, detail = EXIT_SIGTERM, "stopped", f": {error}"
         except LogprobGapError as error:
             print(f"error: {error}", file=sys.stderr)
-            code, outcome, detail = 3, "stopped", f": {cli.first_line(error)}"
+            code, outcome, detail = 3, "stopped", f": {first_line(error)}"
         except SystemExit:  # Lightning answers Ctrl-C with a graceful shutdown, then sys.exit(1)
             if not trainer.interrupted:
                 raise
             code, outcome = 130, "interrupted"
         except OSError as error:  # a full disk, a quota: what to do is one line, not a traceback
             print(f"error: {write_failure(error, run_dir.root)}", file=sys.stderr)
-            code, outcome, detail = 1, "failed", f": {type(error).__name__}: {cli.first_line(error)}"
+            code, outcome, detail = 1, "failed", f": {type(error).__name__}: {first_line(error)}"
         except Exception as error:
-            code, outcome, detail, failure = 1, "failed", f": {type(error).__name__}: {cli.first_line(error)}", error
+            code, outcome, detail, failure = 1, "failed", f": {type(error).__name__}: {first_line(error)}", error
         with stop.closing:  # a forced exit from here on would print a second summary
             status = outcome if code == 0 else f"{outcome} at step {lightning_compat.completed_steps(trainer)}{detail}"
             if trainer.is_global_zero:
@@ -175,14 +175,14 @@ def train(
 def report(run_dir: RunDir, config: DictConfig, seconds: float, status: str, first_step: int, must_succeed: bool):
     """``report.md`` and ``curves.png``; when the run did not finish, a report that cannot be written (the disk
     that stopped the run is full) is one warning line, so that the run's own error and summary still show."""
-    from klear.runtime.report import write_run_report
+    from klear.run.report import write_run_report
 
     try:
         write_run_report(run_dir.root, config, seconds, status, first_step)
     except Exception as error:
         if must_succeed:
             raise
-        reason = write_failure(error, run_dir.root) if isinstance(error, OSError) else cli.first_line(error)
+        reason = write_failure(error, run_dir.root) if isinstance(error, OSError) else first_line(error)
         print(f"warning: the run's report was not written: {reason}", file=sys.stderr)
 
 
@@ -217,11 +217,11 @@ def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 
     data rows skipped, where the outputs are, and the command that resumes it (when it did not finish)."""
     import json
 
-    from klear.runtime.report import accuracy_course, completed_steps, duration, read_metrics
+    from klear.run.report import accuracy_course, duration, read_metrics, steps_logged
 
     rows = read_metrics(run_dir.metrics)
     evals = accuracy_course(rows)
-    steps = completed_steps(rows) - first_step
+    steps = steps_logged(rows) - first_step
     rate = f", {steps / seconds:.2f} steps/s" if seconds > 0 and steps > 0 else ""
     lines = [f"run {status}: {steps} step{'' if steps == 1 else 's'} in {duration(seconds)}{rate}"]
     if evals:
@@ -256,7 +256,7 @@ def build_stage(config: DictConfig, run_dir: RunDir):
     try:
         return build(config, run_dir)
     except OSError as error:  # transformers: a hub name that is not cached and cannot be downloaded, broken files
-        raise RunError(f"model.path = {config.model.path!r} cannot be loaded: {cli.first_line(error)}") from error
+        raise RunError(f"model.path = {config.model.path!r} cannot be loaded: {first_line(error)}") from error
 
 
 def module_callbacks(config: DictConfig) -> list:
@@ -271,11 +271,11 @@ def module_callbacks(config: DictConfig) -> list:
 def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callbacks: list | None = None):
     import lightning as L
 
-    from klear.runtime.checkpoints import StepCheckpoint
+    from klear.run.checkpoints import StepCheckpoint
+    from klear.run.metrics_log import MetricsCSVLogger
+    from klear.run.progress import StepProgressBar
+    from klear.run.stopping import cluster_plugins
     from klear.runtime.device import default_precision, uses_cuda
-    from klear.runtime.metrics_log import MetricsCSVLogger
-    from klear.runtime.progress import StepProgressBar
-    from klear.runtime.stopping import cluster_plugins
     from klear.runtime.strategies import build_strategy
 
     loggers = [MetricsCSVLogger(run_dir.root, resume_step=run_dir.resume_step() if resume else None)]

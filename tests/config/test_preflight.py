@@ -101,7 +101,7 @@ def test_a_gpu_run_on_a_machine_without_one_is_one_line(tmp_path):
 
 
 def test_launchers_are_told_by_their_environment():
-    from klear.runtime.preflight import launcher
+    from klear.run.preflight import launcher
 
     assert launcher({}) is None
     assert launcher({"SLURM_NTASKS": "8"}) == "SLURM (srun)"

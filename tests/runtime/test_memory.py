@@ -56,7 +56,7 @@ def test_a_checkpoint_streams_to_disk_where_lightnings_writer_copies_it(tmp_path
         """
         import sys
         from lightning.fabric.plugins import TorchCheckpointIO
-        from klear.runtime.checkpoints import StreamingCheckpointIO
+        from klear.run.checkpoints import StreamingCheckpointIO
 
         optimizer = torch.optim.AdamW(model.parameters())
         model(torch.tensor([[1, 2, 3]])).logits.sum().backward()

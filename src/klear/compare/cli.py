@@ -27,6 +27,7 @@ from klear import cli
 from klear.compare.report import write_reports
 from klear.compare.runs import Run
 from klear.config.load import ConfigError, load_config
+from klear.errors import UserError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         output, runs = plan(args)
-    except ConfigError as error:
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from klear.compare.runs import Run
 from klear.compare.stats import holm, mean_ci, paired_difference, seeds_needed
-from klear.runtime.report import Series, draw_panels, read_metrics
+from klear.run.report import Series, draw_panels, read_metrics
 
 PANELS = [
     ("eval/accuracy", "eval accuracy", "fraction correct"),

@@ -23,9 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from klear.config import SCHEMAS
+from klear.errors import UserError, first_line
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A bad config: the message is one line naming the key (or file) and the accepted values."""
 
 
@@ -111,9 +112,9 @@ def check_rl(config: DictConfig) -> None:
     """The RL stage's names resolve (objective and its hyperparameters, reward and its options, advantage
     estimator, engine) and its sizes fit together."""
     from klear.objectives import objective_class
+    from klear.objectives.advantages import ADVANTAGES
     from klear.rewards.base import REWARDS
     from klear.rollout.engine import ENGINES
-    from klear.stages.advantages import ADVANTAGES
 
     objective = OmegaConf.to_container(config.objective)
     if "name" not in objective:
@@ -400,5 +401,7 @@ def _yaml_problem(error: BaseException) -> str:
 
 
 def _first_line(error: BaseException) -> str:
-    message = getattr(error, "msg", None) or str(error)
-    return message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    """The first line of OmegaConf's own message (``msg``, without the context its ``str()`` appends), else of
+    ``error``'s."""
+    message = getattr(error, "msg", None)
+    return first_line(ValueError(message) if message else error)

@@ -41,11 +41,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from klear.cli import first_line
 from klear.data.layouts import Layout, decode_json_text, detect_layout, get_path
 from klear.data.prompts import CharBound
 from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.synthetic import generate_problems
+from klear.errors import first_line
 
 log = logging.getLogger(__name__)
 

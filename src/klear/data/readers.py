@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from klear.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 ACCEPTED_FORMATS = (
@@ -41,7 +43,7 @@ MAX_ROW_WARNINGS = 10
 _DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A data input that cannot be read: missing, unreadable, of an unknown format, or without a needed field."""
 
 

@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 from klear import cli
 from klear.config.load import BUILTIN_MODELS
 from klear.data.problems import Problem, Task
-from klear.data.readers import DataError, write_jsonl
+from klear.data.readers import write_jsonl
+from klear.errors import UserError
 from klear.eval.completions import read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
 from klear.eval.sampler import build_engine, check_engine
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             args.n = len(saved[0])
         else:
             engine, tokenizer = build_engine(args, chosen)
-    except (EvalError, DataError) as error:
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     layout = problems.layout.describe() if problems.layout is not None else {}

@@ -18,9 +18,9 @@ import importlib.util
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from klear.cli import first_line
 from klear.config import ModelConfig, RolloutConfig
 from klear.data.problems import Problem
+from klear.errors import first_line
 from klear.eval.tasks import EvalError, load_eval_tokenizer
 from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, needed_model_len
 

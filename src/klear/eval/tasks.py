@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from klear.cli import first_line
 from klear.config import ModelConfig
 from klear.config.load import model_path_problem
 from klear.data.problems import ProblemSet, Task, choose_task, load_problems
 from klear.data.readers import read_numbered, warn_bad_rows
+from klear.errors import UserError, first_line
 from klear.rewards import Reward, get_reward
 from klear.rewards.routing import routed_reward
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-class EvalError(ValueError):
+class EvalError(UserError):
     """An evaluation that cannot start as asked: one line naming the argument or row and what is accepted."""
 
 

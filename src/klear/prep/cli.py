@@ -21,11 +21,11 @@ import sys
 
 from klear import cli
 from klear.data import synthetic, synthetic_code
-from klear.data.readers import DataError
 from klear.data.synthetic import DEFAULT_LEVELS, SPLITS
+from klear.errors import UserError
 from klear.prep import code_tests, curate, decontaminate, dedup
 from klear.prep import mix as mix_command
-from klear.prep.options import OneLineParser, OptionError, at_least
+from klear.prep.options import OneLineParser, at_least
 from klear.prep.paths import Files, check_files
 from klear.prep.rowfiles import CommandError, write_rows
 
@@ -131,14 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-    except OptionError as error:
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     _, files, run = HANDLERS[args.command]
     try:
         check_files(files(args))  # before anything is read: an output that is an input would lose it
         summary = run(args)
-    except (CommandError, DataError) as error:
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -12,8 +12,10 @@ import argparse
 from collections.abc import Callable
 from typing import NoReturn
 
+from klear.errors import UserError
 
-class OptionError(ValueError):
+
+class OptionError(UserError):
     """A bad option of a data command, raised while parsing: the command prints it as its one ``error:`` line."""
 
 

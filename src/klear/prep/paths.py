@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klear.prep.rowfiles import CommandError
-from klear.runtime.run_dir import write_probe
+from klear.run.directory import write_probe
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from klear.data.layouts import detect_layout, get_path, prompt_text, read_prompt
 from klear.data.readers import BadRow, DataError, write_jsonl
+from klear.errors import UserError
 
 __all__ = [
     "CommandError",
@@ -36,7 +37,7 @@ TEXT_KEYS = ("problem", "question", "prompt")
 """Fields tried, in order, for a row's problem text when no key is given (math, code, generic prompt rows)."""
 
 
-class CommandError(ValueError):
+class CommandError(UserError):
     """A data command that cannot run as asked: one line naming the option or file and what is accepted."""
 
 

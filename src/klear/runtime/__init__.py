@@ -1,3 +1,5 @@
-"""What runs a stage: devices (`device`), distributed helpers and strategies (`distributed`, `strategies`), the
-run directory (`run_dir`), checkpoints and the metrics log (`checkpoints`, `metrics_log`), the optimizer and
-schedule (`optim`), and the one place that touches Lightning internals (`lightning_compat`)."""
+"""What runs the computation: devices and precision (`device`), distributed helpers and strategies
+(`distributed`, `strategies`), the vocabulary-sharded embedding and head (`vocab_shards`), memory accounting
+(`memory`), the optimizer and schedule (`optim`), CPU threads (`threads`), the step's metric reductions
+(`step_metrics`) and the one place that touches Lightning internals (`lightning_compat`). A run's directory and
+outputs are in `klear.run`."""

@@ -25,9 +25,9 @@ from klear.data.readers import warn_bad_rows
 from klear.eval.in_training import evaluate
 from klear.models import prompt_budget
 from klear.rollout.engine import RolloutEngine
+from klear.run.directory import RunDir
 from klear.runtime import memory
 from klear.runtime.optim import build_optimizer, build_scheduler
-from klear.runtime.run_dir import RunDir
 from klear.runtime.strategies import export_hf, shard_model, uses_fsdp2
 
 log = logging.getLogger(__name__)

@@ -40,15 +40,15 @@ from klear.data.problems import Problem, Task
 from klear.eval.in_training import EVAL_DATA_SEED
 from klear.models import load_model, load_tokenizer
 from klear.objectives import get_objective
+from klear.objectives.advantages import compute_advantages
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import needed_model_len
+from klear.run.directory import RunDir
 from klear.runtime.device import policy_on_cuda
-from klear.runtime.run_dir import RunDir
 from klear.runtime.step_metrics import StepMetrics
 from klear.runtime.strategies import full_tensors
-from klear.stages.advantages import compute_advantages
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch, split_rows
 from klear.stages.sampling import StepSampler, build_engine, step_seed

@@ -20,12 +20,12 @@ from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
 from klear.data.prompts import encode_problem
+from klear.objectives.advantages import zero_variance
 from klear.rewards.routing import seeded_reference
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams
 from klear.runtime.device import compute_precision
 from klear.runtime.distributed import gather_objects, rank_range
-from klear.stages.advantages import zero_variance
 from klear.stages.rollout_batch import ScoredGroups
 
 

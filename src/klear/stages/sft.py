@@ -29,10 +29,10 @@ from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.hf import HFEngine
+from klear.run.directory import RunDir
 from klear.runtime.device import policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
-from klear.runtime.run_dir import RunDir
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.logprobs import token_logprobs
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from klear.config.load import load_config, save_config
-from klear.runtime.run_dir import RunDir, checkpoint_problem
+from klear.run.directory import RunDir, checkpoint_problem
 
 ARGS = ["--config", "configs/rl.yaml", "model.path=tiny", "reward.name=tests.stages:even_length"]
 

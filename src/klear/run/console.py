@@ -1,5 +1,5 @@
 """What a run prints: nothing from third parties that says nothing to a klear user (the progress bar is
-`klear.runtime.progress`). Nothing here imports Lightning: commands call it before their heavy imports.
+`klear.run.progress`). Nothing here imports Lightning: commands call it before their heavy imports.
 
 `quiet_third_party` removes, precisely (by logger and message, or by warning message and module), the lines
 Lightning and torch print on every run that need no action: Lightning's advertisement for its cloud logger,

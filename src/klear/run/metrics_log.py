@@ -16,7 +16,7 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
-from klear.runtime.run_dir import with_path
+from klear.run.directory import with_path
 
 
 class MetricsCSVLogger(Logger):

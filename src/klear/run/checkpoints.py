@@ -19,8 +19,8 @@ import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
+from klear.run.directory import CHECKPOINT_GLOB, RunDir, remove_path, with_path
 from klear.runtime import lightning_compat, memory
-from klear.runtime.run_dir import CHECKPOINT_GLOB, RunDir, remove_path, with_path
 
 
 class StepCheckpoint(L.Callback):

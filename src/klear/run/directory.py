@@ -12,7 +12,7 @@ Layout of ``<output_dir>``::
     hf/                    the final model, tokenizer and generation config in Hugging Face format
 
 This module imports nothing heavy, so that a bad ``output_dir`` is reported as fast as a bad config key; the
-logger and checkpoint callback that write into the directory are in :mod:`klear.runtime.checkpoints`.
+logger and checkpoint callback that write into the directory are in :mod:`klear.run.checkpoints`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from klear.errors import UserError
+
 CHECKPOINT_GLOB = "step-*.ckpt"
 
 
-class RunError(ValueError):
+class RunError(UserError):
     """A run that cannot start as asked (output directory, resume): one line that says what to do."""
 
 

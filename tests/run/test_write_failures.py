@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from klear.runtime.report import written
-from klear.runtime.run_dir import with_path, write_failure
+from klear.run.directory import with_path, write_failure
+from klear.run.report import written
 from tests.runs import RL_SHORT
 
 LIMIT = 32 * 1024

@@ -6,7 +6,7 @@ import json
 
 from klear.config.load import load_config
 from klear.fit import main
-from klear.runtime.report import completed_steps, read_metrics, write_run_report
+from klear.run.report import read_metrics, steps_logged, write_run_report
 from tests.runs import RL_SHORT
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -106,8 +106,8 @@ def test_row_cut_short_and_resumed_rate(tmp_path):
         file.write("2,,2\n0.5")  # a row with an empty cell, then one a killed writer cut before its step
     rows = read_metrics(tmp_path / "metrics.csv")
     assert rows[-1] == {"step": 2.0, "actor/entropy": 2.0} and len(rows) == 3
-    assert completed_steps(rows) == 3
-    assert completed_steps([{"step": 0, "eval/accuracy": 0.1, "train/loss": 1}, {"step": 4, "eval/accuracy": 0.2}]) == 4
+    assert steps_logged(rows) == 3
+    assert steps_logged([{"step": 0, "eval/accuracy": 0.1, "train/loss": 1}, {"step": 4, "eval/accuracy": 0.2}]) == 4
     write_run_report(tmp_path, rl_config(tmp_path), wall_seconds=4.0, status="interrupted at step 3", first_step=1)
     report = (tmp_path / "report.md").read_text()
     assert "3 of 4 steps, wall time 4.0 s (0.5 steps/s, from step 1)." in report

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from klear.runtime.run_dir import checkpoint_problem
-from klear.runtime.stopping import EXIT_SIGTERM, SignalStop
+from klear.run.directory import checkpoint_problem
+from klear.run.stopping import EXIT_SIGTERM, SignalStop
 from tests.runs import RL_SHORT, read_metrics
 
 LONG = [*RL_SHORT, "trainer.max_steps=200", "trainer.checkpoint_every_n_steps=1"]
@@ -117,7 +117,7 @@ def test_sigterm_to_two_ranks_during_an_evaluation_stops_both_and_resumes(tmp_pa
 
 
 def test_the_watcher_sees_sigterm_and_restores_the_handler(monkeypatch):
-    from klear.runtime import stopping
+    from klear.run import stopping
 
     monkeypatch.setattr(stopping, "GRACE_S", 2.0)
     before = signal.getsignal(signal.SIGTERM)
@@ -135,7 +135,7 @@ def test_a_rank_that_never_reaches_the_boundary_exits_after_the_grace_period():
     script = textwrap.dedent(
         """
         import os, signal, time
-        from klear.runtime import stopping
+        from klear.run import stopping
         stopping.GRACE_S = 0.5
         stop = stopping.SignalStop(on_forced_exit=lambda reason: print("forced:", reason, flush=True))
         with stop.watching():
@@ -153,7 +153,7 @@ def test_a_rank_that_never_reaches_the_boundary_exits_after_the_grace_period():
 def test_lightning_slurm_auto_requeue_is_off_under_slurm_only(monkeypatch):
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    from klear.runtime.stopping import cluster_plugins
+    from klear.run.stopping import cluster_plugins
 
     for name in [name for name in os.environ if name.startswith("SLURM_")]:
         monkeypatch.delenv(name)

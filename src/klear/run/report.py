@@ -125,7 +125,7 @@ def _series(rows: list[dict[str, float]], key: str) -> Series:
     return key, [row["step"] for row in rows if key in row], [row[key] for row in rows if key in row], None
 
 
-def completed_steps(rows: list[dict[str, float]]) -> int:
+def steps_logged(rows: list[dict[str, float]]) -> int:
     """Steps the logged rows show completed: a training row at step s completes s + 1, the closing evaluation
     (a row of ``eval/*`` only, logged at ``trainer.max_steps``) completes s."""
     done = [row["step"] if all(k.startswith("eval/") for k in row if k != "step") else row["step"] + 1 for row in rows]
@@ -135,7 +135,7 @@ def completed_steps(rows: list[dict[str, float]]) -> int:
 def _markdown(
     output_dir: Path, config: DictConfig, rows: list, wall: float, status: str, first_step: int, curves: bool
 ) -> str:
-    steps = completed_steps(rows)
+    steps = steps_logged(rows)
     rate = (steps - first_step) / wall if wall > 0 else math.nan
     lines = [f"# {config.stage.upper()} run: `{output_dir}`", ""]
     lines += [f"**Status:** {status}; {steps} of {config.trainer.max_steps} steps, wall time {duration(wall)}"]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from klear.stages.advantages import ADVANTAGES, compute_advantages, zero_variance
+from klear.objectives.advantages import ADVANTAGES, compute_advantages, zero_variance
 
 # Two groups of 4: [1, 0, 0, 1] (mean 0.5, unbiased std 0.5774) and [1, 1, 1, 1] (all right).
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
