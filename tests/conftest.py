@@ -83,8 +83,11 @@ END_TO_END_TESTS: dict[str, set[str]] = {
         "test_math_is_correct_on_an_equivalent_answer_whatever_its_scores",
         "test_math_is_correct_through_the_checker_and_not_after_a_timeout",
     },
-    # The math checker, in this process and in a worker process.
-    "rewards/test_scorer.py": {"test_score_gives_raw_shaped_correct_and_counts"},
+    # The math checker, in this process and in a worker process; a fresh interpreter for what the import loads.
+    "rewards/test_scorer.py": {
+        "test_score_gives_raw_shaped_correct_and_counts",
+        "test_importing_the_scorer_imports_neither_torch_nor_omegaconf",
+    },
 }
 
 

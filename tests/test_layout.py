@@ -69,3 +69,49 @@ def test_preparation_commands_do_not_import_the_eval_command():
 def test_tests_mirror_the_package():
     tests = Path(__file__).parent
     assert FOLDERS - {path.name for path in tests.iterdir() if path.is_dir()} == set()
+
+
+LAYERS: dict[str, int] = {
+    "klear.__version__": 0,
+    "klear.errors": 0,
+    "klear.registry": 0,
+    "klear.config": 1,  # the schema (klear.config, klear.config.schema)
+    "klear.runtime": 2,
+    "klear.objectives": 3,
+    "klear.rewards": 3,
+    "klear.models": 3,
+    "klear.data": 4,
+    "klear.rollout": 4,
+    "klear.config.load": 5,  # checks names against every registry
+    "klear.config.help": 5,
+    "klear.eval": 6,
+    "klear.run": 6,
+    "klear.stages": 7,
+    "klear.fit": 8,
+    "klear.cli": 8,
+    "klear.prep": 8,
+    "klear.compare": 8,
+    "klear.eval.cli": 8,
+    "klear.eval.__main__": 8,
+    "klear.data.__main__": 8,
+}
+"""Each module's layer, by its longest prefix here: a module imports only from its own layer or below, so the
+building blocks never reach up into what assembles them (the commands at the top, the errors at the bottom)."""
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in LAYERS:
+            return LAYERS[".".join(parts[:end])]
+    raise AssertionError(f"{module} has no layer in LAYERS")
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    upward = []
+    for path in sources():
+        name = ".".join(("klear", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+        for imported in imported_modules(path):
+            if imported != "klear" and layer(imported) > layer(name):
+                upward.append(f"{name} ({layer(name)}) imports {imported} ({layer(imported)})")
+    assert not upward, "\n".join(sorted(upward))

@@ -1,15 +1,19 @@
 """`klear.eval.sampler.build_engine`: the engine factory gets the policy, its tokenizer and the model, rollout,
-seed and precision settings as keywords; `klear.eval.tasks` turns what cannot be evaluated into `EvalError`."""
+seed and precision settings as keywords; `klear.eval.tasks` turns what cannot be evaluated into `EvalError`; the
+options klear.eval and curate share are one frozen `SamplingOptions`, checked by one table."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 
 import pytest
 
 from klear.data.problems import Problem
 from klear.data.prompts import encode_prompt
 from klear.data.readers import write_jsonl
+from klear.eval.options import SamplingOptions, check_requirements
 from klear.eval.sampler import build_engine
 from klear.eval.tasks import EvalError, load_eval_problems
 from klear.rewards import MathReward
@@ -23,13 +27,45 @@ def recording_engine(policy, tokenizer, **settings):
     return "engine"
 
 
-def arguments(**overrides) -> argparse.Namespace:
+def arguments(**overrides) -> SamplingOptions:
     values = dict(
         model="tiny-sft", engine=f"{__name__}:recording_engine", max_new_tokens=32, temperature=0.6, top_p=0.95,
-        top_k=5, batch_size=7, seed=3, data="", reward=None, prompt_key=None, reference_key=None, max_prompt_tokens=0,
-        threads=0,
+        top_k=5, batch_size=7, seed=3, max_prompt_tokens=0, threads=0, num_workers=0, reward_timeout=60.0,
     )  # fmt: skip
-    return argparse.Namespace(**{**values, **overrides})
+    return SamplingOptions(**{**values, **overrides})
+
+
+def problems_of(data: str, options: SamplingOptions, reward_options: dict | None = None):
+    return load_eval_problems(
+        data,
+        reward=None,
+        prompt_key=None,
+        reference_key=None,
+        model=options.model,
+        max_new_tokens=options.max_new_tokens,
+        max_prompt_tokens=options.max_prompt_tokens,
+        rope_scaling=options.rope_scaling,
+        reward_options=reward_options,
+    )
+
+
+def test_options_are_read_once_frozen_and_checked_by_one_table() -> None:
+    """From a parsed command line (curate's has no ``--rope-scaling``: None), never changed after."""
+    fields = {field.name: getattr(arguments(), field.name) for field in dataclasses.fields(SamplingOptions)}
+    options = SamplingOptions.from_args(argparse.Namespace(**{**fields, "rope_scaling": None}, k=4, chunk=2))
+    assert options == arguments()
+    del fields["rope_scaling"]
+    assert SamplingOptions.from_args(argparse.Namespace(**fields)) == arguments()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.seed = 4  # type: ignore[misc]
+    check_requirements(options.requirements())
+    for field, value, message in [
+        ("top_p", 0.0, "--top-p must be in (0, 1], got 0.0"),
+        ("max_prompt_tokens", -1, "--max-prompt-tokens must be >= 0 (0: what the model's context leaves), got -1"),
+        ("reward_timeout", 0.0, "--reward-timeout must be > 0, got 0.0"),
+    ]:
+        with pytest.raises(EvalError, match=f"^{re.escape(message)}$"):
+            check_requirements(dataclasses.replace(options, **{field: value}).requirements())
 
 
 def test_the_factory_is_called_with_the_settings_as_keywords() -> None:
@@ -55,8 +91,8 @@ def test_what_cannot_be_evaluated_is_an_eval_error(tmp_path) -> None:
         build_engine(arguments(engine="nope"))
     data = str(write_jsonl([{"problem": "Start with 1. Add 1.", "answer": "2"}], tmp_path / "a.jsonl"))
     with pytest.raises(EvalError, match=r"^--reward math: unknown option 'scale' for reward 'math'"):
-        load_eval_problems(arguments(data=data), {"scale": 2.0})
-    problems, task, reward = load_eval_problems(arguments(data=data), {"correct": 0.5})
+        problems_of(data, arguments(), {"scale": 2.0})
+    problems, task, reward = problems_of(data, arguments(), {"correct": 0.5})
     assert (task.reward, [p.reference for p in problems.problems]) == ("math", ["2"])
     assert isinstance(reward, MathReward) and reward.correct == 0.5
 
@@ -86,6 +122,6 @@ def test_rope_scaling_reaches_the_model_and_its_context(tmp_path) -> None:
     data = str(write_jsonl([{"problem": "Start with 1. Add 1.", "answer": "2"}], tmp_path / "a.jsonl"))
     # 1000 new tokens leave no room in tiny-sft's 512 positions, and room for a prompt in 1280
     with pytest.raises(EvalError, match="leave no room for a prompt"):
-        load_eval_problems(arguments(data=data, max_new_tokens=1000))
-    problems, _, _ = load_eval_problems(arguments(data=data, max_new_tokens=1000, rope_scaling=yarn))
+        problems_of(data, arguments(max_new_tokens=1000))
+    problems, _, _ = problems_of(data, arguments(max_new_tokens=1000, rope_scaling=yarn))
     assert len(problems.problems) == 1

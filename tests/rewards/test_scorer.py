@@ -1,12 +1,13 @@
-"""`RewardScorer`, the training stages' scorer: raw and shaped rewards, the reward's correctness and failure counts
-as one `ScoredRollouts`, the same in this process and in a worker pool."""
+"""`RewardScorer`, the one scorer: raw and shaped rewards, the reward's correctness, statuses and failure counts as
+one `ScoredRollouts` of plain lists, the same in this process and in a worker pool; torch-free to import."""
 
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
-import torch
 
 from klear.config import RewardConfig
 from klear.rewards import RewardScorer, ScoredRollouts
@@ -31,11 +32,12 @@ def test_score_gives_raw_shaped_correct_and_counts(num_workers: int) -> None:
     try:
         scored = scorer.score(rollouts(), REFERENCES)
         assert isinstance(scored, ScoredRollouts)
-        assert scored.raw.dtype == scored.shaped.dtype == torch.float32 and scored.correct.dtype == torch.bool
-        assert scored.raw.tolist() == [0.5, -0.5, -0.5, -0.5]  # the third check times out: the wrong score
-        assert scored.shaped.tolist() == [0.5, -0.75, -1.0, -1.5]  # raw + max(-1, (6 - length) / 4)
-        assert scored.correct.tolist() == [True, False, False, False]  # correct at 0.5: the reward's verdict
+        assert scored.raw == [0.5, -0.5, -0.5, -0.5]  # the third check times out: the wrong score
+        assert scored.shaped == [0.5, -0.75, -1.0, -1.5]  # raw + max(-1, (6 - length) / 4)
+        assert scored.correct == [True, False, False, False]  # correct at 0.5: the reward's verdict
+        assert scored.statuses == ["ok", "ok", "timeout", "ok"]
         assert (scored.timeouts, scored.errors) == (1, 0)
+        assert scored.slice(2, 4).statuses == ["timeout", "ok"] and scored.slice(2, 4).timeouts == 1
         assert scored.metrics() == {"reward/timeouts": 1.0, "reward/errors": 0.0}
         assert scorer.correctness(["\\boxed{3}", "\\boxed{2}"], ["3", "3"]) == [True, False]
     finally:
@@ -47,8 +49,31 @@ def test_score_gives_raw_shaped_correct_and_counts(num_workers: int) -> None:
 def test_without_overlong_penalty_shaped_equals_raw_and_from_config() -> None:
     scorer = RewardScorer.from_config(RewardConfig(name="math", options={"correct": 2.0}), max_new_tokens=10)
     scored = scorer.score(rollouts()[:2], REFERENCES[:2])
-    assert scored.raw.tolist() == scored.shaped.tolist() == [2.0, 0.0]
-    assert scored.correct.tolist() == [True, False]
+    assert scored.raw == scored.shaped == [2.0, 0.0]
+    assert scored.correct == [True, False]
+    assert scorer.score_texts(TEXTS[:2], REFERENCES[:2]) == scored  # saved completions: the same scores
     empty = scorer.score([], [])
-    assert empty.raw.shape == empty.shaped.shape == empty.correct.shape == (0,)
+    assert empty.raw == empty.shaped == empty.correct == [] and len(empty) == 0
     assert scorer.correctness([], []) == []
+
+
+def test_shaped_scores_are_the_float32_sum_the_trainer_computed() -> None:
+    """Shaped scores are computed in float32 arithmetic: a tensor built from them holds what
+    ``float32(raw) + clamp((free - length) / buffer)`` in float32 tensors holds (0.1 is not a float32 value)."""
+    import torch
+
+    scorer = RewardScorer(lambda text, reference: 0.1, max_new_tokens=10, overlong_buffer=3)
+    samples = [Rollout(0, [1], [7] * length, "x") for length in (6, 8, 9, 12)]
+    scored = scorer.score(samples, ["r"] * 4)
+    raw = torch.tensor([0.1] * 4, dtype=torch.float32)
+    penalty = ((7 - torch.tensor([6, 8, 9, 12]).float()) / 3).clamp(min=-1.0, max=0.0)
+    assert scored.raw == [0.1] * 4  # the reward's own numbers (klear.eval and curate write them)
+    assert scored.shaped == (raw + penalty).tolist() and scored.shaped[0] != 0.1
+    with pytest.raises(ValueError, match="no token counts for the overlong penalty"):
+        scorer.score_texts(["x"], ["r"])
+
+
+def test_importing_the_scorer_imports_neither_torch_nor_omegaconf() -> None:
+    code = "import sys, klear.rewards, klear.rewards.scorer; print(sorted({'torch', 'omegaconf'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"

@@ -20,10 +20,10 @@ reference the reward rejects (malformed code tests, a math answer that is a list
 
 Sampling uses the RL stage's engine, built by name from the same registry (``--engine``, ``hf`` by default) with
 the model and sampling settings (`klear.eval.sampler`), so an engine added to the registry (vLLM) serves both. The
-``hf`` engine samples from a copy of the loaded model, as in RL; the loaded one is released right after, so peak
-memory is twice the model only while the engine is built. The model runs on the GPU when there is one. The
-samples of a problem are a function of ``--seed`` and the problem's position alone (each sample has its own
-seeded stream), whatever ``--batch-size`` groups together.
+``hf`` engine samples from the loaded model itself. The model runs on the GPU when there is one. Samples are drawn
+and scored by `klear.rollout.sample_and_score`, as RL's step and ``klear.data curate`` draw theirs, with the
+one scorer (`klear.rewards.RewardScorer`): the samples of a problem are a function of ``--seed`` and the
+problem's position alone (each sample has its own seeded stream), whatever ``--batch-size`` groups together.
 
 Everything that can be wrong with the arguments, the data or the model is checked before sampling starts and
 reported as one line (exit code 2), including data in which no row is usable. ``--help``, the arguments, the
@@ -43,15 +43,15 @@ from typing import TYPE_CHECKING, Any
 
 from klear import cli
 from klear.config.load import BUILTIN_MODELS
-from klear.data.problems import Problem, Task
+from klear.data.problems import Problem
 from klear.data.readers import write_jsonl
 from klear.errors import UserError
 from klear.eval.completions import read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
+from klear.eval.options import SamplingOptions, check_greedy, check_requirements
 from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
-from klear.rewards import Reward, score_batch
-from klear.rewards.routing import seeded_reference
+from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 
 if TYPE_CHECKING:
@@ -107,20 +107,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     args = parse_args(argv)
-    if args.n is None:
-        args.n = args.k
+    options = SamplingOptions.from_args(args)
     try:
-        check_args(args)
+        check_args(args, options)
         output = Path(args.output or Path("outputs") / "eval" / Path(args.data).stem)
         if (output / "results.jsonl").exists() and not args.overwrite:
             raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
-        problems, task, reward = load_eval_problems(args)
+        problems, task, reward = load_eval_problems(
+            args.data,
+            reward=args.reward,
+            prompt_key=args.prompt_key,
+            reference_key=args.reference_key,
+            model=args.model,
+            max_new_tokens=options.max_new_tokens,
+            max_prompt_tokens=options.max_prompt_tokens,
+            rope_scaling=options.rope_scaling,
+        )
         chosen = problems.problems[: args.limit]
+        n = args.k if args.n is None else args.n
         if args.completions is not None:
             saved = read_completions(args.completions, problems, args.k)[: args.limit]
-            args.n = len(saved[0])
+            n = len(saved[0])
         else:
-            engine, tokenizer = build_engine(args, chosen)
+            engine, tokenizer = build_engine(options, chosen)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -137,15 +146,21 @@ def main(argv: list[str] | None = None) -> int:
         "rows": problems.rows,
         "rows_skipped": len(problems.bad),
         "bad_rows": [row.to_dict() for row in problems.bad],
-        **{key: getattr(args, key) for key in ("k", "n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
-        "rope_scaling": args.rope_scaling,
-        "engine": args.engine if args.completions is None else None,
+        "k": args.k,
+        "n": n,
+        **{key: getattr(options, key) for key in ("temperature", "top_p", "top_k", "max_new_tokens", "seed")},
+        "rope_scaling": options.rope_scaling,
+        "engine": options.engine if args.completions is None else None,
         "device": _device(),
     }
-    if args.completions is not None:
-        records, timing = score(chosen, [[SavedCompletion(text) for text in row] for row in saved], reward, args)
-    else:
-        records, timing = run(engine, tokenizer, chosen, task, reward, args)
+    scorer = RewardScorer(reward, num_workers=options.num_workers, timeout=options.reward_timeout)
+    try:
+        if args.completions is not None:
+            records, timing = score_saved(chosen, saved, scorer, args.k, options.seed)
+        else:
+            records, timing = run(engine, tokenizer, chosen, scorer, args.k, n, options)
+    finally:
+        scorer.close()
     summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
     table = markdown_table(summary)
     write_jsonl(records, output / "results.jsonl")
@@ -156,33 +171,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def check_args(args: argparse.Namespace) -> None:
-    requirements = [
-        ("--k", args.k >= 1, ">= 1"),
-        ("--n", args.n >= args.k, f">= --k ({args.k})"),
-        ("--temperature", args.temperature >= 0, ">= 0"),
-        ("--top-p", 0 < args.top_p <= 1, "in (0, 1]"),
-        ("--top-k", args.top_k >= 0, ">= 0 (0: off)"),
-        ("--max-new-tokens", args.max_new_tokens >= 1, ">= 1"),
-        ("--limit", args.limit is None or args.limit >= 1, ">= 1"),
-        ("--max-prompt-tokens", args.max_prompt_tokens >= 0, ">= 0 (0: what the model's context leaves)"),
-        ("--batch-size", args.batch_size >= 1, ">= 1"),
-        ("--threads", args.threads >= 0, ">= 0 (0: chosen by klear)"),
-        ("--num-workers", args.num_workers >= 0, ">= 0"),
-        ("--reward-timeout", args.reward_timeout > 0, "> 0"),
-    ]
-    for flag, ok, requirement in requirements:
-        if not ok:
-            raise EvalError(f"{flag} must be {requirement}, got {getattr(args, flag[2:].replace('-', '_'))}")
+def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
+    """What the command line alone can say is wrong: ranges (`SamplingOptions.requirements` and this command's),
+    a model and saved completions together or neither, the engine's name and the model folder."""
+    n = args.k if args.n is None else args.n
+    check_requirements(
+        [
+            ("--k", args.k, args.k >= 1, ">= 1"),
+            ("--n", n, n >= args.k, f">= --k ({args.k})"),
+            ("--limit", args.limit, args.limit is None or args.limit >= 1, ">= 1"),
+            *options.requirements(),
+        ]
+    )
     if args.completions is not None:
         if args.model is not None:
             raise EvalError("--model and --completions exclude each other: sample with a model, or score saved ones")
         return
     if args.model is None:
         raise EvalError("give --model PATH to sample answers, or --completions GEN.jsonl to score saved ones")
-    if args.temperature == 0 and args.n > 1:
-        raise EvalError("greedy decoding (--temperature 0) gives one answer per problem: use --k 1 without --n")
-    check_engine(args.engine)
+    check_greedy(options, n, "use --k 1 without --n")
+    check_engine(options.engine)
     check_model_path(args.model)
 
 
@@ -190,58 +198,55 @@ def run(
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
-    task: Task,
-    reward: Reward,
-    args: argparse.Namespace,
+    scorer: RewardScorer,
+    k: int,
+    n: int,
+    options: SamplingOptions,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Sample ``n`` answers per problem and score them: the per-problem records, and timings."""
-    from klear.data.prompts import encode_problem  # transformers: imported with the model already
+    from klear.rollout.sample_and_score import sample_and_score  # torch: imported with the model already
 
-    prompts = [encode_problem(tokenizer, problem) for problem in problems]
     sampling = SamplingParams(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        n=args.n,
-        seed=args.seed,
+        max_new_tokens=options.max_new_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        top_k=options.top_k,
+        n=n,
+        seed=options.seed,
     )
-    log.info("sampling %d problems x %d with the %s engine", len(prompts), args.n, args.engine)
-    timer = time.perf_counter()
-    rollouts = engine.generate(prompts, sampling)
-    sampling_s = time.perf_counter() - timer
-    n = args.n  # the engine returns each problem's n samples together, in problem order
-    records, timing = score(problems, [rollouts[i * n : (i + 1) * n] for i in range(len(problems))], reward, args)
-    tokens = sum(len(rollout.response_ids) for rollout in rollouts)
-    return records, {"sampling_s": sampling_s, **timing, "sampled_tokens_per_s": tokens / sampling_s}
+    log.info("sampling %d problems x %d with the %s engine, then scoring them", len(problems), n, options.engine)
+    sampled = sample_and_score(engine, tokenizer, problems, sampling, scorer.score)
+    tokens = sum(len(rollout.response_ids) for rollout in sampled.rollouts)
+    timing = {"sampling_s": sampled.sampling_s, "scoring_s": sampled.scoring_s}
+    timing["sampled_tokens_per_s"] = tokens / sampled.sampling_s
+    return records_of(problems, sampled.groups, sampled.scores, k), timing
 
 
-def score(
-    problems: list[Problem],
-    samples: list[list[Rollout | SavedCompletion]],
-    reward: Reward,
-    args: argparse.Namespace,
+def score_saved(
+    problems: list[Problem], saved: list[list[object]], scorer: RewardScorer, k: int, seed: int
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Score each problem's samples (sampled or saved): the per-problem records, and the scoring time. Sample ``j``
-    of problem ``i`` samples its tests (a code suite with ``max_test_cases``) with seed ``seed + i * n + j``."""
-    log.info("scoring %d samples", sum(len(row) for row in samples))
+    """Score each problem's saved completions as sampled ones are scored (sample ``j`` of problem ``i`` against its
+    reference seeded with ``seed + i * n + j``): the per-problem records, and the scoring time."""
+    from klear.rollout.sample_and_score import sample_references  # torch: imported for the device already
+
+    samples = [[SavedCompletion(text) for text in row] for row in saved]
+    log.info("scoring %d saved samples", sum(len(row) for row in samples))
     timer = time.perf_counter()
-    n = len(samples[0]) if samples else 0
-    references = [
-        seeded_reference(problem.reference, args.seed + i * n + j)
-        for i, problem in enumerate(problems)
-        for j in range(len(samples[i]))
-    ]
-    texts = [sample.text for row in samples for sample in row]
-    result = score_batch(reward, texts, references, num_workers=args.num_workers, timeout=args.reward_timeout)
+    references = sample_references(problems, len(samples[0]) if samples else 0, seed)
+    scores = scorer.score_texts([sample.text for row in samples for sample in row], references)
+    return records_of(problems, samples, scores, k), {"scoring_s": time.perf_counter() - timer}
+
+
+def records_of(
+    problems: list[Problem], samples: list[list[Rollout | SavedCompletion]], scores: ScoredRollouts, k: int
+) -> list[dict[str, Any]]:
+    """One record per problem (`problem_record`) of its samples and their slice of ``scores``."""
     records, start = [], 0
     for problem, row in zip(problems, samples, strict=True):
-        part = slice(start, start + len(row))
+        part = scores.slice(start, start + len(row))
         start += len(row)
-        records.append(
-            problem_record(problem, row, result.scores[part], result.statuses[part], result.correct[part], args.k)
-        )
-    return records, {"scoring_s": time.perf_counter() - timer}
+        records.append(problem_record(problem, row, part.raw, part.statuses, part.correct, k))
+    return records
 
 
 def _device() -> str:

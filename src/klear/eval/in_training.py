@@ -6,7 +6,8 @@ likely answer; with a temperature, ``samples`` answers per problem are drawn and
 mean (avg@k), with ``eval/pass_at_k`` alongside (`klear.eval.metrics.pass_at_k` with ``n = k = samples``: the
 share of problems with at least one correct answer), and, when the problems carry data sources,
 ``eval/accuracy/<source>`` for each. Whether an answer is correct is the reward's verdict
-(`klear.rewards.scorer.RewardScorer.correctness`), not a threshold on its score.
+(`klear.rewards.scorer.RewardScorer.correctness`), not a threshold on its score. Sampling and scoring are
+`klear.rollout.sample_and_score`'s, as RL's step, ``klear.eval`` and ``klear.data curate`` sample and score.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.config import EvalConfig
 from klear.data.problems import Problem
-from klear.data.prompts import encode_problem
 from klear.eval.metrics import pass_at_k
-from klear.rewards.routing import seeded_reference
-from klear.rollout.engine import RolloutEngine, SamplingParams
-from klear.runtime.distributed import gather_objects, rank_range
+from klear.rewards.scorer import ScoredRollouts
+from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
+from klear.rollout.sample_and_score import sample_and_score
 
 EVAL_SEED = 1234
 """Sampling seed of every evaluation (independent of the training seed, so runs compare on equal terms)."""
@@ -49,30 +49,17 @@ def evaluate(
     ``i`` is seeded by ``EVAL_SEED + i`` wherever it runs) and all ranks return the metrics of the whole set.
     """
     problems = problems[: config.num_prompts]
-    mine = rank_range(len(problems), rank, world)
-    prompts = [encode_problem(tokenizer, problem) for problem in problems[mine.start : mine.stop]]
     samples = config.samples if config.temperature > 0 else 1
     sampling = SamplingParams(
         max_new_tokens=config.max_new_tokens,
         temperature=config.temperature,
         top_p=config.top_p,
         n=samples,
-        seed=EVAL_SEED + mine.start,
+        seed=EVAL_SEED,
     )
-    rollouts = engine.generate(prompts, sampling)  # with no prompts too: a sharded policy samples in lockstep
-    references = [
-        seeded_reference(problems[mine.start + rollout.prompt_index].reference, EVAL_SEED + mine.start * samples + i)
-        for i, rollout in enumerate(rollouts)
-    ]
-    verdicts = score([rollout.text for rollout in rollouts], references) if rollouts else []
-    not_bool = [verdict for verdict in verdicts if not isinstance(verdict, bool)]
-    if not_bool:  # a list of rewards would otherwise be read as "correct" wherever it is non-zero
-        raise TypeError(
-            f"the eval scorer must return one bool per completion (RewardScorer.correctness), got {not_bool[0]!r}"
-        )
-    shares = gather_objects((list(verdicts), [len(rollout.response_ids) for rollout in rollouts]), world)
-    correct = [value for share in shares for value in share[0]]
-    lengths = [value for share in shares for value in share[1]]
+    sampled = sample_and_score(engine, tokenizer, problems, sampling, _verdicts(score), rank, world)
+    correct = sampled.scores.correct
+    lengths = [len(rollout.response_ids) for rollout in sampled.rollouts]
     metrics = {
         "eval/accuracy": sum(correct) / len(correct),
         "eval/response_length": sum(lengths) / len(lengths),
@@ -84,3 +71,18 @@ def evaluate(
         hits = [value for i, value in enumerate(correct) if problems[i // samples].source == source]
         metrics[f"eval/accuracy/{source}"] = sum(hits) / len(hits)
     return metrics
+
+
+def _verdicts(score: Scorer) -> Callable[[Sequence[Rollout], list[Any]], ScoredRollouts]:
+    """``score``'s verdicts on the rollouts' texts as the scores of `sample_and_score`."""
+
+    def scored(rollouts: Sequence[Rollout], references: list[Any]) -> ScoredRollouts:
+        verdicts = score([rollout.text for rollout in rollouts], references)
+        not_bool = [verdict for verdict in verdicts if not isinstance(verdict, bool)]
+        if not_bool:  # a list of rewards would otherwise be read as "correct" wherever it is non-zero
+            raise TypeError(
+                f"the eval scorer must return one bool per completion (RewardScorer.correctness), got {not_bool[0]!r}"
+            )
+        return ScoredRollouts.of_verdicts(verdicts)
+
+    return scored

@@ -16,7 +16,6 @@ before it loads them, for the model's tokenizer and context only.
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING, Any
 
 from klear.config import ModelConfig
@@ -36,35 +35,46 @@ class EvalError(UserError):
 
 
 def load_eval_problems(
-    args: argparse.Namespace, reward_options: dict[str, Any] | None = None
+    data: str,
+    *,
+    reward: str | None,
+    prompt_key: str | None,
+    reference_key: str | None,
+    model: str | None,
+    max_new_tokens: int,
+    max_prompt_tokens: int = 0,
+    rope_scaling: dict[str, Any] | None = None,
+    reward_options: dict[str, Any] | None = None,
 ) -> tuple[ProblemSet, Task, Reward]:
-    """The checked problems of ``args.data`` (bad rows skipped by file and line), their task and reward.
+    """The checked problems of ``data`` (``--data``; bad rows skipped by file and line), their task and reward.
 
-    Reads ``args.data``, ``args.reward``, ``args.prompt_key``, ``args.reference_key``, ``args.model`` (its tokenizer
-    measures the prompts; None: no prompt-length check) and ``args.max_prompt_tokens`` (0: the model's context minus
-    ``args.max_new_tokens``).
+    Args:
+        reward, prompt_key, reference_key: ``--reward``, ``--prompt-key``, ``--reference-key`` (None: from the
+            fields of the first row), with ``reward_options`` the reward's options.
+        model: ``--model``, whose tokenizer measures the prompts (None: no prompt-length check).
+        max_new_tokens, max_prompt_tokens, rope_scaling: prompts longer than ``max_prompt_tokens`` are skipped (0:
+            the model's context, stretched by ``rope_scaling``, minus ``max_new_tokens``).
 
     Raises:
         EvalError: an unknown reward or option, or a model that cannot be loaded or leaves no room for a prompt.
         klear.data.readers.DataError: an unreadable file, or one without a usable row.
     """
-    rows = read_numbered(args.data)
-    task = choose_task([row for _, row in rows[0]], args.data, args.reward, args.prompt_key, args.reference_key)
-    reward = build_reward(task.reward, reward_options or {}, route=task.route)
+    rows = read_numbered(data)
+    task = choose_task([row for _, row in rows[0]], data, reward, prompt_key, reference_key)
+    built = build_reward(task.reward, reward_options or {}, route=task.route)
     prompt_length, limit = None, 0
-    if args.model is not None:
-        rope = getattr(args, "rope_scaling", None)  # klear.data curate has no --rope-scaling
-        limit = args.max_prompt_tokens or _prompt_budget(args.model, args.max_new_tokens, rope)
-        tokenizer = load_eval_tokenizer(args.model)
+    if model is not None:
+        limit = max_prompt_tokens or _prompt_budget(model, max_new_tokens, rope_scaling)
+        tokenizer = load_eval_tokenizer(model)
         from klear.data.prompts import encode_prompt  # transformers: once a model is loaded anyway
 
         def prompt_length(prompt: Any) -> int:
             return len(encode_prompt(tokenizer, prompt))
 
-    problems = load_problems(args.data, task, reward, rows=rows, prompt_length=prompt_length, max_prompt_tokens=limit)
+    problems = load_problems(data, task, built, rows=rows, prompt_length=prompt_length, max_prompt_tokens=limit)
     problems.log("--data")
-    warn_bad_rows(problems.bad, {args.data: problems.rows})
-    return problems, task, reward
+    warn_bad_rows(problems.bad, {data: problems.rows})
+    return problems, task, built
 
 
 def build_reward(name: str, options: dict[str, Any], route: bool = False) -> Reward:

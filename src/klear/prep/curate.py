@@ -7,8 +7,10 @@ engine (``--engine``, any name of the `ENGINES` registry: ``hf``, or ``vllm`` on
 reward of the registry (picked from the row fields as ``klear.eval`` does: ``problem``/``answer`` rows are math,
 ``question``/``tests`` rows code; ``--reward`` and ``--reward-option`` as in the RL config), and a sample is
 correct when the reward says so (math: an equivalent final answer, code: every test passed; whatever the score
-values set with ``--reward-option``). The pass rate is correct / k. Problems are loaded by `klear.eval.tasks` and
-the engine is built by `klear.eval.sampler`, as ``klear.eval`` does.
+values set with ``--reward-option``). The pass rate is correct / k. Problems are loaded by `klear.eval.tasks`, the
+engine is built by `klear.eval.sampler` from the options both commands share (`klear.eval.options`), and samples
+are drawn and scored by `klear.rollout.sample_and_score` with the one scorer (`klear.rewards.RewardScorer`), as
+``klear.eval`` and RL do (each sample's reference seeded as theirs: a code suite that samples its tests).
 
 ``--out DIR`` receives:
 - ``results.jsonl``: one line per problem (its data line, correct count, pass rate, every sample's score,
@@ -39,16 +41,16 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from klear.data.problems import Problem
 from klear.data.readers import BadRow
+from klear.eval.tasks import load_eval_problems
+from klear.prep.curate_settings import DEFAULT_K, CurateSettings, out_dir
 from klear.prep.mixing import PASS_RATE_KEY
 from klear.prep.pass_rates import (
     PRESETS,
-    Band,
     append_results,
     check_settings,
     chunk_seed,
@@ -57,18 +59,13 @@ from klear.prep.pass_rates import (
 )
 from klear.prep.paths import Files
 from klear.prep.rowfiles import CommandError, bad_rows_report, write_json, write_rows
-from klear.rewards import BatchResult, Reward, RewardPool, score_batch
+from klear.rewards import Reward
+from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rollout.engine import SamplingParams
 
 log = logging.getLogger(__name__)
 
 RESULTS, SETTINGS, KEPT, REPORT = "results.jsonl", "settings.json", "kept.jsonl", "report.json"
-DEFAULT_K = 16
-SAMPLING_KEYS = (
-    *("model", "engine", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed"),
-    *("reward", "reward_options", "prompt_key", "reference_key"),
-)
-"""What a problem's samples and scores depend on: a rerun into the same folder must keep these."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,41 +115,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="discard earlier results in --out")
 
 
-def out_dir(args: argparse.Namespace) -> Path:
-    """``--out``, else ``outputs/curate/<data stem>``."""
-    return Path(args.out or Path("outputs") / "curate" / Path(args.data).stem)
-
-
 def files(args: argparse.Namespace) -> Files:
     out = out_dir(args)
     return Files([("--data", args.data)], [("--out", out / name) for name in (RESULTS, SETTINGS, KEPT, REPORT)])
 
 
 def run(args: argparse.Namespace) -> str:
-    preset = PRESETS.get(args.preset, {})
-    args.reward = args.reward or preset.get("reward")
-    args.k = preset.get("k", DEFAULT_K) if args.k is None else args.k
-    band = Band.parse(args.band or preset["band"])
-    args.reward_options = parse_options(args.reward_option)
-    check_args(args)
-    out = out_dir(args)
-    # Imported here, after the checks: the model stack (torch, transformers) loads when curate runs on good options.
-    from klear.eval.tasks import EvalError, load_eval_problems
-
-    try:
-        loaded, task, reward = load_eval_problems(args, args.reward_options)
-    except EvalError as error:
-        raise CommandError(str(error)) from None
-    args.reward, args.prompt_key, args.reference_key = task.reward, task.prompt_key, task.reference_key
+    settings = CurateSettings.from_args(args)
+    settings.check()
+    out, options = settings.out, settings.sampling
+    loaded, task, reward = load_eval_problems(
+        settings.data,
+        reward=settings.reward,
+        prompt_key=settings.prompt_key,
+        reference_key=settings.reference_key,
+        model=options.model,
+        max_new_tokens=options.max_new_tokens,
+        max_prompt_tokens=options.max_prompt_tokens,
+        reward_options=settings.reward_options,
+    )
+    recorded = settings.recorded(task)
     problems, bad = loaded.problems, loaded.bad
-    records = open_results(out, {key: getattr(args, key) for key in SAMPLING_KEYS}, problems, args.overwrite)
+    records = open_results(out, recorded, problems, settings.overwrite)
     pending = [i for i, problem in enumerate(problems) if problem.line not in records]
     earlier = len(problems) - len(pending)
-    pending = pending[: args.max_problems]
+    pending = pending[: settings.max_problems]
     if pending:
-        records |= sample(args, reward, problems, pending, out / RESULTS)
+        records |= sample(settings, reward, problems, pending, out / RESULTS)
     runs = {"sampled_now": len(pending), "from_earlier_runs": earlier}
-    counts = write_outputs(out, problems, records, band, bad, args, runs)
+    counts = write_outputs(out, problems, records, settings, recorded, bad, runs)
+    band = settings.band
     left = f", {counts['pending']} pending: rerun to continue" if counts["pending"] else ""
     return (
         f"curate: {counts['done']} of {len(problems)} problems have pass rates ({len(pending)} sampled now, "
@@ -161,38 +153,6 @@ def run(args: argparse.Namespace) -> str:
         f"{counts['reward_timeouts']}/{counts['reward_errors']}, truncated samples {counts['truncated_samples']} "
         f"-> {out / KEPT} (report: {out / REPORT})"
     )
-
-
-def parse_options(items: list[str]) -> dict[str, Any]:
-    options = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise CommandError(f"--reward-option {item!r}: expected KEY=VALUE, e.g. fallbacks=[answer_is]")
-        options[key.strip()] = yaml.safe_load(value)
-    return options
-
-
-def check_args(args: argparse.Namespace) -> None:
-    requirements = [
-        ("--k", args.k >= 1, ">= 1"),
-        ("--temperature", args.temperature >= 0, ">= 0"),
-        ("--top-p", 0 < args.top_p <= 1, "in (0, 1]"),
-        ("--top-k", args.top_k >= 0, ">= 0 (0: off)"),
-        ("--max-new-tokens", args.max_new_tokens >= 1, ">= 1"),
-        ("--batch-size", args.batch_size >= 1, ">= 1"),
-        ("--threads", args.threads >= 0, ">= 0 (0: chosen by klear)"),
-        ("--chunk", args.chunk >= 1, ">= 1"),
-        ("--num-workers", args.num_workers >= 0, ">= 0"),
-        ("--reward-timeout", args.reward_timeout > 0, "> 0"),
-        ("--max-problems", args.max_problems is None or args.max_problems >= 1, ">= 1"),
-        ("--max-prompt-tokens", args.max_prompt_tokens >= 0, ">= 0"),
-    ]
-    for flag, ok, requirement in requirements:
-        if not ok:
-            raise CommandError(f"{flag} must be {requirement}, got {getattr(args, flag[2:].replace('-', '_'))}")
-    if args.temperature == 0 and args.k > 1:
-        raise CommandError("greedy decoding (--temperature 0) gives one answer per problem: a pass rate needs k > 1")
 
 
 def open_results(out: Path, settings: dict, problems: list[Problem], overwrite: bool) -> dict[int, dict]:
@@ -217,46 +177,46 @@ def open_results(out: Path, settings: dict, problems: list[Problem], overwrite: 
 
 
 def sample(
-    args: argparse.Namespace, reward: Reward, problems: list[Problem], pending: list[int], path: Path
+    settings: CurateSettings, reward: Reward, problems: list[Problem], pending: list[int], path: Path
 ) -> dict[int, dict]:
     """Sample and score the ``pending`` problems chunk by chunk, appending each chunk's records to ``path``."""
-    from klear.data.prompts import encode_problem
     from klear.eval.sampler import build_engine
-    from klear.eval.tasks import EvalError
+    from klear.rollout.sample_and_score import sample_and_score  # torch: with the engine
 
-    try:
-        engine, tokenizer = build_engine(args, [problems[i] for i in pending])
-    except EvalError as error:
-        raise CommandError(str(error)) from None
-    sampling = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k, n=args.k)
+    options, k = settings.sampling, settings.k
+    engine, tokenizer = build_engine(options, [problems[i] for i in pending])
+    sampling = SamplingParams(options.max_new_tokens, options.temperature, options.top_p, options.top_k, n=k)
     records: dict[int, dict] = {}
-    k = args.k
-    with _scorer(reward, args.num_workers, args.reward_timeout) as scorer, _progress(len(pending)) as progress:
-        for chunk, indices in groupby(pending, key=lambda i: i // args.chunk):
-            batch = [problems[i] for i in indices]
-            prompts = [encode_problem(tokenizer, problem) for problem in batch]
-            rollouts = engine.generate(prompts, replace(sampling, seed=chunk_seed(args.seed, chunk)))
-            result = scorer([r.text for r in rollouts], [batch[r.prompt_index].reference for r in rollouts])
-            new = [_record(problem, rollouts[j * k : (j + 1) * k], result, j * k, k) for j, problem in enumerate(batch)]
-            append_results(path, new)
-            records |= {record["line"]: record for record in new}
-            progress(len(batch))
+    scorer = RewardScorer(reward, num_workers=options.num_workers, timeout=options.reward_timeout)
+    try:
+        with _progress(len(pending)) as progress:
+            for chunk, indices in groupby(pending, key=lambda i: i // settings.chunk):
+                batch = [problems[i] for i in indices]
+                seed = chunk_seed(options.seed, chunk)
+                sampled = sample_and_score(engine, tokenizer, batch, replace(sampling, seed=seed), scorer.score)
+                new = [
+                    _record(problem, sampled.groups[j], sampled.scores.slice(j * k, (j + 1) * k))
+                    for j, problem in enumerate(batch)
+                ]
+                append_results(path, new)
+                records |= {record["line"]: record for record in new}
+                progress(len(batch))
+    finally:
+        scorer.close()  # its worker pool, kept for the whole run (its start-up costs seconds)
     return records
 
 
-def _record(problem: Problem, rollouts: list, result: BatchResult, start: int, k: int) -> dict[str, Any]:
-    scores = result.scores[start : start + k]
-    statuses = result.statuses[start : start + k]
-    correct = sum(result.correct[start : start + k])
+def _record(problem: Problem, rollouts: list, scores: ScoredRollouts) -> dict[str, Any]:
+    k, correct = len(rollouts), sum(scores.correct)
     return {
         "line": problem.line,
         "hash": row_digest(problem.row),
         "k": k,
         "correct": correct,
         "pass_rate": correct / k,
-        "scores": scores,
-        "timeouts": statuses.count("timeout"),
-        "errors": statuses.count("error"),
+        "scores": scores.raw,
+        "timeouts": scores.timeouts,
+        "errors": scores.errors,
         "mean_length": sum(len(r.response_ids) for r in rollouts) / k,
         "truncated": sum(r.finish_reason == "length" for r in rollouts),
     }
@@ -266,12 +226,14 @@ def write_outputs(
     out: Path,
     problems: list[Problem],
     records: dict[int, dict],
-    band: Band,
+    settings: CurateSettings,
+    recorded: dict[str, Any],
     bad: list[BadRow],
-    args: argparse.Namespace,
     runs: dict[str, int],
 ) -> dict[str, Any]:
-    """Write ``kept.jsonl`` and ``report.json`` from every finished problem; returns the report's counts."""
+    """Write ``kept.jsonl`` and ``report.json`` from every finished problem (``recorded``: the run's settings, as
+    `CurateSettings.recorded` gives them); returns the report's counts."""
+    band = settings.band
     kept, where, histogram = [], Counter(), Counter()
     for problem in problems:
         record = records.get(problem.line)
@@ -301,26 +263,16 @@ def write_outputs(
     write_rows(kept, out / KEPT)
     report = {
         "command": "curate",
-        "data": args.data,
+        "data": settings.data,
         "band": str(band),
-        "preset": args.preset,
-        "settings": {key: getattr(args, key) for key in SAMPLING_KEYS},
+        "preset": settings.preset,
+        "settings": recorded,
         "counts": counts,
         "correct_histogram": dict(sorted(histogram.items(), key=lambda item: int(item[0].split("/")[0]))),
         "bad_rows": bad_rows_report(bad),
     }
     write_json(report, out / REPORT)
     return counts
-
-
-@contextlib.contextmanager
-def _scorer(reward: Reward, num_workers: int, timeout: float) -> Iterator[Callable[[list, list], BatchResult]]:
-    """Score batches in this process, or in one `RewardPool` kept for the whole run (its start-up costs seconds)."""
-    if not num_workers:
-        yield lambda completions, references: score_batch(reward, completions, references)
-        return
-    with RewardPool(reward, num_workers=num_workers, timeout=timeout) as pool:
-        yield pool.score
 
 
 @contextlib.contextmanager

@@ -15,8 +15,8 @@
     result = score_batch(code, completions, tests)                    # in this process (code: on threads)
     check_reference(math, 3)                                          # "3"; ValueError for a bad reference
 
-    scorer = RewardScorer("math", num_workers=4)                      # what the training stages use
-    scored = scorer.score(rollouts, references)                       # ScoredRollouts: raw, shaped, correct
+    scorer = RewardScorer("math", num_workers=4)                      # what RL, eval and curate score with
+    scored = scorer.score(rollouts, references)                       # ScoredRollouts: raw, shaped, correct lists
 
 A reward is any callable ``(completion, reference) -> float``; `register_reward` adds one under a name (a
 `Reward` subclass, whose constructor arguments become its options, or a function), and `get_reward` always
@@ -46,6 +46,7 @@ from klear.rewards.code_reward import CodeReward
 from klear.rewards.math_reward import MathReward
 from klear.rewards.pool import BatchResult, RewardPool, batch_rewards, score_batch
 from klear.rewards.sandbox import Isolation, SandboxLimits, detect_isolation
+from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rewards.shaping import OverlongPenalty, ThinkFormat, overlong_penalty
 
 __all__ = [
@@ -73,15 +74,3 @@ __all__ = [
     "register_reward",
     "score_batch",
 ]
-
-_SCORER_NAMES = ("RewardScorer", "ScoredRollouts")
-
-
-def __getattr__(name: str):
-    # Imported on first use: the scorer needs torch and the run config, which reward worker processes (they import
-    # this package to unpickle their reward) should not pay for.
-    if name in _SCORER_NAMES:
-        from klear.rewards import scorer
-
-        return getattr(scorer, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

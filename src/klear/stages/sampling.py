@@ -4,36 +4,75 @@ The same code runs in the trainer (synchronous rollouts, ``rollout.max_staleness
 process (asynchronous rollouts, :mod:`klear.stages.async_rollouts`): a step's rollouts are a function of the run's
 seed, the step, its prompts and the weights that sample them, wherever they are computed.
 
-Data parallel: each rank samples and scores its contiguous share of the step's prompts (each prompt's samples
-are seeded by its index in the step, so the split changes nothing) and the ranks exchange their scored rollouts
-through the process's default process group (the trainers', or in the rollout workers the workers' own), so
-filtering and refills are decided on the whole step identically everywhere.
+Data parallel: each rank samples and scores its contiguous share of the step's prompts and the ranks exchange
+their scored rollouts (`klear.rollout.sample_and_score`, which seeds each prompt's samples by its index in the
+step, so the split changes nothing) through the process's default process group (the trainers', or in the rollout
+workers the workers' own), so filtering and refills are decided on the whole step identically everywhere.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import replace
+from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from klear.data.prompts import encode_problem
 from klear.objectives.advantages import zero_variance
-from klear.rewards.routing import seeded_reference
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams
+from klear.rollout.sample_and_score import SampledGroups, sample_and_score
 from klear.runtime.device import compute_precision
-from klear.runtime.distributed import gather_objects, rank_range
 from klear.stages.rollout_batch import ScoredGroups
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What a step's sampling reads of the run's config, read once (`from_config`)."""
+
+    seed: int
+    prompts_per_step: int
+    group_size: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    filter_groups: bool
+    max_regenerations: int
+
+    @classmethod
+    def from_config(cls, config: DictConfig) -> StepSettings:
+        """The run's ``seed`` and its ``rollout`` and ``algorithm`` settings of sampling and filtering."""
+        rollout, algorithm = config.rollout, config.algorithm
+        return cls(
+            seed=int(config.seed),
+            prompts_per_step=int(rollout.prompts_per_step),
+            group_size=int(rollout.group_size),
+            max_new_tokens=int(rollout.max_new_tokens),
+            temperature=float(rollout.temperature),
+            top_p=float(rollout.top_p),
+            top_k=int(rollout.top_k),
+            filter_groups=bool(algorithm.filter_groups),
+            max_regenerations=int(algorithm.max_regenerations),
+        )
+
+    def sampling(self, step: int, attempt: int) -> SamplingParams:
+        """How the ``attempt``-th round of ``step`` samples (its seed: `step_seed`)."""
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            n=self.group_size,
+            seed=step_seed(self.seed, step, attempt),
+        )
 
 
 class StepSampler:
     """Samples one step's prompt groups from ``engine`` and scores them (see the module docstring).
 
     Args:
-        config: the run's config (``seed``, ``rollout``, ``algorithm``).
+        config: the run's config (``seed``, ``rollout``, ``algorithm``), read once into `StepSettings`.
         train_problems: the training problems refills draw from.
     """
 
@@ -47,7 +86,7 @@ class StepSampler:
         rank: int = 0,
         world: int = 1,
     ) -> None:
-        self.config = config
+        self.settings = StepSettings.from_config(config)
         self.engine = engine
         self.tokenizer = tokenizer
         self.scorer = scorer
@@ -58,17 +97,27 @@ class StepSampler:
         """Sample, score and filter groups; keep the first ``rollout.prompts_per_step`` that survive (the step samples
         ``algorithm.oversample`` times as many prompts), refill from fresh prompts up to ``max_regenerations``
         rounds."""
-        algorithm, n = self.config.algorithm, self.config.rollout.group_size
-        wanted = min(len(problems), self.config.rollout.prompts_per_step)
+        settings, n = self.settings, self.settings.group_size
+        wanted = min(len(problems), settings.prompts_per_step)
         kept: list[ScoredGroups] = []
         metrics: dict[str, float] = {}
-        for attempt in range(algorithm.max_regenerations + 1):
-            scored, counts, seconds = self._sample_and_score(problems, step, attempt)
+        for attempt in range(settings.max_regenerations + 1):
+            sampled = sample_and_score(
+                self.engine,
+                self.tokenizer,
+                problems,
+                settings.sampling(step, attempt),
+                self.scorer.score,
+                self.rank,
+                self.world,
+            )
+            scored = scored_groups(sampled, n)
             filtered = (
-                zero_variance(scored.shaped) if algorithm.filter_groups else torch.zeros(len(scored), dtype=torch.bool)
+                zero_variance(scored.shaped) if settings.filter_groups else torch.zeros(len(scored), dtype=torch.bool)
             )
             if attempt == 0:
-                metrics = rollout_metrics(scored, counts, filtered, seconds, [p.source for p in problems])
+                counts = sampled.scores.metrics()
+                metrics = rollout_metrics(scored, counts, filtered, sampled.sampling_s, [p.source for p in problems])
             kept.append(scored.select([i for i in range(len(scored)) if not filtered[i]]))
             if sum(len(part) for part in kept) >= wanted:
                 break
@@ -78,53 +127,21 @@ class StepSampler:
         metrics["rollout/kept_groups"] = len(scored)
         return scored, metrics
 
-    def _sample_and_score(self, problems: list, step: int, attempt: int):
-        """This rank samples and scores its share of ``problems``; all ranks get the whole step's groups, the
-        reward's failure counts and the generation time of the slowest rank."""
-        rollout = self.config.rollout
-        sampling = SamplingParams(
-            max_new_tokens=rollout.max_new_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            n=rollout.group_size,
-            seed=step_seed(self.config.seed, step, attempt),
-        )
-        mine = rank_range(len(problems), self.rank, self.world)
-        prompts = [encode_problem(self.tokenizer, problem) for problem in problems[mine.start : mine.stop]]
-        timer = time.perf_counter()
-        # Called with no prompts too: an engine over a sharded policy samples in lockstep with the other ranks.
-        rollouts = self.engine.generate(prompts, replace(sampling, seed=sampling.seed + mine.start))
-        seconds = time.perf_counter() - timer
-        for sample in rollouts:
-            sample.prompt_index += mine.start
-        if rollouts:
-            references = [  # each sample's own test seed (a code suite that samples its tests)
-                seeded_reference(
-                    problems[r.prompt_index].reference,
-                    sampling.seed + r.prompt_index * rollout.group_size + i % rollout.group_size,
-                )
-                for i, r in enumerate(rollouts)
-            ]
-            scores = self.scorer.score(rollouts, references)
-            share = (rollouts, scores.raw, scores.shaped, scores.correct, scores.metrics(), seconds)
-        else:
-            empty = torch.empty(0)
-            share = (rollouts, empty, empty, empty.bool(), {"reward/timeouts": 0.0, "reward/errors": 0.0}, seconds)
-        shares = gather_objects(share, self.world)
-        n = rollout.group_size
-        rollouts = [sample for part in shares for sample in part[0]]
-        scored = ScoredGroups(
-            [rollouts[i * n : (i + 1) * n] for i in range(len(problems))],
-            *(torch.cat([part[field] for part in shares]).view(-1, n) for field in (1, 2, 3)),
-        )
-        counts = {key: sum(part[4][key] for part in shares) for key in shares[0][4]}
-        return scored, counts, max(part[5] for part in shares)
-
     def _fresh_problems(self, count: int, step: int, attempt: int) -> list:
-        generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, attempt))
+        generator = torch.Generator().manual_seed(step_seed(self.settings.seed, step, attempt))
         picks = torch.randint(len(self.train_problems), (count,), generator=generator).tolist()
         return [self.train_problems[i] for i in picks]
+
+
+def scored_groups(sampled: SampledGroups, n: int) -> ScoredGroups:
+    """The trainer's tensors of a sampling pass: (G, n) raw and shaped rewards (float32) and verdicts (bool)."""
+    scores = sampled.scores
+    return ScoredGroups(
+        sampled.groups,
+        torch.tensor(scores.raw, dtype=torch.float32).view(-1, n),
+        torch.tensor(scores.shaped, dtype=torch.float32).view(-1, n),
+        torch.tensor(scores.correct, dtype=torch.bool).view(-1, n),
+    )
 
 
 def build_engine(config: DictConfig, policy, tokenizer: PreTrainedTokenizerBase, max_model_len=None) -> RolloutEngine:

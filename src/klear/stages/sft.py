@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from klear.config import RolloutConfig
 from klear.data.batches import ResumableBatches
 from klear.data.packing import collate, plan_batches
 from klear.data.problems import Problem, Task, content_digest
@@ -28,15 +29,19 @@ from klear.models import load_model, load_tokenizer
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.hf import HFEngine
+from klear.rollout.engine import ENGINES, RolloutEngine
 from klear.run.directory import RunDir
-from klear.runtime.device import policy_on_cuda
+from klear.runtime.device import compute_precision, policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
+
+EVAL_ENGINE = "hf"
+"""The engine (`klear.rollout.engine.ENGINES`) that samples SFT's evaluation: the one that samples the model being
+trained in place, with nothing to refresh."""
 
 
 class SFTModule(StageModule):
@@ -51,7 +56,7 @@ class SFTModule(StageModule):
         self.model = load_model(config.model, on_cuda=policy_on_cuda(config), cpu_threads=config.trainer.cpu_threads)
         self.eval_problems = eval_problems
         self.scorer = RewardScorer(reward)  # the evaluation's reward (eval.reward)
-        self._eval_engine: HFEngine | None = None
+        self._eval_engine: RolloutEngine | None = None
 
     # ------------------------------------------------------------------------------------------ training
 
@@ -97,10 +102,27 @@ class SFTModule(StageModule):
             step=batch_idx,
         )
 
-    def eval_engine(self) -> HFEngine:
-        """An engine over the model itself (under fsdp2, the ranks sample their shares in lockstep)."""
+    def eval_engine(self) -> RolloutEngine:
+        """The ``hf`` engine of the registry over the model itself, built as RL builds its engine (under fsdp2, the
+        ranks sample their shares in lockstep). Only an engine that samples the training model in place fits: SFT
+        pushes no weights into an engine after its updates."""
         if self._eval_engine is None:
-            self._eval_engine = HFEngine(self.model, self.tokenizer, batch_size=self.config.eval.batch_size)
+            evaluation = self.config.eval
+            rollout = RolloutConfig(
+                engine=EVAL_ENGINE,
+                max_new_tokens=evaluation.max_new_tokens,
+                temperature=evaluation.temperature,
+                top_p=evaluation.top_p,
+                batch_size=evaluation.batch_size,
+            )
+            self._eval_engine = ENGINES.get(EVAL_ENGINE)(
+                self.model,
+                self.tokenizer,
+                model=self.config.model,
+                rollout=rollout,
+                seed=self.config.seed,
+                precision=compute_precision(self.config),
+            )
         return self._eval_engine
 
 

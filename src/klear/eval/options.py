@@ -1,0 +1,87 @@
+"""The options ``python -m klear.eval`` and ``python -m klear.data curate`` share, read once from the command line.
+
+Both commands put a model's answers to a problem file through the RL stage's engine and score them with a
+reward: the model, the engine, how it samples, the prompt limit and the reward workers are the same options
+with the same ranges, so they are one frozen `SamplingOptions`, checked by one table (`check`). Each command
+checks its own options (``--k``, ``--n``, ``--chunk``, ...) with `check_requirements` too. Importing this module
+imports neither torch nor transformers: the checks run before either is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from klear.eval.tasks import EvalError
+
+Requirement = tuple[str, Any, bool, str]
+"""``(option, its value, whether it holds, what it must be)``."""
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How a command samples and scores (its ``--model`` ... ``--reward-timeout`` options).
+
+    Args:
+        model: ``--model``, a model directory or hub name (None: saved completions, no model).
+        engine: ``--engine``, a name of `klear.rollout.engine.ENGINES` or an import path.
+        temperature, top_p, top_k, max_new_tokens, seed: how the engine samples (``--temperature`` ...).
+        max_prompt_tokens: longer prompts are skipped (0: the model's context minus ``max_new_tokens``).
+        batch_size: sequences the engine samples together.
+        threads: torch CPU threads (0: chosen by klear).
+        num_workers, reward_timeout: reward worker processes (0: score in this process) and their deadline.
+        rope_scaling: the model's rope scaling (``klear.eval --rope-scaling``; None: the checkpoint's).
+    """
+
+    model: str | None
+    engine: str
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    max_prompt_tokens: int
+    seed: int
+    batch_size: int
+    threads: int
+    num_workers: int
+    reward_timeout: float
+    rope_scaling: dict[str, Any] | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SamplingOptions:
+        """The options of a parsed command line; a command without ``--rope-scaling`` has None."""
+        values = {field.name: getattr(args, field.name) for field in fields(cls) if field.name != "rope_scaling"}
+        return cls(**values, rope_scaling=vars(args).get("rope_scaling"))
+
+    def requirements(self) -> list[Requirement]:
+        return [
+            ("--temperature", self.temperature, self.temperature >= 0, ">= 0"),
+            ("--top-p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
+            ("--top-k", self.top_k, self.top_k >= 0, ">= 0 (0: off)"),
+            ("--max-new-tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1"),
+            (
+                "--max-prompt-tokens",
+                self.max_prompt_tokens,
+                self.max_prompt_tokens >= 0,
+                ">= 0 (0: what the model's context leaves)",
+            ),
+            ("--batch-size", self.batch_size, self.batch_size >= 1, ">= 1"),
+            ("--threads", self.threads, self.threads >= 0, ">= 0 (0: chosen by klear)"),
+            ("--num-workers", self.num_workers, self.num_workers >= 0, ">= 0"),
+            ("--reward-timeout", self.reward_timeout, self.reward_timeout > 0, "> 0"),
+        ]
+
+
+def check_requirements(requirements: Sequence[Requirement]) -> None:
+    """`EvalError` for the first requirement that does not hold: ``--flag must be ..., got value``."""
+    for flag, value, ok, requirement in requirements:
+        if not ok:
+            raise EvalError(f"{flag} must be {requirement}, got {value}")
+
+
+def check_greedy(options: SamplingOptions, samples: int, fix: str) -> None:
+    """Greedy decoding gives one answer per problem: `EvalError` when ``samples`` > 1 are asked for, with ``fix``."""
+    if options.temperature == 0 and samples > 1:
+        raise EvalError(f"greedy decoding (--temperature 0) gives one answer per problem: {fix}")

@@ -1,0 +1,117 @@
+"""What a ``python -m klear.data curate`` run does, read once from its command line: `CurateSettings`.
+
+The command line is read here and nowhere else: the preset fills in ``--k``, ``--reward`` and ``--band``, the
+reward options are parsed, and the model, engine and sampling options are the `SamplingOptions` that
+``klear.eval`` reads too, checked by the same table. Nothing later reads or changes the parsed arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from klear.data.problems import Task
+from klear.eval.options import SamplingOptions, check_greedy, check_requirements
+from klear.prep.pass_rates import PRESETS, Band
+from klear.prep.rowfiles import CommandError
+
+DEFAULT_K = 16
+SAMPLING_KEYS = (
+    *("model", "engine", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed"),
+    *("reward", "reward_options", "prompt_key", "reference_key"),
+)
+"""What a problem's samples and scores depend on: a rerun into the same folder must keep these."""
+
+
+def out_dir(args: argparse.Namespace) -> Path:
+    """``--out``, else ``outputs/curate/<data stem>``."""
+    return Path(args.out or Path("outputs") / "curate" / Path(args.data).stem)
+
+
+@dataclass(frozen=True)
+class CurateSettings:
+    """What a curate run does, read once from its command line (`from_args`; the preset filled in).
+
+    Args:
+        data, out: ``--data`` and the output folder (`out_dir`).
+        band: the pass rates kept; ``preset`` the rule it came from (None: ``--band``).
+        k: samples per problem; ``reward``, ``reward_options``, ``prompt_key``, ``reference_key`` the task asked
+            for (None: from the fields of the first row, or the preset's reward).
+        chunk, max_problems, overwrite: problems per engine call, at most this many sampled now, earlier results
+            discarded.
+        sampling: the model, engine and sampling and reward-worker options shared with ``klear.eval``.
+    """
+
+    data: str
+    out: Path
+    band: Band
+    preset: str | None
+    k: int
+    reward: str | None
+    reward_options: dict[str, Any]
+    prompt_key: str | None
+    reference_key: str | None
+    chunk: int
+    max_problems: int | None
+    overwrite: bool
+    sampling: SamplingOptions
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CurateSettings:
+        preset = PRESETS.get(args.preset, {})
+        return cls(
+            data=args.data,
+            out=out_dir(args),
+            band=Band.parse(args.band or preset["band"]),
+            preset=args.preset,
+            k=preset.get("k", DEFAULT_K) if args.k is None else args.k,
+            reward=args.reward or preset.get("reward"),
+            reward_options=parse_options(args.reward_option),
+            prompt_key=args.prompt_key,
+            reference_key=args.reference_key,
+            chunk=args.chunk,
+            max_problems=args.max_problems,
+            overwrite=args.overwrite,
+            sampling=SamplingOptions.from_args(args),
+        )
+
+    def check(self) -> None:
+        """The ranges of the options (the table shared with ``klear.eval``, then curate's own)."""
+        check_requirements(
+            [
+                ("--k", self.k, self.k >= 1, ">= 1"),
+                ("--chunk", self.chunk, self.chunk >= 1, ">= 1"),
+                ("--max-problems", self.max_problems, self.max_problems is None or self.max_problems >= 1, ">= 1"),
+                *self.sampling.requirements(),
+            ]
+        )
+        check_greedy(self.sampling, self.k, "a pass rate needs k > 1")
+
+    def recorded(self, task: Task) -> dict[str, Any]:
+        """What a problem's samples and scores depend on (`SAMPLING_KEYS`), with the reward and fields ``task``
+        resolved to: ``settings.json``, which a rerun into the same folder must match."""
+        options = self.sampling
+        values = {
+            **{key: getattr(options, key) for key in ("model", "engine")},
+            "k": self.k,
+            **{key: getattr(options, key) for key in ("temperature", "top_p", "top_k", "max_new_tokens", "seed")},
+            "reward": task.reward,
+            "reward_options": self.reward_options,
+            "prompt_key": task.prompt_key,
+            "reference_key": task.reference_key,
+        }
+        return {key: values[key] for key in SAMPLING_KEYS}
+
+
+def parse_options(items: list[str]) -> dict[str, Any]:
+    options = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CommandError(f"--reward-option {item!r}: expected KEY=VALUE, e.g. fallbacks=[answer_is]")
+        options[key.strip()] = yaml.safe_load(value)
+    return options

@@ -1,0 +1,135 @@
+"""One sampling pass: prompts encoded, one engine call, each sample's reference seeded, scored, regrouped per prompt.
+
+The lower layer of every front end that samples and scores: RL's step (`klear.stages.sampling.StepSampler`), the
+in-training evaluation (`klear.eval.in_training.evaluate`), ``klear.eval`` and ``klear.data curate``. They differ
+only in their problems, their `SamplingParams` and what they make of the scores, so a change to how samples are
+seeded, scored or grouped is made here once.
+
+Seeds: prompt ``i`` of the call samples from the stream ``sampling.seed + i`` and its sample ``j`` is scored
+against its reference seeded with ``sampling.seed + i * n + j`` (`seeded_reference`: a code suite that samples
+its tests), so every sample is a function of the seed and the prompt's index alone. With ``world``
+data-parallel ranks each samples and scores its contiguous share of the prompts (`rank_range`) and all ranks
+return the whole call's groups (`gather_objects`): the split changes nothing. Every rank calls the engine, with
+an empty share too, since an engine over a sharded policy samples in lockstep with the other ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from klear.data.problems import Problem
+from klear.data.prompts import encode_problem
+from klear.rewards.routing import seeded_reference
+from klear.rewards.scorer import ScoredRollouts
+from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
+from klear.runtime.distributed import gather_objects, rank_range
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Score = Callable[[Sequence[Rollout], list[Any]], ScoredRollouts]
+"""``(rollouts, references) -> ScoredRollouts``: `klear.rewards.RewardScorer.score`, or verdicts alone
+(`ScoredRollouts.of_verdicts`)."""
+
+
+@dataclass(frozen=True)
+class SampledShare:
+    """What one rank sampled and scored: its rollouts (``prompt_index`` counted in the whole call), their scores,
+    and its generation and scoring time."""
+
+    rollouts: list[Rollout]
+    scores: ScoredRollouts
+    sampling_s: float
+    scoring_s: float
+
+
+@dataclass(frozen=True)
+class SampledGroups:
+    """The samples of a call's problems, ``n`` per problem in problem order, and their scores.
+
+    Args:
+        groups: problem ``i``'s ``n`` rollouts (``prompt_index`` is ``i``, whichever rank sampled it).
+        scores: every sample's, in the order of ``rollouts``.
+        sampling_s, scoring_s: the slowest rank's generation and scoring time.
+    """
+
+    groups: list[list[Rollout]]
+    scores: ScoredRollouts
+    sampling_s: float
+    scoring_s: float
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        return [rollout for group in self.groups for rollout in group]
+
+    @classmethod
+    def of_shares(cls, shares: Sequence[SampledShare], problems: int, n: int) -> SampledGroups:
+        """The whole call, from every rank's share in rank order."""
+        rollouts = [rollout for share in shares for rollout in share.rollouts]
+        if len(rollouts) != problems * n:
+            raise ValueError(f"{len(rollouts)} rollouts for {problems} prompts x {n} samples: a share is missing")
+        return cls(
+            [rollouts[i * n : (i + 1) * n] for i in range(problems)],
+            ScoredRollouts.concat([share.scores for share in shares]),
+            max(share.sampling_s for share in shares),
+            max(share.scoring_s for share in shares),
+        )
+
+
+def sample_and_score(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    sampling: SamplingParams,
+    score: Score,
+    rank: int = 0,
+    world: int = 1,
+) -> SampledGroups:
+    """Sample ``sampling.n`` answers to each of ``problems`` with ``engine`` and score them (see the module
+    docstring): this rank's share (`sample_share`), then every rank's, gathered."""
+    share = sample_share(engine, tokenizer, problems, sampling, score, rank, world)
+    return SampledGroups.of_shares(gather_objects(share, world), len(problems), sampling.n)
+
+
+def sample_share(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    sampling: SamplingParams,
+    score: Score,
+    rank: int = 0,
+    world: int = 1,
+) -> SampledShare:
+    """Rank ``rank``'s contiguous share of ``problems`` (`rank_range`), sampled and scored; ``sampling.seed`` must be
+    set, since it is what makes the samples reproducible."""
+    if sampling.seed is None:
+        raise ValueError("sample_and_score needs sampling.seed: prompt i samples from the stream seed + i")
+    n = sampling.n
+    mine = rank_range(len(problems), rank, world)
+    prompts = [encode_problem(tokenizer, problem) for problem in problems[mine.start : mine.stop]]
+    timer = time.perf_counter()
+    rollouts = engine.generate(prompts, replace(sampling, seed=sampling.seed + mine.start))
+    sampling_s = time.perf_counter() - timer
+    for rollout in rollouts:
+        rollout.prompt_index += mine.start
+    timer = time.perf_counter()
+    if rollouts:
+        references = [
+            seeded_reference(problems[rollout.prompt_index].reference, sampling.seed + mine.start * n + i)
+            for i, rollout in enumerate(rollouts)
+        ]
+        scores = score(rollouts, references)
+    else:  # an empty share: nothing to score (the scorer is never asked for nothing)
+        scores = ScoredRollouts([], [], [], [], 0, 0)
+    return SampledShare(rollouts, scores, sampling_s, time.perf_counter() - timer)
+
+
+def sample_references(problems: Sequence[Problem], n: int, seed: int) -> list[Any]:
+    """Each of ``n`` samples per problem's reference, seeded as `sample_and_score` seeds it: for completions made
+    elsewhere (``klear.eval --completions``), scored as sampled ones would be."""
+    return [
+        seeded_reference(problem.reference, seed + i * n + j) for i, problem in enumerate(problems) for j in range(n)
+    ]

@@ -1,0 +1,79 @@
+"""`sample_and_score` on the tiny model's hf engine with real rewards: samples grouped per prompt, each prompt's
+samples and each sample's reference seed a function of the prompt's index alone (two ranks' shares, concatenated,
+are one process's call), and scored by the one scorer."""
+
+from __future__ import annotations
+
+import pytest
+
+from klear.config import ModelConfig
+from klear.data.problems import Problem
+from klear.data.synthetic import generate_problems
+from klear.models import load_model, load_tokenizer
+from klear.rewards import RewardScorer
+from klear.rollout.engine import SamplingParams
+from klear.rollout.hf import HFEngine
+from klear.rollout.sample_and_score import SampledGroups, sample_and_score, sample_references, sample_share
+
+PROBLEMS = [Problem(row["problem"], row["answer"]) for row in generate_problems(5, seed=3, levels=[1])]
+SAMPLING = SamplingParams(max_new_tokens=96, temperature=1.0, n=3, seed=11)
+
+
+@pytest.fixture(scope="module")
+def engine() -> HFEngine:
+    config = ModelConfig(path="tiny-sft")
+    return HFEngine(load_model(config).eval(), load_tokenizer(config), batch_size=4)
+
+
+def test_groups_hold_each_prompts_samples_scored_by_the_scorer(engine):
+    scorer = RewardScorer("math", {"correct": 0.5, "wrong": -1.0})
+    sampled = sample_and_score(engine, engine.tokenizer, PROBLEMS, SAMPLING, scorer.score)
+    assert [len(group) for group in sampled.groups] == [3] * 5
+    assert [[r.prompt_index for r in group] for group in sampled.groups] == [[i] * 3 for i in range(5)]
+    texts = [rollout.text for rollout in sampled.rollouts]
+    references = [problem.reference for problem in PROBLEMS for _ in range(3)]
+    assert sampled.scores == scorer.score(sampled.rollouts, references)  # the scorer's own result, in order
+    assert sampled.scores.correct == scorer.correctness(texts, references)
+    assert set(sampled.scores.raw) <= {0.5, -1.0} and len(sampled.scores) == 15
+    assert 0 < sum(sampled.scores.correct) < 15, "tiny-sft solves some of these, not all: else the check is weak"
+    assert sampled.sampling_s > 0 and sampled.scoring_s >= 0
+
+
+def seed_of(completion: str, reference: dict) -> float:
+    """A reward that scores a sample with the seed its reference was given (a suite that samples its tests)."""
+    return float(reference["seed"])
+
+
+def test_two_ranks_shares_are_one_process_and_each_reference_gets_its_own_seed(engine):
+    suites = [Problem(problem.prompt, {"tests": [], "max_test_cases": 1}) for problem in PROBLEMS]
+    scorer = RewardScorer(seed_of)
+    whole = sample_and_score(engine, engine.tokenizer, suites, SAMPLING, scorer.score)
+    # prompt i, sample j: the reference seed is seed + i * n + j, whatever the split
+    assert whole.scores.raw == [float(11 + i) for i in range(15)]
+    assert [r["seed"] for r in sample_references(suites, 3, 11)] == list(range(11, 26))
+    shares = [sample_share(engine, engine.tokenizer, suites, SAMPLING, scorer.score, rank, 2) for rank in (0, 1)]
+    assert [len(share.rollouts) for share in shares] == [9, 6]  # ranks 0 and 1: prompts 0-2 and 3-4
+    split = SampledGroups.of_shares(shares, len(suites), 3)
+    for mine, one in zip(split.rollouts, whole.rollouts, strict=True):  # the same samples of the same prompts
+        assert (mine.prompt_index, mine.prompt_ids, mine.response_ids, mine.text, mine.finish_reason) == (
+            one.prompt_index,
+            one.prompt_ids,
+            one.response_ids,
+            one.text,
+            one.finish_reason,
+        )
+        assert mine.logprobs == pytest.approx(one.logprobs, abs=1e-5)  # batched with other prompts: float noise
+    assert split.scores == whole.scores
+    assert len({rollout.text for rollout in whole.rollouts}) > 1, "samples that all agree could not show a shift"
+
+
+def test_an_empty_share_is_not_scored_and_a_seed_is_required(engine):
+    def refuse(rollouts, references):
+        raise AssertionError("the scorer was asked to score nothing")
+
+    share = sample_share(engine, engine.tokenizer, PROBLEMS[:1], SAMPLING, refuse, rank=1, world=2)
+    assert share.rollouts == [] and len(share.scores) == 0
+    with pytest.raises(ValueError, match=r"needs sampling\.seed"):
+        sample_and_score(engine, engine.tokenizer, PROBLEMS, SamplingParams(n=2), refuse)
+    with pytest.raises(ValueError, match="a share is missing"):
+        SampledGroups.of_shares([share], 1, 3)
