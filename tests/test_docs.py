@@ -241,6 +241,12 @@ assert "gppo" in list_objectives()
     ),
     # docs/objectives.md
     ("docs/objectives.md", "import torch"): Covered(OBJECTIVE_EXAMPLES),
+    ("docs/objectives.md", "from klear.objectives import Max, PPOClip"): Covered(
+        (
+            *OBJECTIVE_EXAMPLES,
+            "tests/objectives/test_docs_examples.py::test_the_diagnostic_example_declares_its_reductions",
+        )
+    ),
     # docs/performance.md
     ("docs/performance.md", "bash tools/trl_env.sh"): NotOnCPU(
         "needs TRL's own venv (tools/trl_env.sh installs trl into /tmp/venv-trl; TRL is never a klear dependency)"

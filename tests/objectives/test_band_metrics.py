@@ -5,8 +5,7 @@ whose gradients differ there, and equal to autograd's gradient for every registe
 import pytest
 import torch
 
-from klear.objectives import get_objective, list_objectives
-from klear.stages.update import shares
+from klear.objectives import Ratio, get_objective, list_objectives
 
 # Four tokens of one sequence: ratio 1.5 with A > 0 (above the band), 0.5 with A < 0 (below it), and two inside.
 RATIO = torch.tensor([[1.5, 0.5, 1.0, 1.1]])
@@ -19,7 +18,15 @@ def run(name: str, **options):
     logprobs = torch.log(RATIO).requires_grad_(True)
     output = get_objective(name, **options)(logprobs, old, ADVANTAGES, MASK)
     (gradient,) = torch.autograd.grad(output.loss, logprobs)
-    return {key: float(value) for key, value in output.metrics.items()}, gradient
+    return output.metrics, gradient
+
+
+def gradient_sums(metrics: dict) -> tuple[float, float, float]:
+    """The sums of |dL/dlogp| behind the two gradient shares: above the band, below it, over every token."""
+    above, below = metrics["grad_share_above_pos"], metrics["grad_share_below_neg"]
+    assert isinstance(above, Ratio) and isinstance(below, Ratio)  # divided only once the step's sums are complete
+    assert float(above.denominator) == float(below.denominator)
+    return float(above.numerator), float(below.numerator), float(above.denominator)
 
 
 @pytest.mark.parametrize(
@@ -37,13 +44,14 @@ def run(name: str, **options):
 )
 def test_outside_tokens_and_their_gradient_by_hand(name, options, above, below):
     metrics, gradient = run(name, **options)
-    assert metrics["above_band_pos"] == pytest.approx(0.25)
-    assert metrics["below_band_neg"] == pytest.approx(0.25)
-    assert metrics["grad_abs_above_pos"] == pytest.approx(above)
-    assert metrics["grad_abs_below_neg"] == pytest.approx(below)
+    assert float(metrics["above_band_pos"]) == pytest.approx(0.25)
+    assert float(metrics["below_band_neg"]) == pytest.approx(0.25)
+    above_sum, below_sum, total = gradient_sums(metrics)
+    assert (above_sum, below_sum) == pytest.approx((above, below))
     # The two tokens inside the band get -A r / 4 under every one of these schemes.
-    assert metrics["grad_abs"] == pytest.approx(above + below + (1.0 + 1.1) / 4)
-    assert metrics["grad_abs"] == pytest.approx(float(gradient.abs().sum()))
+    assert total == pytest.approx(above + below + (1.0 + 1.1) / 4)
+    assert total == pytest.approx(float(gradient.abs().sum()))
+    assert float(metrics["grad_share_above_pos"]) == pytest.approx(above / total)
 
 
 @pytest.mark.parametrize("name", list_objectives())
@@ -56,25 +64,6 @@ def test_gradient_sums_are_the_loss_gradient(name, loss_agg):
     advantages = torch.tensor([1.0, -0.5, 0.25])
     output = get_objective(name, loss_agg=loss_agg)(logprobs, old, advantages, mask)
     (gradient,) = torch.autograd.grad(output.loss, logprobs)
-    metrics = {key: float(value) for key, value in output.metrics.items()}
-    assert metrics["grad_abs"] == pytest.approx(float(gradient[mask].abs().sum()), rel=1e-5)
-    assert 0.0 <= metrics["grad_abs_above_pos"] + metrics["grad_abs_below_neg"] <= metrics["grad_abs"] + 1e-7
-
-
-def test_shares_are_quotients_of_the_step_sums():
-    sums = {
-        "objective/grad_abs": 4.0,
-        "objective/grad_abs_above_pos": 1.0,
-        "objective/grad_abs_below_neg": 0.5,
-        "actor/entropy_sum_pos": 6.0,
-        "actor/tokens_pos": 3.0,
-        "actor/entropy_sum_neg": 0.0,
-        "actor/tokens_neg": 0.0,
-        "actor/entropy": 1.5,
-    }
-    assert shares(sums) == {
-        "objective/grad_share_above_pos": 0.25,
-        "objective/grad_share_below_neg": 0.125,
-        "actor/entropy_pos": 2.0,
-        "actor/entropy": 1.5,
-    }  # no negative tokens: no actor/entropy_neg, and the sums are gone
+    above, below, total = gradient_sums(output.metrics)
+    assert total == pytest.approx(float(gradient[mask].abs().sum()), rel=1e-5)
+    assert 0.0 <= above + below <= total + 1e-7

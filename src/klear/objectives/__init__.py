@@ -4,12 +4,13 @@
 holds ``eps_low`` / ``eps_high``), a scheme without clip bounds subclasses the root :class:`Objective`; either
 overrides ``surrogate(ratio, advantages)`` (:func:`gradient_weighted` builds a loss from a gradient weight) and
 registers with ``@register_objective("name")``, or is found by its import path ``"package.module:ClassName"``
-without registering. Formulas, the gradient table and the extension rules: ``docs/objectives.md``.
+without registering. A scheme's own metrics come from its ``diagnostics(ratio, advantages, mask)``, each value a
+token mean or a ``Sum``, ``Max`` or ``Ratio``, which says how it reduces over a step. Formulas, the gradient table
+and the extension rules: ``docs/objectives.md``.
 """
 
 from klear.objectives.aggregation import LOSS_AGG_MODES, aggregate, loss_normalizer
 from klear.objectives.base import (
-    GRADIENT_SUMS,
     MAX_LOG_RATIO,
     Objective,
     ObjectiveOutput,
@@ -29,20 +30,23 @@ from klear.objectives.registry import (
     objective_defaults,
     register_objective,
 )
+from klear.runtime.step_metrics import Max, Ratio, Sum
 
 __all__ = [
     "CISPO",
     "GPPO",
-    "GRADIENT_SUMS",
     "GSPO",
     "LOSS_AGG_MODES",
     "MAX_LOG_RATIO",
     "OBJECTIVES",
     "DAPOClip",
+    "Max",
     "Objective",
     "ObjectiveOutput",
     "PPOClip",
     "PolicyObjective",
+    "Ratio",
+    "Sum",
     "aggregate",
     "check_hyperparameters",
     "get_objective",

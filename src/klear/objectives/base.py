@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from klear.objectives.aggregation import aggregate, check_loss_agg, loss_normalizer
+from klear.runtime.step_metrics import Max, Metric, Ratio
 
 # exp(20) ~ 4.9e8: far beyond any clip range, and exp stays finite in fp32 and bf16 (which overflow near 88).
 MAX_LOG_RATIO = 20.0
@@ -31,10 +32,12 @@ MAX_LOG_RATIO = 20.0
 
 @dataclass
 class ObjectiveOutput:
-    """What an objective returns: the scalar loss to backpropagate and detached scalar metrics."""
+    """What an objective returns: the scalar loss to backpropagate and detached scalar metrics, each saying how it
+    reduces over a step (``klear.runtime.step_metrics.Metric``): a plain tensor is a token mean, ``Sum``, ``Max`` and
+    ``Ratio`` the rest (``float()`` of any of them is this batch's value)."""
 
     loss: Tensor
-    metrics: dict[str, Tensor] = field(default_factory=dict)
+    metrics: dict[str, Metric] = field(default_factory=dict)
 
 
 def gradient_weighted(weight: Tensor, ratio: Tensor, advantages: Tensor) -> Tensor:
@@ -139,6 +142,18 @@ class Objective(nn.Module):
         none = torch.zeros(ratio.shape, dtype=torch.bool, device=ratio.device)
         return none, none
 
+    def diagnostics(self, ratio: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, Metric]:
+        """A scheme's own metrics, logged as ``objective/<name>`` beside the shared ones: each value says how it
+        reduces over the step (a plain tensor is a token mean; ``Sum``, ``Max``, ``Ratio`` from
+        ``klear.objectives``), so a new diagnostic is written here alone. None by default.
+
+        Args:
+            ratio: (B, T) importance ratio (detached), as :meth:`surrogate` got it.
+            advantages: (B, T) advantages, zero at masked positions.
+            mask: (B, T) bool response mask.
+        """
+        return {}
+
     # --------------------------------------------------------------------------------------------- forward
 
     def forward(
@@ -175,6 +190,13 @@ class Objective(nn.Module):
         band = self.outside_band(ratio, advantages)
         metrics = self._metrics(log_ratio, ratio, advantages, mask, band)
         metrics.update(self._gradient_metrics(log_ratio, advantages, mask, normalizer, band))
+        own = self.diagnostics(ratio, advantages, mask)
+        if shadowed := sorted(own.keys() & metrics.keys()):
+            raise ValueError(
+                f"{type(self).__name__}.diagnostics() returns {shadowed}, which every objective already "
+                "logs: give the diagnostic a name of its own"
+            )
+        metrics.update(own)
         return ObjectiveOutput(loss=loss, metrics=metrics)
 
     def normalizer(self, mask: Tensor, max_len: int | None = None) -> Tensor:
@@ -224,7 +246,7 @@ class Objective(nn.Module):
 
     def _metrics(
         self, log_ratio: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor, band: tuple[Tensor, Tensor]
-    ) -> dict[str, Tensor]:
+    ) -> dict[str, Metric]:
         count = mask.sum().clamp(min=1).float()
 
         def token_mean(values: Tensor) -> Tensor:
@@ -238,7 +260,7 @@ class Objective(nn.Module):
             "below_band_neg": token_mean(below),
             "above_band_pos": token_mean(above),
             "ratio_mean": token_mean(ratio),
-            "ratio_max": torch.where(mask, ratio, 0.0).max() if mask.any() else ratio.new_zeros(()),
+            "ratio_max": Max(torch.where(mask, ratio, 0.0).max() if mask.any() else ratio.new_zeros(())),
             # k3 estimator of KL(old || new): (r - 1) - log r, non-negative per token.
             "approx_kl": token_mean(ratio - 1.0 - log_ratio),
         }
@@ -250,11 +272,11 @@ class Objective(nn.Module):
         mask: Tensor,
         normalizer: Tensor | float | None,
         band: tuple[Tensor, Tensor],
-    ) -> dict[str, Tensor]:
-        """Sums of ``|dL/dx_t|``, the loss gradient with respect to each sampled token's log-prob: over every token
-        and over the tokens outside the band by sign (``band``, from :meth:`outside_band`). Their quotients are the
-        share of the update's gradient those tokens carry: 0 for PPO clip, what GPPO keeps. (`GRADIENT_SUMS`: sums,
-        not means.)
+    ) -> dict[str, Metric]:
+        """The share of the update's gradient carried by the tokens outside the band, by sign (``band``, from
+        :meth:`outside_band`): 0 for PPO clip, what GPPO keeps. Each is a `Ratio` of two sums of ``|dL/dx_t|``, the
+        loss gradient with respect to each sampled token's log-prob — over those tokens and over every token —
+        divided once the sums cover the step.
 
         The surrogate is recomputed on a detached copy of the log-ratio, elementwise on (B, T): it costs nothing
         next to the model's forward, and it is the gradient the loss has, aggregation weights included.
@@ -267,15 +289,11 @@ class Objective(nn.Module):
             grad = torch.zeros_like(x)
         magnitude = torch.where(mask, grad.abs(), 0.0)
         below, above = band
+        total = magnitude.sum()
         return {
-            "grad_abs": magnitude.sum(),
-            "grad_abs_below_neg": torch.where(below & mask, magnitude, 0.0).sum(),
-            "grad_abs_above_pos": torch.where(above & mask, magnitude, 0.0).sum(),
+            "grad_share_below_neg": Ratio(torch.where(below & mask, magnitude, 0.0).sum(), total),
+            "grad_share_above_pos": Ratio(torch.where(above & mask, magnitude, 0.0).sum(), total),
         }
-
-
-GRADIENT_SUMS = frozenset({"grad_abs", "grad_abs_below_neg", "grad_abs_above_pos"})
-"""Metrics of :class:`Objective` that are sums over the batch's tokens rather than token means."""
 
 
 class PolicyObjective(Objective):

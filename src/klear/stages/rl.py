@@ -52,7 +52,7 @@ from klear.runtime.strategies import full_tensors
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch, split_rows
 from klear.stages.sampling import StepSampler, build_engine, step_seed
-from klear.stages.update import PolicyUpdate, shares
+from klear.stages.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +229,9 @@ class RLModule(StageModule):
                 )
                 if gap is None:  # first forward before any update of this step: trainer vs engine, same weights
                     gap = metrics["rollout/logprob_gap"]
-                totals.add_result(metrics, self.policy_update.kinds)
+                totals.add_result(metrics)
                 updates += 1
-        result = shares(totals.mean(updates))
+        result = totals.mean(updates)
         result["rollout/logprob_gap"] = gap
         result["actor/updates"] = updates
         result["actor/train_tokens_per_s"] = (

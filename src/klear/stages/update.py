@@ -11,9 +11,10 @@ and gradient scale with a positive weight on that token's advantage (``Objective
 registered objective by the contract tests); the config refuses ``tis_cap`` for GSPO, whose sequence ratio
 spreads the weights over the whole sequence.
 
-Metrics are token means over the update (each micro-batch weighted by its share of the update's tokens, on all
-ranks), except the loss terms, which are already each micro-batch's share of the update's loss and add up, and
-``objective/ratio_max``, a maximum. They are reduced across ranks once per update (`StepMetrics`).
+Metrics say how they reduce (`klear.runtime.step_metrics`): a plain value is a token mean over the update (each
+micro-batch weighted by its share of the update's tokens, on all ranks); `Sum` (the loss terms, already each
+micro-batch's share of the update's loss), `Max` (``objective/ratio_max``) and `Ratio` (of two sums, finished once
+the step's sums are complete) say otherwise. They are reduced across ranks once per update (`StepMetrics`).
 """
 
 from __future__ import annotations
@@ -24,25 +25,14 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from klear.objectives import GRADIENT_SUMS, aggregate
+from klear.objectives import aggregate
 from klear.runtime.optim import clip_grad_norm
-from klear.runtime.step_metrics import Kind, StepMetrics
+from klear.runtime.step_metrics import StepMetrics
 from klear.stages.logprobs import token_logprobs
 from klear.stages.micro_batches import MicroBatch, oversized, plan_micro_batches
 from klear.stages.rollout_batch import RolloutBatch
 
 log = logging.getLogger(__name__)
-
-MAXIMA = frozenset({"objective/ratio_max"})
-"""The update's metrics that are maxima over its tokens; every other one is a sum (see the module docstring)."""
-SHARES: dict[str, tuple[str, str]] = {
-    "objective/grad_share_below_neg": ("objective/grad_abs_below_neg", "objective/grad_abs"),
-    "objective/grad_share_above_pos": ("objective/grad_abs_above_pos", "objective/grad_abs"),
-    "actor/entropy_pos": ("actor/entropy_sum_pos", "actor/tokens_pos"),
-    "actor/entropy_neg": ("actor/entropy_sum_neg", "actor/tokens_neg"),
-}
-"""Metrics that are quotients of two sums over the step (numerator, denominator); `shares` computes them once the
-sums are complete, so that they are exact over micro-batches, ranks and updates."""
 
 Reduce = Callable[[Tensor, str], Tensor]
 """``reduce(tensor, op)`` across the data-parallel ranks, ``op`` ``"sum"`` or ``"max"`` (Lightning's
@@ -79,11 +69,6 @@ class PolicyUpdate:
         self.reference = reference
         self.packed = bool(algorithm.micro_batch_tokens)
         self._warned_oversized = False
-
-    @property
-    def kinds(self) -> dict[str, Kind]:
-        """How each metric of :meth:`step` combines over updates: maxima, else sums (then means)."""
-        return dict.fromkeys(MAXIMA, "max")
 
     def plan(self, batch: RolloutBatch, rank: int, world: int) -> list[MicroBatch]:
         """This rank's micro-batches of ``batch`` (the same rows on every rank), by `plan_micro_batches`."""
@@ -181,18 +166,13 @@ class PolicyUpdate:
             advantages = advantages * torch.where(mask, tis, 0.0)
         output = self.objective(logprobs, micro.old_logprobs, advantages, mask, normalizer=normalizer)
         loss = output.loss
-        for key, value in output.metrics.items():
-            name = f"objective/{key}"
-            if name in MAXIMA:
-                metrics.add(name, value, "max")
-            else:
-                metrics.add(name, value if key in GRADIENT_SUMS else value * weight)
+        metrics.add_metrics(output.metrics, weight, prefix="objective/")
         metrics.add("actor/pg_loss", output.loss)
         metrics.add("actor/entropy", _masked_mean(entropy.detach(), mask) * weight)
         for sign, rows in (("pos", micro.advantages > 0), ("neg", micro.advantages < 0)):
             tokens = mask & rows[:, None]
-            metrics.add(f"actor/entropy_sum_{sign}", torch.where(tokens, entropy.detach().float(), 0.0).sum())
-            metrics.add(f"actor/tokens_{sign}", tokens.sum().float())
+            entropy_sum = torch.where(tokens, entropy.detach().float(), 0.0).sum()
+            metrics.add_ratio(f"actor/entropy_{sign}", entropy_sum, tokens.sum().float())
         gap = _masked_mean((logprobs.detach() - micro.engine_logprobs).abs(), mask)
         metrics.add("rollout/logprob_gap", gap * weight)
         if algorithm.sft_alpha:
@@ -215,17 +195,6 @@ class PolicyUpdate:
         if self.algorithm.kl_estimator == "k1":
             return -log_ratio
         return torch.exp(log_ratio) - log_ratio - 1.0
-
-
-def shares(result: dict[str, float]) -> dict[str, float]:
-    """``result`` with the sums of `SHARES` replaced by their quotients (left out where the denominator is 0: a
-    step without negative samples has no ``actor/entropy_neg``)."""
-    result = dict(result)
-    parts = {key for pair in SHARES.values() for key in pair}
-    for name, (numerator, denominator) in SHARES.items():
-        if result.get(denominator, 0.0) > 0:
-            result[name] = result[numerator] / result[denominator]
-    return {key: value for key, value in result.items() if key not in parts}
 
 
 def batch_logprobs(
