@@ -114,7 +114,7 @@ def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, 
 
     from klear.config.schema import AlgorithmConfig
     from klear.objectives import get_objective
-    from klear.stages.update import PolicyUpdate
+    from klear.stages.update import PolicyUpdate, UpdateSettings
 
     torch.set_num_threads(args.threads)
     settings = SIZES[size]
@@ -126,7 +126,7 @@ def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, 
     rows = settings["few_rows"] if variant == "few-rows" else DEFAULT_ROWS
     algorithm = OmegaConf.structured(AlgorithmConfig(micro_batch_size=rows, micro_batch_tokens=budget))
     update = PolicyUpdate(
-        get_objective("gppo"), algorithm, temperature=1.0, max_new_tokens=10 * settings["median"], grad_clip=0.0
+        get_objective("gppo"), UpdateSettings.from_algorithm(algorithm, 1.0, 10 * settings["median"], 0.0)
     )
     update.packed = variant == "tokens"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the same weights for every update

@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
 
     import klear.stages.rl
     import klear.stages.update
-    from klear.fit import build_stage, build_trainer, module_callbacks, prepare_run_dir
+    from klear.fit import build_stage, build_trainer, prepare_run_dir
 
     torch.set_num_threads(args.threads)
     folder = tempfile.mkdtemp(prefix="bench_rl_step.")  # run outputs (klear's run dir, TRL's output_dir)
@@ -289,7 +289,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
         check_same_prompts(module.tokenizer, problems)
         thread = start_trl(args, config, problems, trl_clock, baton, f"{folder}/trl", errors)
         baton.wait("klear")
-    trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[*module_callbacks(config), KlearSteps()])
+    trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[KlearSteps()])
     try:
         trainer.fit(module, train_dataloaders=batches)
     finally:

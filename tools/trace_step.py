@@ -102,7 +102,7 @@ def main() -> None:
     import lightning as L
 
     from klear.config.load import load_config
-    from klear.fit import build_stage, build_trainer, module_callbacks, prepare_run_dir
+    from klear.fit import build_stage, build_trainer, prepare_run_dir
 
     trace = Trace()
 
@@ -120,7 +120,7 @@ def main() -> None:
         config = load_config(str(ROOT / "configs" / "rl.yaml"), [*RUN, f"output_dir={out}"])
         run_dir = prepare_run_dir(config, resume=False, overwrite=False)
         module, batches = build_stage(config, run_dir)
-        trainer = build_trainer(config, run_dir, False, [Start(), *module_callbacks(config), Stop()])
+        trainer = build_trainer(config, run_dir, False, [Start(), Stop()])
         trainer.fit(module, batches)
     returns = trace.returns()
     if args.files:

@@ -9,9 +9,7 @@ second; the data is checked (every row, before any step) once the model's tokeni
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,9 +18,6 @@ from klear.config.load import load_config, read_yaml, save_config
 from klear.errors import UserError, first_line
 from klear.run.directory import RunDir, RunError, remove_path, write_failure
 from klear.run.preflight import preflight
-
-STAGES: dict[str, str] = {"sft": "klear.stages.sft:build", "rl": "klear.stages.rl:build"}
-"""Stage name -> ``"module:function"`` with ``build(config, run_dir) -> (LightningModule, train_batches)``."""
 
 # Keys that may change when a run is resumed; any other difference is refused. `output_dir` differs when a run
 # directory was copied or moved, and the data paths when the data moved: `data_report.json` checks the content.
@@ -142,7 +137,7 @@ def train(
             print(run_summary(run_dir, status, time.perf_counter() - started, first_step, resume), flush=True)
 
     stop = SignalStop(forced_exit)
-    trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop, *module_callbacks(config)])
+    trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop])
     with stop.watching():
         try:
             checkpoint = str(run_dir.last_checkpoint) if args.resume else None
@@ -251,21 +246,16 @@ def resume_command(argv: list[str] | None) -> str:
 
 
 def build_stage(config: DictConfig, run_dir: RunDir):
-    module_name, _, function = STAGES[config.stage].partition(":")
-    build: Callable = getattr(importlib.import_module(module_name), function)
+    """The stage's LightningModule and its batches, by the stage's ``build(config, run_dir)``."""
+    # Imported here, not at the top: the config, the output directory and the machine are checked before torch
+    # and Lightning are imported.
+    from klear.stages import rl, sft
+
+    build = {"sft": sft.build, "rl": rl.build}[config.stage]  # config.stage is checked against the schemas
     try:
         return build(config, run_dir)
     except OSError as error:  # transformers: a hub name that is not cached and cannot be downloaded, broken files
         raise RunError(f"model.path = {config.model.path!r} cannot be loaded: {first_line(error)}") from error
-
-
-def module_callbacks(config: DictConfig) -> list:
-    """Callbacks a stage needs: the RL stage's engine refresh."""
-    if config.stage == "rl":
-        from klear.rollout.refresh import RolloutRefresh
-
-        return [RolloutRefresh(config.rollout.logprob_gap_warn, config.rollout.logprob_gap_stop)]
-    return []
 
 
 def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callbacks: list | None = None):
@@ -301,7 +291,7 @@ def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callb
         max_steps=-1,
         logger=loggers,
         callbacks=callbacks,
-        enable_checkpointing=False,
+        enable_checkpointing=True,  # StepCheckpoint is the run's checkpoint: Lightning adds none of its own
         enable_progress_bar=config.trainer.progress_bar,
         enable_model_summary=False,
         log_every_n_steps=config.trainer.log_every_n_steps,

@@ -14,7 +14,7 @@ from klear.config import ModelConfig, RolloutConfig, VLLMConfig
 from klear.config.load import load_config
 from klear.data.prompts import encode_prompt
 from klear.data.synthetic import generate_problems
-from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
+from klear.fit import build_stage, build_trainer, main, prepare_run_dir
 from klear.models import load_model, load_tokenizer
 from klear.models.tiny import build_tiny
 from klear.rollout import vllm_engine
@@ -306,9 +306,7 @@ def test_rl_run_with_the_vllm_engine_and_its_exact_resume(tmp_path):
     config = load_config("configs/rl.yaml", [f"output_dir={crashed}", *SHORT])
     run_dir = prepare_run_dir(config, resume=False, overwrite=False)
     module, batches = build_stage(config, run_dir)
-    trainer = build_trainer(
-        config, run_dir, resume=False, extra_callbacks=[*module_callbacks(config), CrashAfterStep2()]
-    )
+    trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[CrashAfterStep2()])
     with pytest.raises(SimulatedCrash):
         trainer.fit(module, train_dataloaders=batches)
     assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT]) == 0

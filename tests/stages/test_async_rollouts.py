@@ -20,7 +20,7 @@ import lightning as L
 import pytest
 
 from klear.config.load import load_config
-from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
+from klear.fit import build_stage, build_trainer, main, prepare_run_dir
 from tests.runs import RL_SHORT, TIMING, assert_same_metrics, fit_in_subprocess, read_metrics
 from tests.stages.test_fsdp2 import RL as RL_RANKS
 
@@ -180,9 +180,7 @@ def test_an_error_in_the_trainer_stops_the_worker(tmp_path):
     config = load_config("configs/rl.yaml", [*SHORT[2:], "rollout.max_staleness=2", f"output_dir={tmp_path}"])
     run_dir = prepare_run_dir(config, resume=False, overwrite=False)
     module, batches = build_stage(config, run_dir)
-    trainer = build_trainer(
-        config, run_dir, resume=False, extra_callbacks=[*module_callbacks(config), CrashAfterStep1()]
-    )
+    trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[CrashAfterStep1()])
     with pytest.raises(RuntimeError, match="the trainer failed"):
         trainer.fit(module, train_dataloaders=batches)
     assert module.engine.process.exitcode is not None  # stopped, not left running until garbage collection

@@ -16,7 +16,7 @@ from klear.objectives import get_objective
 from klear.rollout.engine import Rollout
 from klear.stages.micro_batches import plan_micro_batches, token_bins
 from klear.stages.rollout_batch import build_rollout_batch
-from klear.stages.update import PolicyUpdate
+from klear.stages.update import PolicyUpdate, UpdateSettings
 
 
 def long_tailed(count: int, seed: int) -> list[int]:
@@ -95,7 +95,7 @@ def one_update(model, objective, batch, budget: int, **algorithm):
     model = copy.deepcopy(model)
     settings = OmegaConf.structured(AlgorithmConfig(micro_batch_size=3, micro_batch_tokens=budget, **algorithm))
     reference = copy.deepcopy(model).requires_grad_(False) if settings.kl_coef else None
-    update = PolicyUpdate(objective, settings, temperature=0.9, max_new_tokens=40, grad_clip=0.0, reference=reference)
+    update = PolicyUpdate(objective, UpdateSettings.from_algorithm(settings, 0.9, 40, 0.0), reference=reference)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     gradients = {}
 
@@ -138,7 +138,7 @@ def test_token_budget_update_equals_the_row_update(tiny, objective, options, alg
 def test_a_row_longer_than_the_budget_is_warned_about_once(tiny, caplog):
     batch = rollout_batch([3, 40, 7, 12, 25, 2, 33, 9])
     settings = OmegaConf.structured(AlgorithmConfig(micro_batch_tokens=20))
-    update = PolicyUpdate(get_objective("gppo"), settings, temperature=1.0, max_new_tokens=40, grad_clip=0.0)
+    update = PolicyUpdate(get_objective("gppo"), UpdateSettings.from_algorithm(settings, 1.0, 40, 0.0))
     with caplog.at_level(logging.WARNING, logger="klear.stages.update"):
         for _ in range(2):
             plan = update.plan(batch, rank=0, world=1)

@@ -9,9 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from klear.config.load import load_config
-from klear.fit import build_stage, build_trainer, main, module_callbacks, prepare_run_dir
+from klear.fit import build_stage, build_trainer, main, prepare_run_dir
 from klear.models import resolve_model_path
 from klear.objectives import list_objectives
+from klear.rollout.engine import ENGINES
 from klear.rollout.hf import HFEngine
 from tests.runs import RL_SHORT, TIMING, read_metrics
 
@@ -52,42 +53,52 @@ def test_every_objective_trains(objective, tmp_path):
     assert any(not torch.equal(before[name], after[name]) for name in before)
 
 
-def separate_engine(module) -> HFEngine:
-    """An hf engine over a copy of the policy, as a separate inference engine (vLLM) is: one whose weights a failed
-    refresh leaves stale. The default hf engine samples from the policy itself, and cannot go stale."""
-    model = copy.deepcopy(module.model).eval().requires_grad_(False)
-    return HFEngine(model, module.tokenizer, batch_size=module.config.rollout.batch_size)
+class StaleCopy(HFEngine):
+    """An hf engine over a copy of the policy, as a separate inference engine (vLLM) is, whose refresh delivers
+    nothing: its weights stay the initial ones. The default hf engine samples from the policy itself, and cannot go
+    stale."""
+
+    def update_weights(self, named_tensors) -> None:
+        pass
+
+
+class CorruptedCopy(HFEngine):
+    """An hf engine over a copy of the policy whose every refresh after the first delivers wrong weights, as a broken
+    weight sync would."""
+
+    pushes = 0
+
+    def update_weights(self, named_tensors) -> None:
+        super().update_weights(named_tensors)
+        self.pushes += 1
+        if self.pushes > 1:
+            with torch.no_grad():
+                for parameter in self.model.parameters():
+                    parameter.add_(0.05 * torch.randn_like(parameter))
+
+
+def copy_engine(engine: type[HFEngine]):
+    def factory(policy, tokenizer, rollout, **settings) -> HFEngine:
+        return engine(copy.deepcopy(policy).eval().requires_grad_(False), tokenizer, batch_size=rollout.batch_size)
+
+    return factory
+
+
+ENGINES.register("test-stale-copy")(copy_engine(StaleCopy))
+ENGINES.register("test-corrupted-copy")(copy_engine(CorruptedCopy))
 
 
 def test_stale_engine_shows_in_the_logprob_gap(tmp_path):
-    config = load_config("configs/rl.yaml", [f"output_dir={tmp_path}", *SHORT])
-    run_dir = prepare_run_dir(config, resume=False, overwrite=False)
-    module, batches = build_stage(config, run_dir)
-    module.engine = separate_engine(module)
-    build_trainer(config, run_dir, resume=False).fit(module, train_dataloaders=batches)  # no refresh callback
+    assert (
+        main(["--config", "configs/rl.yaml", f"output_dir={tmp_path}", *SHORT, "rollout.engine=test-stale-copy"]) == 0
+    )
     gaps = [float(row["rollout/logprob_gap"]) for row in read_metrics(tmp_path / "metrics.csv")[:4]]
     assert gaps[0] < 1e-4 and min(gaps[1:]) > 1e-3, gaps
 
 
-class CorruptEngineAfterRefresh(L.Callback):
-    """Each refresh delivers wrong weights, as a broken weight sync would."""
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        with torch.no_grad():
-            for parameter in module.engine.model.parameters():
-                parameter.add_(0.05 * torch.randn_like(parameter))
-
-
 def test_a_corrupted_refresh_stops_the_run_when_asked(tmp_path):
-    from klear.rollout.refresh import LogprobGapError, RolloutRefresh
-
-    config = load_config("configs/rl.yaml", [f"output_dir={tmp_path}", *SHORT, "rollout.logprob_gap_stop=0.001"])
-    run_dir = prepare_run_dir(config, resume=False, overwrite=False)
-    module, batches = build_stage(config, run_dir)
-    module.engine = separate_engine(module)
-    callbacks = [RolloutRefresh(0.05, config.rollout.logprob_gap_stop), CorruptEngineAfterRefresh()]
-    with pytest.raises(LogprobGapError, match=r"exceeds rollout\.logprob_gap_stop = 0\.001"):
-        build_trainer(config, run_dir, resume=False, extra_callbacks=callbacks).fit(module, train_dataloaders=batches)
+    args = [f"output_dir={tmp_path}", *SHORT, "rollout.logprob_gap_stop=0.001", "rollout.engine=test-corrupted-copy"]
+    assert main(["--config", "configs/rl.yaml", *args]) == 3
     rows = read_metrics(tmp_path / "metrics.csv")
     assert float(rows[0]["rollout/logprob_gap"]) < 1e-4 and float(rows[-1]["rollout/logprob_gap"]) > 0.001
 
@@ -109,9 +120,12 @@ def test_resume_after_crash_is_exact(tmp_path):
     config = load_config("configs/rl.yaml", [f"output_dir={crashed}", *SHORT])
     run_dir = prepare_run_dir(config, resume=False, overwrite=False)
     module, batches = build_stage(config, run_dir)
-    trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[*module_callbacks(config), Crash()])
+    trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[Crash()])
     with pytest.raises(SimulatedCrash):
         trainer.fit(module, train_dataloaders=batches)
+    # The module attached the refresh: Lightning runs it after the Trainer's callbacks and before the checkpoint.
+    kinds = [type(callback).__name__ for callback in trainer.callbacks]
+    assert kinds[-3:] == ["Crash", "RolloutRefresh", "StepCheckpoint"], kinds
     assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT]) == 0
 
     a, b = read_metrics(straight / "metrics.csv"), read_metrics(crashed / "metrics.csv")

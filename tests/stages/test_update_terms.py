@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from klear.config.schema import AlgorithmConfig
@@ -19,7 +18,7 @@ from klear.objectives import get_objective
 from klear.runtime.step_metrics import StepMetrics
 from klear.stages.logprobs import _LinearHeadScores
 from klear.stages.rollout_batch import RolloutBatch
-from klear.stages.update import PolicyUpdate, positive_nll
+from klear.stages.update import PolicyUpdate, UpdateSettings, positive_nll
 
 LOGPROBS = [-1.0, -0.5, -2.0]
 REFERENCE = [-1.2, -0.5, -1.0]
@@ -30,8 +29,8 @@ class GivenLogprobs(PolicyUpdate):
     """A real `PolicyUpdate` whose model forward returns given log-probs (and entropies) instead of scoring."""
 
     def __init__(self, logprobs: Tensor, entropy: Tensor, reference: Tensor, **algorithm) -> None:
-        settings = OmegaConf.structured(AlgorithmConfig(**algorithm))
-        super().__init__(get_objective("gppo"), settings, 1.0, 3, 0.0, reference=REF_MODEL)
+        settings = UpdateSettings.from_algorithm(AlgorithmConfig(**algorithm), 1.0, 3, 0.0)
+        super().__init__(get_objective("gppo"), settings, reference=REF_MODEL)
         self.given = {id(POLICY): (logprobs, entropy), id(REF_MODEL): (reference, None)}
 
     def logprobs(self, model, batch, with_entropy=False):

@@ -23,6 +23,9 @@ class LogprobGapError(RuntimeError):
 class RolloutRefresh(L.Callback):
     """Wakes the engine and pushes the policy's weights into it at the start of training and after each step.
 
+    The RL module attaches it (its ``configure_callbacks``), so every fit of the module refreshes its engine, and
+    Lightning runs it before `~klear.run.checkpoints.StepCheckpoint` saves the step.
+
     The module must expose ``engine`` (a :class:`~klear.rollout.engine.RolloutEngine`), ``policy_tensors()``
     (an iterator of ``(hf_name, tensor)``) and ``step_metrics`` (the metrics of its last step).
     """

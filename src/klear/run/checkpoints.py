@@ -18,12 +18,15 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import Checkpoint
 
 from klear.run.directory import CHECKPOINT_GLOB, RunDir, remove_path, with_path
 from klear.runtime import lightning_compat, memory
 
 
-class StepCheckpoint(L.Callback):
+class StepCheckpoint(Checkpoint):
+    # A Checkpoint, so that Lightning runs it after every other callback, those a module attaches in its
+    # configure_callbacks included: the RL module's engine refresh must push the weights before a save.
     """Save ``checkpoints/step-N.ckpt`` every ``every_n_steps`` training steps and at the end of training.
 
     The file (a directory of per-rank shards under fsdp2) is written under a temporary name and renamed into

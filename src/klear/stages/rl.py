@@ -31,6 +31,7 @@ import time
 import warnings
 from collections.abc import Callable
 
+import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
@@ -45,6 +46,7 @@ from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import needed_model_len
+from klear.rollout.refresh import RolloutRefresh
 from klear.run.directory import RunDir
 from klear.runtime.device import policy_on_cuda
 from klear.runtime.step_metrics import StepMetrics
@@ -52,7 +54,7 @@ from klear.runtime.strategies import full_tensors
 from klear.stages.base import StageModule, stage_problems
 from klear.stages.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch, split_rows
 from klear.stages.sampling import StepSampler, build_engine, step_seed
-from klear.stages.update import PolicyUpdate
+from klear.stages.update import PolicyUpdate, UpdateSettings
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +86,7 @@ class RLModule(StageModule):
         self.tokenizer = tokenizer
         self.model = load_model(config.model, on_cuda=policy_on_cuda(config), cpu_threads=config.trainer.cpu_threads)
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if config.algorithm.kl_coef else None
-        self.policy_update = PolicyUpdate(
-            self.objective,
-            config.algorithm,
-            temperature=config.rollout.temperature,
-            max_new_tokens=config.rollout.max_new_tokens,
-            grad_clip=config.optim.grad_clip,
-            reference=self.reference,
-        )
+        self.policy_update = PolicyUpdate(self.objective, UpdateSettings.from_config(config), reference=self.reference)
         self.train_problems = train_problems
         self.eval_problems = eval_problems
         self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
@@ -110,15 +105,21 @@ class RLModule(StageModule):
         """The policy and the frozen reference."""
         return [self.model] + ([self.reference] if self.reference is not None else [])
 
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The engine refresh. Lightning runs a module's callbacks after the Trainer's, and `StepCheckpoint`, a
+        ``Checkpoint``, after every other: each step's weights are pushed before its checkpoint is saved, which
+        holds what asynchronous rollouts have in flight once that push issued the next step's rollouts."""
+        rollout = self.config.rollout
+        return [RolloutRefresh(rollout.logprob_gap_warn, rollout.logprob_gap_stop)]
+
     def on_fit_start(self) -> None:
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
-        if self.engine is None and self.asynchronous:
+        if self.asynchronous:
             from klear.stages.async_rollouts import start_async_rollouts
 
             self.engine = start_async_rollouts(self)
-        elif self.engine is None:
+        else:
             self.engine = build_engine(self.config, self.model, self.tokenizer, self.max_model_len)
-        if not self.asynchronous:  # the engine may have been set before the fit (a test's own engine)
             self.sampler = StepSampler(
                 self.config,
                 self.engine,

@@ -94,7 +94,7 @@ class _Service:
         from klear.rollout.hf import HFEngine
         from klear.runtime.device import compute_precision
         from klear.stages.sampling import StepSampler, build_engine
-        from klear.stages.update import PolicyUpdate
+        from klear.stages.update import PolicyUpdate, UpdateSettings
 
         config = spec.config
         if spec.world > 1:
@@ -116,13 +116,7 @@ class _Service:
         self.sampler = StepSampler(
             config, self.engine, self.tokenizer, self.scorer, spec.train_problems, spec.rank, spec.world
         )
-        self.scoring = PolicyUpdate(
-            None,
-            config.algorithm,
-            temperature=config.rollout.temperature,
-            max_new_tokens=config.rollout.max_new_tokens,
-            grad_clip=0.0,
-        )
+        self.scoring = PolicyUpdate(None, UpdateSettings.from_config(config))  # its log-prob passes only
         self.version = -1
 
     def serve(self, commands, results, free) -> None:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from klear.objectives import aggregate
@@ -39,40 +41,69 @@ Reduce = Callable[[Tensor, str], Tensor]
 ``strategy.reduce``)."""
 
 
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What the policy update and its log-prob passes read of the run's config, read once (`from_config`)."""
+
+    tis_cap: float
+    """Truncated importance sampling cap (0: off)."""
+    sft_alpha: float
+    kl_coef: float
+    kl_estimator: str
+    """``k1`` or ``k3``."""
+    entropy_coef: float
+    micro_batch_size: int
+    micro_batch_tokens: int
+    """Token budget of a pass (0: ``micro_batch_size`` rows per pass)."""
+    temperature: float
+    """The sampling temperature, at which log-probs are computed (0, greedy: untempered)."""
+    max_new_tokens: int
+    """The response budget (the ``seq-mean-token-sum-norm`` normaliser)."""
+    grad_clip: float
+    """Gradient-norm clip (0: off)."""
+
+    @classmethod
+    def from_config(cls, config: DictConfig) -> UpdateSettings:
+        """The run's ``algorithm`` terms, ``rollout.temperature`` and ``max_new_tokens``, ``optim.grad_clip``."""
+        rollout = config.rollout
+        return cls.from_algorithm(config.algorithm, rollout.temperature, rollout.max_new_tokens, config.optim.grad_clip)
+
+    @classmethod
+    def from_algorithm(cls, algorithm, temperature: float, max_new_tokens: int, grad_clip: float) -> UpdateSettings:
+        """From an ``algorithm`` section (`klear.config.schema.AlgorithmConfig`) and the three values beside it."""
+        return cls(
+            tis_cap=float(algorithm.tis_cap),
+            sft_alpha=float(algorithm.sft_alpha),
+            kl_coef=float(algorithm.kl_coef),
+            kl_estimator=str(algorithm.kl_estimator),
+            entropy_coef=float(algorithm.entropy_coef),
+            micro_batch_size=int(algorithm.micro_batch_size),
+            micro_batch_tokens=int(algorithm.micro_batch_tokens),
+            temperature=float(temperature),
+            max_new_tokens=int(max_new_tokens),
+            grad_clip=float(grad_clip),
+        )
+
+
 class PolicyUpdate:
     """Computes and applies one optimizer update from a mini-batch of rollouts.
 
     Args:
         objective: the policy objective (``klear.objectives``).
-        algorithm: the run's ``algorithm`` section (``micro_batch_size``, ``micro_batch_tokens``, ``tis_cap``,
-            ``sft_alpha``, ``kl_coef``, ``kl_estimator``, ``entropy_coef``).
-        temperature: the sampling temperature, at which log-probs are computed (0, greedy: untempered).
-        max_new_tokens: the response budget (the ``seq-mean-token-sum-norm`` normaliser).
-        grad_clip: gradient-norm clip (0: off).
+        settings: the update's terms and passes (`UpdateSettings`).
         reference: the frozen reference policy of the KL term (``None`` when ``kl_coef`` is 0).
     """
 
-    def __init__(
-        self,
-        objective: nn.Module,
-        algorithm,
-        temperature: float,
-        max_new_tokens: int,
-        grad_clip: float,
-        reference: nn.Module | None = None,
-    ) -> None:
+    def __init__(self, objective: nn.Module, settings: UpdateSettings, reference: nn.Module | None = None) -> None:
         self.objective = objective
-        self.algorithm = algorithm
-        self.temperature = temperature
-        self.max_new_tokens = max_new_tokens
-        self.grad_clip = grad_clip
+        self.settings = settings
         self.reference = reference
-        self.packed = bool(algorithm.micro_batch_tokens)
+        self.packed = bool(settings.micro_batch_tokens)
         self._warned_oversized = False
 
     def plan(self, batch: RolloutBatch, rank: int, world: int) -> list[MicroBatch]:
         """This rank's micro-batches of ``batch`` (the same rows on every rank), by `plan_micro_batches`."""
-        budget = self.algorithm.micro_batch_tokens
+        budget = self.settings.micro_batch_tokens
         if budget and not self._warned_oversized and (count := oversized(batch.lengths, budget)):
             self._warned_oversized = True
             log.warning(
@@ -82,13 +113,13 @@ class PolicyUpdate:
                 budget,
                 int(batch.lengths.max()),
             )
-        return plan_micro_batches(batch.lengths.cpu(), rank, world, self.algorithm.micro_batch_size, budget)
+        return plan_micro_batches(batch.lengths.cpu(), rank, world, self.settings.micro_batch_size, budget)
 
     def logprobs(
         self, model: nn.Module, batch: RolloutBatch, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) of one micro-batch's response tokens: packed under a token budget."""
-        return batch_logprobs(model, batch, self.temperature, with_entropy=with_entropy, pack=self.packed)
+        return batch_logprobs(model, batch, self.settings.temperature, with_entropy=with_entropy, pack=self.packed)
 
     @torch.no_grad()
     def all_logprobs(self, model: nn.Module, batch: RolloutBatch, rank: int, world: int) -> tuple[Tensor, Tensor]:
@@ -126,7 +157,10 @@ class PolicyUpdate:
         # Padding rows of a data-parallel share are not sequences of the step: they count in no normaliser.
         local = [
             torch.as_tensor(
-                sum(self.objective.normalizer(m.mask[m.real], max_len=self.max_new_tokens) for m in micro_batches),
+                sum(
+                    self.objective.normalizer(m.mask[m.real], max_len=self.settings.max_new_tokens)
+                    for m in micro_batches
+                ),
                 dtype=torch.float32,
                 device=batch.mask.device,
             ),
@@ -140,7 +174,7 @@ class PolicyUpdate:
             loss = self._micro_loss(model, micro, normalizer, correct_tokens, metrics, micro.mask.sum() / tokens)
             # Gradients are averaged over data-parallel ranks (DDP and FSDP2 alike): undo it for a global sum.
             backward(loss * world)
-        grad_norm = clip_grad_norm(model, self.grad_clip)
+        grad_norm = clip_grad_norm(model, self.settings.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         result = metrics.reduce(reduce)
@@ -158,7 +192,7 @@ class PolicyUpdate:
     ) -> Tensor:
         """This micro-batch's share of the update's loss; its metrics are added to ``metrics`` (token means
         weighted by ``weight``, its share of the update's tokens)."""
-        algorithm, mode, mask = self.algorithm, self.objective.loss_agg, micro.mask
+        algorithm, mode, mask = self.settings, self.objective.loss_agg, micro.mask
         logprobs, entropy = self.logprobs(model, micro, with_entropy=True)
         advantages = micro.advantages[:, None].expand_as(logprobs)
         if algorithm.tis_cap:
@@ -192,7 +226,7 @@ class PolicyUpdate:
         with torch.no_grad():
             reference, _ = self.logprobs(self.reference, micro)
         log_ratio = torch.where(micro.mask, reference - logprobs, 0.0)
-        if self.algorithm.kl_estimator == "k1":
+        if self.settings.kl_estimator == "k1":
             return -log_ratio
         return torch.exp(log_ratio) - log_ratio - 1.0
 
