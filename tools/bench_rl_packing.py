@@ -128,7 +128,7 @@ def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, 
     update = PolicyUpdate(
         get_objective("gppo"), UpdateSettings.from_algorithm(algorithm, 1.0, 10 * settings["median"], 0.0)
     )
-    update.packed = variant == "tokens"
+    update.passes.packed = variant == "tokens"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the same weights for every update
 
     def step(rows):
@@ -142,12 +142,12 @@ def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, 
         started = time.perf_counter()
         metrics = step(batch)
         seconds.append(time.perf_counter() - started)
-    plan = update.plan(batch, rank=0, world=1)
+    plan = update.passes.plan(batch, rank=0, world=1)
     computed = sum(len(micro.rows) * int(batch.lengths[micro.rows].max()) for micro in plan)
     return {
         "seconds": statistics.median(seconds),
         "tokens": int(batch.lengths.sum()),
-        "computed_tokens": int(batch.lengths.sum()) if update.packed else computed,
+        "computed_tokens": int(batch.lengths.sum()) if update.passes.packed else computed,
         "passes": len(plan),
         "longest": int(batch.lengths.max()),
         "peak_mb": (_status("VmHWM") - before) / 1024,

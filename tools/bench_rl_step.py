@@ -239,8 +239,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     import lightning as L
     import torch
 
+    import klear.stages.passes
     import klear.stages.rl
-    import klear.stages.update
     from klear.fit import build_stage, build_trainer, prepare_run_dir
 
     torch.set_num_threads(args.threads)
@@ -266,9 +266,9 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
             engine.generate = klear_clock.wrap("generate", counted)
             module.scorer.score = klear_clock.wrap("reward", module.scorer.score)
             module.manual_backward = klear_clock.wrap("backward", module.manual_backward)
-            # Every log-prob pass of a step (no-grad, loss, KL reference) goes through update.batch_logprobs.
-            update = klear.stages.update
-            update.token_logprobs = klear_clock.wrap("logprob_fwd", update.token_logprobs)
+            # Every log-prob pass of a step (no-grad, loss, KL reference) goes through LogprobPasses.logprobs.
+            passes = klear.stages.passes
+            passes.token_logprobs = klear_clock.wrap("logprob_fwd", passes.token_logprobs)
             klear_clock.start()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx: int) -> None:

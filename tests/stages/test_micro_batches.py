@@ -139,9 +139,9 @@ def test_a_row_longer_than_the_budget_is_warned_about_once(tiny, caplog):
     batch = rollout_batch([3, 40, 7, 12, 25, 2, 33, 9])
     settings = OmegaConf.structured(AlgorithmConfig(micro_batch_tokens=20))
     update = PolicyUpdate(get_objective("gppo"), UpdateSettings.from_algorithm(settings, 1.0, 40, 0.0))
-    with caplog.at_level(logging.WARNING, logger="klear.stages.update"):
+    with caplog.at_level(logging.WARNING, logger="klear.stages.passes"):
         for _ in range(2):
-            plan = update.plan(batch, rank=0, world=1)
+            plan = update.passes.plan(batch, rank=0, world=1)
     assert sorted(i for micro in plan for i in micro.rows.tolist()) == list(range(8))
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == 1 and "3 rows are longer than algorithm.micro_batch_tokens=20" in messages[0]

@@ -17,6 +17,7 @@ from klear.config.schema import AlgorithmConfig
 from klear.objectives import get_objective
 from klear.runtime.step_metrics import StepMetrics
 from klear.stages.logprobs import _LinearHeadScores
+from klear.stages.passes import LogprobPasses
 from klear.stages.rollout_batch import RolloutBatch
 from klear.stages.update import PolicyUpdate, UpdateSettings, positive_nll
 
@@ -25,17 +26,25 @@ REFERENCE = [-1.2, -0.5, -1.0]
 POLICY, REF_MODEL = nn.Identity(), nn.Identity()  # stand-ins that only tell the two forwards apart
 
 
-class GivenLogprobs(PolicyUpdate):
-    """A real `PolicyUpdate` whose model forward returns given log-probs (and entropies) instead of scoring."""
+class GivenPasses(LogprobPasses):
+    """Real passes whose model forward returns given log-probs (and entropies) instead of scoring."""
 
-    def __init__(self, logprobs: Tensor, entropy: Tensor, reference: Tensor, **algorithm) -> None:
-        settings = UpdateSettings.from_algorithm(AlgorithmConfig(**algorithm), 1.0, 3, 0.0)
-        super().__init__(get_objective("gppo"), settings, reference=REF_MODEL)
-        self.given = {id(POLICY): (logprobs, entropy), id(REF_MODEL): (reference, None)}
+    def __init__(self, given: dict) -> None:
+        super().__init__(1.0, 4, 0)
+        self.given = given
 
     def logprobs(self, model, batch, with_entropy=False):
         values, entropy = self.given[id(model)]
         return values, (entropy if with_entropy else None)
+
+
+class GivenLogprobs(PolicyUpdate):
+    """A real `PolicyUpdate` over `GivenPasses`."""
+
+    def __init__(self, logprobs: Tensor, entropy: Tensor, reference: Tensor, **algorithm) -> None:
+        settings = UpdateSettings.from_algorithm(AlgorithmConfig(**algorithm), 1.0, 3, 0.0)
+        super().__init__(get_objective("gppo"), settings, reference=REF_MODEL)
+        self.passes = GivenPasses({id(POLICY): (logprobs, entropy), id(REF_MODEL): (reference, None)})
 
 
 def micro(old, engine, advantages, correct, mask=None) -> RolloutBatch:

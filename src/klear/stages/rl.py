@@ -52,7 +52,7 @@ from klear.runtime.device import policy_on_cuda
 from klear.runtime.step_metrics import StepMetrics
 from klear.runtime.strategies import full_tensors
 from klear.stages.base import StageModule, stage_problems
-from klear.stages.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch, split_rows
+from klear.stages.rollout_batch import ScoredGroups, build_rollout_batch, split_rows
 from klear.stages.sampling import StepSampler, build_engine, step_seed
 from klear.stages.update import PolicyUpdate, UpdateSettings
 
@@ -151,10 +151,8 @@ class RLModule(StageModule):
             self.engine.sleep()
         if len(scored):
             timer = time.perf_counter()
-            measured = self.update(scored, step=batch_idx)
-            if self.asynchronous:  # the worker measured it against the weights that sampled; here they are newer
-                measured["rollout/logprob_gap"] = metrics["rollout/logprob_gap"]
-            metrics.update(measured)
+            # Asynchronous rollouts come measured against the weights that sampled them (here they are newer).
+            metrics.update(self.update(scored, step=batch_idx, gap=metrics.get("rollout/logprob_gap")))
             metrics["timing/update_s"] = time.perf_counter() - timer
         if self.asynchronous and self.eval_due(batch_idx):  # evaluated by the worker during this update
             self._eval_metrics = self.engine.take_eval(batch_idx)
@@ -195,8 +193,12 @@ class RLModule(StageModule):
         else:
             log.debug("step %d: %d of %d prompt groups kept", step, kept, wanted)
 
-    def update(self, scored: ScoredGroups, step: int) -> dict[str, float]:
-        """Advantages, behaviour log-probs, then one optimizer update per mini-batch for ``epochs`` passes."""
+    def update(self, scored: ScoredGroups, step: int, gap: float | None = None) -> dict[str, float]:
+        """Advantages, behaviour log-probs, then one optimizer update per mini-batch for ``epochs`` passes.
+
+        ``rollout/logprob_gap`` is measured once: ``gap`` when the rollouts come measured (the rollout worker's),
+        else by the trainer's no-grad pass (``rollout.old_logprobs: trainer``), else by the first update's forward,
+        whose weights are still those that sampled."""
         started = time.perf_counter()
         algorithm, optimizer, n = self.config.algorithm, self.optimizers(), self.config.rollout.group_size
         advantages = compute_advantages(algorithm.advantage, scored.shaped).flatten()
@@ -208,15 +210,14 @@ class RLModule(StageModule):
             self.tokenizer.pad_token_id,
             algorithm.mask_truncated,
         ).to(self.device)
-        gap = None
-        rank, world = self.global_rank, self.trainer.world_size
-        if self.config.rollout.old_logprobs == "trainer":
-            batch.old_logprobs = self._no_grad_logprobs(batch, rank, world)
-            gap = _mean_abs(batch.old_logprobs - batch.engine_logprobs, batch.mask)
-        strategy = self.trainer.strategy
+        rank, world, strategy = self.global_rank, self.trainer.world_size, self.trainer.strategy
 
         def reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
             return strategy.reduce(tensor, reduce_op=op)
+
+        if self.config.rollout.old_logprobs == "trainer":
+            batch.old_logprobs, measured = self.policy_update.passes.measured(self.model, batch, rank, world, reduce)
+            gap = measured if gap is None else gap
 
         totals, updates = StepMetrics(), 0
         for epoch in range(algorithm.epochs):
@@ -226,10 +227,10 @@ class RLModule(StageModule):
             for group_slice in split_rows(len(scored), algorithm.mini_batch_prompts):
                 mini_batch = batch.select(_rows_of_groups(order[group_slice], n).to(self.device))
                 metrics = self.policy_update.step(
-                    self.model, mini_batch, optimizer, self.manual_backward, reduce, world, rank
+                    self.model, mini_batch, optimizer, self.manual_backward, reduce, world, rank, gap is None
                 )
-                if gap is None:  # first forward before any update of this step: trainer vs engine, same weights
-                    gap = metrics["rollout/logprob_gap"]
+                if gap is None:
+                    gap = metrics.pop("rollout/logprob_gap")
                 totals.add_result(metrics)
                 updates += 1
         result = totals.mean(updates)
@@ -239,15 +240,6 @@ class RLModule(StageModule):
             float(batch.attention_mask.sum()) * algorithm.epochs / (time.perf_counter() - started)
         )
         return result
-
-    @torch.no_grad()
-    def _no_grad_logprobs(self, batch: RolloutBatch, rank: int, world: int) -> torch.Tensor:
-        """Trainer log-probs of every row of ``batch``: each rank computes its micro-batches (planned as the
-        update's), then the ranks add up their results, each row computed by exactly one rank (zeros elsewhere)."""
-        logprobs, _ = self.policy_update.all_logprobs(self.model, batch, rank, world)
-        if world > 1:
-            logprobs = self.trainer.strategy.reduce(logprobs, reduce_op="sum")
-        return logprobs
 
     def eval_engine(self):
         """The rollout engine itself, awake: it holds the policy's weights since the last refresh."""
@@ -282,10 +274,6 @@ class RLModule(StageModule):
 
 def _rows_of_groups(groups: torch.Tensor, group_size: int) -> torch.Tensor:
     return (groups[:, None] * group_size + torch.arange(group_size)).flatten()
-
-
-def _mean_abs(values: torch.Tensor, mask: torch.Tensor) -> float:
-    return float(values.abs()[mask].mean()) if mask.any() else 0.0
 
 
 def _class_path(objective: torch.nn.Module) -> str:

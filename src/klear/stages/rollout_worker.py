@@ -94,7 +94,7 @@ class _Service:
         from klear.rollout.hf import HFEngine
         from klear.runtime.device import compute_precision
         from klear.stages.sampling import StepSampler, build_engine
-        from klear.stages.update import PolicyUpdate, UpdateSettings
+        from klear.stages.update import UpdateSettings
 
         config = spec.config
         if spec.world > 1:
@@ -116,7 +116,7 @@ class _Service:
         self.sampler = StepSampler(
             config, self.engine, self.tokenizer, self.scorer, spec.train_problems, spec.rank, spec.world
         )
-        self.scoring = PolicyUpdate(None, UpdateSettings.from_config(config))  # its log-prob passes only
+        self.passes = UpdateSettings.from_config(config).passes()
         self.version = -1
 
     def serve(self, commands, results, free) -> None:
@@ -180,13 +180,8 @@ class _Service:
         batch = build_rollout_batch(
             rollouts, zeros, zeros, zeros.bool(), self.tokenizer.pad_token_id, self.config.algorithm.mask_truncated
         ).to(self.device)
-        logprobs, computed = self.scoring.all_logprobs(self.model, batch, self.spec.rank, self.spec.world)
-        mask = batch.mask & computed[:, None]
-        local = torch.stack([torch.where(mask, (logprobs - batch.engine_logprobs).abs(), 0.0).sum(), mask.sum()])
-        local = local.double().cpu()
-        if self.spec.world > 1:
-            torch.distributed.all_reduce(local)
-        return float(local[0] / local[1].clamp(min=1))
+        _, gap = self.passes.measured(self.model, batch, self.spec.rank, self.spec.world, _all_reduce)
+        return gap
 
     def _evaluate(self) -> dict[str, float]:
         from klear.eval.in_training import evaluate
@@ -228,3 +223,12 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _all_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
+    """The sum of ``tensor`` over the workers' process group (gloo: through the host)."""
+    if op != "sum":
+        raise ValueError(f"the rollout workers only add tensors up, not {op!r}")
+    host = tensor.cpu()
+    torch.distributed.all_reduce(host)
+    return host.to(tensor.device)

@@ -19,7 +19,6 @@ the step's sums are complete) say otherwise. They are reduced across ranks once 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,15 +29,8 @@ from torch import Tensor, nn
 from klear.objectives import aggregate
 from klear.runtime.optim import clip_grad_norm
 from klear.runtime.step_metrics import StepMetrics
-from klear.stages.logprobs import token_logprobs
-from klear.stages.micro_batches import MicroBatch, oversized, plan_micro_batches
+from klear.stages.passes import LogprobPasses, Reduce, masked_mean
 from klear.stages.rollout_batch import RolloutBatch
-
-log = logging.getLogger(__name__)
-
-Reduce = Callable[[Tensor, str], Tensor]
-"""``reduce(tensor, op)`` across the data-parallel ranks, ``op`` ``"sum"`` or ``"max"`` (Lightning's
-``strategy.reduce``)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +59,10 @@ class UpdateSettings:
         """The run's ``algorithm`` terms, ``rollout.temperature`` and ``max_new_tokens``, ``optim.grad_clip``."""
         rollout = config.rollout
         return cls.from_algorithm(config.algorithm, rollout.temperature, rollout.max_new_tokens, config.optim.grad_clip)
+
+    def passes(self) -> LogprobPasses:
+        """The log-prob passes these settings plan (`LogprobPasses`)."""
+        return LogprobPasses(self.temperature, self.micro_batch_size, self.micro_batch_tokens)
 
     @classmethod
     def from_algorithm(cls, algorithm, temperature: float, max_new_tokens: int, grad_clip: float) -> UpdateSettings:
@@ -98,41 +94,7 @@ class PolicyUpdate:
         self.objective = objective
         self.settings = settings
         self.reference = reference
-        self.packed = bool(settings.micro_batch_tokens)
-        self._warned_oversized = False
-
-    def plan(self, batch: RolloutBatch, rank: int, world: int) -> list[MicroBatch]:
-        """This rank's micro-batches of ``batch`` (the same rows on every rank), by `plan_micro_batches`."""
-        budget = self.settings.micro_batch_tokens
-        if budget and not self._warned_oversized and (count := oversized(batch.lengths, budget)):
-            self._warned_oversized = True
-            log.warning(
-                "%d rows are longer than algorithm.micro_batch_tokens=%d (the longest has %d tokens): each runs "
-                "alone in its pass, whose memory is then set by that row; raise the budget if memory allows",
-                count,
-                budget,
-                int(batch.lengths.max()),
-            )
-        return plan_micro_batches(batch.lengths.cpu(), rank, world, self.settings.micro_batch_size, budget)
-
-    def logprobs(
-        self, model: nn.Module, batch: RolloutBatch, with_entropy: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs (and entropies) of one micro-batch's response tokens: packed under a token budget."""
-        return batch_logprobs(model, batch, self.settings.temperature, with_entropy=with_entropy, pack=self.packed)
-
-    @torch.no_grad()
-    def all_logprobs(self, model: nn.Module, batch: RolloutBatch, rank: int, world: int) -> tuple[Tensor, Tensor]:
-        """No-grad log-probs of this rank's rows of ``batch`` (its micro-batches, planned as the update's) and which
-        rows they are, (N,) bool: zeros elsewhere, so the ranks' results add up to every row computed once."""
-        logprobs = torch.zeros_like(batch.engine_logprobs)
-        computed = torch.zeros(len(logprobs), dtype=torch.bool, device=logprobs.device)
-        for micro in self.plan(batch, rank, world):
-            values, _ = self.logprobs(model, batch.part(micro.rows, micro.real))
-            rows = micro.rows.to(logprobs.device)[micro.real.to(logprobs.device)]
-            logprobs[rows, : values.shape[1]] = values[micro.real.to(values.device)]
-            computed[rows] = True
-        return logprobs, computed
+        self.passes = settings.passes()
 
     def step(
         self,
@@ -143,6 +105,7 @@ class PolicyUpdate:
         reduce: Reduce,
         world: int,
         rank: int = 0,
+        measure_gap: bool = False,
     ) -> dict[str, float]:
         """Forward/backward over this rank's micro-batches of the mini-batch ``batch``, clip, step. Returns the
         mini-batch's metrics.
@@ -152,8 +115,10 @@ class PolicyUpdate:
             backward: runs the backward pass of a loss (Lightning's ``manual_backward``).
             reduce: the cross-rank reduction (see `Reduce`); ``world`` the number of data-parallel ranks, ``rank``
                 this one.
+            measure_gap: add ``rollout/logprob_gap`` (this forward against the engine's log-probs): asked of the
+                step's first update when nothing measured it before, so its weights are the ones that sampled.
         """
-        micro_batches = [batch.part(micro.rows, micro.real) for micro in self.plan(batch, rank, world)]
+        micro_batches = [batch.part(micro.rows, micro.real) for micro in self.passes.plan(batch, rank, world)]
         # Padding rows of a data-parallel share are not sequences of the step: they count in no normaliser.
         local = [
             torch.as_tensor(
@@ -171,7 +136,8 @@ class PolicyUpdate:
         normalizer, correct_tokens, tokens = totals[0], totals[1], totals[2].clamp(min=1)
         metrics = StepMetrics()
         for micro in micro_batches:
-            loss = self._micro_loss(model, micro, normalizer, correct_tokens, metrics, micro.mask.sum() / tokens)
+            weight = micro.mask.sum() / tokens
+            loss = self._micro_loss(model, micro, normalizer, correct_tokens, metrics, weight, measure_gap)
             # Gradients are averaged over data-parallel ranks (DDP and FSDP2 alike): undo it for a global sum.
             backward(loss * world)
         grad_norm = clip_grad_norm(model, self.settings.grad_clip)
@@ -189,11 +155,12 @@ class PolicyUpdate:
         correct_tokens: Tensor,
         metrics: StepMetrics,
         weight: Tensor,
+        measure_gap: bool = False,
     ) -> Tensor:
         """This micro-batch's share of the update's loss; its metrics are added to ``metrics`` (token means
         weighted by ``weight``, its share of the update's tokens)."""
         algorithm, mode, mask = self.settings, self.objective.loss_agg, micro.mask
-        logprobs, entropy = self.logprobs(model, micro, with_entropy=True)
+        logprobs, entropy = self.passes.logprobs(model, micro, with_entropy=True)
         advantages = micro.advantages[:, None].expand_as(logprobs)
         if algorithm.tis_cap:
             tis = torch.exp(micro.old_logprobs - micro.engine_logprobs).clamp(max=algorithm.tis_cap)
@@ -202,13 +169,14 @@ class PolicyUpdate:
         loss = output.loss
         metrics.add_metrics(output.metrics, weight, prefix="objective/")
         metrics.add("actor/pg_loss", output.loss)
-        metrics.add("actor/entropy", _masked_mean(entropy.detach(), mask) * weight)
+        metrics.add("actor/entropy", masked_mean(entropy.detach(), mask) * weight)
         for sign, rows in (("pos", micro.advantages > 0), ("neg", micro.advantages < 0)):
             tokens = mask & rows[:, None]
             entropy_sum = torch.where(tokens, entropy.detach().float(), 0.0).sum()
             metrics.add_ratio(f"actor/entropy_{sign}", entropy_sum, tokens.sum().float())
-        gap = _masked_mean((logprobs.detach() - micro.engine_logprobs).abs(), mask)
-        metrics.add("rollout/logprob_gap", gap * weight)
+        if measure_gap:
+            gap = masked_mean((logprobs.detach() - micro.engine_logprobs).abs(), mask)
+            metrics.add("rollout/logprob_gap", gap * weight)
         if algorithm.sft_alpha:
             nll = positive_nll(logprobs, mask, micro.correct, correct_tokens)
             loss = loss + algorithm.sft_alpha * nll
@@ -216,7 +184,7 @@ class PolicyUpdate:
         if algorithm.kl_coef:
             kl = self._kl(micro, logprobs)
             loss = loss + algorithm.kl_coef * aggregate(kl, mask, mode, normalizer)
-            metrics.add("actor/kl", _masked_mean(kl.detach(), mask) * weight)
+            metrics.add("actor/kl", masked_mean(kl.detach(), mask) * weight)
         if algorithm.entropy_coef:
             loss = loss - algorithm.entropy_coef * aggregate(entropy, mask, mode, normalizer)
         return loss
@@ -224,30 +192,11 @@ class PolicyUpdate:
     def _kl(self, micro: RolloutBatch, logprobs: Tensor) -> Tensor:
         """Per-token KL(policy || reference) estimate: k1 = log(pi / ref), k3 = ref/pi - log(ref/pi) - 1."""
         with torch.no_grad():
-            reference, _ = self.logprobs(self.reference, micro)
+            reference, _ = self.passes.logprobs(self.reference, micro)
         log_ratio = torch.where(micro.mask, reference - logprobs, 0.0)
         if self.settings.kl_estimator == "k1":
             return -log_ratio
         return torch.exp(log_ratio) - log_ratio - 1.0
-
-
-def batch_logprobs(
-    model: nn.Module, batch: RolloutBatch, temperature: float, with_entropy: bool = False, pack: bool = False
-) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (and entropies) of ``batch``'s response tokens under ``model`` at the sampling temperature
-    (``0``, greedy, scores the untempered distribution): its rows packed into one without padding (``pack``), or
-    padded with a group's shared prompt computed once."""
-    return token_logprobs(
-        model,
-        batch.input_ids,
-        batch.targets,
-        batch.mask,
-        attention_mask=batch.attention_mask,
-        temperature=temperature or 1.0,
-        with_entropy=with_entropy,
-        share_prefixes=not pack,
-        pack=pack,
-    )
 
 
 def positive_nll(logprobs: Tensor, mask: Tensor, correct: Tensor, correct_tokens: Tensor) -> Tensor:
@@ -261,7 +210,3 @@ def positive_nll(logprobs: Tensor, mask: Tensor, correct: Tensor, correct_tokens
     """
     positive = mask & correct[:, None]
     return -torch.where(positive, logprobs, 0.0).sum() / correct_tokens.clamp(min=1)
-
-
-def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    return torch.where(mask, values.float(), 0.0).sum() / mask.sum().clamp(min=1)
