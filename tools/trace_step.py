@@ -37,25 +37,19 @@ sys.path.insert(0, str(ROOT))
 PACKAGE = str(ROOT / "src" / "klear") + os.sep
 TRACED_STEP = 1
 
+from tests.runs import RL_SHORT  # noqa: E402  (after the path above)
+
 RUN = [
-    "model.path=tiny",
-    "reward.name=tests.stages:even_length",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=12",
-    "algorithm.mini_batch_prompts=2",
-    "algorithm.micro_batch_size=5",
+    *RL_SHORT,
     "trainer.max_steps=2",
     "trainer.checkpoint_every_n_steps=10",
-    "trainer.progress_bar=false",
-    "eval.num_prompts=4",
-    "eval.max_new_tokens=8",
     "eval.every_n_steps=0",
     "rollout.old_logprobs=trainer",
     "algorithm.tis_cap=2",
     "algorithm.kl_coef=0.01",
     "algorithm.sft_alpha=0.1",
 ]
+"""The test suite's short RL run (later overrides win), with every optional term of the update on."""
 
 
 class Trace:
