@@ -249,13 +249,13 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     run_dir = prepare_run_dir(config, resume=False, overwrite=True)
     module, batches = build_stage(config, run_dir)
     problems = [p for step in range(config.trainer.max_steps) for p in batches.batch_at(step)]
-    module.scorer.reward.warmup()  # the sympy checker process starts now, not inside a timed step
+    module.reward.warmup()  # the sympy checker process starts now, not inside a timed step
     baton, klear_clock, trl_clock = Baton(first="trl"), Clock(), Clock()
     profiler = Profiler(args.profile, args.warmup, config.trainer.max_steps) if args.profile else None
 
     class KlearSteps(L.Callback):
         def on_train_start(self, trainer, module) -> None:
-            engine = module.engine
+            engine = module.rollouts.engine
             generate = engine.generate
 
             def counted(prompts, sampling):
@@ -264,7 +264,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
                 return rollouts
 
             engine.generate = klear_clock.wrap("generate", counted)
-            module.scorer.score = klear_clock.wrap("reward", module.scorer.score)
+            module.rollouts.scorer.score = klear_clock.wrap("reward", module.rollouts.scorer.score)
             module.manual_backward = klear_clock.wrap("backward", module.manual_backward)
             # Every log-prob pass of a step (no-grad, loss, KL reference) goes through LogprobPasses.logprobs.
             passes = klear.stages.passes

@@ -183,7 +183,7 @@ def test_an_error_in_the_trainer_stops_the_worker(tmp_path):
     trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[CrashAfterStep1()])
     with pytest.raises(RuntimeError, match="the trainer failed"):
         trainer.fit(module, train_dataloaders=batches)
-    assert module.engine.process.exitcode is not None  # stopped, not left running until garbage collection
+    assert module.rollouts.process.exitcode is not None  # stopped, not left running until garbage collection
     assert not multiprocessing.active_children()
 
 

@@ -21,13 +21,15 @@ class LogprobGapError(RuntimeError):
 
 
 class RolloutRefresh(L.Callback):
-    """Wakes the engine and pushes the policy's weights into it at the start of training and after each step.
+    """Pushes the policy's weights into the rollouts at the start of training and after each step.
 
     The RL module attaches it (its ``configure_callbacks``), so every fit of the module refreshes its engine, and
     Lightning runs it before `~klear.run.checkpoints.StepCheckpoint` saves the step.
 
-    The module must expose ``engine`` (a :class:`~klear.rollout.engine.RolloutEngine`), ``policy_tensors()``
-    (an iterator of ``(hf_name, tensor)``) and ``step_metrics`` (the metrics of its last step).
+    The module must expose ``rollouts`` (with ``push(named_tensors)`` and ``close()``: a synchronous run's engine
+    behind `klear.stages.rollouts.SyncRollouts`, which wakes it and loads the weights in place, or a rollout
+    worker), ``policy_tensors()`` (an iterator of ``(hf_name, tensor)``) and ``step_metrics`` (the metrics of its
+    last step).
     """
 
     def __init__(self, warn_threshold: float, stop_threshold: float = 0.0) -> None:
@@ -62,10 +64,8 @@ class RolloutRefresh(L.Callback):
     def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
         """An error or Ctrl-C anywhere in the fit: stop an engine that runs a process of its own (the rollout
         worker of asynchronous rollouts), so that nothing outlives the run."""
-        close = getattr(module.engine, "close", None)
-        if close is not None:
-            close()
+        if module.rollouts is not None:
+            module.rollouts.close()
 
     def refresh(self, module: L.LightningModule) -> None:
-        module.engine.wake_up()
-        module.engine.update_weights(module.policy_tensors())
+        module.rollouts.push(module.policy_tensors())

@@ -17,8 +17,9 @@ the checkpoint does not hold, so they are part of it (:meth:`AsyncRollouts.in_fl
 them first, and the worker continues from the checkpoint's weights. An extended run (``--resume
 trainer.max_steps=N`` after the end) has none in flight: its first ``k`` steps sample from the resumed weights.
 
-This object stands where the rollout engine stands in a synchronous run: the refresh callback pushes weights with
-:meth:`update_weights` as it would to an engine, and :meth:`close` stops the worker (end of run, an error, Ctrl-C).
+:class:`AsyncRollouts` is the asynchronous implementation of `klear.stages.rollouts.Rollouts`: the refresh callback
+pushes weights with :meth:`~AsyncRollouts.push`, as it does to a synchronous run's rollouts, and
+:meth:`~AsyncRollouts.close` stops the worker (end of run, an error, Ctrl-C).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from klear.rollout.shared_weights import SharedWeights
 from klear.runtime import threads as cpu_threads
 from klear.stages.rollout_batch import ScoredGroups
 from klear.stages.rollout_worker import WorkerSpec, worker_main
+from klear.stages.rollouts import RolloutsError
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ STOP_TIMEOUT_S = 30.0
 """How long :meth:`AsyncRollouts.close` waits for the worker to exit before killing it."""
 
 
-class RolloutWorkerError(RuntimeError):
+class RolloutWorkerError(RolloutsError):
     """The rollout worker failed or died; the run stops (its last checkpoint is intact)."""
 
 
@@ -93,16 +95,11 @@ class AsyncRollouts:
         self.process = None
         self.weights: SharedWeights | None = None
 
-    # ----------------------------------------------------------------------------- engine protocol (pushes)
+    # ----------------------------------------------------------------------------------------- pushes
 
-    def wake_up(self) -> None:
-        """Nothing to wake: the worker's engine never sleeps."""
-
-    def sleep(self) -> None:
-        """Nothing to release: the worker's engine is in its own process."""
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Push the next policy version and issue the commands it unblocks (its evaluation, the step ``v + k``)."""
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Push the next policy version ``v`` and issue the commands it unblocks: its evaluation when one is due
+        (so that it runs while the trainer updates on step ``v``), and the rollouts of step ``v + k``."""
         if self.process is None:
             state = self.restored()
             first, pending = restore_in_flight(state) if state else (0, {})
@@ -124,8 +121,9 @@ class AsyncRollouts:
 
     # ---------------------------------------------------------------------------------------- results
 
-    def take(self, step: int) -> tuple[Any, dict[str, float]]:
-        """The scored groups and metrics of ``step``, waiting for them if needed; adds ``timing/trainer_wait_s``."""
+    def take(self, step: int, problems: list | None = None) -> tuple[Any, dict[str, float]]:
+        """The scored groups and metrics of ``step``, waiting for them if needed; adds ``timing/trainer_wait_s``.
+        ``problems`` are not read: the worker got the step's prompts (``step_problems(step)``) when it was issued."""
         if step >= self.requested:
             raise RolloutWorkerError(
                 f"the rollouts of step {step} were never requested (steps < {self.requested} were)"
@@ -136,8 +134,15 @@ class AsyncRollouts:
         self.waited = 0.0
         return scored, metrics
 
+    def request_eval(self, version: int) -> None:
+        """Nothing to issue: the evaluation of ``version`` went to the worker with its push (`eval_due`)."""
+        if version not in self.evaluations:
+            raise RolloutWorkerError(
+                f"the evaluation of version {version} was not issued with its push (eval_due({version}) is false)"
+            )
+
     def take_eval(self, version: int) -> dict[str, float]:
-        """The evaluation metrics of ``version``."""
+        """The evaluation metrics of ``version``, waiting for them if needed."""
         if version not in self.evaluations:
             raise RolloutWorkerError(f"the evaluation of version {version} was never requested")
         return self._result("eval", version)

@@ -2,9 +2,10 @@
 FSDP2 sharding, evaluation (before the first step, every ``eval.every_n_steps`` and after the last), one row of
 metrics per step, and the Hugging Face export at the end.
 
-A stage sets ``self.model``, ``self.tokenizer``, ``self.scorer`` and ``self.eval_problems`` in its constructor
-and says which engine evaluates (:meth:`StageModule.eval_engine`). Its ``build`` loads its problems with
-:func:`stage_problems`, which checks every row before the Trainer exists.
+A stage sets ``self.model``, ``self.tokenizer`` and ``self.eval_problems`` in its constructor and says how it
+evaluates: by default (:meth:`StageModule.run_eval`) with ``self.scorer`` and the engine of
+:meth:`StageModule.eval_engine` (SFT); RL evaluates through its rollouts instead (`klear.stages.rollouts`).
+Its ``build`` loads its problems with :func:`stage_problems`, which checks every row before the Trainer exists.
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ Everything random in a step is seeded by ``(seed, step)``: which prompts, which 
 So resuming from a checkpoint replays exactly what an uninterrupted run would have done, and two runs that
 differ only in the objective see identical rollouts at step 0.
 
-Asynchronous rollouts (``rollout.max_staleness = k >= 1``): sampling, scoring, filtering and refills of step ``n + k``
-run in a rollout worker process (`klear.stages.async_rollouts`) while this process updates on step ``n``, whose
-finished groups it takes instead of sampling them; everything after that is the same.
+The module takes a step's rollouts from :class:`~klear.stages.rollouts.Rollouts`, which hides where they are
+sampled: in this process (``rollout.max_staleness = 0``), or, under asynchronous rollouts (``max_staleness = k >=
+1``), in a rollout worker process (`klear.stages.async_rollouts`) that samples, scores, filters and refills step
+``n + k`` while this process updates on step ``n``. The step is the same either way: take the rollouts, turn them
+into advantages, update, log.
 
 Data parallel (``ddp``, ``fsdp2``): every rank receives the step's prompts, samples and scores its contiguous
 share of them (each prompt's samples are seeded by its index in the step, so the split changes nothing), and
@@ -44,16 +46,16 @@ from klear.objectives import get_objective
 from klear.objectives.advantages import compute_advantages
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
-from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import needed_model_len
 from klear.rollout.refresh import RolloutRefresh
 from klear.run.directory import RunDir
+from klear.runtime import memory
 from klear.runtime.device import policy_on_cuda
-from klear.runtime.step_metrics import StepMetrics
 from klear.runtime.strategies import full_tensors
 from klear.stages.base import StageModule, stage_problems
-from klear.stages.rollout_batch import ScoredGroups, build_rollout_batch, split_rows
-from klear.stages.sampling import StepSampler, build_engine, step_seed
+from klear.stages.rollout_batch import ScoredGroups
+from klear.stages.rollouts import Rollouts, start_rollouts
+from klear.stages.step_update import StepPlan, StepUpdate
 from klear.stages.update import PolicyUpdate, UpdateSettings
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,8 @@ class RLModule(StageModule):
         step_problems: Callable[[int], list[Problem]] | None = None,
     ) -> None:
         """``max_model_len``: the longest prompt + response the engine will be asked for (see `build`);
-        ``step_problems``: the prompts of step ``n`` (the run's batches), which asynchronous rollouts sample ahead."""
+        ``step_problems``: the prompts of step ``n`` (the run's batches), which asynchronous rollouts sample ahead;
+        ``reward``: the run's reward, which scores the rollouts and the evaluation."""
         super().__init__(config)
         objective = OmegaConf.to_container(config.objective)
         self.objective = get_objective(objective.pop("name"), **objective)
@@ -84,19 +87,17 @@ class RLModule(StageModule):
             {"config": OmegaConf.to_container(config, resolve=True), "objective_class": _class_path(self.objective)}
         )
         self.tokenizer = tokenizer
+        self.reward = reward
         self.model = load_model(config.model, on_cuda=policy_on_cuda(config), cpu_threads=config.trainer.cpu_threads)
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if config.algorithm.kl_coef else None
-        self.policy_update = PolicyUpdate(self.objective, UpdateSettings.from_config(config), reference=self.reference)
+        policy_update = PolicyUpdate(self.objective, UpdateSettings.from_config(config), reference=self.reference)
+        self.updates = StepUpdate(policy_update, StepPlan.from_config(config), tokenizer.pad_token_id)
         self.train_problems = train_problems
         self.eval_problems = eval_problems
-        self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
-        self.engine = None
-        """The rollout engine, or under ``rollout.max_staleness >= 1`` the rollout worker that stands for it
-        (:class:`~klear.stages.async_rollouts.AsyncRollouts`)."""
-        self.sampler: StepSampler | None = None
+        self.rollouts: Rollouts | None = None
+        """The step's rollouts and evaluations (`klear.stages.rollouts.start_rollouts`), from ``on_fit_start``."""
         self.max_model_len = max_model_len
         self.step_problems = step_problems
-        self.asynchronous = config.rollout.max_staleness > 0
         self.restored_rollouts: dict | None = None
         """The in-flight rollouts of the checkpoint resumed from (`AsyncRollouts.in_flight`)."""
         self._starved = 0  # consecutive steps that kept fewer than half of their groups
@@ -114,21 +115,7 @@ class RLModule(StageModule):
 
     def on_fit_start(self) -> None:
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
-        if self.asynchronous:
-            from klear.stages.async_rollouts import start_async_rollouts
-
-            self.engine = start_async_rollouts(self)
-        else:
-            self.engine = build_engine(self.config, self.model, self.tokenizer, self.max_model_len)
-            self.sampler = StepSampler(
-                self.config,
-                self.engine,
-                self.tokenizer,
-                self.scorer,
-                self.train_problems,
-                self.global_rank,
-                self.trainer.world_size,
-            )
+        self.rollouts = start_rollouts(self)
 
     def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
         """A step's batch is a list of problems (text and references): nothing to move to the device."""
@@ -141,21 +128,15 @@ class RLModule(StageModule):
     # ---------------------------------------------------------------------------------------------- step
 
     def training_step(self, problems: list[Problem], batch_idx: int) -> None:
-        if self.asynchronous:
-            scored, metrics = self.engine.take(batch_idx)
-            self._warn_if_starved(batch_idx, len(scored), self.config.rollout.prompts_per_step)
-        else:
-            timer = time.perf_counter()
-            scored, metrics = self.rollout(problems, step=batch_idx)
-            metrics["timing/rollout_s"] = time.perf_counter() - timer
-            self.engine.sleep()
+        scored, metrics = self.rollouts.take(batch_idx, problems)
+        self._warn_if_starved(batch_idx, len(scored), self.config.rollout.prompts_per_step)
         if len(scored):
             timer = time.perf_counter()
-            # Asynchronous rollouts come measured against the weights that sampled them (here they are newer).
-            metrics.update(self.update(scored, step=batch_idx, gap=metrics.get("rollout/logprob_gap")))
+            advantages = compute_advantages(self.config.algorithm.advantage, scored.shaped)
+            metrics.update(self._update(scored, advantages, batch_idx, gap=metrics.get("rollout/logprob_gap")))
             metrics["timing/update_s"] = time.perf_counter() - timer
-        if self.asynchronous and self.eval_due(batch_idx):  # evaluated by the worker during this update
-            self._eval_metrics = self.engine.take_eval(batch_idx)
+        if self.eval_due(batch_idx):  # asked for in on_train_batch_start
+            self._eval_metrics = self.rollouts.take_eval(batch_idx)
             self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
         with warnings.catch_warnings():
             # A step whose groups were all filtered made no optimizer update; the schedule still counts it.
@@ -166,12 +147,6 @@ class RLModule(StageModule):
         kept = metrics["rollout/kept_groups"] / self.config.rollout.prompts_per_step
         self.log("kept", kept, prog_bar=True, logger=False)  # the share of prompt groups trained on
         self._log_step(metrics, step=batch_idx)
-
-    def rollout(self, problems: list[Problem], step: int) -> tuple[ScoredGroups, dict[str, float]]:
-        """Sample, score and filter the step's groups in this process (`StepSampler`)."""
-        scored, metrics = self.sampler.rollout(problems, step)
-        self._warn_if_starved(step, len(scored), self.config.rollout.prompts_per_step)
-        return scored, metrics
 
     def _warn_if_starved(self, step: int, kept: int, wanted: int) -> None:
         """Filtered groups are normal GRPO (``rollout/kept_groups``, ``rollout/filtered_groups``); a warning is
@@ -193,87 +168,54 @@ class RLModule(StageModule):
         else:
             log.debug("step %d: %d of %d prompt groups kept", step, kept, wanted)
 
-    def update(self, scored: ScoredGroups, step: int, gap: float | None = None) -> dict[str, float]:
-        """Advantages, behaviour log-probs, then one optimizer update per mini-batch for ``epochs`` passes.
-
-        ``rollout/logprob_gap`` is measured once: ``gap`` when the rollouts come measured (the rollout worker's),
-        else by the trainer's no-grad pass (``rollout.old_logprobs: trainer``), else by the first update's forward,
-        whose weights are still those that sampled."""
-        started = time.perf_counter()
-        algorithm, optimizer, n = self.config.algorithm, self.optimizers(), self.config.rollout.group_size
-        advantages = compute_advantages(algorithm.advantage, scored.shaped).flatten()
-        batch = build_rollout_batch(
-            scored.rollouts,
-            advantages,
-            scored.shaped.flatten(),
-            scored.correct.flatten(),
-            self.tokenizer.pad_token_id,
-            algorithm.mask_truncated,
-        ).to(self.device)
-        rank, world, strategy = self.global_rank, self.trainer.world_size, self.trainer.strategy
+    def _update(self, scored: ScoredGroups, advantages: torch.Tensor, step: int, gap: float | None) -> dict:
+        """The step's optimizer updates (`StepUpdate`); ``gap``: the rollouts' own ``rollout/logprob_gap`` when
+        they come measured (asynchronous rollouts, against the weights that sampled them, older than these)."""
+        strategy = self.trainer.strategy
 
         def reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
             return strategy.reduce(tensor, reduce_op=op)
 
-        if self.config.rollout.old_logprobs == "trainer":
-            batch.old_logprobs, measured = self.policy_update.passes.measured(self.model, batch, rank, world, reduce)
-            gap = measured if gap is None else gap
-
-        totals, updates = StepMetrics(), 0
-        for epoch in range(algorithm.epochs):
-            order = torch.randperm(
-                len(scored), generator=torch.Generator().manual_seed(step_seed(self.config.seed, step, epoch))
-            )
-            for group_slice in split_rows(len(scored), algorithm.mini_batch_prompts):
-                mini_batch = batch.select(_rows_of_groups(order[group_slice], n).to(self.device))
-                metrics = self.policy_update.step(
-                    self.model, mini_batch, optimizer, self.manual_backward, reduce, world, rank, gap is None
-                )
-                if gap is None:
-                    gap = metrics.pop("rollout/logprob_gap")
-                totals.add_result(metrics)
-                updates += 1
-        result = totals.mean(updates)
-        result["rollout/logprob_gap"] = gap
-        result["actor/updates"] = updates
-        result["actor/train_tokens_per_s"] = (
-            float(batch.attention_mask.sum()) * algorithm.epochs / (time.perf_counter() - started)
+        return self.updates.run(
+            self.model,
+            scored,
+            advantages,
+            step,
+            self.optimizers(),
+            self.manual_backward,
+            reduce,
+            self.global_rank,
+            self.trainer.world_size,
+            gap,
         )
-        return result
-
-    def eval_engine(self):
-        """The rollout engine itself, awake: it holds the policy's weights since the last refresh."""
-        self.engine.wake_up()
-        return self.engine
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        if not self.asynchronous:
-            super().on_train_batch_start(batch, batch_idx)
-        # Asynchronous: the worker evaluates the version while this step updates (collected in training_step).
+        """Ask for the evaluation of the weights this step starts from: synchronous rollouts evaluate now, a
+        rollout worker while this step updates; `training_step` takes it after the update."""
+        if self.eval_due(batch_idx):
+            self.rollouts.request_eval(batch_idx)
+        memory.mark("update")
 
     @torch.no_grad()
     def run_eval(self) -> dict[str, float]:
-        if not self.asynchronous:
-            return super().run_eval()
-        return self.engine.take_eval(self.config.trainer.max_steps)  # the final evaluation, pushed after the last step
+        """The final evaluation, of the weights pushed after the last step."""
+        version = self.config.trainer.max_steps
+        self.rollouts.request_eval(version)
+        return self.rollouts.take_eval(version)
 
     def on_train_end(self) -> None:
         try:
             super().on_train_end()
         finally:
-            if self.asynchronous:
-                self.engine.close()
+            self.rollouts.close()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        if self.asynchronous and self.engine is not None:
-            checkpoint["async_rollouts"] = self.engine.in_flight()
+        in_flight = self.rollouts.in_flight() if self.rollouts is not None else None
+        if in_flight is not None:
+            checkpoint["async_rollouts"] = in_flight
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.restored_rollouts = checkpoint.get("async_rollouts")
-
-
-def _rows_of_groups(groups: torch.Tensor, group_size: int) -> torch.Tensor:
-    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()
 
 
 def _class_path(objective: torch.nn.Module) -> str:

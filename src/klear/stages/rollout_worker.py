@@ -5,7 +5,7 @@ order, answering each on the results queue:
 
 - ``("weights", version)``: load the version the trainer wrote into the shared buffer
   (:class:`~klear.rollout.shared_weights.SharedWeights`), then give the buffer back (the ``free`` semaphore);
-- ``("rollout", step, problems)``: the step's rollouts (:class:`~klear.stages.sampling.StepSampler`) from the
+- ``("rollout", step, problems)``: the step's rollouts (:class:`~klear.stages.rollouts.SyncRollouts`) from the
   weights loaded last, with ``rollout/logprob_gap`` measured against exactly those weights (a teacher-forced
   forward of the worker's policy copy, the trainer's own log-prob code, on the first `GAP_ROWS` rollouts: a check
   of the engine, not a statistic), ``rollout/staleness`` (the step minus
@@ -88,12 +88,10 @@ def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
 
 class _Service:
     def __init__(self, spec: WorkerSpec, weights) -> None:
-        from klear.models import load_model, load_tokenizer
-        from klear.rewards.routing import routed_reward
-        from klear.rewards.scorer import RewardScorer
+        from klear.models import load_model
         from klear.rollout.hf import HFEngine
         from klear.runtime.device import compute_precision
-        from klear.stages.sampling import StepSampler, build_engine
+        from klear.stages.rollouts import SyncRollouts
         from klear.stages.update import UpdateSettings
 
         config = spec.config
@@ -104,18 +102,24 @@ class _Service:
         self.spec, self.config, self.weights = spec, config, weights
         self.device = torch.device(spec.device)
         self.precision = compute_precision(config)
-        self.tokenizer = load_tokenizer(config.model)
         self.model = load_model(config.model, on_cuda=self.device.type == "cuda").to(self.device)
         self.model.eval().requires_grad_(False)
-        reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)
-        self.scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
-        self.engine = build_engine(config, self.model, self.tokenizer, spec.max_model_len)
+        # What the trainer builds for synchronous rollouts, over the worker's copy of the policy; its engine stays
+        # awake (nothing else shares the worker's device).
+        self.rollouts = SyncRollouts.build(
+            config,
+            self.model,
+            spec.train_problems,
+            spec.eval_problems,
+            rank=spec.rank,
+            world=spec.world,
+            max_model_len=spec.max_model_len,
+            sleep_while_updating=False,
+        )
+        engine = self.rollouts.engine
         # The hf engine samples from self.model itself; any other engine holds weights of its own, and self.model
         # (loaded with the same versions) is what its log-probs are checked against.
-        self.engine_is_model = isinstance(self.engine, HFEngine) and self.engine.model is self.model
-        self.sampler = StepSampler(
-            config, self.engine, self.tokenizer, self.scorer, spec.train_problems, spec.rank, spec.world
-        )
+        self.engine_is_model = isinstance(engine, HFEngine) and engine.model is self.model
         self.passes = UpdateSettings.from_config(config).passes()
         self.version = -1
 
@@ -142,15 +146,14 @@ class _Service:
                 torch.set_num_threads(self.spec.eval_threads)
                 try:
                     with self._precision():
-                        results.put(("eval", command[1], self._evaluate()))
+                        results.put(("eval", command[1], self._evaluate(command[1])))
                 finally:
                     torch.set_num_threads(self.spec.threads)
             else:
                 raise ValueError(f"unknown rollout worker command {kind!r}")
 
     def _load(self, version: int) -> None:
-        self.engine.wake_up()
-        self.engine.update_weights(self.weights.items())
+        self.rollouts.push(self.weights.items())
         if not self.engine_is_model:
             parameters = dict(self.model.named_parameters())
             with torch.no_grad():
@@ -159,9 +162,7 @@ class _Service:
         self.version = version
 
     def _rollout(self, problems: list, step: int):
-        timer = time.perf_counter()
-        scored, metrics = self.sampler.rollout(problems, step)
-        metrics["timing/rollout_s"] = time.perf_counter() - timer
+        scored, metrics = self.rollouts.take(step, problems)
         metrics["rollout/staleness"] = float(step - self.version)
         metrics["rollout/logprob_gap"] = self._logprob_gap(scored)
         return scored, metrics
@@ -177,25 +178,15 @@ class _Service:
             return None
         rollouts = scored.rollouts[:GAP_ROWS]
         zeros = torch.zeros(len(rollouts))
-        batch = build_rollout_batch(
-            rollouts, zeros, zeros, zeros.bool(), self.tokenizer.pad_token_id, self.config.algorithm.mask_truncated
-        ).to(self.device)
-        _, gap = self.passes.measured(self.model, batch, self.spec.rank, self.spec.world, _all_reduce)
+        pad, mask_truncated = self.rollouts.tokenizer.pad_token_id, self.config.algorithm.mask_truncated
+        batch = build_rollout_batch(rollouts, zeros, zeros, zeros.bool(), pad, mask_truncated).to(self.device)
+        _, gap, _ = self.passes.measured(self.model, batch, self.spec.rank, self.spec.world, _all_reduce)
         return gap
 
-    def _evaluate(self) -> dict[str, float]:
-        from klear.eval.in_training import evaluate
-
-        config = self.config
-        return evaluate(
-            self.engine,
-            self.tokenizer,
-            self.spec.eval_problems,
-            config.eval,
-            self.scorer.correctness,
-            rank=self.spec.rank,
-            world=self.spec.world,
-        )
+    def _evaluate(self, version: int) -> dict[str, float]:
+        """The in-training evaluation of the weights loaded last (``version``)."""
+        self.rollouts.request_eval(version)
+        return self.rollouts.take_eval(version)
 
     def _precision(self):
         """The autocast the trainer computes under (``bf16-mixed``), or none."""
