@@ -142,10 +142,21 @@ def check_rl(config: DictConfig) -> None:
         raise ConfigError(f"rollout.group_size must be >= 2 for algorithm.advantage={algorithm.advantage}")
     if algorithm.tis_cap and rollout.old_logprobs != "trainer":
         raise ConfigError("algorithm.tis_cap needs rollout.old_logprobs=trainer (it weights trainer vs engine)")
-    if algorithm.tis_cap and not objective_class(name).token_level:
+    built = objective_class(name)(**objective)  # checked above; its declarations may read its options
+    if algorithm.tis_cap and not built.token_level:
         raise ConfigError(
             f"algorithm.tis_cap = {algorithm.tis_cap} weights each token's advantage, which objective {name!r} "
             "(one ratio per sequence) does not support; set algorithm.tis_cap=0"
+        )
+    if algorithm.tis_cap and not built.advantage_linear:
+        raise ConfigError(
+            f"algorithm.tis_cap = {algorithm.tis_cap} weights each token's advantage, which objective {name!r} "
+            "(not linear in the advantage) does not support; set algorithm.tis_cap=0"
+        )
+    if built.needs_entropy and rollout.old_logprobs != "trainer":
+        raise ConfigError(
+            f"objective {name!r} reads the old policy's entropies, which only the trainer's pass computes: set "
+            f"rollout.old_logprobs=trainer (it is {rollout.old_logprobs})"
         )
     if config.reward.overlong_buffer > rollout.max_new_tokens:
         raise ConfigError("reward.overlong_buffer must not exceed rollout.max_new_tokens")

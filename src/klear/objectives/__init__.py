@@ -15,6 +15,7 @@ from klear.objectives.base import (
     Objective,
     ObjectiveOutput,
     PolicyObjective,
+    TokenInputs,
     gradient_weighted,
 )
 from klear.objectives.cispo import CISPO
@@ -47,6 +48,7 @@ __all__ = [
     "PolicyObjective",
     "Ratio",
     "Sum",
+    "TokenInputs",
     "aggregate",
     "check_hyperparameters",
     "get_objective",

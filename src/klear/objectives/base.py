@@ -10,10 +10,18 @@ overrides ``surrogate(ratio, advantages)``; ``docs/objectives.md`` has the formu
 Conventions: ``logprobs`` carries the gradient (``x``), ``old_logprobs`` is the behaviour policy's log-prob
 (``x_old``, constant), ``ratio = exp(x - x_old)``, and the per-token loss is *minimised*, so a method whose
 gradient weight is ``F`` has ``dL/dx = -F * A`` (:func:`gradient_weighted` builds exactly that loss).
+
+A scheme that needs more than the ratio and the advantage (the probabilities themselves, the response mask,
+batch statistics, a random draw, the policies' entropies) takes :class:`TokenInputs` as an optional third
+argument of ``surrogate`` (and of ``outside_band``, ``clipped``, a fourth of ``diagnostics``), computes what it
+decides once per forward in :meth:`Objective.prepare` (the loss and the gradient metrics then read the same
+draw), and declares what the update must give it or may not do with it: :attr:`Objective.needs_entropy`,
+:attr:`Objective.advantage_linear`, :attr:`Objective.token_level`, :attr:`Objective.batch_statistics`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -38,6 +46,55 @@ class ObjectiveOutput:
 
     loss: Tensor
     metrics: dict[str, Metric] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TokenInputs:
+    """The per-token inputs of one forward beside the ratio and the advantages, for the schemes that read them.
+
+    Every tensor is (B, T), detached, float32 and zero at masked positions (masking comes before anything
+    nonlinear, as for the log-ratio).
+    """
+
+    logprobs: Tensor
+    """``x``, the current policy's log-probs of the sampled tokens (detached: the gradient flows through the
+    ratio)."""
+    old_logprobs: Tensor
+    """``x_old``, the behaviour policy's."""
+    mask: Tensor
+    """The response mask (bool)."""
+    entropy: Tensor | None = None
+    """The current policy's entropy of the full next-token distribution (at the sampling temperature), from the
+    same forward as ``x``; given when the scheme declares `Objective.needs_entropy`."""
+    old_entropy: Tensor | None = None
+    """The behaviour policy's, from the trainer's old-log-prob pass."""
+    seed: int = 0
+    """The seed of a random draw in this call (Clip-Cov): derived from the run's seed, the step, the update and
+    the micro-batch, so a resumed run draws the same; never the global generator."""
+    prepared: Any = None
+    """What :meth:`Objective.prepare` returned for this forward."""
+
+    @property
+    def probs(self) -> Tensor:
+        """``p = exp(x)`` (1 at masked positions)."""
+        return torch.exp(self.logprobs)
+
+    @property
+    def old_probs(self) -> Tensor:
+        """``p_old = exp(x_old)`` (1 at masked positions)."""
+        return torch.exp(self.old_logprobs)
+
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """A generator seeded by :attr:`seed`, on ``device``."""
+        return torch.Generator(device=device).manual_seed(self.seed)
+
+
+def _takes_inputs(method: Callable[..., Any], positional: int) -> bool:
+    """Whether a hook (a bound method) takes the optional `TokenInputs` after its ``positional`` arguments."""
+    parameters = list(inspect.signature(method).parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return True
+    return len([p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) > positional
 
 
 def gradient_weighted(weight: Tensor, ratio: Tensor, advantages: Tensor) -> Tensor:
@@ -97,6 +154,21 @@ class Objective(nn.Module):
     #: the config refuses ``tis_cap``.
     token_level: ClassVar[bool] = True
 
+    #: Whether the loss is positively homogeneous in each token's advantage (the contract's linearity checks,
+    #: and what ``algorithm.tis_cap`` assumes); False for schemes whose selection reads the advantages' values
+    #: (Clip-Cov, KL-Cov) or that add an advantage-free term. An instance may decide it from its options.
+    advantage_linear: ClassVar[bool] = True
+
+    #: Whether the scheme reads the current and the old policy's per-token entropies (``TokenInputs.entropy`` and
+    #: ``old_entropy``): the update then computes the old one in the trainer's no-grad pass, so the config
+    #: requires ``rollout.old_logprobs: trainer`` (ERC).
+    needs_entropy: ClassVar[bool] = False
+
+    #: Whether the loss depends on statistics of the batch it is called on (means over its tokens, a top-k, a
+    #: draw of k of them): then the accumulated gradient depends on how a step is split into micro-batches and
+    #: ranks, which the docs say for each such scheme (Clip-Cov, KL-Cov).
+    batch_statistics: ClassVar[bool] = False
+
     def __init__(self, loss_agg: str = "token-mean") -> None:
         super().__init__()
         self.loss_agg = check_loss_agg(loss_agg)
@@ -111,14 +183,30 @@ class Objective(nn.Module):
     def surrogate(self, ratio: Tensor, advantages: Tensor) -> Tensor:
         """Per-token loss to minimise, same shape as ``ratio``. The one method a scheme overrides.
 
-        It must be positively homogeneous in each token's advantage (``surrogate(r, w * A) = w * surrogate(r, A)``
-        for ``w > 0``, value and gradient): truncated importance sampling scales advantages per token.
+        Unless the scheme declares ``advantage_linear = False``, it must be positively homogeneous in each token's
+        advantage (``surrogate(r, w * A) = w * surrogate(r, A)`` for ``w > 0``, value and gradient): truncated
+        importance sampling scales advantages per token.
+
+        A scheme that reads more declares a third parameter, ``inputs`` (`TokenInputs`: the detached log-probs,
+        the mask, the entropies, the seed, what :meth:`prepare` returned); a two-argument surrogate keeps working.
 
         Args:
             ratio: (B, T) importance ratio ``exp(x - x_old)``, carrying the gradient.
             advantages: (B, T) advantages, zero at masked positions.
         """
         raise NotImplementedError(f"{type(self).__name__} must override surrogate(ratio, advantages)")
+
+    def prepare(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Any:
+        """Run once per forward, without gradient, before the surrogate: what the scheme decides for this batch
+        (a random draw, a top-k, a mask), which reaches every hook of this forward as ``inputs.prepared`` — the
+        loss and the gradient metrics see the same decision. ``None`` by default.
+
+        Args:
+            ratio: (B, T) importance ratio (detached).
+            advantages: (B, T) advantages, zero at masked positions.
+            inputs: this forward's `TokenInputs` (``prepared`` not yet set).
+        """
+        return None
 
     def ratio(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
         """The ratio fed to :meth:`surrogate`: token-level ``exp(log_ratio)``. GSPO overrides this."""
@@ -163,6 +251,10 @@ class Objective(nn.Module):
         advantages: Tensor,
         mask: Tensor,
         normalizer: Tensor | float | None = None,
+        *,
+        entropy: Tensor | None = None,
+        old_entropy: Tensor | None = None,
+        seed: int = 0,
     ) -> ObjectiveOutput:
         """Loss and metrics of one (micro-)batch.
 
@@ -174,6 +266,10 @@ class Objective(nn.Module):
                 they never reach the loss value or the gradient.
             normalizer: the optimizer step's global normaliser (see :meth:`normalizer`); ``None`` when this
                 batch is the whole step.
+            entropy: (B, T) the current policy's per-token entropy (same forward); read by schemes that declare
+                `needs_entropy`, which require it.
+            old_entropy: (B, T) the behaviour policy's (the trainer's old-log-prob pass); likewise.
+            seed: the seed of this call's random draw, for the schemes that draw (`TokenInputs.seed`).
         """
         mask = mask.bool()
         if logprobs.shape != mask.shape or old_logprobs.shape != mask.shape:
@@ -183,14 +279,17 @@ class Objective(nn.Module):
             )
         advantages = self._expand_advantages(advantages, mask)
         log_ratio = self._log_ratio(logprobs, old_logprobs.detach(), mask)
+        inputs = self._token_inputs(logprobs, old_logprobs, mask, entropy, old_entropy, seed)
         ratio = self.ratio(log_ratio, mask)
-        per_token = self.surrogate(ratio, advantages)
+        with torch.no_grad():
+            inputs = dataclasses.replace(inputs, prepared=self.prepare(ratio.detach(), advantages, inputs))
+        per_token = self._hook("surrogate", 2, ratio, advantages, inputs=inputs)
         loss = aggregate(per_token, mask, self.loss_agg, normalizer)
         log_ratio, ratio = log_ratio.detach(), ratio.detach()
-        band = self.outside_band(ratio, advantages)
-        metrics = self._metrics(log_ratio, ratio, advantages, mask, band)
-        metrics.update(self._gradient_metrics(log_ratio, advantages, mask, normalizer, band))
-        own = self.diagnostics(ratio, advantages, mask)
+        band = self._hook("outside_band", 2, ratio, advantages, inputs=inputs)
+        metrics = self._metrics(log_ratio, ratio, advantages, mask, band, inputs)
+        metrics.update(self._gradient_metrics(log_ratio, advantages, mask, normalizer, band, inputs))
+        own = self._hook("diagnostics", 3, ratio, advantages, mask, inputs=inputs)
         if shadowed := sorted(own.keys() & metrics.keys()):
             raise ValueError(
                 f"{type(self).__name__}.diagnostics() returns {shadowed}, which every objective already "
@@ -212,6 +311,48 @@ class Objective(nn.Module):
         return ", ".join(f"{key}={value!r}" for key, value in self.hyperparameters().items())
 
     # ------------------------------------------------------------------------------------------- internals
+
+    def _hook(self, name: str, positional: int, *args: Any, inputs: TokenInputs) -> Any:
+        """Call the hook ``name`` with ``args``, and with ``inputs`` when it takes them (cached per class)."""
+        cache = type(self).__dict__.get("_takes_inputs_cache")
+        if cache is None:
+            cache = {}
+            type.__setattr__(type(self), "_takes_inputs_cache", cache)
+        if name not in cache:
+            cache[name] = _takes_inputs(getattr(self, name), positional)
+        method = getattr(self, name)
+        return method(*args, inputs) if cache[name] else method(*args)
+
+    def _token_inputs(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        mask: Tensor,
+        entropy: Tensor | None,
+        old_entropy: Tensor | None,
+        seed: int,
+    ) -> TokenInputs:
+        if self.needs_entropy and (entropy is None or old_entropy is None):
+            raise ValueError(
+                f"{type(self).__name__} reads the current and the old policy's entropies: pass entropy= and "
+                "old_entropy= (in training, rollout.old_logprobs=trainer computes the old one)"
+            )
+
+        def masked(values: Tensor | None, name: str) -> Tensor | None:
+            if values is None:
+                return None
+            if values.shape != mask.shape:
+                raise ValueError(f"{name} {tuple(values.shape)} must be (B, T) = {tuple(mask.shape)}")
+            return torch.where(mask, values.detach().float(), 0.0)
+
+        return TokenInputs(
+            logprobs=masked(logprobs, "logprobs"),
+            old_logprobs=masked(old_logprobs, "old_logprobs"),
+            mask=mask,
+            entropy=masked(entropy, "entropy"),
+            old_entropy=masked(old_entropy, "old_entropy"),
+            seed=int(seed),
+        )
 
     def _check_hyperparameters_stored(self) -> None:
         missing = [name for name in _hyperparameter_names(type(self)) if name not in self.__dict__]
@@ -245,14 +386,20 @@ class Objective(nn.Module):
         return diff + (diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO) - diff).detach()
 
     def _metrics(
-        self, log_ratio: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor, band: tuple[Tensor, Tensor]
+        self,
+        log_ratio: Tensor,
+        ratio: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        band: tuple[Tensor, Tensor],
+        inputs: TokenInputs,
     ) -> dict[str, Metric]:
         count = mask.sum().clamp(min=1).float()
 
         def token_mean(values: Tensor) -> Tensor:
             return torch.where(mask, values.float(), 0.0).sum() / count
 
-        low, high = self.clipped(ratio, advantages)
+        low, high = self._hook("clipped", 2, ratio, advantages, inputs=inputs)
         below, above = band
         return {
             "clip_frac_low": token_mean(low),
@@ -272,6 +419,7 @@ class Objective(nn.Module):
         mask: Tensor,
         normalizer: Tensor | float | None,
         band: tuple[Tensor, Tensor],
+        inputs: TokenInputs,
     ) -> dict[str, Metric]:
         """The share of the update's gradient carried by the tokens outside the band, by sign (``band``, from
         :meth:`outside_band`): 0 for PPO clip, what GPPO keeps. Each is a `Ratio` of two sums of ``|dL/dx_t|``, the
@@ -283,7 +431,8 @@ class Objective(nn.Module):
         """
         with torch.enable_grad():
             x = log_ratio.clone().requires_grad_(True)
-            loss = aggregate(self.surrogate(self.ratio(x, mask), advantages), mask, self.loss_agg, normalizer)
+            per_token = self._hook("surrogate", 2, self.ratio(x, mask), advantages, inputs=inputs)
+            loss = aggregate(per_token, mask, self.loss_agg, normalizer)
             (grad,) = torch.autograd.grad(loss, x, allow_unused=True)
         if grad is None:
             grad = torch.zeros_like(x)

@@ -77,32 +77,47 @@ class LogprobPasses:
         )
 
     @torch.no_grad()
-    def all_logprobs(self, model: nn.Module, batch: RolloutBatch, rank: int, world: int) -> tuple[Tensor, Tensor]:
-        """No-grad log-probs of this rank's rows of ``batch`` (its micro-batches, planned as the update's) and which
-        rows they are, (N,) bool: zeros elsewhere, so the ranks' results add up to every row computed once."""
+    def all_logprobs(
+        self, model: nn.Module, batch: RolloutBatch, rank: int, world: int, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """No-grad log-probs (and, ``with_entropy``, entropies) of this rank's rows of ``batch`` (its micro-batches,
+        planned as the update's), and which rows they are, (N,) bool: zeros elsewhere, so the ranks' results add up
+        to every row computed once."""
         logprobs = torch.zeros_like(batch.engine_logprobs)
+        entropy = torch.zeros_like(logprobs) if with_entropy else None
         computed = torch.zeros(len(logprobs), dtype=torch.bool, device=logprobs.device)
         for micro in self.plan(batch, rank, world):
-            values, _ = self.logprobs(model, batch.part(micro.rows, micro.real))
+            values, entropies = self.logprobs(model, batch.part(micro.rows, micro.real), with_entropy=with_entropy)
+            real = micro.real.to(values.device)
             rows = micro.rows.to(logprobs.device)[micro.real.to(logprobs.device)]
-            logprobs[rows, : values.shape[1]] = values[micro.real.to(values.device)]
+            logprobs[rows, : values.shape[1]] = values[real]
+            if entropy is not None:
+                entropy[rows, : values.shape[1]] = entropies[real].float()
             computed[rows] = True
-        return logprobs, computed
+        return logprobs, computed, entropy
 
     @torch.no_grad()
     def measured(
-        self, model: nn.Module, batch: RolloutBatch, rank: int, world: int, reduce: Reduce | None
-    ) -> tuple[Tensor, float]:
+        self,
+        model: nn.Module,
+        batch: RolloutBatch,
+        rank: int,
+        world: int,
+        reduce: Reduce | None,
+        with_entropy: bool = False,
+    ) -> tuple[Tensor, float, Tensor | None]:
         """The no-grad log-probs of every row of ``batch`` (each rank computes its micro-batches, ``reduce`` adds
-        the ranks' results; ``None``: one process) and ``rollout/logprob_gap``, their mean absolute difference from
-        the engine's over the response tokens, summed over ranks before the quotient."""
-        logprobs, computed = self.all_logprobs(model, batch, rank, world)
+        the ranks' results; ``None``: one process), ``rollout/logprob_gap``, their mean absolute difference from
+        the engine's over the response tokens, summed over ranks before the quotient, and with ``with_entropy``
+        the per-token entropies of every row (else ``None``)."""
+        logprobs, computed, entropy = self.all_logprobs(model, batch, rank, world, with_entropy)
         mask = batch.mask & computed[:, None]
         difference = torch.where(mask, (logprobs - batch.engine_logprobs).abs(), 0.0)
         parts = torch.stack([difference.sum(), mask.sum()]).double()
         if reduce is not None and world > 1:
             logprobs, parts = reduce(logprobs, "sum"), reduce(parts, "sum")
-        return logprobs, float(parts[0] / parts[1].clamp(min=1))
+            entropy = reduce(entropy, "sum") if entropy is not None else None
+        return logprobs, float(parts[0] / parts[1].clamp(min=1)), entropy
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

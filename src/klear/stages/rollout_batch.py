@@ -84,15 +84,18 @@ class RolloutBatch:
     """Responses cut at ``max_new_tokens``."""
     real: Tensor
     """Rows that hold data; false for the padding of a data-parallel rank's share (see :meth:`share`)."""
+    old_entropy: Tensor | None = None
+    """The behaviour policy's per-token entropy, from the trainer's no-grad pass, for objectives that read it
+    (`klear.objectives.Objective.needs_entropy`); ``None`` otherwise."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, index: Tensor | slice) -> RolloutBatch:
         """Rows ``index``, trimmed to their longest row."""
-        rows = {field.name: getattr(self, field.name)[index] for field in fields(self)}
+        rows = {field.name: _rows(getattr(self, field.name), index) for field in fields(self)}
         width = int(rows["attention_mask"].sum(-1).max()) if len(rows["input_ids"]) else 1
-        return RolloutBatch(**{k: v[:, :width] if v.dim() == 2 else v for k, v in rows.items()})
+        return RolloutBatch(**{k: v[:, :width] if v is not None and v.dim() == 2 else v for k, v in rows.items()})
 
     def share(self, rows: Tensor, rank: int, world: int) -> RolloutBatch:
         """This data-parallel rank's part of ``rows``, padded to equal length with rows that carry no mask."""
@@ -111,7 +114,12 @@ class RolloutBatch:
         return self.attention_mask.sum(-1)
 
     def to(self, device: torch.device) -> RolloutBatch:
-        return RolloutBatch(**{field.name: getattr(self, field.name).to(device) for field in fields(self)})
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        return RolloutBatch(**{k: v.to(device) if v is not None else None for k, v in values.items()})
+
+
+def _rows(values: Tensor | None, index: Tensor | slice) -> Tensor | None:
+    return values[index] if values is not None else None
 
 
 def build_rollout_batch(

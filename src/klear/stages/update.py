@@ -106,6 +106,7 @@ class PolicyUpdate:
         world: int,
         rank: int = 0,
         measure_gap: bool = False,
+        seed: int = 0,
     ) -> dict[str, float]:
         """Forward/backward over this rank's micro-batches of the mini-batch ``batch``, clip, step. Returns the
         mini-batch's metrics.
@@ -117,6 +118,8 @@ class PolicyUpdate:
                 this one.
             measure_gap: add ``rollout/logprob_gap`` (this forward against the engine's log-probs): asked of the
                 step's first update when nothing measured it before, so its weights are the ones that sampled.
+            seed: this update's seed of an objective's random draw; micro-batch ``i`` of rank ``r`` draws with
+                `draw_seed` of it.
         """
         micro_batches = [batch.part(micro.rows, micro.real) for micro in self.passes.plan(batch, rank, world)]
         # Padding rows of a data-parallel share are not sequences of the step: they count in no normaliser.
@@ -135,9 +138,10 @@ class PolicyUpdate:
         totals = reduce(torch.stack(local), "sum")
         normalizer, correct_tokens, tokens = totals[0], totals[1], totals[2].clamp(min=1)
         metrics = StepMetrics()
-        for micro in micro_batches:
+        for index, micro in enumerate(micro_batches):
             weight = micro.mask.sum() / tokens
-            loss = self._micro_loss(model, micro, normalizer, correct_tokens, metrics, weight, measure_gap)
+            draw = draw_seed(seed, rank, index)
+            loss = self._micro_loss(model, micro, normalizer, correct_tokens, metrics, weight, measure_gap, draw)
             # Gradients are averaged over data-parallel ranks (DDP and FSDP2 alike): undo it for a global sum.
             backward(loss * world)
         grad_norm = clip_grad_norm(model, self.settings.grad_clip)
@@ -156,6 +160,7 @@ class PolicyUpdate:
         metrics: StepMetrics,
         weight: Tensor,
         measure_gap: bool = False,
+        seed: int = 0,
     ) -> Tensor:
         """This micro-batch's share of the update's loss; its metrics are added to ``metrics`` (token means
         weighted by ``weight``, its share of the update's tokens)."""
@@ -165,7 +170,16 @@ class PolicyUpdate:
         if algorithm.tis_cap:
             tis = torch.exp(micro.old_logprobs - micro.engine_logprobs).clamp(max=algorithm.tis_cap)
             advantages = advantages * torch.where(mask, tis, 0.0)
-        output = self.objective(logprobs, micro.old_logprobs, advantages, mask, normalizer=normalizer)
+        output = self.objective(
+            logprobs,
+            micro.old_logprobs,
+            advantages,
+            mask,
+            normalizer=normalizer,
+            entropy=entropy,
+            old_entropy=micro.old_entropy,
+            seed=seed,
+        )
         loss = output.loss
         metrics.add_metrics(output.metrics, weight, prefix="objective/")
         metrics.add("actor/pg_loss", output.loss)
@@ -197,6 +211,11 @@ class PolicyUpdate:
         if self.settings.kl_estimator == "k1":
             return -log_ratio
         return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def draw_seed(seed: int, rank: int, micro_batch: int) -> int:
+    """The seed of an objective's draw in micro-batch ``micro_batch`` of ``rank`` in an update seeded ``seed``."""
+    return (seed * 1_000_003 + rank * 65_537 + micro_batch) % 2**62
 
 
 def positive_nll(logprobs: Tensor, mask: Tensor, correct: Tensor, correct_tokens: Tensor) -> Tensor:
