@@ -88,6 +88,11 @@ END_TO_END_TESTS: dict[str, set[str]] = {
         "test_score_gives_raw_shaped_correct_and_counts",
         "test_importing_the_scorer_imports_neither_torch_nor_omegaconf",
     },
+    # A short RL run through `klear.fit` main(), and the refusal of the command in a fresh interpreter.
+    "stages/test_erc_run.py": {
+        "test_a_short_dapo_erc_run_logs_its_entropy_band",
+        "test_erc_without_the_trainers_old_logprobs_is_one_line_before_heavy_imports",
+    },
 }
 
 

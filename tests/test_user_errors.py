@@ -65,6 +65,33 @@ def test_bad_values_are_one_line_naming_the_key_before_heavy_imports(overrides, 
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
 
 
+def test_sapo_and_gmpo_options_are_one_line_before_heavy_imports():
+    # One interpreter for the three (each main() call prints its own line): torch is imported once.
+    cases = [
+        (["objective.name=sapo", "objective.tau_pos=0"], "objective 'sapo': tau_pos must be > 0, got 0"),
+        (
+            ["objective.name=gmpo", "objective.loss_agg=token-mean"],
+            "objective 'gmpo': gmpo's loss is a mean over responses: loss_agg must be 'seq-mean-token-mean'",
+        ),
+        (
+            ["objective.name=gmpo", "algorithm.tis_cap=2", "rollout.old_logprobs=trainer"],
+            "algorithm.tis_cap = 2.0 weights each token's advantage, which objective 'gmpo'",
+        ),
+    ]
+    code = (
+        "import sys; from klear.fit import main; "
+        f"codes = [main(['--config', 'configs/rl.yaml', *overrides]) for overrides in {[o for o, _ in cases]!r}]; "
+        "heavy = sorted(name for name in ('lightning', 'transformers', 'vllm') if name in sys.modules); "
+        "print('exit', codes, 'heavy', heavy)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "exit [2, 2, 2] heavy []", result.stdout + result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3, result.stderr
+    for line, (_, message) in zip(lines, cases, strict=True):
+        assert line.startswith("error: ") and message in line, line
+
+
 def test_a_model_path_that_is_no_model_is_one_line(tmp_path):
     args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path}", *RL_QUICK]
     error = one_line_error(klear("klear.fit", *args, "model.path=./no/such/model"))

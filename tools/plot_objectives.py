@@ -4,7 +4,13 @@ One panel per objective, with A > 0 and A < 0 and PPO's weight behind for refere
 registry is drawn, so a user subclass appears once its module is imported (``--import my_package.objectives``).
 The weights are measured with autograd on the real objective classes, not re-derived, so the picture is exactly
 what training uses. Clip ranges are set to 0.2 / 0.28 for every objective that takes them (GSPO's paper range,
-3e-4 / 4e-4, would be invisible; on a one-token sequence its sequence ratio is the token ratio).
+3e-4 / 4e-4, would be invisible; on a one-token sequence its sequence ratio, and GMPO's geometric mean, is the
+token ratio; GMPO's own bounds are in log space). The behaviour policy gives every token probability
+``P_OLD`` (DPPO's mask reads the probabilities themselves, ``p - p_old = P_OLD * (r - 1)``); ERC gets equal current
+and old entropies, so every token is in its entropy band and it draws as its base scheme. Clip-Cov and KL-Cov
+select by the covariance of advantage and log-prob over the batch, which is 0 here (one advantage per panel), so
+they draw as the weight of the tokens they do not select (PPO clip, and the plain ``-A * r``); KL-Cov still
+selects at least one token, the spike at the panel's left edge (``-A * r + coef * sign(x - x_old)``).
 
     python tools/plot_objectives.py --out docs/objectives.png [--import pkg.module ...] [--dual-clip 3]
 """
@@ -19,16 +25,21 @@ import torch
 
 from klear.objectives import get_objective, list_objectives, objective_class
 
+P_OLD = 0.3
+"""The behaviour policy's probability of every drawn token (``r`` up to ``1 / P_OLD`` keeps ``p <= 1``)."""
+
 
 def gradient_weights(name: str, ratios: torch.Tensor, advantage: float, **overrides: float) -> torch.Tensor:
-    """F(r) = -(dL/dx) / A for one-token sequences at each ratio, with x = log r and x_old = 0."""
+    """F(r) = -(dL/dx) / A for one-token sequences at each ratio, with x = log(P_OLD * r) and x_old = log P_OLD."""
     accepted = inspect.signature(objective_class(name).__init__).parameters
     objective = get_objective(name, **{key: value for key, value in overrides.items() if key in accepted})
-    logprobs = ratios.log()[:, None].clone().requires_grad_(True)
+    old = torch.full((len(ratios), 1), P_OLD).log()
+    logprobs = (old + ratios.log()[:, None]).requires_grad_(True)
     mask = torch.ones_like(logprobs, dtype=torch.bool)
     advantages = torch.full((len(ratios),), advantage)
-    # token-mean over N one-token rows divides by N: scale back to a per-token gradient.
-    output = objective(logprobs, torch.zeros_like(logprobs), advantages, mask, normalizer=1.0)
+    entropy = {"entropy": torch.ones_like(old), "old_entropy": torch.ones_like(old)} if objective.needs_entropy else {}
+    # A normaliser of 1 over one-token rows: every aggregation gives each token its own gradient.
+    output = objective(logprobs, old, advantages, mask, normalizer=1.0, **entropy)
     output.loss.backward()
     return -logprobs.grad[:, 0] / advantage
 
@@ -39,7 +50,7 @@ def plot(path: str, dual_clip: float | None = None, columns: int = 3) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    overrides = {"eps_low": 0.2, "eps_high": 0.28, "loss_agg": "token-mean"}
+    overrides = {"eps_low": 0.2, "eps_high": 0.28}
     if dual_clip is not None:
         overrides["dual_clip"] = dual_clip
     ratios = torch.linspace(0.02, 3.0, 600)

@@ -108,7 +108,7 @@ def test_cli_unreadable_data_file_is_one_line(tmp_path):
         (["rollout.tempreature=0.5"], "unknown config key 'rollout.tempreature'; accepted keys of section 'rollout'"),
         (["rollout.tempreature=0.5"], "; did you mean 'rollout.temperature'\\?$"),
         (["reward.options.timout=3"], "reward 'math' has no option 'timout'; .*; did you mean 'timeout'\\?$"),
-        (["objective.name=gpo"], "unknown objective 'gpo'; registered: cispo, dapo, gppo, gspo, ppo"),
+        (["objective.name=gpo"], "unknown objective 'gpo'; registered: cispo, clip-cov, dapo, dapo-erc, dppo-kl, "),
         (["objective.dual_clip=0.5"], "dual_clip must be > 1"),
         (["reward.name=maths"], "unknown reward 'maths'"),
         (["algorithm.advantage=ppo"], "unknown advantage estimator 'ppo'; registered: dr_grpo, grpo, rloo"),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from klear.objectives import Ratio, get_objective, list_objectives
+from tests.objectives.contract import under_test
 
 # Four tokens of one sequence: ratio 1.5 with A > 0 (above the band), 0.5 with A < 0 (below it), and two inside.
 RATIO = torch.tensor([[1.5, 0.5, 1.0, 1.1]])
@@ -62,7 +63,7 @@ def test_gradient_sums_are_the_loss_gradient(name, loss_agg):
     old = logprobs.detach() + 0.5 * torch.randn(3, 7)
     mask = torch.rand(3, 7) > 0.2
     advantages = torch.tensor([1.0, -0.5, 0.25])
-    output = get_objective(name, loss_agg=loss_agg)(logprobs, old, advantages, mask)
+    output = under_test(name, loss_agg=loss_agg)(logprobs, old, advantages, mask)
     (gradient,) = torch.autograd.grad(output.loss, logprobs)
     above, below, total = gradient_sums(output.metrics)
     assert total == pytest.approx(float(gradient[mask].abs().sum()), rel=1e-5)

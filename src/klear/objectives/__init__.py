@@ -19,6 +19,10 @@ from klear.objectives.base import (
     gradient_weighted,
 )
 from klear.objectives.cispo import CISPO
+from klear.objectives.cov import ClipCov, KLCov
+from klear.objectives.dppo import DPPOKL, DPPOTV
+from klear.objectives.erc import DAPOERC, GPPOERC
+from klear.objectives.gmpo import GMPO
 from klear.objectives.gppo import GPPO
 from klear.objectives.gspo import GSPO
 from klear.objectives.ppo import DAPOClip, PPOClip
@@ -31,16 +35,25 @@ from klear.objectives.registry import (
     objective_defaults,
     register_objective,
 )
+from klear.objectives.sapo import SAPO
 from klear.runtime.step_metrics import Max, Ratio, Sum
 
 __all__ = [
     "CISPO",
+    "DAPOERC",
+    "DPPOKL",
+    "DPPOTV",
+    "GMPO",
     "GPPO",
+    "GPPOERC",
     "GSPO",
     "LOSS_AGG_MODES",
     "MAX_LOG_RATIO",
     "OBJECTIVES",
+    "SAPO",
+    "ClipCov",
     "DAPOClip",
+    "KLCov",
     "Max",
     "Objective",
     "ObjectiveOutput",
