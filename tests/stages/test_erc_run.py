@@ -26,6 +26,7 @@ from tests.runs import RL_SHORT, read_metrics
 ENTROPY_METRICS = ["objective/entropy_clip_frac_low", "objective/entropy_clip_frac_high"]
 
 
+@pytest.mark.slow  # test_rl_end_to_end.py::test_every_objective_trains[dapo-erc] runs it in the default tier
 def test_a_short_dapo_erc_run_logs_its_entropy_band(tmp_path):
     overrides = [*RL_SHORT, "trainer.max_steps=2", "eval.every_n_steps=0", "rollout.old_logprobs=trainer"]
     assert main(["--config", "configs/rl.yaml", "--objective", "dapo-erc", f"output_dir={tmp_path}", *overrides]) == 0

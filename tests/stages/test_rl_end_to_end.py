@@ -116,11 +116,17 @@ class Crash(L.Callback):
             raise SimulatedCrash
 
 
-def test_resume_after_crash_is_exact(tmp_path):
-    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
-    assert main(["--config", "configs/rl.yaml", f"output_dir={straight}", *SHORT]) == 0
+# Clip-Cov draws tokens to detach at every update (a wide window and 5% of the tokens, so it draws here): the draws
+# are seeded by the run's seed, the step, the update and the micro-batch, so a resumed run draws the same ones.
+DRAWING = ["objective.name=clip-cov", "objective.clip_cov_lb=0.0", "objective.clip_cov_ratio=0.05"]
 
-    config = load_config("configs/rl.yaml", [f"output_dir={crashed}", *SHORT])
+
+@pytest.mark.parametrize("objective", [[], DRAWING], ids=["default", "clip-cov"])
+def test_resume_after_crash_is_exact(tmp_path, objective):
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert main(["--config", "configs/rl.yaml", f"output_dir={straight}", *SHORT, *objective]) == 0
+
+    config = load_config("configs/rl.yaml", [f"output_dir={crashed}", *SHORT, *objective])
     run_dir = prepare_run_dir(config, resume=False, overwrite=False)
     module, batches = build_stage(config, run_dir)
     trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[Crash()])
@@ -129,9 +135,11 @@ def test_resume_after_crash_is_exact(tmp_path):
     # The module attached the refresh: Lightning runs it after the Trainer's callbacks and before the checkpoint.
     kinds = [type(callback).__name__ for callback in trainer.callbacks]
     assert kinds[-3:] == ["Crash", "RolloutRefresh", "StepCheckpoint"], kinds
-    assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT]) == 0
+    assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT, *objective]) == 0
 
     a, b = read_metrics(straight / "metrics.csv"), read_metrics(crashed / "metrics.csv")
+    if objective:
+        assert any(float(row.get("objective/cov_selected_frac") or 0) > 0 for row in a[2:])  # drew after the crash
     assert [row["step"] for row in a] == [row["step"] for row in b]
     for row_a, row_b in zip(a, b, strict=True):
         for key in row_a:
