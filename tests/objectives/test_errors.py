@@ -7,7 +7,7 @@ from klear.objectives import PolicyObjective, get_objective, objective_defaults,
 
 def test_unknown_objective_lists_registered_names():
     names = "cispo, clip-cov, dapo, dapo-erc, dppo-kl, dppo-tv, gmpo, gppo, gppo-erc, gspo, kl-cov, ppo, sapo"
-    with pytest.raises(ValueError, match=rf"unknown objective 'gpo'; registered: {names} \(or give"):
+    with pytest.raises(ValueError, match=rf"unknown objective 'gpo'; registered: .*{names}"):
         get_objective("gpo")
 
 
