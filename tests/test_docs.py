@@ -289,6 +289,10 @@ assert "gppo" in list_objectives()
         "python -m klear.compare --config configs/ablations/objectives.yaml --objectives ppo,dapo,cispo,gppo --seeds",
     ): Plan(64),
     ("docs/results.md", "python -m klear.compare --config configs/ablations/objectives.yaml --seeds 0-7"): Plan(32),
+    (
+        "docs/results.md",
+        "python -m klear.compare --config configs/ablations/objectives.yaml --objectives ppo,sapo",
+    ): Plan(72),
     ("docs/results.md", "python -m klear.compare --config configs/ablations/objectives.yaml --objectives gppo"): Plan(
         8
     ),
