@@ -75,8 +75,25 @@ def entropy_diagnostics(mask: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
     return {"entropy_clip_frac_low": below.sum() / count, "entropy_clip_frac_high": above.sum() / count}
 
 
+class EntropyRatioClip:
+    """What ERC adds to its base scheme (the class after this one in the bases): the band decided once per forward
+    (`prepare`), the base's surrogate detached outside it, and the band's metrics. The subclass stores
+    ``entropy_eps_low`` and ``entropy_eps_high``."""
+
+    needs_entropy = True
+
+    def prepare(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> tuple[Tensor, Tensor]:
+        return outside_entropy_band(inputs, self.entropy_eps_low, self.entropy_eps_high)
+
+    def surrogate(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
+        return entropy_clip(super().surrogate(ratio, advantages), inputs)
+
+    def diagnostics(self, ratio: Tensor, advantages: Tensor, mask: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
+        return entropy_diagnostics(mask, inputs)
+
+
 @register_objective("dapo-erc")
-class DAPOERC(DAPOClip):
+class DAPOERC(EntropyRatioClip, DAPOClip):
     """DAPO clip with entropy ratio clipping: ``L = max(-A*r, -A*clip(r))``, detached where ``rho`` leaves the
     band ``(1 - entropy_eps_low, 1 + entropy_eps_high)`` (the authors' ``grpo_erc``; see the module docstring).
 
@@ -85,8 +102,6 @@ class DAPOERC(DAPOClip):
         entropy_eps_high: the band's upper bound is ``1 + entropy_eps_high``, > 0.
         dual_clip: as for `PPOClip`; the authors always run one (c = 10).
     """
-
-    needs_entropy = True
 
     def __init__(
         self,
@@ -102,18 +117,9 @@ class DAPOERC(DAPOClip):
         self.entropy_eps_low = entropy_eps_low
         self.entropy_eps_high = entropy_eps_high
 
-    def prepare(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> tuple[Tensor, Tensor]:
-        return outside_entropy_band(inputs, self.entropy_eps_low, self.entropy_eps_high)
-
-    def surrogate(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
-        return entropy_clip(super().surrogate(ratio, advantages), inputs)
-
-    def diagnostics(self, ratio: Tensor, advantages: Tensor, mask: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
-        return entropy_diagnostics(mask, inputs)
-
 
 @register_objective("gppo-erc")
-class GPPOERC(GPPO):
+class GPPOERC(EntropyRatioClip, GPPO):
     """GPPO with entropy ratio clipping: GPPO's loss, detached where ``rho`` leaves the band (the authors'
     ``gppo_erc``; see the module docstring). The other arguments are `GPPO`'s.
 
@@ -121,8 +127,6 @@ class GPPOERC(GPPO):
         entropy_eps_low: the band's lower bound is ``1 - entropy_eps_low``, in (0, 1].
         entropy_eps_high: the band's upper bound is ``1 + entropy_eps_high``, > 0.
     """
-
-    needs_entropy = True
 
     def __init__(
         self,
@@ -146,12 +150,3 @@ class GPPOERC(GPPO):
         check_entropy_band(entropy_eps_low, entropy_eps_high)
         self.entropy_eps_low = entropy_eps_low
         self.entropy_eps_high = entropy_eps_high
-
-    def prepare(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> tuple[Tensor, Tensor]:
-        return outside_entropy_band(inputs, self.entropy_eps_low, self.entropy_eps_high)
-
-    def surrogate(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
-        return entropy_clip(super().surrogate(ratio, advantages), inputs)
-
-    def diagnostics(self, ratio: Tensor, advantages: Tensor, mask: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
-        return entropy_diagnostics(mask, inputs)
