@@ -14,9 +14,9 @@ Their conventions, kept here:
   ``kl_cov_frac``); the authors' ``k_percent`` is a percentage (``int(N * k / 100)``), see
   :func:`authors_kl_cov`. No ratio clip; the penalty is ``coef * |x - x_old|`` with autograd through ``abs``.
 - The log-ratio is not clamped (klear clamps its value at +-20); no dual clip in Clip-Cov.
-- ``agg_loss`` (verl, ``global_batch_info`` given or not): token-mean ``sum / tokens``; seq-mean-token-mean
-  ``sum_b(sum_t / (n_b + 1e-8)) / sequences``; seq-mean-token-sum-norm ``sum_b(sum_t / T) / sequences``.
-  (Older verl divided seq-mean-token-sum-norm by ``T`` only, without the sequence count.)
+- Aggregated by verl's ``agg_loss`` (`reference_verl.verl_agg_loss`), with its step-wide denominators when
+  given (``batch_num_tokens``). (Older verl divided seq-mean-token-sum-norm by ``T`` only, without the sequence
+  count.)
 """
 
 from __future__ import annotations
@@ -26,32 +26,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from tests.objectives.reference_verl import verl_agg_loss
+
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), values, 0.0).sum() / (mask.sum() + 1e-8)
-
-
-def agg_loss(
-    loss_mat: Tensor,
-    loss_mask: Tensor,
-    loss_agg_mode: str,
-    batch_num_tokens: float | None = None,
-    global_batch_size: float | None = None,
-    loss_scale_factor: float | None = None,
-) -> Tensor:
-    """verl's ``agg_loss`` with its step-wide denominators (``dp_size = 1``); ``None`` uses this batch's own."""
-    masked = torch.where(loss_mask.bool(), loss_mat, 0.0)
-    if loss_agg_mode == "token-mean":
-        tokens = loss_mask.sum() if batch_num_tokens is None else batch_num_tokens
-        return masked.sum() / tokens
-    sequences = loss_mat.shape[0] if global_batch_size is None else global_batch_size
-    if loss_agg_mode == "seq-mean-token-mean":
-        seq_losses = masked.sum(dim=-1) / (loss_mask.sum(dim=-1) + 1e-8)
-    elif loss_agg_mode == "seq-mean-token-sum-norm":
-        seq_losses = masked.sum(dim=-1) / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
-    else:
-        raise ValueError(f"the reference has no loss_agg_mode {loss_agg_mode!r}")
-    return seq_losses.sum() / sequences
 
 
 def verl_clip_cov(
@@ -86,7 +65,7 @@ def verl_clip_cov(
     corr = torch.ones_like(advantages)
     corr[top_k_idx[:, 0], top_k_idx[:, 1]] = 0
     pg_losses = torch.maximum(pg_losses1, pg_losses2) * corr
-    return agg_loss(pg_losses, response_mask, loss_agg_mode, **agg), (corr == 0) & (response_mask > 0)
+    return verl_agg_loss(pg_losses, response_mask, loss_agg_mode, **agg), (corr == 0) & (response_mask > 0)
 
 
 def verl_kl_cov(
@@ -118,7 +97,7 @@ def verl_kl_cov(
         rows, cols = flat // advantages.shape[1], flat % advantages.shape[1]
         selected[rows, cols] = True
         pg_losses = torch.where(selected, pg_losses_kl, pg_losses)
-    return agg_loss(pg_losses, response_mask, loss_agg_mode, **agg), selected
+    return verl_agg_loss(pg_losses, response_mask, loss_agg_mode, **agg), selected
 
 
 def authors_kl_cov(

@@ -6,8 +6,7 @@ Written from reading (not copied from) three implementations, with their default
   ``-A * sg(min(r, C)) * x * valid``: the log-prob form, so the value is not on the ratio scale (only the
   gradient ``-A * min(r, C) * valid`` compares). ``C`` is ``config.get("clip_ratio_c", 20.0)``, which returns
   ActorConfig's 3.0 when unset; the first author's example sets 1e4. ``A == 0`` takes the negative branch.
-  Aggregated by verl's ``agg_loss`` (one rank, no global batch info: local token count, local batch size,
-  ``loss_scale_factor`` = the padded length T for ``seq-mean-token-sum-norm``).
+  Aggregated by verl's ``agg_loss`` (`reference_verl.verl_agg_loss`: one rank, no global batch info).
 - PrimeIntellect-ai/prime-rl @ 559b447, default loss (``loss.py`` e48a538): ``-adv_tau * A * r * keep +
   kl_tau * (x - x_old)^2`` summed, the KL term on every loss token (masked ones too), divided by the step's loss
   tokens (token-mean); binary TV only; A == 0 tokens use the low branch.
@@ -24,24 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tests.objectives.reference_verl import verl_agg_loss
+
 EPS = 1e-8  # the binary KL's guard against 1 - p = 0, the same constant in all three
-
-
-def verl_agg_loss(loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str) -> Tensor:
-    """verl's ``agg_loss`` on one rank without global batch info (dp_size 1)."""
-    mask = loss_mask.to(loss_mat.dtype)
-    if loss_agg_mode == "token-mean":
-        return (loss_mat * mask).sum() / mask.sum()
-    seq_sums = (loss_mat * mask).sum(dim=-1)
-    if loss_agg_mode == "seq-mean-token-sum":
-        per_seq = seq_sums
-    elif loss_agg_mode == "seq-mean-token-sum-norm":
-        per_seq = seq_sums / loss_mask.shape[-1]
-    elif loss_agg_mode == "seq-mean-token-mean":
-        per_seq = seq_sums / (mask.sum(dim=-1) + 1e-8)
-    else:
-        raise ValueError(f"verl has no loss_agg_mode {loss_agg_mode!r}")
-    return per_seq.sum() / loss_mat.shape[0]
 
 
 def _verl_dppo(log_prob, old_log_prob, advantages, response_mask, valid, loss_agg_mode, clip_ratio_c) -> Tensor:

@@ -22,22 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def verl_agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, loss_scale_factor: int | None = None) -> Tensor:
-    """verl's ``agg_loss`` on one rank (``dp_size = 1``, no global counts passed)."""
-    mask = mask.to(loss_mat.dtype)
-    if mode == "token-mean":
-        return (loss_mat * mask).sum() / mask.sum()
-    counts = mask.sum(dim=-1)
-    non_empty = (counts > 0).to(loss_mat.dtype)
-    if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
-        loss = ((loss_mat * mask).sum(dim=-1) * non_empty).sum() / non_empty.sum()
-        if mode == "seq-mean-token-sum-norm":
-            loss = loss / (mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
-        return loss
-    if mode == "seq-mean-token-mean":
-        return ((loss_mat * mask).sum(dim=-1) / (counts + 1e-8) * non_empty).sum() / non_empty.sum()
-    raise ValueError(f"unknown mode {mode}")
+from tests.objectives.reference_verl import verl_agg_loss
 
 
 def verl_sapo_token_losses(
