@@ -121,16 +121,18 @@ def check_rl(config: DictConfig) -> None:
         raise ConfigError("objective.name is missing; set it or pass --objective NAME")
     name = objective.pop("name")
     options = OmegaConf.to_container(config.reward.options)
-    for build in (
-        lambda: _check_call("objective", objective_class(name), objective, name),
-        lambda: _check_call("reward.options", REWARDS.get(config.reward.name), options, config.reward.name),
-        lambda: ADVANTAGES.get(config.algorithm.advantage),
-        lambda: ENGINES.get(config.rollout.engine),
-    ):
+
+    def resolve(build: collections.abc.Callable[[], Any]) -> Any:
         try:
-            build()
+            return build()
         except (ValueError, TypeError, RuntimeError) as error:  # their messages name the component and the values
             raise ConfigError(_first_line(error)) from error
+
+    # The built objective: its declarations (token_level, advantage_linear, needs_entropy) may read its options.
+    built = resolve(lambda: _check_call("objective", objective_class(name), objective, name))
+    resolve(lambda: _check_call("reward.options", REWARDS.get(config.reward.name), options, config.reward.name))
+    resolve(lambda: ADVANTAGES.get(config.algorithm.advantage))
+    resolve(lambda: ENGINES.get(config.rollout.engine))
     _check_routes(config.reward)
     if config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
@@ -142,7 +144,6 @@ def check_rl(config: DictConfig) -> None:
         raise ConfigError(f"rollout.group_size must be >= 2 for algorithm.advantage={algorithm.advantage}")
     if algorithm.tis_cap and rollout.old_logprobs != "trainer":
         raise ConfigError("algorithm.tis_cap needs rollout.old_logprobs=trainer (it weights trainer vs engine)")
-    built = objective_class(name)(**objective)  # checked above; its declarations may read its options
     if algorithm.tis_cap and not built.token_level:
         raise ConfigError(
             f"algorithm.tis_cap = {algorithm.tis_cap} weights each token's advantage, which objective {name!r} "
@@ -308,9 +309,10 @@ def _check_synthetic_rewards(config: DictConfig) -> None:
             )
 
 
-def _check_call(prefix: str, component: Any, values: dict[str, Any], name: str) -> None:
+def _check_call(prefix: str, component: Any, values: dict[str, Any], name: str) -> Any:
     """Build ``component(**values)`` (a class or a function taking options after its two arguments) after checking
-    each value against its parameter's annotation, so a wrong type names ``prefix.key`` instead of failing inside."""
+    each value against its parameter's annotation, so a wrong type names ``prefix.key`` instead of failing inside.
+    Returns the built instance of a class (``None`` for a function, which is only checked)."""
     target = component.__init__ if isinstance(component, type) else component
     parameters = list(inspect.signature(target).parameters.values())[1 if isinstance(component, type) else 2 :]
     accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
@@ -328,11 +330,12 @@ def _check_call(prefix: str, component: Any, values: dict[str, Any], name: str) 
             )
         if key in hints and not _matches(value, hints[key]):
             raise ConfigError(f"{prefix}.{key} = {value!r} is not accepted; accepted: {_type_name(hints[key])}")
-    if isinstance(component, type):
-        try:
-            component(**values)
-        except (ValueError, TypeError) as error:
-            raise ConfigError(f"{prefix.split('.')[0]} {name!r}: {_first_line(error)}") from error
+    if not isinstance(component, type):
+        return None
+    try:
+        return component(**values)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{prefix.split('.')[0]} {name!r}: {_first_line(error)}") from error
 
 
 def _matches(value: Any, hint: Any) -> bool:
