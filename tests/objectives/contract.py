@@ -1,5 +1,6 @@
 """The contract every policy objective keeps, as functions a test can run on any objective."""
 
+import dataclasses
 import math
 
 import pytest
@@ -56,12 +57,12 @@ def token_inputs(objective: Objective, ratio: torch.Tensor, advantages: torch.Te
     )
     with torch.no_grad():
         prepared = objective.prepare(ratio.detach(), advantages, inputs)
-    return TokenInputs(**{**inputs.__dict__, "prepared": prepared})
+    return dataclasses.replace(inputs, prepared=prepared)
 
 
 def surrogate(objective: Objective, ratio: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
     """``objective.surrogate`` as its forward calls it (with `TokenInputs` when it takes them)."""
-    return objective._hook("surrogate", 2, ratio, advantages, inputs=token_inputs(objective, ratio, advantages))
+    return objective._hook("surrogate", ratio, advantages, inputs=token_inputs(objective, ratio, advantages))
 
 
 def check_contract(objective: Objective, batch: dict[str, torch.Tensor]) -> None:

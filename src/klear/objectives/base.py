@@ -89,9 +89,13 @@ class TokenInputs:
         return torch.Generator(device=device).manual_seed(self.seed)
 
 
-def _takes_inputs(method: Callable[..., Any], positional: int) -> bool:
-    """Whether a hook (a bound method) takes the optional `TokenInputs` after its ``positional`` arguments."""
-    parameters = list(inspect.signature(method).parameters.values())
+HOOK_ARGUMENTS = {"surrogate": 2, "outside_band": 2, "clipped": 2, "diagnostics": 3}
+"""The hooks that may take the optional `TokenInputs`, and the arguments each takes before it (``self`` aside)."""
+
+
+def _takes_inputs(function: Callable[..., Any], positional: int) -> bool:
+    """Whether a hook (a function of the class, ``self`` first) takes more than ``positional`` arguments."""
+    parameters = list(inspect.signature(function).parameters.values())
     if any(p.kind is p.VAR_POSITIONAL for p in parameters):
         return True
     return len([p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) > positional
@@ -173,10 +177,16 @@ class Objective(nn.Module):
         super().__init__()
         self.loss_agg = check_loss_agg(loss_agg)
 
+    _hooks_with_inputs: ClassVar[frozenset[str]] = frozenset()
+    """The hooks of `HOOK_ARGUMENTS` whose signature takes `TokenInputs`, read once per class."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "__init__" in cls.__dict__:
             cls.__init__ = _check_stored_hyperparameters(cls.__dict__["__init__"])
+        cls._hooks_with_inputs = frozenset(
+            name for name, count in HOOK_ARGUMENTS.items() if _takes_inputs(getattr(cls, name), count + 1)
+        )
 
     # ----------------------------------------------------------------------------------------------- hooks
 
@@ -283,13 +293,13 @@ class Objective(nn.Module):
         ratio = self.ratio(log_ratio, mask)
         with torch.no_grad():
             inputs = dataclasses.replace(inputs, prepared=self.prepare(ratio.detach(), advantages, inputs))
-        per_token = self._hook("surrogate", 2, ratio, advantages, inputs=inputs)
+        per_token = self._hook("surrogate", ratio, advantages, inputs=inputs)
         loss = aggregate(per_token, mask, self.loss_agg, normalizer)
         log_ratio, ratio = log_ratio.detach(), ratio.detach()
-        band = self._hook("outside_band", 2, ratio, advantages, inputs=inputs)
+        band = self._hook("outside_band", ratio, advantages, inputs=inputs)
         metrics = self._metrics(log_ratio, ratio, advantages, mask, band, inputs)
         metrics.update(self._gradient_metrics(log_ratio, advantages, mask, normalizer, band, inputs))
-        own = self._hook("diagnostics", 3, ratio, advantages, mask, inputs=inputs)
+        own = self._hook("diagnostics", ratio, advantages, mask, inputs=inputs)
         if shadowed := sorted(own.keys() & metrics.keys()):
             raise ValueError(
                 f"{type(self).__name__}.diagnostics() returns {shadowed}, which every objective already "
@@ -312,16 +322,10 @@ class Objective(nn.Module):
 
     # ------------------------------------------------------------------------------------------- internals
 
-    def _hook(self, name: str, positional: int, *args: Any, inputs: TokenInputs) -> Any:
-        """Call the hook ``name`` with ``args``, and with ``inputs`` when it takes them (cached per class)."""
-        cache = type(self).__dict__.get("_takes_inputs_cache")
-        if cache is None:
-            cache = {}
-            type.__setattr__(type(self), "_takes_inputs_cache", cache)
-        if name not in cache:
-            cache[name] = _takes_inputs(getattr(self, name), positional)
+    def _hook(self, name: str, *args: Any, inputs: TokenInputs) -> Any:
+        """Call the hook ``name`` with ``args``, and with ``inputs`` when its class's signature takes them."""
         method = getattr(self, name)
-        return method(*args, inputs) if cache[name] else method(*args)
+        return method(*args, inputs) if name in self._hooks_with_inputs else method(*args)
 
     def _token_inputs(
         self,
@@ -399,7 +403,7 @@ class Objective(nn.Module):
         def token_mean(values: Tensor) -> Tensor:
             return torch.where(mask, values.float(), 0.0).sum() / count
 
-        low, high = self._hook("clipped", 2, ratio, advantages, inputs=inputs)
+        low, high = self._hook("clipped", ratio, advantages, inputs=inputs)
         below, above = band
         return {
             "clip_frac_low": token_mean(low),
@@ -431,7 +435,7 @@ class Objective(nn.Module):
         """
         with torch.enable_grad():
             x = log_ratio.clone().requires_grad_(True)
-            per_token = self._hook("surrogate", 2, self.ratio(x, mask), advantages, inputs=inputs)
+            per_token = self._hook("surrogate", self.ratio(x, mask), advantages, inputs=inputs)
             loss = aggregate(per_token, mask, self.loss_agg, normalizer)
             (grad,) = torch.autograd.grad(loss, x, allow_unused=True)
         if grad is None:
