@@ -1,9 +1,8 @@
-"""The publishers' own rows, as they ship them (tests/data/fixtures/published, sources in its README.md): each file
+"""The publishers' own rows, as they ship them (../shared/published/fixtures, sources in its README.md): each file
 loads with no conversion, in the layout it is recognised as, every row routed to its verifier; the reference
 answers score right and a wrong answer wrong; code rows' reference solutions pass and wrong ones do not."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +12,14 @@ from klear.data.readers import read_numbered
 from klear.eval.cli import main as eval_main
 from klear.prep.rowfiles import row_text
 from klear.rewards.routing import Routed, routed_reward, unrouted
+from tests.published import PUBLISHED, require
 
-FIXTURES = Path(__file__).parent / "fixtures" / "published"
+FIXTURES = PUBLISHED / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def published_rows():
+    require(FIXTURES)
 
 
 def load(name: str, reward: str = "math", **options):
