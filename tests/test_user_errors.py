@@ -92,6 +92,30 @@ def test_sapo_and_gmpo_options_are_one_line_before_heavy_imports():
         assert line.startswith("error: ") and message in line, line
 
 
+def test_sft_layout_errors_are_one_line_before_heavy_imports(tmp_path):
+    rl_rows = write_rows(tmp_path / "rl.jsonl", [{"problem": "1+1?", "answer": "2"}])
+    chat = write_rows(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "q"}]}])
+    cases = [
+        (["data.sft_layout=sharegtp"], "data.sft_layout = 'sharegtp' is not a known layout; known: messages, "),
+        (["data.thought_markers=rewrite"], "data.thought_markers = 'rewrite' is not accepted; accepted: keep, think"),
+        ([f"data.train={rl_rows}"], f"{rl_rows}: the fields ['answer', 'problem'] are RL rows (layout klear: "),
+        ([f"data.train={chat}"], f"{chat}: no SFT example in 1 rows (read as layout messages: "),
+        ([f"data.train={chat}", "data.sft_layout=text"], f"{chat}: no SFT example in 1 rows (read as layout text: "),
+    ]
+    code = (
+        "import sys; from klear.fit import main; "
+        f"codes = [main(['--config', 'configs/sft.yaml', *overrides]) for overrides in {[o for o, _ in cases]!r}]; "
+        "heavy = sorted(name for name in ('lightning', 'transformers', 'vllm') if name in sys.modules); "
+        "print('exit', codes, 'heavy', heavy)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "exit [2, 2, 2, 2, 2] heavy []", result.stdout + result.stderr[-2000:]
+    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == len(cases), result.stderr
+    for line, (_, message) in zip(lines, cases, strict=True):
+        assert message in line, line
+
+
 def test_a_model_path_that_is_no_model_is_one_line(tmp_path):
     args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path}", *RL_QUICK]
     error = one_line_error(klear("klear.fit", *args, "model.path=./no/such/model"))
@@ -175,9 +199,19 @@ def test_an_empty_or_broken_sft_file_is_one_line_naming_it(tmp_path):
     empty = write_rows(tmp_path / "empty.jsonl", [])
     args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path / 'run'}", "trainer.max_steps=1"]
     assert one_line_error(klear("klear.fit", *args, f"data.train={empty}")) == f"error: {empty}: no rows"
-    broken = write_rows(tmp_path / "broken.jsonl", [{"prompt": "p"}, "oops", {"messages": []}])
+    unknown = write_rows(tmp_path / "unknown.jsonl", [{"prompt": "p"}, {"messages": []}])
+    error = one_line_error(klear("klear.fit", *args, f"data.train={unknown}"))
+    assert error.startswith(f"error: {unknown}: cannot tell the SFT layout from the fields ['prompt']: ")
+    assert error.endswith("set data.sft_layout, or give the fields (data.prompt_key and data.response_key, with "
+                          "data.system_key and data.reasoning_key if the row has them)")  # fmt: skip
+    broken = write_rows(tmp_path / "broken.jsonl", [{"prompt": "p", "response": " "}, "oops", {"prompt": []}])
     error = one_line_error(klear("klear.fit", *args, f"data.train={broken}"))
-    assert error.startswith(f"error: {broken}: no SFT example in 2 rows (first: {broken}:1: ")
+    assert error == (
+        f"error: {broken}: no SFT example in 2 rows (read as layout prompt-response: system 'system' or "
+        f"'system_prompt', user 'prompt', assistant 'response' (learned), reasoning the assistant text or "
+        f"reasoning_content/thinking/think_content; first: {broken}:1: response: the assistant turn is empty: "
+        "nothing to learn)"
+    )
 
 
 def test_a_copied_run_directory_resumes_and_extends_and_refuses_data_that_changed(tmp_path):

@@ -86,7 +86,7 @@ def test_templates_without_generation_markers_give_the_same_mask(tokenizer):
     assert tokenize_conversation(with_template(plain), chat) == tokenize_conversation(tokenizer, chat)
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused():
+def test_a_template_that_rewrites_earlier_turns_trains_each_turn_after_the_history_it_shows():
     # Like Qwen3's: assistant turns before the last one lose their reasoning once later turns follow.
     strips = CHAT_TEMPLATE.replace(
         "{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}",
@@ -96,10 +96,34 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
     tokenizer = with_template(strips)
     single = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>r</think>a"}]
     assert tokenize_conversation(tokenizer, single) is not None  # one turn: nothing is rewritten
+    multi = [*single, {"role": "user", "content": "q2"}, {"role": "assistant", "content": "<think>s</think>b"}]
     with pytest.raises(ChatTemplateError, match="renders the conversation up to assistant turn 1 through its end"):
-        tokenize_conversation(tokenizer, [*single, {"role": "user", "content": "q2"}, single[1]])
-    rows = [{"messages": single}, {"messages": [*single, {"role": "user", "content": "q2"}, single[1]]}]
-    with pytest.raises(ChatTemplateError, match=r"^chat.jsonl:7: "):
+        tokenize_conversation(tokenizer, multi)  # the whole conversation at once cannot be masked
+    examples, stats = build_sft_examples([{"messages": single}, {"messages": multi}], tokenizer, 512)
+    assert (stats.rows, stats.kept, stats.examples, stats.split_rows) == (2, 2, 3, 1)
+    first, second = examples[1:]
+    assert first == examples[0]  # turn 1 alone is the single-turn row
+    history = [IM_START, *b("user\nq"), IM_END, 10, IM_START, *b("assistant\na"), IM_END, 10]  # r is gone
+    history += [IM_START, *b("user\nq2"), IM_END, 10, IM_START, *b("assistant\n")]
+    answer = [THINK, *b("s"), END_THINK, *b("b"), IM_END]
+    assert second["input_ids"] == history + answer + [10]
+    assert second["labels"] == [X] * len(history) + answer + [X]  # only the last turn is learned in its example
+    assert "2 rows as 3 examples" in str(stats)
+
+
+def test_a_template_no_rule_covers_is_refused_naming_the_row():
+    # The generation prompt is not how the template starts an assistant turn: no prefix rendering finds its tokens.
+    odd = CHAT_TEMPLATE.replace(
+        "'<|im_start|>assistant\\n' }}{%- endif %}", "'<|im_start|>assistant\\nGo: ' }}{%- endif %}"
+    )
+    assert odd != CHAT_TEMPLATE
+    tokenizer = with_template(odd)
+    rows = [{"prompt": "p", "response": "r"}, {"prompt": "p2", "response": "r2"}]
+    with pytest.raises(
+        ChatTemplateError,
+        match=r"^chat.jsonl:3: the chat template renders the conversation up to "
+        r"assistant turn 1 with its generation prompt differently .* no rule covers this template",
+    ):
         build_sft_examples(rows, tokenizer, 512, source="chat.jsonl", lines=[3, 7])
 
 
@@ -120,14 +144,15 @@ def test_accepted_row_layouts(row, expected):
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        ({"question": "q", "answer": "a"}, r"none of the layouts messages or prompt\+response or problem\+solution; "
-         r"its keys are \['answer', 'question'\]"),
-        ({"messages": []}, "'messages' must be a non-empty list"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, r"messages\[0\] has role 'tool'; expected one of"),
-        ({"messages": [{"role": "user", "content": ["x"]}]}, r"messages\[0\] content must be a string, got list"),
+        ({"problem": "q", "answer": "a"}, r"the fields \['answer', 'problem'\] are RL rows \(layout klear: a prompt"),
+        ({"q": "q", "a": "a"}, r"cannot tell the SFT layout from the fields \['a', 'q'\]"),
+        ({"messages": []}, r"^messages: expected text or a non-empty list of messages, got list"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, r"^messages.0.role: role 'tool'; accepted: system, "),
+        ({"messages": [{"role": "user", "content": ["x"]}]}, r"^messages.0.content: content must be text, got list"),
         ({"messages": [{"role": "user", "content": "x"}]}, "no assistant turn to learn"),
-        ({"messages": [{"role": "assistant", "content": "x"}]}, "starts with an assistant turn"),
-        ({"prompt": "p", "response": None}, "'response' content must be a string, got NoneType"),
+        ({"messages": [{"role": "assistant", "content": "x"}]}, "^messages.0.content: the conversation starts with an "
+         "assistant turn"),
+        ({"prompt": "p", "response": None}, r"^response: expected text or a non-empty list of messages, got NoneType"),
     ],
 )  # fmt: skip
 def test_invalid_rows_name_the_problem(row, message):
@@ -136,16 +161,19 @@ def test_invalid_rows_name_the_problem(row, message):
 
 
 def test_bad_rows_are_skipped_by_file_and_line_and_counted(tokenizer):
-    rows = [{"prompt": "p", "response": "r"}, {"messages": []}, {"question": "q"}]
+    rows = [{"prompt": "p", "response": "r"}, {"prompt": [], "response": "r"}, {"question": "q"}]
     examples, stats = build_sft_examples(rows, tokenizer, 64, source="sft.jsonl", lines=[2, 5, 9])
     assert len(examples) == stats.kept == 1 and stats.rows == 3
     assert [(bad.path, bad.line) for bad in stats.bad] == [("sft.jsonl", 5), ("sft.jsonl", 9)]
-    assert str(stats.bad[0]).startswith("sft.jsonl:5: 'messages' must be a non-empty list")
+    assert str(stats.bad[0]).startswith("sft.jsonl:5: prompt: expected text or a non-empty list of messages")
+    assert str(stats.bad[1]) == "sft.jsonl:9: prompt: missing (fields: ['question'])"
     assert str(stats).endswith("skipped 2 bad rows")
 
 
 def test_no_usable_row_is_one_error_naming_the_file_and_the_first_bad_line(tokenizer):
-    with pytest.raises(DataError, match=r"^sft.jsonl: no SFT example in 2 rows \(first: sft.jsonl:4: 'messages' must"):
+    with pytest.raises(
+        DataError, match=r"^sft.jsonl: no SFT example in 2 rows \(first: sft.jsonl:4: messages: expected"
+    ):
         build_sft_examples([{"messages": []}, {"messages": []}], tokenizer, 64, source="sft.jsonl", lines=[4, 6])
     with pytest.raises(DataError, match=r"^empty.jsonl: no rows$"):
         build_sft_examples([], tokenizer, 64, source="empty.jsonl")

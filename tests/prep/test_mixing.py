@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from klear.data.readers import DataError, read_rows, write_jsonl
+from klear.data.sft_layouts import detect_sft_layout, read_conversation
 from klear.prep.cli import main
 from klear.prep.mixing import (
     MixSpec,
@@ -130,8 +131,9 @@ def test_build_mix_end_to_end(sources):
     assert (by_name["gamma"].read, by_name["gamma"].sampled) == (2, 5)
     text = report.to_markdown()
     assert text.startswith("SFT mix: 9 rows from 2 of 3 sources (top_k=2, easy_pass_rate=0.5, seed=3)")
-    assert "| beta | 0.5 | dropped: not in top_k | 0 | 0 | 0 | 0 |" in text
-    assert "| alpha | 0.9 | kept | 6 | 2 | 2 | 4 |" in text
+    assert "| beta | 0.5 | dropped: not in top_k |  | 0 | 0 | 0 | 0 | 0 |" in text
+    assert "| gamma | 0.7 | kept | prompt-response | 2 | 0 | 0 | 0 | 5 |" in text
+    assert "| alpha | 0.9 | kept | prompt-response | 6 | 0 | 2 | 2 | 4 |" in text
     assert build_mix(MixSpec(sources, top_k=2, easy_pass_rate=0.5, seed=3), score=boxed_scorer)[0] == mix
 
 
@@ -178,7 +180,7 @@ def test_mix_command_writes_the_mix_and_the_report(sources, tmp_path, capsys):
     assert main(["mix", *argv]) == 0
     assert sorted(r["id"] for r in read_rows(out)) == ["a1", "a3", "a4"]  # top-1 = alpha; a2 filtered
     report = (tmp_path / "out" / "mix.report.md").read_text()
-    assert "| gamma | 0.7 | dropped: not in top_k | 0 | 0 | 0 | 0 |" in report
+    assert "| gamma | 0.7 | dropped: not in top_k |  | 0 | 0 | 0 | 0 | 0 |" in report
     assert f"(report: {tmp_path / 'out' / 'mix.report.md'})" in capsys.readouterr().out
 
 
@@ -196,3 +198,55 @@ def test_mix_help_states_the_findings(capsys):
     text = capsys.readouterr().out
     assert "few high-quality sources beat many diverse ones (Tables 4-5)" in text
     assert "drop incorrect responses only on easy prompts (Table 2)" in text
+
+
+SHAREGPT = {
+    "system": "Be exact.",
+    "conversations": [
+        {"from": "human", "value": "2+2?"},
+        {"from": "gpt", "value": "<think>\n2+2=4\n</think>\n\n\\boxed{4}"},
+    ],
+}
+S1K = {"question": "3+3?", "thinking_trajectories": ["3+3=6"], "attempt": "\\boxed{6}", "solution": "6"}
+NEMOTRON = {"input": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+                      {"role": "user", "content": "4+4?"}], "output": "\\boxed{8}", "reasoning": "off",
+            "system_prompt": "detailed thinking off", "category": "math"}  # fmt: skip
+
+
+def test_sources_of_different_layouts_are_mixed_as_messages_with_nothing_lost(tmp_path):
+    paths = {name: tmp_path / f"{name}.jsonl" for name in ("sharegpt", "s1k", "nemotron")}
+    for path, row in zip(paths.values(), (SHAREGPT, S1K, NEMOTRON), strict=True):
+        write_jsonl([row, {"broken": True}], path)
+    mix, report = build_mix(MixSpec([Source(name, str(path)) for name, path in paths.items()]))
+    assert report.converted and [s.layout for s in report.sources] == ["sharegpt", "s1k", "nemotron"]
+    assert [(s.read, s.skipped, s.sampled) for s in report.sources] == [(2, 1, 1)] * 3
+    by_source = {row["mix_source"]: row for row in mix}
+    assert by_source["sharegpt"]["messages"][0] == {"role": "system", "content": "Be exact."}
+    assert by_source["s1k"]["messages"][1] == {
+        "role": "assistant",
+        "content": "\\boxed{6}",
+        "reasoning_content": "3+3=6",
+    }
+    assert by_source["s1k"]["solution"] == "6"  # fields the layout does not read stay with the row
+    nemotron = by_source["nemotron"]["messages"]
+    assert nemotron[0] == {"role": "system", "content": "detailed thinking off"}
+    assert nemotron[2] == {"role": "assistant", "content": "Hello.", "weight": 0}  # context, not learned
+    assert by_source["nemotron"]["reasoning"] == "off" and "input" not in by_source["nemotron"]
+    # The mix reads back in the messages layout as the sources read: the same conversations, the same learned turns.
+    for name, row in zip(paths, (SHAREGPT, S1K, NEMOTRON), strict=True):
+        original = read_conversation(row, detect_sft_layout(row))
+        again = read_conversation(by_source[name], detect_sft_layout(by_source[name]))
+        assert [(t.role, t.content, t.reasoning, t.learn) for t in again.turns] == [
+            (t.role, t.content, t.reasoning, t.learn) for t in original.turns
+        ]
+    assert "every row is written in the messages layout" in report.to_markdown()
+
+
+def test_one_layout_is_mixed_as_it_is_and_text_rows_do_not_mix_with_conversations(tmp_path):
+    write_jsonl([SHAREGPT], tmp_path / "a.jsonl")
+    write_jsonl([SHAREGPT], tmp_path / "b.jsonl")
+    mix, report = build_mix(MixSpec([Source("a", str(tmp_path / "a.jsonl")), Source("b", str(tmp_path / "b.jsonl"))]))
+    assert not report.converted and all(row["conversations"] == SHAREGPT["conversations"] for row in mix)
+    write_jsonl([{"text": "Plain text."}], tmp_path / "t.jsonl")
+    with pytest.raises(DataError, match=r"^source 't' \(.*t.jsonl\): a text row is plain text, not a conversation"):
+        build_mix(MixSpec([Source("a", str(tmp_path / "a.jsonl")), Source("t", str(tmp_path / "t.jsonl"))]))

@@ -207,7 +207,17 @@ def _check_rope_scaling(rope_scaling: DictConfig) -> None:
         )
 
 
-STAGE_CHECKS: dict[str, list] = {"rl": [check_rl]}
+def check_sft(config: DictConfig) -> None:
+    """The SFT layout named by ``data.sft_layout`` exists."""
+    from klear.data.sft_layouts import LAYOUTS
+
+    name = config.data.sft_layout
+    if name and name not in LAYOUTS:
+        known = f"known: {', '.join(LAYOUTS)}, or empty to detect it{did_you_mean(name, list(LAYOUTS))}"
+        raise ConfigError(f"data.sft_layout = {name!r} is not a known layout; {known}")
+
+
+STAGE_CHECKS: dict[str, list] = {"rl": [check_rl], "sft": [check_sft]}
 """Stage name -> extra check functions ``(config) -> None`` that raise :class:`ConfigError`."""
 
 

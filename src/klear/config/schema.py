@@ -152,10 +152,28 @@ class EvalConfig:
 class SFTDataConfig:
     train: str = "synthetic"
     """``synthetic`` (the built-in arithmetic task), ``synthetic-code`` (the built-in programming task) or a
-    jsonl/json/parquet file or Hugging Face dataset of chat (``messages``) or ``prompt``/``response`` rows."""
+    jsonl/json/parquet file or Hugging Face dataset of SFT rows in any published layout (``messages``, ShareGPT
+    ``conversations``, TRL's ``text`` and ``prompt``/``completion``, s1K, LIMO, OpenMathReasoning, Llama-Nemotron,
+    ``input``/``output``, Alpaca, ...), detected from its first row (docs/data-formats.md#sft-layouts)."""
     eval: str = "synthetic"
     """Held-out problems with ``problem`` and ``answer`` fields, ``synthetic`` or ``synthetic-code``; checked by
     ``eval.reward``."""
+    sft_layout: str = ""
+    """The layout of ``data.train`` (``messages``, ``sharegpt``, ``prompt-completion``, ``text``, ``nemotron``,
+    ``alpaca``, ``s1k``, ``openmathreasoning``, ``input-output``, ``question-solution``, ``problem-solution``,
+    ``prompt-response``); "" detects it from the first row."""
+    system_key: str = ""
+    """Dotted path of the system prompt, in place of the layout's (``system``, else ``system_prompt``)."""
+    prompt_key: str = ""
+    """Dotted path of the prompt (text, or a list of messages that are not learned), in place of the layout's."""
+    response_key: str = ""
+    """Dotted path of the learned response (text, or a list of messages), in place of the layout's."""
+    reasoning_key: str = ""
+    """Dotted path of the response's reasoning, when the row keeps it apart from the response."""
+    thought_markers: str = choice("keep", "think")
+    """Bespoke-Stratos' ``<|begin_of_thought|>`` ... ``<|end_of_solution|>`` markers (OpenThoughts-114k, Sky-T1):
+    ``keep`` trains them as the text they are; ``think`` makes the thought the turn's reasoning, in the model's
+    think tags, and the solution its answer."""
     num_train: int = at_least(4000, 1)
     """Synthetic task: training problems generated."""
     num_eval: int = at_least(200, 1)

@@ -19,11 +19,13 @@ from omegaconf import DictConfig
 
 from klear.data.problems import SYNTHETIC_REWARDS, Task, load_problems
 from klear.data.readers import DataError, keep_read
+from klear.data.sft import check_sft_rows
 
 
 def check_data(config: DictConfig) -> None:
     """Read and check every data file of ``config``'s stage (RL: ``data.train`` and ``data.eval`` as problems;
-    SFT: ``data.train`` read, ``data.eval`` as problems); raises `DataError` naming the file."""
+    SFT: ``data.train``'s layout and conversations, ``data.eval`` as problems); raises `DataError` naming the
+    file."""
     from klear.rewards.routing import routed_reward
 
     data = config.data
@@ -37,6 +39,7 @@ def check_data(config: DictConfig) -> None:
             rows, _ = keep_read(data.train)
             if not rows:  # the stage's message for it, said before the model is loaded
                 raise DataError(f"{data.train}: no rows")
+            check_sft_rows(rows, data.train, data)  # the layout, and a row that reads in it
     check_problems(data.eval, task, reward, "eval")
 
 

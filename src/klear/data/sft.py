@@ -1,50 +1,55 @@
-"""SFT examples: rows -> conversations -> token ids with labels on the assistant's tokens only.
+"""SFT examples: rows -> conversations -> token ids with labels on the learned tokens only.
 
-A row is a conversation (``{"messages": [{"role", "content"}, ...]}``, roles system/user/assistant) or a
-single-turn pair, ``{"prompt", "response"}`` or ``{"problem", "solution"}``. The last pair is what the built-in
-synthetic task and common long-CoT math sets (NuminaMath, OpenR1-Math) store, so such rows train without a
-conversion step. When a row holds several forms the first in that order wins (OpenR1 rows hold both
-``messages`` and ``problem``/``solution``).
+A row is read in its file's layout (`klear.data.sft_layouts`: ShareGPT, TRL's types, s1K, Nemotron, ... detected
+from the first row, or ``data.sft_layout``) into a `klear.data.sft_layouts.Conversation`. A chat conversation gets
+its tokens from the tokenizer's own chat template, so SFT sees exactly the text the model is later prompted with;
+reasoning kept apart from the answer reaches the text as the template renders a final turn's reasoning
+(`klear.data.chat_template`). A ``text`` row is learned whole (its tokens and an end of text), a plain-text
+prompt-completion row learns its completion after the prompt's tokens, as TRL reads its standard types.
 
-Tokens come from the tokenizer's own chat template, so SFT sees exactly the text the model is later prompted
-with. The loss mask is found without ``{% generation %}`` markers, which real Qwen and Llama templates lack: the
-conversation is rendered up to each assistant turn with the generation prompt, and up to the end of that turn;
-the tokens between the two renderings are that turn's. Labels are -100 everywhere else (system and user turns,
+The loss mask is found without ``{% generation %}`` markers, which real Qwen and Llama templates lack: the
+conversation is rendered up to each learned assistant turn with the generation prompt, and up to the end of that
+turn; the tokens between the two renderings are that turn's. Labels are -100 everywhere else (system and user turns,
 role headers, the generation prompt), and a turn's span ends at its end-of-turn token (the tokenizer's
-``eos_token``, ``<|im_end|>`` for Qwen), so the newline a template puts after it is not learned. This needs
-every partial rendering to be a token prefix of the full one; a template that rewrites earlier turns when later
-ones follow (Qwen3's drops the reasoning of turns before the last user message) breaks that, and the examples
-are refused with an error saying so instead of being mislabelled.
+``eos_token``, ``<|im_end|>`` for Qwen), so the newline a template puts after it is not learned. This needs every
+partial rendering to be a prefix of the full one. A template that rewrites earlier turns once later ones follow
+(Qwen3's drops the reasoning of the assistant turns before the last user message) breaks that for multi-turn rows:
+such a row trains each assistant turn as its own example, the conversation up to that turn rendered as the template
+renders it, which is the history the model is shown at inference (`Encoder.encode`). A template that renders even
+that differently is refused with `ChatTemplateError` rather than mislabelled.
 
-A row that is not a valid conversation (unknown layout, a wrong role, no assistant turn) is skipped, named by its
-file and line and counted; a data file with no usable row is refused before training.
+Nothing reaches training without its text: every turn's content and reasoning must appear in the rendered text,
+and a learned turn's among its learned tokens (compared with whitespace removed, since templates strip and add
+newlines); a row that fails is a bad row naming the field. A row that is not a valid conversation (unknown layout,
+a wrong role, no response) is skipped the same way, named by its file and line and counted; a data file with no
+usable row is refused before training.
 
 Truncation policy for examples longer than ``max_length`` tokens, counted in `SFTStats`:
 - ``"drop"`` (the default) skips them. A long-CoT example cut short teaches the model to stop mid-reasoning
   without an answer or an end-of-turn token, so dropping is the safer default for reasoning data.
 - ``"right"`` keeps the first ``max_length`` tokens (the prompt and the start of the response) and drops the
-  example only if no assistant token survives the cut.
+  example only if no learned token survives the cut.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from klear.data.chat_template import TemplateTraits, template_messages, template_traits
 from klear.data.problems import SYNTHETIC_REWARDS, synthetic_records
 from klear.data.readers import BadRow, DataError, read_numbered
+from klear.data.sft_layouts import Conversation, SFTLayout, Turn, detect_sft_layout, read_conversation
 from klear.data.synthetic import plain_solution, sft_rows
 from klear.data.synthetic_code import labelled_solution
+from klear.errors import first_line
 
 if TYPE_CHECKING:  # only for annotations: the data commands should not pay transformers' import
     from transformers import PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100
 """Label of a token that is not learned (HF's and PyTorch's cross-entropy ``ignore_index``)."""
-ROLES = ("system", "user", "assistant")
-PAIR_KEYS = (("prompt", "response"), ("problem", "solution"))
-"""Single-turn row layouts, as (user key, assistant key), tried in this order after ``messages``."""
 TRUNCATIONS = ("drop", "right")
 
 
@@ -53,55 +58,201 @@ class ChatTemplateError(DataError):
     `DataError`: the run stops before training with one line naming the row)."""
 
 
+class _Rewrites(Exception):
+    """The template renders the conversation up to a learned turn differently from the start of the whole."""
+
+    def __init__(self, turn: int, what: str) -> None:
+        super().__init__(
+            f"the chat template renders the conversation up to assistant turn {turn} {what} differently from the "
+            "start of the whole conversation"
+        )
+
+
+@dataclass
+class Encoded:
+    """One example: its tokens, its labels, the text they spell and the character spans of that text learned."""
+
+    input_ids: list[int]
+    labels: list[int]
+    text: str
+    learned: list[tuple[int, int]]
+    """``[start, end)`` character spans of ``text`` whose tokens carry labels, one per learned turn."""
+
+    def example(self) -> dict[str, list[int]]:
+        return {"input_ids": self.input_ids, "labels": self.labels}
+
+
 @dataclass
 class SFTStats:
     """What `build_sft_examples` did with each row."""
 
     rows: int = 0
     kept: int = 0
+    """Rows with at least one example kept."""
+    examples: int = 0
+    """Examples kept: one per row, or one per assistant turn of a row trained turn by turn."""
     truncated: int = 0
     """Kept with their end cut off (``truncation="right"``)."""
     dropped_too_long: int = 0
     """Over ``max_length`` with ``truncation="drop"``."""
     dropped_no_assistant: int = 0
-    """No assistant token left after a ``"right"`` cut."""
+    """No learned token left after a ``"right"`` cut."""
+    split_rows: int = 0
+    """Multi-turn rows trained turn by turn (the template rewrites earlier turns)."""
+    marker_rows: int = 0
+    """Rows whose assistant text holds Bespoke-Stratos' thought markers."""
+    reasoning_rows: int = 0
+    """Rows with an assistant turn whose reasoning is kept apart from its answer."""
     bad: list[BadRow] = field(default_factory=list)
-    """Rows that are not a valid conversation, skipped (file, line and why)."""
+    """Rows that are not a valid conversation, or whose text would not reach the tokens, skipped (file, line, why)."""
+    traits: TemplateTraits | None = None
+    """What the chat template renders (set by `build_sft_examples`)."""
+
+    def notes(self, thought_markers: str) -> list[str]:
+        """What a user should know about how the rows reached the tokens (logged, and in ``data_report.json``)."""
+        notes = []
+        if self.reasoning_rows and self.traits is not None:
+            notes.append(
+                f"{self.reasoning_rows} rows keep their reasoning apart from the answer: {self.traits.describe()}"
+            )
+        if self.marker_rows:
+            if thought_markers == "keep":
+                how = "kept as text (data.thought_markers: think makes the thought the reasoning, in the think tags)"
+            else:
+                how = "the thought is the reasoning, in the model's think tags, the solution the answer"
+            notes.append(f"{self.marker_rows} rows hold the thought markers <|begin_of_thought|>...: {how}")
+        if self.split_rows:
+            notes.append(
+                f"{self.split_rows} multi-turn rows train each assistant turn as its own example: the chat template "
+                "renders earlier turns differently once later ones follow (Qwen3's drops their reasoning), so each "
+                "turn is learned after the history the template shows at inference"
+            )
+        return notes
 
     def __str__(self) -> str:
+        examples = f" as {self.examples} examples" if self.examples != self.kept else ""
         return (
-            f"SFT examples: kept {self.kept} of {self.rows} rows ({self.truncated} truncated), dropped "
+            f"SFT examples: kept {self.kept} of {self.rows} rows{examples} ({self.truncated} truncated), dropped "
             f"{self.dropped_too_long} over max_length and {self.dropped_no_assistant} with no assistant token left, "
             f"skipped {len(self.bad)} bad rows"
         )
 
 
-def to_messages(row: dict) -> list[dict]:
-    """The conversation a row holds, validated: a list of ``{"role", "content", ...}`` dicts (copies).
+class Encoder:
+    """Conversations -> `Encoded` examples under one tokenizer and its chat template."""
 
-    Raises ValueError naming what is wrong: no accepted layout, an unknown role, content that is not a string,
-    no assistant turn, or a conversation that starts with the assistant.
-    """
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.traits: TemplateTraits = template_traits(tokenizer)
+
+    def encode(self, conversation: Conversation) -> tuple[list[Encoded], bool]:
+        """The examples of ``conversation`` and whether it trains turn by turn. Raises ValueError naming the field
+        whose text would not reach the tokens, `ChatTemplateError` when no rule lets the template be masked."""
+        turns = conversation.turns
+        if conversation.kind != "chat":
+            prompt = turns[0].content if conversation.kind == "completion" else ""
+            return [self._plain(prompt, turns[-1].content)], False
+        messages = template_messages(turns, self.traits)
+        learn = [index for index, turn in enumerate(turns) if turn.learn]
+        try:
+            pieces, split = [(self._turns(messages, learn), learn)], False
+        except _Rewrites as whole:
+            if len(learn) == 1:
+                raise ChatTemplateError(f"{whole}; no rule covers this template: {_USE_ANOTHER}") from None
+            try:  # each learned turn with the history the template shows at inference
+                pieces, split = [(self._turns(messages[: index + 1], [index]), [index]) for index in learn], True
+            except _Rewrites as error:
+                raise ChatTemplateError(
+                    f"{error}, even for a conversation that ends at that turn; no rule covers this template: "
+                    f"{_USE_ANOTHER}"
+                ) from None
+        _check_reached(turns, pieces)
+        return [piece for piece, _ in pieces], split
+
+    def _turns(self, messages: list[dict], learn: Sequence[int]) -> Encoded:
+        """``messages`` rendered whole, with labels on the turns ``learn``; `_Rewrites` if the prefixes disagree."""
+        text = self._render(messages, add_generation_prompt=False)
+        ids = self._ids(text)
+        labels, spans = [IGNORE_INDEX] * len(ids), []
+        eos, eos_text = self.tokenizer.eos_token_id, self.tokenizer.eos_token
+        for turn in learn:
+            before = self._render(messages[:turn], add_generation_prompt=True)
+            through = text if turn == len(messages) - 1 else self._render(messages[: turn + 1], False)
+            before_ids = self._ids(before)
+            through_ids = ids if through is text else self._ids(through)
+            prefixes = ((before, before_ids, "with its generation prompt"), (through, through_ids, "through its end"))
+            for part, part_ids, what in prefixes:
+                if not text.startswith(part) or ids[: len(part_ids)] != part_ids:
+                    raise _Rewrites(turn, what)
+            start, end = len(before_ids), len(through_ids)
+            if end <= start:
+                raise ChatTemplateError(f"assistant turn {turn} adds no tokens after the generation prompt")
+            chars = (len(before), len(through))
+            if eos is not None and eos in ids[start:end]:  # the turn ends at its end-of-turn token
+                end -= ids[start:end][::-1].index(eos)
+                at = text.rfind(eos_text, *chars) if eos_text else -1
+                chars = (chars[0], at + len(eos_text)) if at >= 0 else chars
+            labels[start:end] = ids[start:end]
+            spans.append(chars)
+        return Encoded(ids, labels, text, spans)
+
+    def _plain(self, prompt: str, completion: str) -> Encoded:
+        """A text learned whole (no ``prompt``), or a completion learned after a prompt: no chat template, and an
+        end-of-text token after the learned text (TRL's standard types)."""
+        tokenizer = self.tokenizer
+        prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if prompt else []
+        learned = tokenizer(completion, add_special_tokens=not prompt)["input_ids"]
+        eos = tokenizer.eos_token_id
+        end = tokenizer.eos_token if eos is not None and (not learned or learned[-1] != eos) else ""
+        learned += [eos] if end else []
+        ids = prompt_ids + learned
+        text = prompt + completion + end
+        return Encoded(ids, [IGNORE_INDEX] * len(prompt_ids) + learned, text, [(len(prompt), len(text))])
+
+    def _render(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except Exception as error:  # the template's own refusal (raise_exception, a role it rejects): this row's
+            raise ValueError(f"the chat template refuses this conversation: {first_line(error)}") from None
+
+    def _ids(self, text: str) -> list[int]:
+        # The template writes any begin-of-text token itself; letting the tokenizer add one too would double it.
+        return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+
+
+_USE_ANOTHER = "train on single-turn rows, or use a model whose chat template leaves earlier turns unchanged"
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def _check_reached(turns: Sequence[Turn], pieces: list[tuple[Encoded, list[int]]]) -> None:
+    """Every turn's text in its example's text, a learned turn's among its learned characters; else ValueError
+    naming the field (whitespace is ignored: templates strip and add newlines)."""
+    squashed: dict[int, str] = {}
+    for index, turn in enumerate(turns):
+        if turn.learn:
+            piece, learn = next((piece, learn) for piece, learn in pieces if index in learn)
+            start, end = piece.learned[learn.index(index)]
+            haystack, where = _squash(piece.text[start:end]), "the learned tokens of its turn"
+        else:
+            number, (piece, _) = next((n, p) for n, p in enumerate(pieces) if max(p[1]) > index)
+            haystack = squashed.setdefault(number, _squash(piece.text))
+            where = "the text the chat template renders"
+        for text, name in turn.texts():
+            if _squash(text) not in haystack:
+                raise ValueError(f"{name}: this text does not reach {where} (the template leaves it out)")
+
+
+def to_messages(row: dict, layout: SFTLayout | None = None) -> list[dict[str, str]]:
+    """The conversation ``row`` holds, in ``layout`` (by default the one its own fields fit), as ``{"role",
+    "content"}`` dicts (``reasoning`` too where a turn keeps it apart). Raises ValueError naming what is wrong."""
     if not isinstance(row, dict):
         raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
-    if "messages" in row:
-        messages = row["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise ValueError(f"'messages' must be a non-empty list of {{role, content}} objects, got {messages!r:.80}")
-        messages = [_check_message(message, i) for i, message in enumerate(messages)]
-    else:
-        keys = next(((p, r) for p, r in PAIR_KEYS if p in row and r in row), None)
-        if keys is None:
-            layouts = " or ".join(["messages", *(f"{p}+{r}" for p, r in PAIR_KEYS)])
-            raise ValueError(f"row has none of the layouts {layouts}; its keys are {sorted(row)}")
-        messages = [_check_message({"role": "user", "content": row[keys[0]]}, keys[0])]
-        messages.append(_check_message({"role": "assistant", "content": row[keys[1]]}, keys[1]))
-    roles = [message["role"] for message in messages]
-    if "assistant" not in roles:
-        raise ValueError(f"conversation has no assistant turn to learn (roles {roles})")
-    if roles[0] == "assistant":
-        raise ValueError("conversation starts with an assistant turn; it needs a user (or system) turn before it")
-    return messages
+    return read_conversation(row, layout or detect_sft_layout(row)).messages()
 
 
 def tokenize_conversation(
@@ -110,7 +261,8 @@ def tokenize_conversation(
     max_length: int | None = None,
     truncation: str = "drop",
 ) -> dict[str, list[int]] | None:
-    """Token ids of ``messages`` under the tokenizer's chat template, and labels on the assistant tokens only.
+    """Token ids of the whole conversation ``messages`` (``{"role", "content"}`` dicts) under the tokenizer's chat
+    template, and labels on its assistant tokens only.
 
     Returns ``{"input_ids": [...], "labels": [...]}`` (same length; labels are the ids on assistant content and
     its end-of-turn token, -100 elsewhere), or None when the truncation policy drops the example (see the module
@@ -119,15 +271,12 @@ def tokenize_conversation(
     """
     if truncation not in TRUNCATIONS:
         raise ValueError(f"unknown truncation {truncation!r}; expected one of {TRUNCATIONS}")
-    input_ids = _render(tokenizer, messages, add_generation_prompt=False)
-    labels = [IGNORE_INDEX] * len(input_ids)
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start, end = _assistant_span(tokenizer, messages, i, input_ids)
-        labels[start:end] = input_ids[start:end]
-    example = {"input_ids": input_ids, "labels": labels}
-    if max_length is None or len(input_ids) <= max_length:
+    learn = [index for index, message in enumerate(messages) if message["role"] == "assistant"]
+    try:
+        example = Encoder(tokenizer)._turns(list(messages), learn).example()
+    except _Rewrites as error:
+        raise ChatTemplateError(f"{error}: {_USE_ANOTHER}") from None
+    if max_length is None or len(example["input_ids"]) <= max_length:
         return example
     return _truncate(example, max_length, truncation)
 
@@ -139,40 +288,44 @@ def build_sft_examples(
     truncation: str = "drop",
     source: str = "rows",
     lines: Sequence[int] | None = None,
+    layout: SFTLayout | None = None,
+    thought_markers: str = "keep",
 ) -> tuple[list[dict[str, list[int]]], SFTStats]:
     """Tokenize every row into ``{"input_ids", "labels"}`` lists of at most ``max_length`` tokens.
 
-    Returns the examples (in row order) and the counts of what was kept, truncated and dropped. A row that is not
-    a valid conversation is skipped and recorded in ``stats.bad`` with ``source`` and its line (``lines[i]``, the
-    1-based line of row ``i`` in the file; by default its 1-based position). Raises `DataError` when no row gives
-    an example, and `ChatTemplateError` (naming the row) when the template cannot be masked at all.
+    Returns the examples (in row order) and the counts of what was kept, truncated and dropped. Rows are read in
+    ``layout`` (detected from the first row when None) with ``thought_markers`` (`read_conversation`). A row that
+    is not a valid conversation is skipped and recorded in ``stats.bad`` with ``source`` and its line
+    (``lines[i]``, the 1-based line of row ``i`` in the file; by default its 1-based position). Raises `DataError`
+    when no row gives an example or no layout fits, and `ChatTemplateError` (naming the row) when the template
+    cannot be masked at all.
     """
     if truncation not in TRUNCATIONS:
         raise ValueError(f"unknown truncation {truncation!r}; expected one of {TRUNCATIONS}")
     if max_length < 2:
         raise ValueError(f"max_length={max_length}; an example needs at least 2 tokens to have a target")
-    examples, stats = [], SFTStats()
+    rows = list(rows)
+    layout = layout or file_layout(rows, source)
+    encoder, examples = Encoder(tokenizer), []
+    stats = SFTStats(traits=encoder.traits)
     for index, row in enumerate(rows):
         stats.rows += 1
         line = lines[index] if lines is not None else index + 1
         try:
-            example = tokenize_conversation(tokenizer, to_messages(row))
+            conversation = read_conversation(row, layout, thought_markers)
+            encoded, split = encoder.encode(conversation)
         except ChatTemplateError as error:
             raise ChatTemplateError(f"{source}:{line}: {error}") from None
         except ValueError as error:
-            stats.bad.append(BadRow(source, line, str(error)))
+            stats.bad.append(BadRow(source, line, first_line(error)))
             continue
-        if len(example["input_ids"]) > max_length:
-            example = _truncate(example, max_length, truncation)
-            if example is None and truncation == "drop":
-                stats.dropped_too_long += 1
-            elif example is None:
-                stats.dropped_no_assistant += 1
-            else:
-                stats.truncated += 1
-        if example is not None:
-            examples.append(example)
-            stats.kept += 1
+        stats.split_rows += split
+        stats.marker_rows += conversation.markers
+        stats.reasoning_rows += any(turn.reasoning is not None for turn in conversation.turns)
+        kept = [example for piece in encoded if (example := _fitted(piece, max_length, truncation, stats))]
+        examples += kept
+        stats.examples += len(kept)
+        stats.kept += bool(kept)
     if not examples:
         why = f"first: {stats.bad[0]}" if stats.bad else f"all {stats.rows} are longer than max_length = {max_length}"
         raise DataError(
@@ -181,45 +334,63 @@ def build_sft_examples(
     return examples, stats
 
 
-def _check_message(message: object, where: int | str) -> dict:
-    name = f"messages[{where}]" if isinstance(where, int) else repr(where)
-    if not isinstance(message, dict):
-        raise ValueError(f"{name} must be an object with role and content, got {type(message).__name__}")
-    if message.get("role") not in ROLES:
-        raise ValueError(f"{name} has role {message.get('role')!r}; expected one of {ROLES}")
-    if not isinstance(message.get("content"), str):
-        raise ValueError(f"{name} content must be a string, got {type(message.get('content')).__name__}")
-    return dict(message)
+def fit_to_length(example: dict[str, list[int]], max_length: int, truncation: str) -> tuple[dict | None, str]:
+    """``example`` under the truncation policy, and what happened to it: "" (it fits), ``truncated``,
+    ``dropped_too_long`` or ``dropped_no_assistant`` (the `SFTStats` counters)."""
+    if len(example["input_ids"]) <= max_length:
+        return example, ""
+    cut = _truncate(example, max_length, truncation)
+    if cut is not None:
+        return cut, "truncated"
+    return None, "dropped_too_long" if truncation == "drop" else "dropped_no_assistant"
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict], add_generation_prompt: bool) -> list[int]:
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
-    # The template writes any begin-of-text token itself; letting the tokenizer add one too would double it.
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def _fitted(piece: Encoded, max_length: int, truncation: str, stats: SFTStats) -> dict[str, list[int]] | None:
+    """``piece``'s example under the truncation policy, counted in ``stats``."""
+    example, what = fit_to_length(piece.example(), max_length, truncation)
+    if what:
+        setattr(stats, what, getattr(stats, what) + 1)
+    return example
 
 
-def _assistant_span(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict], turn: int, full: list[int]
-) -> tuple[int, int]:
-    """The [start, end) token span of assistant turn ``turn`` in ``full``, the rendering of all ``messages``."""
-    before = _render(tokenizer, messages[:turn], add_generation_prompt=True)
-    through = _render(tokenizer, messages[: turn + 1], add_generation_prompt=False)
-    for part, what in ((before, "with its generation prompt"), (through, "through its end")):
-        if full[: len(part)] != part:
-            raise ChatTemplateError(
-                f"the chat template renders the conversation up to assistant turn {turn} {what} differently from "
-                "the start of the whole conversation (it rewrites earlier turns once later ones follow, as Qwen3's "
-                "does with the reasoning of earlier turns), so the assistant tokens cannot be found by rendering "
-                "prefixes; train on single-turn rows or use a template that leaves earlier turns unchanged"
-            )
-    start, end = len(before), len(through)
-    if end <= start:
-        raise ChatTemplateError(f"assistant turn {turn} adds no tokens after the generation prompt")
-    eos = tokenizer.eos_token_id
-    turn_ids = full[start:end]
-    if eos is not None and eos in turn_ids:
-        end = start + len(turn_ids) - turn_ids[::-1].index(eos)
-    return start, end
+LAYOUT_KEYS = {
+    "name": "sft_layout",
+    "system_key": "system_key",
+    "prompt_key": "prompt_key",
+    "response_key": "response_key",
+    "reasoning_key": "reasoning_key",
+}
+"""`detect_sft_layout`'s arguments -> the ``data`` config keys that give them."""
+
+
+def file_layout(rows: Sequence[Any], source: str, data: Mapping[str, Any] | None = None) -> SFTLayout:
+    """The SFT layout of a file from its first row, or as the ``data`` config section names it (``sft_layout`` and
+    the field paths of `LAYOUT_KEYS`); `DataError` naming the file when none fits."""
+    first = next((row for row in rows if isinstance(row, dict)), None)
+    if first is None:
+        raise DataError(f"{source}: no rows")
+    overrides = {argument: (data or {}).get(key) or "" for argument, key in LAYOUT_KEYS.items()}
+    try:
+        return detect_sft_layout(first, **overrides)
+    except ValueError as error:
+        raise DataError(f"{source}: {error}") from None
+
+
+def check_sft_rows(
+    numbered: Sequence[tuple[int, Any]], source: str, data: Mapping[str, Any] | None = None
+) -> SFTLayout:
+    """The layout of a file's rows (`file_layout`), once some row reads as a conversation in it: what can be said
+    of SFT data before a tokenizer is loaded. `DataError` naming the file (and its first bad row) otherwise."""
+    layout = file_layout([row for _, row in numbered], source, data)
+    markers = (data or {}).get("thought_markers") or "keep"
+    first = None
+    for line, row in numbered:
+        try:
+            read_conversation(row, layout, markers)
+            return layout
+        except ValueError as error:
+            first = first or BadRow(source, line, first_line(error))
+    raise DataError(f"{source}: no SFT example in {len(numbered)} rows (read as {layout.summary()}; first: {first})")
 
 
 def _truncate(example: dict[str, list[int]], max_length: int, truncation: str) -> dict[str, list[int]] | None:

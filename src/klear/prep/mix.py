@@ -106,9 +106,11 @@ def run(args: argparse.Namespace) -> str:
     text = report.to_markdown()
     write_text(text, report_path)
     read = sum(source.read for source in report.sources)
+    skipped = sum(source.skipped for source in report.sources)
     dropped = sum(source.dropped_incorrect_easy for source in report.sources)
     selected = sum(source.selected for source in report.sources)
+    layout = "the messages layout" if report.converted else "the sources' layout"
     return (
-        f"mix: wrote {len(rows)} rows from {selected} of {len(report.sources)} sources ({read} rows read, "
-        f"{dropped} incorrect answers to easy prompts dropped) -> {out} (report: {report_path})"
+        f"mix: wrote {len(rows)} rows from {selected} of {len(report.sources)} sources ({read} rows read, {skipped} "
+        f"skipped, {dropped} incorrect answers to easy prompts dropped) in {layout} -> {out} (report: {report_path})"
     )

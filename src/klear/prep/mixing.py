@@ -32,8 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from klear.data.readers import DataError, read_rows
-from klear.data.sft import to_messages
+from klear.data.readers import BadRow, DataError, read_numbered, warn_bad_rows
+from klear.data.sft import file_layout
+from klear.data.sft_layouts import SFTLayout, detect_sft_layout, messages_row, read_conversation
+from klear.errors import first_line
 from klear.rewards.base import Reward, as_reward
 
 PASS_RATE_KEY = "pass_rate"
@@ -109,6 +111,11 @@ class SourceReport:
     quality: float | None
     selected: bool
     read: int = 0
+    """Rows in the source's file, skipped ones included."""
+    layout: str = ""
+    """The SFT layout its rows were read in."""
+    skipped: int = 0
+    """Rows that are broken or not a conversation in the layout (warned about by file and line)."""
     dropped_incorrect_easy: int = 0
     kept_incorrect_hard: int = 0
     """Hard rows kept with ``correct: false``; hard rows without the flag are not scored, so not counted."""
@@ -121,6 +128,8 @@ class MixReport:
 
     spec: MixSpec
     sources: list[SourceReport] = field(default_factory=list)
+    converted: bool = False
+    """The selected sources have different layouts, so every row was written in the ``messages`` layout."""
 
     @property
     def total(self) -> int:
@@ -132,16 +141,18 @@ class MixReport:
             f"SFT mix: {self.total} rows from {sum(s.selected for s in self.sources)} of {len(self.sources)} sources "
             f"(top_k={spec.top_k}, easy_pass_rate={spec.easy_pass_rate}, seed={spec.seed})",
             "",
-            "| source | quality | status | rows read | dropped: easy, incorrect "
+            "| source | quality | status | layout | rows read | skipped | dropped: easy, incorrect "
             "| kept: hard, marked incorrect | in mix |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for s in self.sources:
             status = "kept" if s.selected else "dropped: not in top_k"
             lines.append(
-                f"| {s.name} | {s.quality} | {status} | {s.read} | {s.dropped_incorrect_easy} | "
-                f"{s.kept_incorrect_hard} | {s.sampled} |"
+                f"| {s.name} | {s.quality} | {status} | {s.layout} | {s.read} | {s.skipped} | "
+                f"{s.dropped_incorrect_easy} | {s.kept_incorrect_hard} | {s.sampled} |"
             )
+        if self.converted:
+            lines += ["", "The sources' layouts differ: every row is written in the messages layout."]
         return "\n".join(lines) + "\n"
 
 
@@ -203,9 +214,14 @@ def select_top_k(sources: list[Source], top_k: int | None) -> list[Source]:
 
 
 def filter_correctness(
-    rows: list[dict], easy_pass_rate: float, score: Scorer | None = None, where: str = "rows"
+    rows: list[dict],
+    easy_pass_rate: float,
+    score: Scorer | None = None,
+    where: str = "rows",
+    layout: SFTLayout | None = None,
 ) -> tuple[list[dict], int, int]:
-    """Drop incorrect responses to easy prompts (``pass_rate > easy_pass_rate``), keep everything else.
+    """Drop incorrect responses to easy prompts (``pass_rate > easy_pass_rate``), keep everything else; rows are
+    read in ``layout`` (`is_correct`).
 
     Returns ``(kept_rows, dropped_incorrect_easy, kept_incorrect_hard)``; hard rows are not scored, so the last
     count only covers hard rows whose ``correct`` flag was given.
@@ -220,7 +236,7 @@ def filter_correctness(
                 "[0, 1] on every row (turn the filter off for this source with filter: false)"
             )
         if pass_rate > easy_pass_rate:
-            if not is_correct(row, reward, f"{where}: row {index}"):
+            if not is_correct(row, reward, f"{where}: row {index}", layout):
                 dropped += 1
                 continue
         elif row.get(CORRECT_KEY) is False:
@@ -229,9 +245,10 @@ def filter_correctness(
     return kept, dropped, kept_incorrect
 
 
-def is_correct(row: dict, score: Scorer | None = None, where: str = "row") -> bool:
-    """The row's ``correct`` flag, or else whether ``score`` finds its last assistant turn correct for its
-    ``answer`` (the reward's `RewardOutcome.correct`)."""
+def is_correct(row: dict, score: Scorer | None = None, where: str = "row", layout: SFTLayout | None = None) -> bool:
+    """The row's ``correct`` flag, or else whether ``score`` finds its last learned response correct for its
+    ``answer`` (the reward's `RewardOutcome.correct`); the row is read in ``layout`` (by default the one its own
+    fields fit)."""
     if CORRECT_KEY in row:
         if not isinstance(row[CORRECT_KEY], bool):
             raise DataError(f"{where}: {CORRECT_KEY}={row[CORRECT_KEY]!r}; expected true or false")
@@ -241,9 +258,10 @@ def is_correct(row: dict, score: Scorer | None = None, where: str = "row") -> bo
     if score is None:
         raise DataError(f"{where}: has no {CORRECT_KEY!r} flag; pass a scorer to check its {ANSWER_KEY!r}")
     try:
-        response = [m["content"] for m in to_messages(row) if m["role"] == "assistant"][-1]
+        conversation = read_conversation(row, layout or detect_sft_layout(row))
     except ValueError as error:
         raise DataError(f"{where}: {error}") from None
+    response = [turn.content for turn in conversation.turns if turn.learn][-1]
     return as_reward(score).evaluate(response, str(row[ANSWER_KEY])).correct
 
 
@@ -256,20 +274,25 @@ def sample_rows(rows: list[dict], count: int, rng: random.Random) -> list[dict]:
 
 
 def build_mix(spec: MixSpec, score: Scorer | None = None) -> tuple[list[dict], MixReport]:
-    """Read, select, filter, sample and shuffle the sources of ``spec``; returns the rows and the report."""
+    """Read, select, filter, sample and shuffle the sources of ``spec``; returns the rows and the report.
+
+    Each source is read in its own SFT layout (`klear.data.sft_layouts`), a row that does not read in it skipped
+    by file and line. When the selected sources share one layout the rows are written as they are; otherwise each
+    row is written in the ``messages`` layout (`klear.data.sft_layouts.messages_row`), so the mix is one file a run
+    reads in one layout, with nothing lost."""
     selected = {source.name for source in select_top_k(spec.sources, spec.top_k)}
-    report, mix = MixReport(spec), []
+    report, parts = MixReport(spec), []
     for source in spec.sources:
         entry = SourceReport(source.name, source.quality, selected=source.name in selected)
         report.sources.append(entry)
         if not entry.selected:
             continue
-        rows = read_rows(source.path)
-        entry.read = len(rows)
+        rows, layout, entry.skipped = read_source(source)
+        entry.read, entry.layout = len(rows) + entry.skipped, layout.name
         if spec.easy_pass_rate is not None and source.filter:
             where = f"source {source.name!r} ({source.path})"
             rows, entry.dropped_incorrect_easy, entry.kept_incorrect_hard = filter_correctness(
-                rows, spec.easy_pass_rate, score, where
+                rows, spec.easy_pass_rate, score, where, layout
             )
         if source.count is not None:
             count = source.count
@@ -279,9 +302,48 @@ def build_mix(spec: MixSpec, score: Scorer | None = None) -> tuple[list[dict], M
             count = len(rows)
         sampled = sample_rows(rows, count, random.Random(f"{spec.seed}-{source.name}"))
         entry.sampled = len(sampled)
-        mix += [{**row, SOURCE_KEY: source.name} for row in sampled]
+        parts.append((source, layout, sampled))
+    report.converted = len({layout.name for _, layout, _ in parts}) > 1
+    mix = []
+    for source, layout, sampled in parts:
+        mix += [{**(_as_messages(row, layout, source) if report.converted else row), SOURCE_KEY: source.name}
+                for row in sampled]  # fmt: skip
     random.Random(spec.seed).shuffle(mix)
     return mix, report
+
+
+def read_source(source: Source) -> tuple[list[dict], SFTLayout, int]:
+    """The rows of ``source`` that read as conversations in its layout (detected from its first row), the layout,
+    and how many rows were skipped (broken, or not a conversation in that layout: warned about by line)."""
+    numbered, bad = read_numbered(source.path)
+    total, where = len(numbered) + len(bad), f"source {source.name!r} ({source.path})"
+    layout = file_layout([row for _, row in numbered], where)
+    rows = []
+    for line, row in numbered:
+        try:
+            read_conversation(row, layout)
+        except ValueError as error:
+            bad.append(BadRow(source.path, line, first_line(error)))
+            continue
+        rows.append(row)
+    warn_bad_rows(bad, {source.path: total})
+    if not rows:
+        raise DataError(f"{where}: no row reads as a conversation in its layout {layout.name}" + _first(bad))
+    return rows, layout, len(bad)
+
+
+def _as_messages(row: dict, layout: SFTLayout, source: Source) -> dict:
+    try:
+        return messages_row(row, layout)
+    except ValueError as error:
+        raise DataError(
+            f"source {source.name!r} ({source.path}): {error}; a mix of several layouts is written as messages, so "
+            "mix such a source only with sources of its own layout"
+        ) from None
+
+
+def _first(bad: list[BadRow]) -> str:
+    return f" (first: {bad[0]})" if bad else ""
 
 
 def _check_keys(data: dict, cls: type, where: str) -> None:

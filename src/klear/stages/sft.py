@@ -23,7 +23,7 @@ from klear.data.batches import ResumableBatches
 from klear.data.packing import collate, plan_batches
 from klear.data.problems import Problem, Task, content_digest
 from klear.data.readers import warn_bad_rows
-from klear.data.sft import IGNORE_INDEX, build_sft_examples, sft_source
+from klear.data.sft import IGNORE_INDEX, build_sft_examples, file_layout, sft_source
 from klear.eval.in_training import EVAL_DATA_SEED
 from klear.models import load_model, load_tokenizer
 from klear.rewards import Reward
@@ -149,21 +149,37 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     a conversation is skipped by file and line (and listed in ``data_report.json``); no usable row stops the run."""
     data, tokenizer = config.data, load_tokenizer(config.model)
     lines, rows, bad = sft_source(data.train, data.num_train, config.seed, data.levels, data.plain_fraction)
+    layout = file_layout(rows, data.train, data)
+    log.info("data.train: %s: %s", data.train, layout.summary())
     examples, stats = build_sft_examples(
-        rows, tokenizer, data.max_length, data.truncation, source=data.train, lines=lines
+        rows,
+        tokenizer,
+        data.max_length,
+        data.truncation,
+        source=data.train,
+        lines=lines,
+        layout=layout,
+        thought_markers=data.thought_markers,
     )
     stats.bad = sorted(bad + stats.bad, key=lambda row: row.line)  # file order, as the problem loader reports
     warn_bad_rows(stats.bad, {data.train: stats.rows + len(bad)})
+    notes = stats.notes(data.thought_markers)
+    for note in notes:
+        log.info("data.train: %s", note)
     log.info("SFT data: %s", stats)
     task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
     eval_problems = stage_problems(config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens)
     train_report = {
         "source": data.train,
         "rows": stats.rows + len(bad),
+        "layout": layout.describe(),
+        "thought_markers": data.thought_markers,
         "examples": len(examples),
+        "split_rows": stats.split_rows,
         "skipped": len(stats.bad),
         "digest": content_digest(examples),
         "bad_rows": [row.to_dict() for row in stats.bad],
+        **({"notes": notes} if notes else {}),
     }
     run_dir.record_data({"train": train_report, "eval": eval_problems.report()})
     module = SFTModule(config, eval_problems.problems, tokenizer, reward)
