@@ -32,6 +32,7 @@ END_TO_END: dict[str, str] = {
     "prep/test_decontaminate.py": "runs `klear.data` main()",
     "prep/test_dedup.py": "runs `klear.data` main()",
     "prep/test_mixing.py": "runs `klear.data` main()",
+    "prep/test_show.py": "runs `python -m klear.data show` in subprocesses",
     "rewards/test_code_budget.py": "runs programs in sandbox subprocesses, in a worker pool",
     "rewards/test_code_checks.py": "runs programs in sandbox subprocesses",
     "rewards/test_code_reward.py": "runs programs in sandbox subprocesses",

