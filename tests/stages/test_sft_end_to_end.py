@@ -1,13 +1,20 @@
 """SFT end to end through the real CLI on the tiny model: loss falls, files and metrics exist, the exported
 model loads and generates, and a crash followed by ``--resume`` continues exactly where the run stopped."""
 
+import json
+import logging
+
 import lightning as L
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from klear.config import ModelConfig
 from klear.config.load import load_config
+from klear.data.readers import write_jsonl
 from klear.fit import build_stage, build_trainer, main, prepare_run_dir
+from klear.models.loading import load_tokenizer, resolve_model_path
+from tests.data.chat_templates import QWEN3_STYLE
 from tests.runs import read_metrics
 
 SHORT = [
@@ -99,3 +106,34 @@ def test_tensorboard_logger_writes_events(tmp_path):
 def test_starting_over_a_finished_run_is_refused(finished_run, capsys):
     assert main(["--config", "configs/sft.yaml", f"output_dir={finished_run}", *SHORT]) == 2
     assert "already holds a run; continue it with --resume" in capsys.readouterr().err
+
+
+def test_multi_turn_reasoning_under_a_qwen3_style_template_trains_turn_by_turn(tmp_path, caplog):
+    # A model folder whose tokenizer has a Qwen3-style template (earlier turns lose their reasoning), and
+    # multi-turn rows that keep each turn's reasoning in reasoning_content, as DeepSeek's API and Qwen3 write them.
+    folder = tmp_path / "qwen3-style"
+    AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny")).save_pretrained(folder)
+    tokenizer = load_tokenizer(ModelConfig(path="tiny"))
+    tokenizer.chat_template = QWEN3_STYLE
+    tokenizer.save_pretrained(folder)
+    rows = []
+    for i in range(12):
+        first, second = (
+            {"role": "assistant", "content": f"\\boxed{{{i + n}}}", "reasoning_content": f"{i} + {n} = {i + n}."}
+            for n in (1, 2)
+        )
+        rows.append({"messages": [{"role": "system", "content": "Add."}, {"role": "user", "content": f"{i} + 1?"},
+                                  first, {"role": "user", "content": f"{i} + 2?"}, second]})  # fmt: skip
+    write_jsonl(rows, tmp_path / "chat.jsonl")
+    args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path / 'run'}", *SHORT, "trainer.max_steps=2"]
+    args += [f"model.path={folder}", f"data.train={tmp_path / 'chat.jsonl'}", "data.max_length=256"]
+    with caplog.at_level(logging.INFO):
+        assert main([*args, "eval.every_n_steps=0", "data.batching=packed"]) == 0
+    train = json.loads((tmp_path / "run" / "data_report.json").read_text())["train"]
+    assert (train["layout"], train["rows"], train["examples"], train["split_rows"]) == (
+        {"name": "messages", "turns": "messages"}, 12, 24, 12,
+    )  # fmt: skip
+    assert any("12 multi-turn rows train each assistant turn as its own example" in note for note in train["notes"])
+    assert "layout messages: system 'system' or 'system_prompt'" in caplog.text
+    losses = [float(row["train/loss"]) for row in read_metrics(tmp_path / "run" / "metrics.csv")[:2]]
+    assert all(loss > 0 for loss in losses)
