@@ -70,8 +70,8 @@ def test_mix_command_is_build_mix(tmp_path, capsys):
     assert main([*argv, "--source", sources[0], "--source", sources[1]]) == 0
     summary = capsys.readouterr().out.strip()
     assert summary == (
-        f"mix: wrote 3 rows from 1 of 2 sources (6 rows read, 3 incorrect answers to easy prompts dropped) -> {out} "
-        f"(report: {tmp_path / 'mix.report.md'})"
+        f"mix: wrote 3 rows from 1 of 2 sources (6 rows read, 0 skipped, 3 incorrect answers to easy prompts "
+        f"dropped) in the sources' layout -> {out} (report: {tmp_path / 'mix.report.md'})"
     )
     spec = MixSpec(
         [Source("good", str(tmp_path / "good.jsonl"), 0.9), Source("other", str(tmp_path / "other.jsonl"), 0.1)],
