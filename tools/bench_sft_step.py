@@ -448,6 +448,8 @@ def summarise(name: str, steps: list[dict]) -> dict[str, float]:
         f"      per step (median): {median['real']:.0f} real tokens, {labelled:.0f} labelled, {computed:.0f} computed "
         f"(with padding); real tokens per step, each timed step: {' '.join(str(step['real']) for step in timed)}"
     )
+    real, seconds, cpu = (sum(step[key] for step in timed) for key in ("real", "seconds", "cpu_seconds"))
+    print(f"      all timed steps: {real} real tokens in {seconds:.2f} s, {cpu:.2f} CPU s ({real / cpu:.0f} per CPU s)")
     return {
         "steps_per_s": 1 / median["seconds"],
         "tokens_per_s": tokens_per_s,
@@ -491,12 +493,12 @@ class Profiler:
                 print(self.profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=35))
 
 
-def profile_klear(args: argparse.Namespace, folder: Path) -> list[dict]:
+def profile_klear(args: argparse.Namespace, folder: Path) -> dict[str, list[dict]]:
     """klear's side in this process under ``--profile``; its step reports."""
     channel = Channel(on_step=Profiler(args.profile, args.warmup, args.warmup + args.steps))
     klear_side(args, folder, channel)
     ready = next(report for report in channel.reports if report["kind"] == "ready")
-    return [{**ready, **report} for report in channel.reports if report["kind"] == "step"]
+    return {"klear": [{**ready, **report} for report in channel.reports if report["kind"] == "step"]}
 
 
 def parse_args() -> argparse.Namespace:

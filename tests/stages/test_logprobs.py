@@ -249,3 +249,25 @@ def test_a_head_with_a_bias_takes_autograd_path_with_the_same_values():
     for name, p in model.named_parameters():
         torch.testing.assert_close(ours[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
     assert ours["lm_head.bias"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("chunk_size", [3, None])
+def test_a_bfloat16_head_gives_the_naive_values_and_gradients(chunk_size):
+    # The chunk's product is taken in the weight's dtype, then scored in float32, as the naive path does.
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(small_config(tie_word_embeddings=True)).to(torch.bfloat16).train()
+    ids, targets, mask, attention = right_padded_rows([12, 7, 9])
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(4))
+    model.zero_grad()
+    logprobs, entropy = token_logprobs(
+        model, ids, targets, mask, attention_mask=attention, with_entropy=True, temperature=0.7, chunk_size=chunk_size
+    )
+    ((logprobs * weights).sum() + 0.3 * entropy.sum()).backward()
+    ours = {name: p.grad.float().clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    naive, naive_entropy = naive_token_logprobs(model, ids, targets, mask, 0.7, attention_mask=attention)
+    ((naive * weights).sum() + 0.3 * naive_entropy.sum()).backward()
+    torch.testing.assert_close(logprobs, naive, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, naive_entropy, rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(ours[name], p.grad.float(), rtol=2e-2, atol=2e-2 * p.grad.float().abs().max())

@@ -285,44 +285,87 @@ class _LinearHeadScores(torch.autograd.Function):
     """`_scores` of ``hidden @ weight.T`` (a linear head without bias), a chunk of positions at a time in both
     passes. The backward recomputes each chunk's logits, as a checkpoint would, but accumulates the weight's
     gradient into one (V, H) buffer: autograd through a checkpoint per chunk allocates a whole (V, H) gradient per
-    chunk and a sum of them (622 MB each for Qwen3-0.6B in float32), the largest transients of an RL update."""
+    chunk and a sum of them (622 MB each for Qwen3-0.6B in float32), the largest transients of an RL update.
+
+    Each pass computes its chunks in two (chunk, V) float32 buffers allocated once per call and reused, in place:
+    a fresh (chunk, V) tensor per operation (64 MB at the default chunk) is new memory every time (glibc maps blocks
+    over 32 MB anew and unmaps them when freed), and faulting its pages in cost more CPU time than the arithmetic on
+    it. The forward saves each position's log-normaliser, so the backward does not reduce over the vocabulary."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk_size: int):
-        ctx.save_for_backward(hidden, weight, targets)
+        scores = hidden.new_zeros((hidden.shape[0], 2), dtype=torch.float32)
+        normalisers = hidden.new_empty(hidden.shape[0], dtype=torch.float32)  # log Z of each position
+        buffers = _ChunkBuffers(weight, min(chunk_size, hidden.shape[0]))
+        for start in range(0, hidden.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            logits = buffers.logits(hidden[rows], temperature)
+            chosen = logits.gather(1, targets[rows, None]).squeeze(1)
+            maxima = logits.amax(1, keepdim=True)
+            shifted = logits.sub_(maxima)
+            exponentials = torch.exp(shifted, out=buffers.second[: len(shifted)])
+            sums = exponentials.sum(1)
+            normalisers[rows] = sums.log() + maxima.squeeze(1)  # log Z, as torch.logsumexp computes it
+            scores[rows, 0] = chosen - normalisers[rows]
+            if with_entropy:  # entropy = log Z - E_p[z] = log(sum e^(z - max)) - E_p[z - max]
+                scores[rows, 1] = sums.log() - exponentials.mul_(shifted).sum(1) / sums
+        ctx.save_for_backward(hidden, weight, targets, normalisers, scores[:, 1].clone())
         ctx.settings = (temperature, with_entropy, chunk_size)
-        pieces = [
-            _scores(
-                hidden[start : start + chunk_size] @ weight.T, targets[start : start + chunk_size], *ctx.settings[:2]
-            )
-            for start in range(0, hidden.shape[0], chunk_size)
-        ]
-        return torch.cat(pieces) if pieces else hidden.new_zeros((0, 2), dtype=torch.float32)
+        return scores
 
     @staticmethod
     def backward(ctx, grad_scores):
-        hidden, weight, targets = ctx.saved_tensors
+        hidden, weight, targets, normalisers, entropy = ctx.saved_tensors
         temperature, with_entropy, chunk_size = ctx.settings
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        grad_weight = None
+        buffers = _ChunkBuffers(weight, min(chunk_size, hidden.shape[0]))
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
-            logprobs = torch.log_softmax((hidden[rows] @ weight.T).float() / temperature, dim=-1)
-            probabilities = logprobs.exp()
+            logits = buffers.logits(hidden[rows], temperature)
+            logprobs = logits.sub_(normalisers[rows, None])
+            probabilities = torch.exp(logprobs, out=buffers.second[: len(logprobs)])
             upstream = grad_scores[rows].float()
             # d log p(target) / d z = onehot(target) - p; d entropy / d z = -p * (log p + entropy); z = logits / T
-            grad = probabilities * -upstream[:, :1]
+            if with_entropy:
+                # -p * (upstream_logprob + upstream_entropy * (log p + entropy)), in the first buffer
+                grad = logprobs.add_(entropy[rows, None]).mul_(upstream[:, 1:]).add_(upstream[:, :1])
+                grad = grad.mul_(probabilities).neg_()
+            else:
+                grad = probabilities.mul_(-upstream[:, :1])
             grad.scatter_add_(1, targets[rows, None], upstream[:, :1])
-            if with_entropy:  # in place: a chunk's (c, V) temporaries are the backward's peak
-                entropy = -(probabilities * logprobs).sum(-1, keepdim=True)
-                grad.sub_(logprobs.add_(entropy).mul_(probabilities).mul_(upstream[:, 1:]))
-            del logprobs, probabilities
-            grad = grad.div_(temperature).to(weight.dtype)
+            if temperature != 1.0:
+                grad = grad.div_(temperature)
+            grad = grad.to(weight.dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad @ weight
-            if grad_weight is not None:
+            if ctx.needs_input_grad[1] and grad_weight is None:
+                grad_weight = grad.T @ hidden[rows]  # the first chunk writes the buffer: no pass of zeros first
+            elif grad_weight is not None:
                 grad_weight.addmm_(grad.T, hidden[rows])
+        if ctx.needs_input_grad[1] and grad_weight is None:
+            grad_weight = torch.zeros_like(weight)
         return grad_hidden, grad_weight, None, None, None, None
+
+
+class _ChunkBuffers:
+    """Two (rows, V) float32 buffers that every chunk of a pass of `_LinearHeadScores` reuses."""
+
+    def __init__(self, weight: Tensor, rows: int) -> None:
+        self.weight = weight
+        shape = (max(rows, 1), weight.shape[0])
+        self.first = weight.new_empty(shape, dtype=torch.float32)
+        self.second = weight.new_empty(shape, dtype=torch.float32)
+        self.product = weight.new_empty(shape) if weight.dtype != torch.float32 else None
+
+    def logits(self, hidden: Tensor, temperature: float) -> Tensor:
+        """``hidden @ weight.T / temperature`` in float32, in the first buffer (the product in the weight's dtype)."""
+        rows = hidden.shape[0]
+        if self.product is None:
+            logits = torch.mm(hidden, self.weight.T, out=self.first[:rows])
+        else:
+            logits = self.first[:rows].copy_(torch.mm(hidden, self.weight.T, out=self.product[:rows]))
+        return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 @contextmanager
