@@ -271,3 +271,57 @@ def test_a_bfloat16_head_gives_the_naive_values_and_gradients(chunk_size):
     torch.testing.assert_close(entropy, naive_entropy, rtol=1e-5, atol=1e-5)
     for name, p in model.named_parameters():
         torch.testing.assert_close(ours[name], p.grad.float(), rtol=2e-2, atol=2e-2 * p.grad.float().abs().max())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("loss", ["mean", "weighted", "entropy"])
+def test_uniform_gradient_gives_the_same_values_and_gradients_whatever_the_loss(model, temperature, loss):
+    # A mean of the log-probs takes the gradients computed in the forward; any other loss recomputes them.
+    ids, targets, mask, attention = right_padded_rows([12, 7, 9])
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(5))
+    results = []
+    for uniform in (False, True):
+        model.zero_grad()
+        logprobs, entropy = token_logprobs(
+            model,
+            ids,
+            targets,
+            mask,
+            attention_mask=attention,
+            temperature=temperature,
+            with_entropy=loss == "entropy",
+            chunk_size=4,
+            uniform_gradient=uniform,
+        )
+        total = {"mean": -logprobs.sum() / mask.sum(), "weighted": (logprobs * weights).sum()}.get(loss)
+        (total if total is not None else logprobs.sum() + 0.3 * entropy.sum()).backward()
+        results.append((logprobs.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (plain, plain_grads), (ours, grads) = results
+    assert torch.equal(ours, plain)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-5, atol=1e-6 * plain_grads[name].abs().max())
+    assert grads["model.embed_tokens.weight"].abs().sum() > 0
+
+
+def test_uniform_gradient_is_computed_in_the_forward_and_used_once(model):
+    ids, targets, mask, attention = right_padded_rows([12, 7])
+    products = []
+    original = torch.Tensor.__matmul__
+
+    def counted(a, b):  # the head's gradient products (autograd's own go through C++, not this operator)
+        products.append(1)
+        return original(a, b)
+
+    model.zero_grad()
+    logprobs, _ = token_logprobs(model, ids, targets, mask, attention_mask=attention, uniform_gradient=True)
+    loss = -logprobs.sum() / mask.sum()
+    torch.Tensor.__matmul__ = counted
+    try:
+        loss.backward(retain_graph=True)
+        in_first_backward, first = len(products), model.lm_head.weight.grad.clone()
+        model.zero_grad()
+        loss.backward()  # a second backward of the same graph recomputes: the same gradients
+    finally:
+        torch.Tensor.__matmul__ = original
+    assert in_first_backward == 0 < len(products)
+    torch.testing.assert_close(model.lm_head.weight.grad, first, rtol=1e-5, atol=1e-7)

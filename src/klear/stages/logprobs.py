@@ -58,6 +58,7 @@ def token_logprobs(
     chunk_size: int | None = None,
     share_prefixes: bool = False,
     pack: bool = False,
+    uniform_gradient: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``log p(targets[b, t] | input_ids[b, :t+1]) / temperature``-tempered, and entropy, where ``mask`` is set.
 
@@ -76,6 +77,11 @@ def token_logprobs(
             checkpointing, whose checkpointed layers drop the KV cache the suffixes need (transformers).
         pack: compute the rows as one packed row without their padding (see the module docstring). Rows must be
             right-padded, without ``position_ids``; ``share_prefixes`` is then ignored.
+        uniform_gradient: the caller's loss weighs every scored log-prob alike (SFT's token sum or mean) and asks no
+            entropy: the output head's gradients are then computed in the forward pass, where the logits already
+            are, and the backward only scales them instead of computing every chunk's logits again. A backward
+            with unequal weights recomputes as usual, so the gradients are right either way; only time is lost.
+            (Bias-free linear heads; others, and FSDP2's sharded head, ignore it.)
 
     Returns:
         ``(logprobs, entropy)``, each (B, T) float32 and differentiable; ``entropy`` is None unless asked for.
@@ -93,14 +99,16 @@ def token_logprobs(
     if (pack or share_prefixes) and position_ids is not None:
         raise ValueError("pack and share_prefixes take right-padded rows: pass no position_ids")
     if pack:
-        values = _packed_scores(model, input_ids, targets, mask, attention_mask, temperature, with_entropy, chunk_size)
+        values = _packed_scores(
+            model, input_ids, targets, mask, attention_mask, temperature, with_entropy, chunk_size, uniform_gradient
+        )
         return values[..., 0], (values[..., 1] if with_entropy else None)
     if share_prefixes and not (model.is_gradient_checkpointing and model.training):
         values = _shared_prefix_scores(
             model, input_ids, targets, mask, attention_mask, temperature, with_entropy, chunk_size
         )
         return values[..., 0], (values[..., 1] if with_entropy else None)
-    scored = _ScoringHead(targets, mask, temperature, with_entropy, chunk_size)
+    scored = _ScoringHead(targets, mask, temperature, with_entropy, chunk_size, uniform_gradient)
     with scored.installed(model.get_output_embeddings()):
         output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     values = output.logits  # (B, T, 2): what the swapped head returned
@@ -171,12 +179,13 @@ def _packed_scores(
     temperature: float,
     with_entropy: bool,
     chunk_size: int,
+    uniform_gradient: bool = False,
 ) -> Tensor:
     """(B, T, 2) ``[logprob, entropy]`` of :func:`token_logprobs`, the rows' real tokens run as one packed row."""
     lengths = _row_lengths(input_ids, mask, attention_mask)
     real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
     positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-    head = _ScoringHead(targets[real][None], mask[real][None], temperature, with_entropy, chunk_size)
+    head = _ScoringHead(targets[real][None], mask[real][None], temperature, with_entropy, chunk_size, uniform_gradient)
     extra = packed_kwargs(model, lengths) or {}
     with head.installed(model.get_output_embeddings()):
         output = model(input_ids=input_ids[real][None], position_ids=positions[real][None], use_cache=False, **extra)
@@ -228,12 +237,21 @@ def naive_token_logprobs(
 class _ScoringHead:
     """Replaces an output head's forward: hidden states (B, T, H) -> (B, T, 2) of [logprob, entropy]."""
 
-    def __init__(self, targets: Tensor, mask: Tensor, temperature: float, with_entropy: bool, chunk_size: int):
+    def __init__(
+        self,
+        targets: Tensor,
+        mask: Tensor,
+        temperature: float,
+        with_entropy: bool,
+        chunk_size: int,
+        uniform_gradient: bool = False,
+    ):
         self.targets = targets
         self.mask = mask
         self.temperature = temperature
         self.with_entropy = with_entropy
         self.chunk_size = chunk_size
+        self.uniform_gradient = uniform_gradient
 
     def installed(self, head: nn.Module):
         self.head = head
@@ -249,8 +267,9 @@ class _ScoringHead:
             scores = self.head.scores(selected, targets, self.temperature, self.with_entropy)
             return out.index_put((self.mask,), scores)
         if type(self.head) is nn.Linear and self.head.bias is None:  # every causal LM's head; else autograd's path
+            unit = self.uniform_gradient and torch.is_grad_enabled()
             scores = _LinearHeadScores.apply(
-                selected, self.head.weight, targets, self.temperature, self.with_entropy, self.chunk_size
+                selected, self.head.weight, targets, self.temperature, self.with_entropy, self.chunk_size, unit
             )
             return out.index_put((self.mask,), scores)
         pieces = []
@@ -290,13 +309,21 @@ class _LinearHeadScores(torch.autograd.Function):
     Each pass computes its chunks in two (chunk, V) float32 buffers allocated once per call and reused, in place:
     a fresh (chunk, V) tensor per operation (64 MB at the default chunk) is new memory every time (glibc maps blocks
     over 32 MB anew and unmaps them when freed), and faulting its pages in cost more CPU time than the arithmetic on
-    it. The forward saves each position's log-normaliser, so the backward does not reduce over the vocabulary."""
+    it. The forward saves each position's log-normaliser, so the backward does not reduce over the vocabulary.
+
+    With ``unit`` (`token_logprobs`'s ``uniform_gradient``) the forward also accumulates the gradients that a
+    gradient of 1 on every log-prob gives, from the logits it holds anyway; a backward that brings one same
+    gradient for every log-prob (and none for the entropy) scales them and is done, without computing any logits
+    again: one of the head's four vocabulary-wide products saved. Any other backward recomputes as above."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk_size: int):
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk_size: int, unit=False):
         scores = hidden.new_zeros((hidden.shape[0], 2), dtype=torch.float32)
         normalisers = hidden.new_empty(hidden.shape[0], dtype=torch.float32)  # log Z of each position
         buffers = _ChunkBuffers(weight, min(chunk_size, hidden.shape[0]))
+        # ``unit``: the gradients for a gradient of 1 on every log-prob, accumulated here (see `uniform_gradient`).
+        computed = unit and not with_entropy and hidden.shape[0] > 0
+        gradients = _Gradients(hidden, weight, ctx.needs_input_grad) if computed else None
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
             logits = buffers.logits(hidden[rows], temperature)
@@ -309,16 +336,26 @@ class _LinearHeadScores(torch.autograd.Function):
             scores[rows, 0] = chosen - normalisers[rows]
             if with_entropy:  # entropy = log Z - E_p[z] = log(sum e^(z - max)) - E_p[z - max]
                 scores[rows, 1] = sums.log() - exponentials.mul_(shifted).sum(1) / sums
+            if gradients is not None:  # d log p(target) / dz = onehot(target) - p
+                grad = exponentials.div_(sums[:, None]).neg_().scatter_add_(1, targets[rows, None], _ones(rows, hidden))
+                gradients.add(rows, grad.div_(temperature) if temperature != 1.0 else grad)
         ctx.save_for_backward(hidden, weight, targets, normalisers, scores[:, 1].clone())
         ctx.settings = (temperature, with_entropy, chunk_size)
+        ctx.unit_gradients = gradients
         return scores
 
     @staticmethod
     def backward(ctx, grad_scores):
+        unit, ctx.unit_gradients = ctx.unit_gradients, None  # used once: a second backward recomputes
+        if unit is not None:
+            scale = grad_scores[:1, 0].float()
+            if not bool(grad_scores[:, 1].eq(0).all() and grad_scores[:, 0].eq(scale).all()):
+                unit = None  # not one gradient for every log-prob (or an entropy gradient): recomputed below
+        if unit is not None:
+            return *unit.scaled(scale), None, None, None, None, None
         hidden, weight, targets, normalisers, entropy = ctx.saved_tensors
         temperature, with_entropy, chunk_size = ctx.settings
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = None
+        gradients = _Gradients(hidden, weight, ctx.needs_input_grad)
         buffers = _ChunkBuffers(weight, min(chunk_size, hidden.shape[0]))
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
@@ -334,18 +371,41 @@ class _LinearHeadScores(torch.autograd.Function):
             else:
                 grad = probabilities.mul_(-upstream[:, :1])
             grad.scatter_add_(1, targets[rows, None], upstream[:, :1])
-            if temperature != 1.0:
-                grad = grad.div_(temperature)
-            grad = grad.to(weight.dtype)
-            if grad_hidden is not None:
-                grad_hidden[rows] = grad @ weight
-            if ctx.needs_input_grad[1] and grad_weight is None:
-                grad_weight = grad.T @ hidden[rows]  # the first chunk writes the buffer: no pass of zeros first
-            elif grad_weight is not None:
-                grad_weight.addmm_(grad.T, hidden[rows])
-        if ctx.needs_input_grad[1] and grad_weight is None:
-            grad_weight = torch.zeros_like(weight)
-        return grad_hidden, grad_weight, None, None, None, None
+            gradients.add(rows, grad.div_(temperature) if temperature != 1.0 else grad)
+        return *gradients.scaled(None), None, None, None, None, None
+
+
+def _ones(rows: slice, hidden: Tensor) -> Tensor:
+    count = len(range(*rows.indices(hidden.shape[0])))
+    return hidden.new_ones((count, 1), dtype=torch.float32)
+
+
+class _Gradients:
+    """The head's input and weight gradients accumulated chunk by chunk from each chunk's logit gradient."""
+
+    def __init__(self, hidden: Tensor, weight: Tensor, needs: tuple[bool, ...]) -> None:
+        self.hidden, self.weight = hidden, weight
+        self.grad_hidden = torch.empty_like(hidden) if needs[0] else None
+        self.grad_weight: Tensor | None = None
+        self.needs_weight = needs[1]
+
+    def add(self, rows: slice, grad: Tensor) -> None:
+        """Add a chunk's (rows, V) float32 gradient of the logits (divided by the temperature)."""
+        grad = grad.to(self.weight.dtype)
+        if self.grad_hidden is not None:
+            self.grad_hidden[rows] = grad @ self.weight
+        if self.needs_weight and self.grad_weight is None:
+            self.grad_weight = grad.T @ self.hidden[rows]  # the first chunk writes the buffer: no pass of zeros first
+        elif self.grad_weight is not None:
+            self.grad_weight.addmm_(grad.T, self.hidden[rows])
+
+    def scaled(self, scale: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """The two gradients, times ``scale`` in place unless it is None (``None`` for an input that needs none)."""
+        if self.needs_weight and self.grad_weight is None:  # no position at all
+            self.grad_weight = torch.zeros_like(self.weight)
+        if scale is None:
+            return self.grad_hidden, self.grad_weight
+        return tuple(None if g is None else g.mul_(scale.to(g.dtype)) for g in (self.grad_hidden, self.grad_weight))
 
 
 class _ChunkBuffers:

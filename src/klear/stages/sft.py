@@ -80,6 +80,7 @@ class SFTModule(StageModule):
                 micro["targets"] != IGNORE_INDEX,
                 attention_mask=micro.get("attention_mask"),
                 position_ids=micro.get("position_ids"),
+                uniform_gradient=True,  # the loss is the sum of the log-probs over a constant
             )
             loss = -logprobs.sum() / total_tokens
             self.manual_backward(loss * world)
