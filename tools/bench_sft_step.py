@@ -445,8 +445,8 @@ def summarise(name: str, steps: list[dict]) -> dict[str, float]:
         f"peak RSS {peak / 1e9:.3f} GB ({(peak - before) / 1e9:.3f} GB above the process before the model loaded)"
     )
     print(
-        f"      per step (median): {median['real']:.0f} real tokens, {labelled:.0f} labelled, {computed:.0f} computed "
-        f"(with padding); real tokens per step, each timed step: {' '.join(str(step['real']) for step in timed)}"
+        f"      per step (median): {median['real']:.0f} real tokens, {labelled:.0f} labelled, {computed:.0f} slots in "
+        f"the batch (with padding); real tokens, each timed step: {' '.join(str(step['real']) for step in timed)}"
     )
     real, seconds, cpu = (sum(step[key] for step in timed) for key in ("real", "seconds", "cpu_seconds"))
     print(f"      all timed steps: {real} real tokens in {seconds:.2f} s, {cpu:.2f} CPU s ({real / cpu:.0f} per CPU s)")

@@ -228,8 +228,68 @@ def test_packed_rows_must_be_right_padded(model):
     left_padded = attention.flip(-1)
     with pytest.raises(ValueError, match="right-padded"):
         token_logprobs(model, ids, targets, mask & left_padded.bool(), attention_mask=left_padded, pack=True)
-    with pytest.raises(ValueError, match="position_ids"):
-        token_logprobs(model, ids, targets, mask, position_ids=torch.arange(8).expand(2, 8), pack=True)
+    with pytest.raises(ValueError, match="position_ids"):  # packed rows must each start a sequence
+        token_logprobs(model, ids, targets, mask, position_ids=torch.arange(1, 9).expand(2, 8), pack=True)
+
+
+def packed_rows(rows: list[list[int]], vocab: int = 97, seed: int = 7):
+    """Rows each holding sequences of the given lengths (positions restarting at 0 for each), right-padded with a
+    pad tail whose positions restart too (as `klear.data.packing.collate` packs SFT rows); scored positions: every
+    token of a sequence but its last."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(sum(row) for row in rows) + 2
+    ids = torch.randint(0, vocab, (len(rows), width), generator=generator)
+    positions = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for r, lengths in enumerate(rows):
+        start = 0
+        for length in [*lengths, width - sum(lengths)]:
+            positions[r, start : start + length] = torch.arange(length)
+            if start < sum(lengths):
+                mask[r, start : start + length - 1] = True
+            start += length
+    real = (torch.arange(width) < torch.tensor([sum(row) for row in rows])[:, None]).long()
+    return ids, torch.roll(ids, -1, dims=1), mask, positions, real
+
+
+@pytest.mark.parametrize("implementation", ["sdpa_gqa", "eager", "sdpa"])
+def test_packed_rows_of_several_sequences_equal_the_rows_as_they_are(implementation):
+    # Unpacked, transformers keeps the sequences apart with a block-diagonal mask built from the positions; packed,
+    # the rows' real tokens are one row (sdpa_gqa: one causal call per sequence) and the pad tails are dropped.
+    import klear.models.attention  # noqa: F401  (registers sdpa_gqa)
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(small_config(attn_implementation=implementation)).train()
+    ids, targets, mask, positions, real = packed_rows([[7, 1, 9], [20], [4, 4, 4, 3]])
+    shapes = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda module, args, out: shapes.append(args[0].shape))
+
+    def run(pack: bool):
+        model.zero_grad()
+        logprobs, entropy = token_logprobs(
+            model,
+            ids,
+            targets,
+            mask,
+            attention_mask=real if pack else None,
+            position_ids=positions,
+            with_entropy=True,
+            pack=pack,
+            uniform_gradient=True,
+        )
+        (-logprobs.sum() / mask.sum()).backward()
+        return logprobs.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    try:
+        packed, rows = run(True), run(False)
+    finally:
+        hook.remove()
+    assert shapes == [torch.Size([1, 17 + 20 + 15]), ids.shape]
+    torch.testing.assert_close(packed[0], rows[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed[1], rows[1], rtol=1e-5, atol=1e-5)
+    assert (packed[0][~mask] == 0).all() and (packed[0][mask] < 0).all()
+    for name, gradient in rows[2].items():
+        torch.testing.assert_close(packed[2][name], gradient, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_a_head_with_a_bias_takes_autograd_path_with_the_same_values():

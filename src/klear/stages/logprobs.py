@@ -25,7 +25,9 @@ the same collectives.
 With ``pack`` the rows' tokens are concatenated into one row without padding instead, positions restarting at 0
 for each row and attention confined to it (:func:`klear.models.attention.packed_kwargs`), so a batch of rows of
 very different lengths costs its real tokens, not its row count times its longest row. The values equal the
-padded computation's (up to floating-point reduction order).
+padded computation's (up to floating-point reduction order). Rows that are themselves packed (SFT's, with
+``position_ids`` restarting at 0 for each example) are concatenated the same way, without their pad tails, and
+attention is confined to each example.
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ def token_logprobs(
             right-padded, without ``position_ids``. Has no effect on a model in training mode with gradient
             checkpointing, whose checkpointed layers drop the KV cache the suffixes need (transformers).
         pack: compute the rows as one packed row without their padding (see the module docstring). Rows must be
-            right-padded, without ``position_ids``; ``share_prefixes`` is then ignored.
+            right-padded (``attention_mask``); ``share_prefixes`` is then ignored. Without ``position_ids`` each row
+            is one sequence; with them, rows that already hold several sequences (SFT's packed rows), each row
+            starting one at position 0 and a new one starting wherever the positions do not go on by one.
         uniform_gradient: the caller's loss weighs every scored log-prob alike (SFT's token sum or mean) and asks no
             entropy: the output head's gradients are then computed in the forward pass, where the logits already
             are, and the backward only scales them instead of computing every chunk's logits again. A backward
@@ -96,11 +100,20 @@ def token_logprobs(
     if chunk_size is None:
         vocab = model.get_output_embeddings().weight.shape[0]
         chunk_size = max(CHUNK_ELEMENTS // vocab, 1)
-    if (pack or share_prefixes) and position_ids is not None:
-        raise ValueError("pack and share_prefixes take right-padded rows: pass no position_ids")
+    if share_prefixes and not pack and position_ids is not None:
+        raise ValueError("share_prefixes takes right-padded rows: pass no position_ids")
     if pack:
         values = _packed_scores(
-            model, input_ids, targets, mask, attention_mask, temperature, with_entropy, chunk_size, uniform_gradient
+            model,
+            input_ids,
+            targets,
+            mask,
+            attention_mask,
+            position_ids,
+            temperature,
+            with_entropy,
+            chunk_size,
+            uniform_gradient,
         )
         return values[..., 0], (values[..., 1] if with_entropy else None)
     if share_prefixes and not (model.is_gradient_checkpointing and model.training):
@@ -176,6 +189,7 @@ def _packed_scores(
     targets: Tensor,
     mask: Tensor,
     attention_mask: Tensor | None,
+    position_ids: Tensor | None,
     temperature: float,
     with_entropy: bool,
     chunk_size: int,
@@ -184,9 +198,17 @@ def _packed_scores(
     """(B, T, 2) ``[logprob, entropy]`` of :func:`token_logprobs`, the rows' real tokens run as one packed row."""
     lengths = _row_lengths(input_ids, mask, attention_mask)
     real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    if position_ids is None:  # a row is one sequence
+        positions, sequences = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids), lengths
+    else:  # rows already packed: each starts a sequence, and a new one starts where the positions do not go on
+        if not bool((position_ids[:, 0] == 0).all()):
+            raise ValueError("rows packed with position_ids must each start a sequence: position_ids[:, 0] must be 0")
+        positions = position_ids
+        flat = position_ids[real]
+        starts = torch.nonzero(torch.diff(flat, prepend=flat[:1]) != 1).flatten()  # (the first: a difference of 0)
+        sequences = torch.diff(starts, append=starts.new_tensor([len(flat)]))
     head = _ScoringHead(targets[real][None], mask[real][None], temperature, with_entropy, chunk_size, uniform_gradient)
-    extra = packed_kwargs(model, lengths) or {}
+    extra = packed_kwargs(model, sequences) or {}
     with head.installed(model.get_output_embeddings()):
         output = model(input_ids=input_ids[real][None], position_ids=positions[real][None], use_cache=False, **extra)
     values = output.logits.new_zeros((*input_ids.shape, 2))
