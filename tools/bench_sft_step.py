@@ -37,10 +37,18 @@ klear's side is klear's own SFT stage: :func:`klear.fit.build_stage` on a config
 and ``data.batch_size=--batch-rows``, and a real Lightning ``Trainer`` from :func:`klear.fit.build_trainer` running
 ``SFTModule.training_step``. Its in-training evaluation is switched off (TRL evaluates nothing either).
 
-Not matched, because it is what each framework does: which conversations share a row and which rows share a step
-(each side's own packer and its own shuffle), so a step's real tokens differ between the sides; throughput is
-therefore reported per real (non-pad) token, and each side's real, labelled and computed (padded) tokens per
-step are printed. klear pads a step's rows to its longest; TRL's padding-free row has no padding.
+Not matched, because it is what each framework does:
+
+- which conversations share a row and which rows share a step (each side's own packer and its own shuffle), so a
+  step's real tokens differ between the sides; throughput is therefore reported per real (non-pad) token, and
+  each side's real and labelled tokens per step and the token slots of its batch are printed. klear's batch pads
+  a step's rows to the longest, but its step computes only the real tokens (one row without the pad tails, as
+  TRL's padding-free row);
+- the output head: klear computes it on the labelled positions only; TRL's fused head (on CPU, where it has no
+  Triton) on every position, and it also computes each position's entropy and whether the label is the top-1
+  token, for its logged metrics. Neither materialises the whole (tokens, vocabulary) logits;
+- attention: TRL's padding-free row goes to transformers' ``sdpa``, which builds a block-diagonal mask over the
+  whole row from the positions; klear's ``sdpa_gqa`` runs one causal call per conversation.
 
 Each side runs in its own process, so that its peak resident memory (``VmHWM``, the kernel's high-water mark, read
 after its last step) is its own. The two processes alternate step by step (klear, TRL, klear, ...): only one
@@ -48,7 +56,8 @@ computes at a time. A step's time runs from the end of the previous step to the 
 collating the batch, forward, backward, optimizer step and logging. The CPU time of a step is the process's
 (``time.process_time``: all its threads), which other jobs on a shared machine barely disturb: on a loaded
 machine, trust the per-CPU-second figures. The first ``--warmup`` steps of each side are dropped; the rest are
-summarised by their median.
+summarised by their median, and their totals (real tokens, seconds, CPU seconds) are printed too. The last line
+gives klear/TRL ratios: tokens/s (and tokens per CPU second) and peak resident memory.
 
 TRL runs only in its own environment: ``bash tools/trl_env.sh`` creates /tmp/venv-trl, then
 
