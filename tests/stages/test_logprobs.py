@@ -385,3 +385,18 @@ def test_uniform_gradient_is_computed_in_the_forward_and_used_once(model):
         torch.Tensor.__matmul__ = original
     assert in_first_backward == 0 < len(products)
     torch.testing.assert_close(model.lm_head.weight.grad, first, rtol=1e-5, atol=1e-7)
+
+
+def test_under_autocast_the_backward_uses_only_its_own_float32_logits(model):
+    # The forward's logits are autocast's (bfloat16 here), the backward's the weight's: the backward recomputes
+    # the normaliser and the gradients from its own, so uniform_gradient (gradients from the forward's) is not used.
+    ids, targets, mask, attention = right_padded_rows([12, 7])
+    results = []
+    for uniform in (False, True):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logprobs, _ = token_logprobs(model, ids, targets, mask, attention_mask=attention, uniform_gradient=uniform)
+        (-logprobs.sum() / mask.sum()).backward()
+        results.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, grad in results[0].items():
+        torch.testing.assert_close(results[1][name], grad, rtol=1e-6, atol=1e-8, msg=name)

@@ -344,7 +344,10 @@ class _LinearHeadScores(torch.autograd.Function):
         normalisers = hidden.new_empty(hidden.shape[0], dtype=torch.float32)  # log Z of each position
         buffers = _ChunkBuffers(weight, min(chunk_size, hidden.shape[0]))
         # ``unit``: the gradients for a gradient of 1 on every log-prob, accumulated here (see `uniform_gradient`).
-        computed = unit and not with_entropy and hidden.shape[0] > 0
+        # Under autocast the logits here are in its dtype and the backward's in the weight's: there, the backward
+        # takes nothing from this pass but the inputs, as before (recomputed normaliser, entropy and gradients).
+        autocast = torch.is_autocast_enabled(hidden.device.type)
+        computed = unit and not with_entropy and hidden.shape[0] > 0 and not autocast
         gradients = _Gradients(hidden, weight, ctx.needs_input_grad) if computed else None
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
@@ -362,7 +365,7 @@ class _LinearHeadScores(torch.autograd.Function):
                 grad = exponentials.div_(sums[:, None]).neg_().scatter_add_(1, targets[rows, None], _ones(rows, hidden))
                 gradients.add(rows, grad.div_(temperature) if temperature != 1.0 else grad)
         ctx.save_for_backward(hidden, weight, targets, normalisers, scores[:, 1].clone())
-        ctx.settings = (temperature, with_entropy, chunk_size)
+        ctx.settings = (temperature, with_entropy, chunk_size, autocast)
         ctx.unit_gradients = gradients
         return scores
 
@@ -376,14 +379,20 @@ class _LinearHeadScores(torch.autograd.Function):
         if unit is not None:
             return *unit.scaled(scale), None, None, None, None, None
         hidden, weight, targets, normalisers, entropy = ctx.saved_tensors
-        temperature, with_entropy, chunk_size = ctx.settings
+        temperature, with_entropy, chunk_size, autocast = ctx.settings
         gradients = _Gradients(hidden, weight, ctx.needs_input_grad)
         buffers = _ChunkBuffers(weight, min(chunk_size, hidden.shape[0]))
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
             logits = buffers.logits(hidden[rows], temperature)
-            logprobs = logits.sub_(normalisers[rows, None])
+            if autocast:  # log-softmax in place, and the entropy, of this pass's own logits
+                logprobs = logits.sub_(logits.amax(1, keepdim=True))
+                logprobs = logprobs.sub_(torch.exp(logprobs, out=buffers.second[: len(logprobs)]).sum(1, True).log())
+            else:
+                logprobs = logits.sub_(normalisers[rows, None])
             probabilities = torch.exp(logprobs, out=buffers.second[: len(logprobs)])
+            if autocast and with_entropy:
+                entropy[rows] = -(probabilities * logprobs).sum(1)
             upstream = grad_scores[rows].float()
             # d log p(target) / d z = onehot(target) - p; d entropy / d z = -p * (log p + entropy); z = logits / T
             if with_entropy:
@@ -414,12 +423,13 @@ class _Gradients:
     def add(self, rows: slice, grad: Tensor) -> None:
         """Add a chunk's (rows, V) float32 gradient of the logits (divided by the temperature)."""
         grad = grad.to(self.weight.dtype)
-        if self.grad_hidden is not None:
-            self.grad_hidden[rows] = grad @ self.weight
-        if self.needs_weight and self.grad_weight is None:
-            self.grad_weight = grad.T @ self.hidden[rows]  # the first chunk writes the buffer: no pass of zeros first
-        elif self.grad_weight is not None:
-            self.grad_weight.addmm_(grad.T, self.hidden[rows])
+        with torch.autocast(grad.device.type, enabled=False):  # in a forward too: the dtypes a backward has
+            if self.grad_hidden is not None:
+                self.grad_hidden[rows] = grad @ self.weight
+            if self.needs_weight and self.grad_weight is None:
+                self.grad_weight = grad.T @ self.hidden[rows]  # the first chunk writes the buffer: no zeros first
+            elif self.grad_weight is not None:
+                self.grad_weight.addmm_(grad.T, self.hidden[rows])
 
     def scaled(self, scale: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         """The two gradients, times ``scale`` in place unless it is None (``None`` for an input that needs none)."""
@@ -443,7 +453,9 @@ class _ChunkBuffers:
     def logits(self, hidden: Tensor, temperature: float) -> Tensor:
         """``hidden @ weight.T / temperature`` in float32, in the first buffer (the product in the weight's dtype)."""
         rows = hidden.shape[0]
-        if self.product is None:
+        if torch.is_autocast_enabled(hidden.device.type):  # a forward under autocast: the product in its dtype
+            logits = self.first[:rows].copy_(hidden @ self.weight.T)
+        elif self.product is None:
             logits = torch.mm(hidden, self.weight.T, out=self.first[:rows])
         else:
             logits = self.first[:rows].copy_(torch.mm(hidden, self.weight.T, out=self.product[:rows]))
