@@ -98,8 +98,8 @@ LAST_LINE = "bench_sft_step:"
 
 def reasoning_row(rng: random.Random, steps: int) -> dict:
     """A conversation whose answer is a chain of ``steps`` arithmetic lines inside think tags, then a boxed answer."""
-    value = rng.randint(2, 60)
-    operations, lines = [], [f"Start with {value}."]
+    start = value = rng.randint(2, 60)
+    operations, lines = [], [f"Start with {start}."]
     for _ in range(steps):
         operation = rng.choice(["add", "subtract", "multiply"] if value < 200 else ["subtract", "add"])
         operand = rng.randint(2, 9) if operation == "multiply" else rng.randint(1, 99)
@@ -110,7 +110,7 @@ def reasoning_row(rng: random.Random, steps: int) -> dict:
         symbol = {"add": "+", "subtract": "-", "multiply": "*"}[operation]
         operations.append(f"{operation} {operand}" if operation != "multiply" else f"multiply by {operand}")
         lines.append(f"{before} {symbol} {operand} = {value}")
-    prompt = f"Start with {lines[0].split()[2][:-1]}, then {', then '.join(operations)}. What is the result?"
+    prompt = f"Start with {start}, then {', then '.join(operations)}. What is the result?"
     thinking = "\n".join(lines)
     answer = f"<think>\n{thinking}\n</think>\n\nThe result is \\boxed{{{value}}}."
     return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]}
@@ -195,13 +195,13 @@ class Channel:
             os._exit(0)  # nothing after the last step (checkpoint, export) is part of the benchmark
         self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
-    def step_done(self, index: int, real: int, labelled: int, computed: int) -> None:
+    def step_done(self, index: int, real: int, labelled: int, slots: int) -> None:
         seconds, cpu = time.perf_counter() - self.started, time.process_time() - self.cpu_started
         from klear.runtime.memory import status_bytes
 
         self.send(
             kind="step", index=index, seconds=seconds, cpu_seconds=cpu, real=real, labelled=labelled,
-            computed=computed, peak_rss=status_bytes("VmHWM"),
+            slots=slots, peak_rss=status_bytes("VmHWM"),
         )  # fmt: skip
         if self.on_step is not None:
             self.on_step(index)
@@ -348,7 +348,7 @@ def trl_side(args: argparse.Namespace, folder: Path, channel: Channel) -> None:
     def counted(examples):
         batch = collate(examples)
         last.update(real=batch["input_ids"].numel(), labelled=int((batch["labels"] != -100).sum()))
-        last["computed"] = last["real"]  # padding-free: one row of real tokens
+        last["slots"] = last["real"]  # padding-free: one row of real tokens
         return batch
 
     trainer.data_collator = counted
@@ -446,7 +446,7 @@ def summarise(name: str, steps: list[dict]) -> dict[str, float]:
     tokens_per_s = statistics.median(step["real"] / step["seconds"] for step in timed)
     tokens_per_cpu_s = statistics.median(step["real"] / step["cpu_seconds"] for step in timed)
     labelled = statistics.median(step["labelled"] for step in timed)
-    computed = statistics.median(step["computed"] for step in timed)
+    slots = statistics.median(step["slots"] for step in timed)
     peak, before = timed[-1]["peak_rss"], timed[-1]["before_model"]
     print(
         f"{name:5s} {median['seconds']:.3f} s/step ({1 / median['seconds']:.3f} steps/s), {tokens_per_s:.0f} tokens/s, "
@@ -454,7 +454,7 @@ def summarise(name: str, steps: list[dict]) -> dict[str, float]:
         f"peak RSS {peak / 1e9:.3f} GB ({(peak - before) / 1e9:.3f} GB above the process before the model loaded)"
     )
     print(
-        f"      per step (median): {median['real']:.0f} real tokens, {labelled:.0f} labelled, {computed:.0f} slots in "
+        f"      per step (median): {median['real']:.0f} real tokens, {labelled:.0f} labelled, {slots:.0f} slots in "
         f"the batch (with padding); real tokens, each timed step: {' '.join(str(step['real']) for step in timed)}"
     )
     real, seconds, cpu = (sum(step[key] for step in timed) for key in ("real", "seconds", "cpu_seconds"))
