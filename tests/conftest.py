@@ -64,6 +64,7 @@ END_TO_END: dict[str, str] = {
     "tools/test_bench_contention.py": "runs a benchmark script in a subprocess",
     "tools/test_bench_memory.py": "runs a benchmark script in a subprocess",
     "tools/test_bench_rl_packing.py": "runs a benchmark script in a subprocess",
+    "tools/test_bench_sft_step.py": "runs a benchmark script in a subprocess (which starts klear's side in another)",
     "tools/test_plot_staleness.py": "runs a plotting script in a subprocess",
 }
 

@@ -251,6 +251,13 @@ assert "gppo" in list_objectives()
     ("docs/performance.md", "bash tools/trl_env.sh"): NotOnCPU(
         "needs TRL's own venv (tools/trl_env.sh installs trl into /tmp/venv-trl; TRL is never a klear dependency)"
     ),
+    ("docs/performance.md", "/tmp/venv-trl/bin/python tools/bench_sft_step.py"): NotOnCPU(
+        "needs TRL's own venv (tools/trl_env.sh installs trl into /tmp/venv-trl; TRL is never a klear dependency)",
+        partly=("tests/tools/test_bench_sft_step.py::test_klear_only_run_prints_lines_that_parse",),
+    ),
+    ("docs/performance.md", "python tools/bench_sft_step.py --klear-only"): Covered(
+        ("tests/tools/test_bench_sft_step.py::test_klear_only_run_prints_lines_that_parse",), "2 steps there"
+    ),
     ("docs/performance.md", "python tools/bench_logprobs.py"): Run(
         extra=("--batch", "1", "--length", "64", "--vocab", "4096", "--hidden", "64", "--repeats", "1"),
         expect=("bench_logprobs: B=1 T=64 V=4096: klear/naive memory", "values equal"),
@@ -612,4 +619,5 @@ def test_anchor_slugs_follow_github():
     slugs = anchors("docs/performance.md")
     assert "sft-padding-and-packing-toolsbench_sft_paddingpy" in slugs
     assert "klear-vs-trls-grpotrainer-toolsbench_rl_steppy" in slugs
+    assert "klear-vs-trls-sfttrainer-toolsbench_sft_steppy" in slugs
     assert "soft-vs-hard-code-reward-the-papers-fig-3" in anchors("docs/results.md")

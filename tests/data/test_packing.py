@@ -80,11 +80,12 @@ def test_collate_padded_rows():
 
 def test_collate_packed_rows():
     batch = collate(EXAMPLES, [[0, 1], [2]], pad_token_id=PAD, packed=True)
-    assert set(batch) == {"input_ids", "labels", "position_ids"}
+    assert set(batch) == {"input_ids", "labels", "position_ids", "row_lengths"}
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, PAD]]
     assert batch["labels"].tolist() == [[X, 2, 3, X, 5], [X, X, 8, 9, X]]
     # Positions restart per example; the pad tail restarts too, so it is a block of its own.
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1], [0, 1, 2, 3, 0]]
+    assert batch["row_lengths"].tolist() == [5, 4]
 
 
 @pytest.fixture(scope="module")

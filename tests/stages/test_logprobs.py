@@ -228,8 +228,68 @@ def test_packed_rows_must_be_right_padded(model):
     left_padded = attention.flip(-1)
     with pytest.raises(ValueError, match="right-padded"):
         token_logprobs(model, ids, targets, mask & left_padded.bool(), attention_mask=left_padded, pack=True)
-    with pytest.raises(ValueError, match="position_ids"):
-        token_logprobs(model, ids, targets, mask, position_ids=torch.arange(8).expand(2, 8), pack=True)
+    with pytest.raises(ValueError, match="position_ids"):  # packed rows must each start a sequence
+        token_logprobs(model, ids, targets, mask, position_ids=torch.arange(1, 9).expand(2, 8), pack=True)
+
+
+def packed_rows(rows: list[list[int]], vocab: int = 97, seed: int = 7):
+    """Rows each holding sequences of the given lengths (positions restarting at 0 for each), right-padded with a
+    pad tail whose positions restart too (as `klear.data.packing.collate` packs SFT rows); scored positions: every
+    token of a sequence but its last."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(sum(row) for row in rows) + 2
+    ids = torch.randint(0, vocab, (len(rows), width), generator=generator)
+    positions = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for r, lengths in enumerate(rows):
+        start = 0
+        for length in [*lengths, width - sum(lengths)]:
+            positions[r, start : start + length] = torch.arange(length)
+            if start < sum(lengths):
+                mask[r, start : start + length - 1] = True
+            start += length
+    real = (torch.arange(width) < torch.tensor([sum(row) for row in rows])[:, None]).long()
+    return ids, torch.roll(ids, -1, dims=1), mask, positions, real
+
+
+@pytest.mark.parametrize("implementation", ["sdpa_gqa", "eager", "sdpa"])
+def test_packed_rows_of_several_sequences_equal_the_rows_as_they_are(implementation):
+    # Unpacked, transformers keeps the sequences apart with a block-diagonal mask built from the positions; packed,
+    # the rows' real tokens are one row (sdpa_gqa: one causal call per sequence) and the pad tails are dropped.
+    import klear.models.attention  # noqa: F401  (registers sdpa_gqa)
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(small_config(attn_implementation=implementation)).train()
+    ids, targets, mask, positions, real = packed_rows([[7, 1, 9], [20], [4, 4, 4, 3]])
+    shapes = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda module, args, out: shapes.append(args[0].shape))
+
+    def run(pack: bool):
+        model.zero_grad()
+        logprobs, entropy = token_logprobs(
+            model,
+            ids,
+            targets,
+            mask,
+            attention_mask=real if pack else None,
+            position_ids=positions,
+            with_entropy=True,
+            pack=pack,
+            uniform_gradient=True,
+        )
+        (-logprobs.sum() / mask.sum()).backward()
+        return logprobs.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    try:
+        packed, rows = run(True), run(False)
+    finally:
+        hook.remove()
+    assert shapes == [torch.Size([1, 17 + 20 + 15]), ids.shape]
+    torch.testing.assert_close(packed[0], rows[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed[1], rows[1], rtol=1e-5, atol=1e-5)
+    assert (packed[0][~mask] == 0).all() and (packed[0][mask] < 0).all()
+    for name, gradient in rows[2].items():
+        torch.testing.assert_close(packed[2][name], gradient, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_a_head_with_a_bias_takes_autograd_path_with_the_same_values():
@@ -249,3 +309,94 @@ def test_a_head_with_a_bias_takes_autograd_path_with_the_same_values():
     for name, p in model.named_parameters():
         torch.testing.assert_close(ours[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
     assert ours["lm_head.bias"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("chunk_size", [3, None])
+def test_a_bfloat16_head_gives_the_naive_values_and_gradients(chunk_size):
+    # The chunk's product is taken in the weight's dtype, then scored in float32, as the naive path does.
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(small_config(tie_word_embeddings=True)).to(torch.bfloat16).train()
+    ids, targets, mask, attention = right_padded_rows([12, 7, 9])
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(4))
+    model.zero_grad()
+    logprobs, entropy = token_logprobs(
+        model, ids, targets, mask, attention_mask=attention, with_entropy=True, temperature=0.7, chunk_size=chunk_size
+    )
+    ((logprobs * weights).sum() + 0.3 * entropy.sum()).backward()
+    ours = {name: p.grad.float().clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    naive, naive_entropy = naive_token_logprobs(model, ids, targets, mask, 0.7, attention_mask=attention)
+    ((naive * weights).sum() + 0.3 * naive_entropy.sum()).backward()
+    torch.testing.assert_close(logprobs, naive, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, naive_entropy, rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(ours[name], p.grad.float(), rtol=2e-2, atol=2e-2 * p.grad.float().abs().max())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("loss", ["mean", "weighted", "entropy"])
+def test_uniform_gradient_gives_the_same_values_and_gradients_whatever_the_loss(model, temperature, loss):
+    # A mean of the log-probs takes the gradients computed in the forward; any other loss recomputes them.
+    ids, targets, mask, attention = right_padded_rows([12, 7, 9])
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(5))
+    results = []
+    for uniform in (False, True):
+        model.zero_grad()
+        logprobs, entropy = token_logprobs(
+            model,
+            ids,
+            targets,
+            mask,
+            attention_mask=attention,
+            temperature=temperature,
+            with_entropy=loss == "entropy",
+            chunk_size=4,
+            uniform_gradient=uniform,
+        )
+        total = {"mean": -logprobs.sum() / mask.sum(), "weighted": (logprobs * weights).sum()}.get(loss)
+        (total if total is not None else logprobs.sum() + 0.3 * entropy.sum()).backward()
+        results.append((logprobs.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (plain, plain_grads), (ours, grads) = results
+    assert torch.equal(ours, plain)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-5, atol=1e-6 * plain_grads[name].abs().max())
+    assert grads["model.embed_tokens.weight"].abs().sum() > 0
+
+
+def test_uniform_gradient_is_computed_in_the_forward_and_used_once(model):
+    ids, targets, mask, attention = right_padded_rows([12, 7])
+    products = []
+    original = torch.Tensor.__matmul__
+
+    def counted(a, b):  # the head's gradient products (autograd's own go through C++, not this operator)
+        products.append(1)
+        return original(a, b)
+
+    model.zero_grad()
+    logprobs, _ = token_logprobs(model, ids, targets, mask, attention_mask=attention, uniform_gradient=True)
+    loss = -logprobs.sum() / mask.sum()
+    torch.Tensor.__matmul__ = counted
+    try:
+        loss.backward(retain_graph=True)
+        in_first_backward, first = len(products), model.lm_head.weight.grad.clone()
+        model.zero_grad()
+        loss.backward()  # a second backward of the same graph recomputes: the same gradients
+    finally:
+        torch.Tensor.__matmul__ = original
+    assert in_first_backward == 0 < len(products)
+    torch.testing.assert_close(model.lm_head.weight.grad, first, rtol=1e-5, atol=1e-7)
+
+
+def test_under_autocast_the_backward_uses_only_its_own_float32_logits(model):
+    # The forward's logits are autocast's (bfloat16 here), the backward's the weight's: the backward recomputes
+    # the normaliser and the gradients from its own, so uniform_gradient (gradients from the forward's) is not used.
+    ids, targets, mask, attention = right_padded_rows([12, 7])
+    results = []
+    for uniform in (False, True):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logprobs, _ = token_logprobs(model, ids, targets, mask, attention_mask=attention, uniform_gradient=uniform)
+        (-logprobs.sum() / mask.sum()).backward()
+        results.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, grad in results[0].items():
+        torch.testing.assert_close(results[1][name], grad, rtol=1e-6, atol=1e-8, msg=name)

@@ -137,3 +137,15 @@ def test_multi_turn_reasoning_under_a_qwen3_style_template_trains_turn_by_turn(t
     assert "layout messages: system 'system' or 'system_prompt'" in caplog.text
     losses = [float(row["train/loss"]) for row in read_metrics(tmp_path / "run" / "metrics.csv")[:2]]
     assert all(loss > 0 for loss in losses)
+
+
+def test_a_packed_step_trains_as_the_same_examples_padded(tmp_path):
+    # Eight examples make one step either way (packed: three to a row of 512, in micro-batches of 3 rows), so the
+    # first step's loss, taken before its update, and its gradient norm are the same numbers.
+    steps = {}
+    for batching in ("padded", "packed"):
+        args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path / batching}", *SHORT, "trainer.max_steps=1"]
+        assert main([*args, "data.num_train=8", "data.max_length=512", f"data.batching={batching}"]) == 0
+        steps[batching] = read_metrics(tmp_path / batching / "metrics.csv")[0]
+    for key in ("train/tokens", "train/loss", "train/grad_norm"):
+        assert float(steps["packed"][key]) == pytest.approx(float(steps["padded"][key]), rel=1e-5), key

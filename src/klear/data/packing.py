@@ -12,6 +12,8 @@ Batch dicts (tensors, ``B`` rows of ``T`` tokens, right-padded to the longest ro
 - ``labels`` (B, T) long; -100 on pads, on non-assistant tokens and on the first token of every packed example.
 - ``attention_mask`` (B, T) long, 1 on real tokens: padded and grouped batches only.
 - ``position_ids`` (B, T) long, restarting at 0 per example (and for the pad tail): packed batches only.
+- ``row_lengths`` (B,) long, the real (non-pad) tokens of each row: packed batches only. The SFT step runs the
+  rows' real tokens as one row without their pad tails (`klear.stages.logprobs.token_logprobs` with ``pack``).
 
 Packed attention relies on transformers' packed-sequence detection (``masking_utils.find_packed_sequence_indices``,
 checked on 5.19 for Qwen3 with sdpa and eager): when ``position_ids`` are given with no ``attention_mask`` and no
@@ -116,7 +118,7 @@ def collate(examples: Sequence[dict], rows: Sequence[Sequence[int]], pad_token_i
     """One batch dict (see the module docstring) from ``rows`` of indices into ``examples``.
 
     With ``packed=False`` every row must hold exactly one example and the batch has an ``attention_mask``;
-    with ``packed=True`` it has ``position_ids`` instead.
+    with ``packed=True`` it has ``position_ids`` and ``row_lengths`` instead.
     """
     ids_rows, label_rows, position_rows = [], [], []
     for row in rows:
@@ -139,6 +141,7 @@ def collate(examples: Sequence[dict], rows: Sequence[Sequence[int]], pad_token_i
     if packed:
         # The pad tail counts from 0 again, so it is a block of its own that no real token attends to.
         batch["position_ids"] = torch.tensor([pos + list(range(width - len(pos))) for pos in position_rows])
+        batch["row_lengths"] = torch.tensor([len(ids) for ids in ids_rows])
     else:
         batch["attention_mask"] = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in ids_rows])
     return batch

@@ -25,7 +25,9 @@ the same collectives.
 With ``pack`` the rows' tokens are concatenated into one row without padding instead, positions restarting at 0
 for each row and attention confined to it (:func:`klear.models.attention.packed_kwargs`), so a batch of rows of
 very different lengths costs its real tokens, not its row count times its longest row. The values equal the
-padded computation's (up to floating-point reduction order).
+padded computation's (up to floating-point reduction order). Rows that are themselves packed (SFT's, with
+``position_ids`` restarting at 0 for each example) are concatenated the same way, without their pad tails, and
+attention is confined to each example.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def token_logprobs(
     chunk_size: int | None = None,
     share_prefixes: bool = False,
     pack: bool = False,
+    uniform_gradient: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``log p(targets[b, t] | input_ids[b, :t+1]) / temperature``-tempered, and entropy, where ``mask`` is set.
 
@@ -75,7 +78,14 @@ def token_logprobs(
             right-padded, without ``position_ids``. Has no effect on a model in training mode with gradient
             checkpointing, whose checkpointed layers drop the KV cache the suffixes need (transformers).
         pack: compute the rows as one packed row without their padding (see the module docstring). Rows must be
-            right-padded, without ``position_ids``; ``share_prefixes`` is then ignored.
+            right-padded (``attention_mask``); ``share_prefixes`` is then ignored. Without ``position_ids`` each row
+            is one sequence; with them, rows that already hold several sequences (SFT's packed rows), each row
+            starting one at position 0 and a new one starting wherever the positions do not go on by one.
+        uniform_gradient: the caller's loss weighs every scored log-prob alike (SFT's token sum or mean) and asks no
+            entropy: the output head's gradients are then computed in the forward pass, where the logits already
+            are, and the backward only scales them instead of computing every chunk's logits again. A backward
+            with unequal weights recomputes as usual, so the gradients are right either way; only time is lost.
+            (Bias-free linear heads; others, and FSDP2's sharded head, ignore it.)
 
     Returns:
         ``(logprobs, entropy)``, each (B, T) float32 and differentiable; ``entropy`` is None unless asked for.
@@ -90,17 +100,28 @@ def token_logprobs(
     if chunk_size is None:
         vocab = model.get_output_embeddings().weight.shape[0]
         chunk_size = max(CHUNK_ELEMENTS // vocab, 1)
-    if (pack or share_prefixes) and position_ids is not None:
-        raise ValueError("pack and share_prefixes take right-padded rows: pass no position_ids")
+    if share_prefixes and not pack and position_ids is not None:
+        raise ValueError("share_prefixes takes right-padded rows: pass no position_ids")
     if pack:
-        values = _packed_scores(model, input_ids, targets, mask, attention_mask, temperature, with_entropy, chunk_size)
+        values = _packed_scores(
+            model,
+            input_ids,
+            targets,
+            mask,
+            attention_mask,
+            position_ids,
+            temperature,
+            with_entropy,
+            chunk_size,
+            uniform_gradient,
+        )
         return values[..., 0], (values[..., 1] if with_entropy else None)
     if share_prefixes and not (model.is_gradient_checkpointing and model.training):
         values = _shared_prefix_scores(
             model, input_ids, targets, mask, attention_mask, temperature, with_entropy, chunk_size
         )
         return values[..., 0], (values[..., 1] if with_entropy else None)
-    scored = _ScoringHead(targets, mask, temperature, with_entropy, chunk_size)
+    scored = _ScoringHead(targets, mask, temperature, with_entropy, chunk_size, uniform_gradient)
     with scored.installed(model.get_output_embeddings()):
         output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     values = output.logits  # (B, T, 2): what the swapped head returned
@@ -168,16 +189,26 @@ def _packed_scores(
     targets: Tensor,
     mask: Tensor,
     attention_mask: Tensor | None,
+    position_ids: Tensor | None,
     temperature: float,
     with_entropy: bool,
     chunk_size: int,
+    uniform_gradient: bool = False,
 ) -> Tensor:
     """(B, T, 2) ``[logprob, entropy]`` of :func:`token_logprobs`, the rows' real tokens run as one packed row."""
     lengths = _row_lengths(input_ids, mask, attention_mask)
     real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-    head = _ScoringHead(targets[real][None], mask[real][None], temperature, with_entropy, chunk_size)
-    extra = packed_kwargs(model, lengths) or {}
+    if position_ids is None:  # a row is one sequence
+        positions, sequences = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids), lengths
+    else:  # rows already packed: each starts a sequence, and a new one starts where the positions do not go on
+        if not bool((position_ids[:, 0] == 0).all()):
+            raise ValueError("rows packed with position_ids must each start a sequence: position_ids[:, 0] must be 0")
+        positions = position_ids
+        flat = position_ids[real]
+        starts = torch.nonzero(torch.diff(flat, prepend=flat[:1]) != 1).flatten()  # (the first: a difference of 0)
+        sequences = torch.diff(starts, append=starts.new_tensor([len(flat)]))
+    head = _ScoringHead(targets[real][None], mask[real][None], temperature, with_entropy, chunk_size, uniform_gradient)
+    extra = packed_kwargs(model, sequences) or {}
     with head.installed(model.get_output_embeddings()):
         output = model(input_ids=input_ids[real][None], position_ids=positions[real][None], use_cache=False, **extra)
     values = output.logits.new_zeros((*input_ids.shape, 2))
@@ -228,12 +259,21 @@ def naive_token_logprobs(
 class _ScoringHead:
     """Replaces an output head's forward: hidden states (B, T, H) -> (B, T, 2) of [logprob, entropy]."""
 
-    def __init__(self, targets: Tensor, mask: Tensor, temperature: float, with_entropy: bool, chunk_size: int):
+    def __init__(
+        self,
+        targets: Tensor,
+        mask: Tensor,
+        temperature: float,
+        with_entropy: bool,
+        chunk_size: int,
+        uniform_gradient: bool = False,
+    ):
         self.targets = targets
         self.mask = mask
         self.temperature = temperature
         self.with_entropy = with_entropy
         self.chunk_size = chunk_size
+        self.uniform_gradient = uniform_gradient
 
     def installed(self, head: nn.Module):
         self.head = head
@@ -249,8 +289,9 @@ class _ScoringHead:
             scores = self.head.scores(selected, targets, self.temperature, self.with_entropy)
             return out.index_put((self.mask,), scores)
         if type(self.head) is nn.Linear and self.head.bias is None:  # every causal LM's head; else autograd's path
+            unit = self.uniform_gradient and torch.is_grad_enabled()
             scores = _LinearHeadScores.apply(
-                selected, self.head.weight, targets, self.temperature, self.with_entropy, self.chunk_size
+                selected, self.head.weight, targets, self.temperature, self.with_entropy, self.chunk_size, unit
             )
             return out.index_put((self.mask,), scores)
         pieces = []
@@ -285,44 +326,140 @@ class _LinearHeadScores(torch.autograd.Function):
     """`_scores` of ``hidden @ weight.T`` (a linear head without bias), a chunk of positions at a time in both
     passes. The backward recomputes each chunk's logits, as a checkpoint would, but accumulates the weight's
     gradient into one (V, H) buffer: autograd through a checkpoint per chunk allocates a whole (V, H) gradient per
-    chunk and a sum of them (622 MB each for Qwen3-0.6B in float32), the largest transients of an RL update."""
+    chunk and a sum of them (622 MB each for Qwen3-0.6B in float32), the largest transients of an RL update.
+
+    Each pass computes its chunks in two (chunk, V) float32 buffers allocated once per call and reused, in place:
+    a fresh (chunk, V) tensor per operation (64 MB at the default chunk) is new memory every time (glibc maps blocks
+    over 32 MB anew and unmaps them when freed), and faulting its pages in cost more CPU time than the arithmetic on
+    it. The forward saves each position's log-normaliser, so the backward does not reduce over the vocabulary.
+
+    With ``unit`` (`token_logprobs`'s ``uniform_gradient``) the forward also accumulates the gradients that a
+    gradient of 1 on every log-prob gives, from the logits it holds anyway; a backward that brings one same
+    gradient for every log-prob (and none for the entropy) scales them and is done, without computing any logits
+    again: one of the head's four vocabulary-wide products saved. Any other backward recomputes as above."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk_size: int):
-        ctx.save_for_backward(hidden, weight, targets)
-        ctx.settings = (temperature, with_entropy, chunk_size)
-        pieces = [
-            _scores(
-                hidden[start : start + chunk_size] @ weight.T, targets[start : start + chunk_size], *ctx.settings[:2]
-            )
-            for start in range(0, hidden.shape[0], chunk_size)
-        ]
-        return torch.cat(pieces) if pieces else hidden.new_zeros((0, 2), dtype=torch.float32)
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk_size: int, unit=False):
+        scores = hidden.new_zeros((hidden.shape[0], 2), dtype=torch.float32)
+        normalisers = hidden.new_empty(hidden.shape[0], dtype=torch.float32)  # log Z of each position
+        buffers = _ChunkBuffers(weight, min(chunk_size, hidden.shape[0]))
+        # ``unit``: the gradients for a gradient of 1 on every log-prob, accumulated here (see `uniform_gradient`).
+        # Under autocast the logits here are in its dtype and the backward's in the weight's: there, the backward
+        # takes nothing from this pass but the inputs, as before (recomputed normaliser, entropy and gradients).
+        autocast = torch.is_autocast_enabled(hidden.device.type)
+        computed = unit and not with_entropy and hidden.shape[0] > 0 and not autocast
+        gradients = _Gradients(hidden, weight, ctx.needs_input_grad) if computed else None
+        for start in range(0, hidden.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            logits = buffers.logits(hidden[rows], temperature)
+            chosen = logits.gather(1, targets[rows, None]).squeeze(1)
+            maxima = logits.amax(1, keepdim=True)
+            shifted = logits.sub_(maxima)
+            exponentials = torch.exp(shifted, out=buffers.second[: len(shifted)])
+            sums = exponentials.sum(1)
+            normalisers[rows] = sums.log() + maxima.squeeze(1)  # log Z, as torch.logsumexp computes it
+            scores[rows, 0] = chosen - normalisers[rows]
+            if with_entropy:  # entropy = log Z - E_p[z] = log(sum e^(z - max)) - E_p[z - max]
+                scores[rows, 1] = sums.log() - exponentials.mul_(shifted).sum(1) / sums
+            if gradients is not None:  # d log p(target) / dz = onehot(target) - p
+                grad = exponentials.div_(sums[:, None]).neg_().scatter_add_(1, targets[rows, None], _ones(rows, hidden))
+                gradients.add(rows, grad.div_(temperature) if temperature != 1.0 else grad)
+        ctx.save_for_backward(hidden, weight, targets, normalisers, scores[:, 1].clone())
+        ctx.settings = (temperature, with_entropy, chunk_size, autocast)
+        ctx.unit_gradients = gradients
+        return scores
 
     @staticmethod
     def backward(ctx, grad_scores):
-        hidden, weight, targets = ctx.saved_tensors
-        temperature, with_entropy, chunk_size = ctx.settings
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        unit, ctx.unit_gradients = ctx.unit_gradients, None  # used once: a second backward recomputes
+        if unit is not None:
+            scale = grad_scores[:1, 0].float()
+            if not bool(grad_scores[:, 1].eq(0).all() and grad_scores[:, 0].eq(scale).all()):
+                unit = None  # not one gradient for every log-prob (or an entropy gradient): recomputed below
+        if unit is not None:
+            return *unit.scaled(scale), None, None, None, None, None
+        hidden, weight, targets, normalisers, entropy = ctx.saved_tensors
+        temperature, with_entropy, chunk_size, autocast = ctx.settings
+        gradients = _Gradients(hidden, weight, ctx.needs_input_grad)
+        buffers = _ChunkBuffers(weight, min(chunk_size, hidden.shape[0]))
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
-            logprobs = torch.log_softmax((hidden[rows] @ weight.T).float() / temperature, dim=-1)
-            probabilities = logprobs.exp()
+            logits = buffers.logits(hidden[rows], temperature)
+            if autocast:  # log-softmax in place, and the entropy, of this pass's own logits
+                logprobs = logits.sub_(logits.amax(1, keepdim=True))
+                logprobs = logprobs.sub_(torch.exp(logprobs, out=buffers.second[: len(logprobs)]).sum(1, True).log())
+            else:
+                logprobs = logits.sub_(normalisers[rows, None])
+            probabilities = torch.exp(logprobs, out=buffers.second[: len(logprobs)])
+            if autocast and with_entropy:
+                entropy[rows] = -(probabilities * logprobs).sum(1)
             upstream = grad_scores[rows].float()
             # d log p(target) / d z = onehot(target) - p; d entropy / d z = -p * (log p + entropy); z = logits / T
-            grad = probabilities * -upstream[:, :1]
+            if with_entropy:
+                # -p * (upstream_logprob + upstream_entropy * (log p + entropy)), in the first buffer
+                grad = logprobs.add_(entropy[rows, None]).mul_(upstream[:, 1:]).add_(upstream[:, :1])
+                grad = grad.mul_(probabilities).neg_()
+            else:
+                grad = probabilities.mul_(-upstream[:, :1])
             grad.scatter_add_(1, targets[rows, None], upstream[:, :1])
-            if with_entropy:  # in place: a chunk's (c, V) temporaries are the backward's peak
-                entropy = -(probabilities * logprobs).sum(-1, keepdim=True)
-                grad.sub_(logprobs.add_(entropy).mul_(probabilities).mul_(upstream[:, 1:]))
-            del logprobs, probabilities
-            grad = grad.div_(temperature).to(weight.dtype)
-            if grad_hidden is not None:
-                grad_hidden[rows] = grad @ weight
-            if grad_weight is not None:
-                grad_weight.addmm_(grad.T, hidden[rows])
-        return grad_hidden, grad_weight, None, None, None, None
+            gradients.add(rows, grad.div_(temperature) if temperature != 1.0 else grad)
+        return *gradients.scaled(None), None, None, None, None, None
+
+
+def _ones(rows: slice, hidden: Tensor) -> Tensor:
+    count = len(range(*rows.indices(hidden.shape[0])))
+    return hidden.new_ones((count, 1), dtype=torch.float32)
+
+
+class _Gradients:
+    """The head's input and weight gradients accumulated chunk by chunk from each chunk's logit gradient."""
+
+    def __init__(self, hidden: Tensor, weight: Tensor, needs: tuple[bool, ...]) -> None:
+        self.hidden, self.weight = hidden, weight
+        self.grad_hidden = torch.empty_like(hidden) if needs[0] else None
+        self.grad_weight: Tensor | None = None
+        self.needs_weight = needs[1]
+
+    def add(self, rows: slice, grad: Tensor) -> None:
+        """Add a chunk's (rows, V) float32 gradient of the logits (divided by the temperature)."""
+        grad = grad.to(self.weight.dtype)
+        with torch.autocast(grad.device.type, enabled=False):  # in a forward too: the dtypes a backward has
+            if self.grad_hidden is not None:
+                self.grad_hidden[rows] = grad @ self.weight
+            if self.needs_weight and self.grad_weight is None:
+                self.grad_weight = grad.T @ self.hidden[rows]  # the first chunk writes the buffer: no zeros first
+            elif self.grad_weight is not None:
+                self.grad_weight.addmm_(grad.T, self.hidden[rows])
+
+    def scaled(self, scale: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """The two gradients, times ``scale`` in place unless it is None (``None`` for an input that needs none)."""
+        if self.needs_weight and self.grad_weight is None:  # no position at all
+            self.grad_weight = torch.zeros_like(self.weight)
+        if scale is None:
+            return self.grad_hidden, self.grad_weight
+        return tuple(None if g is None else g.mul_(scale.to(g.dtype)) for g in (self.grad_hidden, self.grad_weight))
+
+
+class _ChunkBuffers:
+    """Two (rows, V) float32 buffers that every chunk of a pass of `_LinearHeadScores` reuses."""
+
+    def __init__(self, weight: Tensor, rows: int) -> None:
+        self.weight = weight
+        shape = (max(rows, 1), weight.shape[0])
+        self.first = weight.new_empty(shape, dtype=torch.float32)
+        self.second = weight.new_empty(shape, dtype=torch.float32)
+        self.product = weight.new_empty(shape) if weight.dtype != torch.float32 else None
+
+    def logits(self, hidden: Tensor, temperature: float) -> Tensor:
+        """``hidden @ weight.T / temperature`` in float32, in the first buffer (the product in the weight's dtype)."""
+        rows = hidden.shape[0]
+        if torch.is_autocast_enabled(hidden.device.type):  # a forward under autocast: the product in its dtype
+            logits = self.first[:rows].copy_(hidden @ self.weight.T)
+        elif self.product is None:
+            logits = torch.mm(hidden, self.weight.T, out=self.first[:rows])
+        else:
+            logits = self.first[:rows].copy_(torch.mm(hidden, self.weight.T, out=self.product[:rows]))
+        return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 @contextmanager

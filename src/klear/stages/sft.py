@@ -80,6 +80,8 @@ class SFTModule(StageModule):
                 micro["targets"] != IGNORE_INDEX,
                 attention_mask=micro.get("attention_mask"),
                 position_ids=micro.get("position_ids"),
+                pack="position_ids" in micro,  # packed rows: their real tokens as one row, attention per example
+                uniform_gradient=True,  # the loss is the sum of the log-probs over a constant
             )
             loss = -logprobs.sum() / total_tokens
             self.manual_backward(loss * world)
@@ -132,12 +134,16 @@ def _shift_left(labels: torch.Tensor) -> torch.Tensor:
 
 
 def _micro_batches(batch: dict[str, torch.Tensor], targets: torch.Tensor, size: int):
-    """Rows of ``batch`` in groups of ``size`` (0: all), each trimmed to its longest row when right-padded."""
+    """Rows of ``batch`` in groups of ``size`` (0: all), each trimmed to its longest row when right-padded. Packed
+    rows get an ``attention_mask`` of their real tokens from their ``row_lengths``."""
     rows = batch["input_ids"].shape[0]
     size = size or rows
     for start in range(0, rows, size):
         micro = {key: value[start : start + size] for key, value in batch.items() if key != "labels"}
         micro["targets"] = targets[start : start + size]
+        if "row_lengths" in micro:
+            columns = torch.arange(micro["input_ids"].shape[1], device=micro["input_ids"].device)
+            micro["attention_mask"] = (columns < micro.pop("row_lengths")[:, None]).long()
         if "attention_mask" in micro:
             width = int(micro["attention_mask"].sum(-1).max())
             micro = {key: value[:, :width] for key, value in micro.items()}
