@@ -200,8 +200,8 @@ class Encoder:
         """A text learned whole (no ``prompt``), or a completion learned after a prompt: no chat template, and an
         end-of-text token after the learned text (TRL's standard types)."""
         tokenizer = self.tokenizer
-        prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if prompt else []
-        learned = tokenizer(completion, add_special_tokens=not prompt)["input_ids"]
+        prompt_ids = tokenizer(prompt, add_special_tokens=True, verbose=False)["input_ids"] if prompt else []
+        learned = tokenizer(completion, add_special_tokens=not prompt, verbose=False)["input_ids"]
         eos = tokenizer.eos_token_id
         end = tokenizer.eos_token if eos is not None and (not learned or learned[-1] != eos) else ""
         learned += [eos] if end else []
