@@ -78,16 +78,22 @@ def test_sapo_and_gmpo_options_are_one_line_before_heavy_imports():
             "algorithm.tis_cap = 2.0 weights each token's advantage, which objective 'gmpo'",
         ),
     ]
+    one_interpreter_errors("configs/rl.yaml", cases)
+
+
+def one_interpreter_errors(config: str, cases: list[tuple[list[str], str]]) -> None:
+    """``klear.fit.main`` of ``config`` with each case's overrides, in one fresh interpreter (torch is imported
+    once): each exits 2 with its one-line error holding the case's message, before any heavy import."""
     code = (
         "import sys; from klear.fit import main; "
-        f"codes = [main(['--config', 'configs/rl.yaml', *overrides]) for overrides in {[o for o, _ in cases]!r}]; "
+        f"codes = [main(['--config', {config!r}, *overrides]) for overrides in {[o for o, _ in cases]!r}]; "
         "heavy = sorted(name for name in ('lightning', 'transformers', 'vllm') if name in sys.modules); "
         "print('exit', codes, 'heavy', heavy)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.stdout.strip() == "exit [2, 2, 2] heavy []", result.stdout + result.stderr[-2000:]
+    assert result.stdout.strip() == f"exit {[2] * len(cases)} heavy []", result.stdout + result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 3, result.stderr
+    assert len(lines) == len(cases), result.stderr
     for line, (_, message) in zip(lines, cases, strict=True):
         assert line.startswith("error: ") and message in line, line
 
@@ -102,18 +108,7 @@ def test_sft_layout_errors_are_one_line_before_heavy_imports(tmp_path):
         ([f"data.train={chat}"], f"{chat}: no SFT example in 1 rows (read as layout messages: "),
         ([f"data.train={chat}", "data.sft_layout=text"], f"{chat}: no SFT example in 1 rows (read as layout text: "),
     ]
-    code = (
-        "import sys; from klear.fit import main; "
-        f"codes = [main(['--config', 'configs/sft.yaml', *overrides]) for overrides in {[o for o, _ in cases]!r}]; "
-        "heavy = sorted(name for name in ('lightning', 'transformers', 'vllm') if name in sys.modules); "
-        "print('exit', codes, 'heavy', heavy)"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.stdout.strip() == "exit [2, 2, 2, 2, 2] heavy []", result.stdout + result.stderr[-2000:]
-    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error: ")]
-    assert len(lines) == len(cases), result.stderr
-    for line, (_, message) in zip(lines, cases, strict=True):
-        assert message in line, line
+    one_interpreter_errors("configs/sft.yaml", cases)
 
 
 def test_a_model_path_that_is_no_model_is_one_line(tmp_path):

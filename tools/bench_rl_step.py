@@ -53,10 +53,15 @@ import functools
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tools' own modules (run as a script, or loaded)
+from step_profiler import StepProfiler
 
 
 class Baton:
@@ -251,7 +256,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     problems = [p for step in range(config.trainer.max_steps) for p in batches.batch_at(step)]
     module.reward.warmup()  # the sympy checker process starts now, not inside a timed step
     baton, klear_clock, trl_clock = Baton(first="trl"), Clock(), Clock()
-    profiler = Profiler(args.profile, args.warmup, config.trainer.max_steps) if args.profile else None
+    profiler = StepProfiler(args.profile, args.warmup, config.trainer.max_steps) if args.profile else None
 
     class KlearSteps(L.Callback):
         def on_train_start(self, trainer, module) -> None:
@@ -338,41 +343,6 @@ def start_trl(args, config, problems, clock: Clock, baton: Baton, output_dir: st
     thread = threading.Thread(target=train, name="trl", daemon=True)
     thread.start()
     return thread
-
-
-class Profiler:
-    """``--profile cprofile|torch``: klear alone, profiled over the steps after the warm-up."""
-
-    def __init__(self, kind: str, warmup: int, total: int) -> None:
-        self.kind, self.warmup, self.total = kind, warmup, total
-        self.profile = None
-
-    def step_done(self, index: int) -> None:
-        if index == self.warmup - 1:
-            if self.kind == "cprofile":
-                import cProfile
-
-                self.profile = cProfile.Profile()
-                self.profile.enable()
-            else:
-                import torch.profiler
-
-                self.profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                self.profile.start()
-        elif index == self.total - 1 and self.profile is not None:
-            steps = self.total - self.warmup
-            if self.kind == "cprofile":
-                import pstats
-
-                self.profile.disable()
-                stats = pstats.Stats(self.profile).strip_dirs()
-                print(f"cProfile over {steps} klear steps (seconds are totals over those steps)")
-                stats.sort_stats("tottime").print_stats(30)
-                stats.sort_stats("cumulative").print_stats(45)
-            else:
-                self.profile.stop()
-                print(f"torch.profiler over {steps} klear steps")
-                print(self.profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=35))
 
 
 def summarise(name: str, steps: list[dict]) -> dict[str, float]:

@@ -87,6 +87,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tools' own modules (run as a script, or loaded)
+from step_profiler import StepProfiler
+
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "@@bench_sft_step "
 SIDES = ("klear", "trl")
@@ -467,44 +470,9 @@ def summarise(name: str, steps: list[dict]) -> dict[str, float]:
     }
 
 
-class Profiler:
-    """``--profile cprofile|torch``: klear's side in this process, profiled over the steps after the warm-up."""
-
-    def __init__(self, kind: str, warmup: int, total: int) -> None:
-        self.kind, self.warmup, self.total = kind, warmup, total
-        self.profile = None
-
-    def __call__(self, index: int) -> None:
-        if index == self.warmup - 1:
-            if self.kind == "cprofile":
-                import cProfile
-
-                self.profile = cProfile.Profile()
-                self.profile.enable()
-            else:
-                import torch.profiler
-
-                self.profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                self.profile.start()
-        elif index == self.total - 1 and self.profile is not None:
-            steps = self.total - self.warmup
-            if self.kind == "cprofile":
-                import pstats
-
-                self.profile.disable()
-                stats = pstats.Stats(self.profile).strip_dirs()
-                print(f"cProfile over {steps} klear steps (seconds are totals over those steps)")
-                stats.sort_stats("tottime").print_stats(30)
-                stats.sort_stats("cumulative").print_stats(40)
-            else:
-                self.profile.stop()
-                print(f"torch.profiler over {steps} klear steps")
-                print(self.profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=35))
-
-
 def profile_klear(args: argparse.Namespace, folder: Path) -> dict[str, list[dict]]:
     """klear's side in this process under ``--profile``; its step reports."""
-    channel = Channel(on_step=Profiler(args.profile, args.warmup, args.warmup + args.steps))
+    channel = Channel(on_step=StepProfiler(args.profile, args.warmup, args.warmup + args.steps).step_done)
     klear_side(args, folder, channel)
     ready = next(report for report in channel.reports if report["kind"] == "ready")
     return {"klear": [{**ready, **report} for report in channel.reports if report["kind"] == "step"]}
