@@ -89,6 +89,13 @@ def test_the_documented_commands(tmp_path):
     assert rl[0]["prompt"].startswith("<|im_start|>user\n") and rl[0]["prompt"].endswith("<|im_start|>assistant\n")
 
 
+def test_the_built_in_task_as_rl_reads_it(capsys):
+    records = show(capsys, "synthetic", "--stage", "rl", "--rows", "2")
+    expected = [(1, "klear", "math"), (2, "klear", "math")]
+    assert [(record["line"], record["layout"], record["route"]) for record in records] == expected
+    assert all(record["prompt"].endswith("<|im_start|>assistant\n") and record["reference"] for record in records)
+
+
 @pytest.mark.parametrize("name", ["sharegpt_sky_t1.constructed.jsonl", "trl_prompt_completion_standard.jsonl"])
 def test_published_sft_files(name, capsys):
     records = show(capsys, str(require(PUBLISHED / "sft" / name)), "data.max_length=100000")

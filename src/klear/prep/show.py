@@ -161,7 +161,9 @@ def _show_rl(config, source: str, numbered, rows: int, out: _Printer) -> tuple[s
     tokenizer = _tokenizer(config)
     layout = problems.layout.name if problems.layout else "klear"
     out.header(f"{source}: {problems.layout.summary() if problems.layout else 'the built-in task'}")
-    shown = sorted([(problem.line, problem) for problem in problems.problems] + [(b.line, b) for b in problems.bad])
+    # A generated problem has no line (0): it is shown by its position. Sorted by line alone, in file order.
+    numbered = [(problem.line or index + 1, problem) for index, problem in enumerate(problems.problems)]
+    shown = sorted(numbered + [(bad.line, bad) for bad in problems.bad], key=lambda pair: pair[0])
     for line, item in shown:
         if isinstance(item, BadRow):
             out.skipped(line, layout, item.reason)
