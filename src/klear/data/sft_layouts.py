@@ -275,9 +275,9 @@ def read_conversation(row: dict, layout: SFTLayout, thought_markers: str = "keep
     if layout.turns and not isinstance(prompt, list):
         raise ValueError(f"{layout.turns}: expected a non-empty list of messages, got {_shown(prompt)}")
     turns = _turns(prompt, layout.turns or layout.prompt, learn=bool(layout.turns))
-    if layout.input and isinstance(get_path(row, layout.input), str) and get_path(row, layout.input).strip():
-        user = turns[-1]
-        turns[-1] = replace(user, content=f"{user.content}\n{get_path(row, layout.input)}", field=f"{user.field}+input")
+    extra = get_path(row, layout.input) if layout.input else None
+    if isinstance(extra, str) and extra.strip():
+        turns[-1] = replace(turns[-1], content=f"{turns[-1].content}\n{extra}", field=f"{turns[-1].field}+input")
     if not layout.turns:
         turns += _turns(response, layout.response, learn=True, reasoning=_reasoning(row, layout.reasoning))
     turns = _with_system(turns, row, layout.system)
