@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import klear  # noqa: F401  (sets MKL_CBWR before any test computes, as every command does)
+
 TESTS = Path(__file__).parent
 
 # Module (relative to tests/) -> why it is not a unit test.

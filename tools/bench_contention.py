@@ -11,10 +11,10 @@ in fresh processes exactly as a user types it (``python -m klear.fit --config co
 4. with ``--old-busy``, the old default beside the same busy processes (5-25x slower: minutes).
 
 Each run's time is its process's wall time, start-up included: what a user waits for. Printed per run: threads
-(from the run's ``CPU threads:`` line), seconds and the final ``eval/accuracy`` (the same at the same thread count,
-whatever the load). The last line gives the idle ratio of the old default to klear's and ends with the slowdown of
-klear's run beside the busy processes
-against its idle run (the ratio of 3 to 1).
+and why (from the run's ``summary.json``), seconds, the final ``eval/accuracy``, and whether its ``metrics.csv``
+equals the first run's in every value but times and speeds (klear's numbers do not depend on the thread count, so
+every row should say ``yes``). The last line gives the idle ratio of the old default to klear's and ends with the
+slowdown of klear's run beside the busy processes against its idle run (the ratio of 3 to 1).
 
     python tools/bench_contention.py [--busy N] [--old-busy] [key=value ...]   # about 2 minutes on 2 idle cores
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -37,7 +37,8 @@ from pathlib import Path
 
 SHORT = ["trainer.max_steps=6", "eval.every_n_steps=3", "eval.num_prompts=50", "trainer.progress_bar=false"]
 """The main command shortened: 6 steps, evaluations of 50 problems at steps 0, 3 and 6."""
-THREADS = re.compile(r"CPU threads: (\d+) of (\d+) cores \(([^\n]*)\)")
+TIMING = ("timing/", "_per_s")
+"""Metrics that measure time, which differ between any two runs."""
 
 
 def run(label: str, overrides: list[str], root: Path, env: dict[str, str]) -> dict[str, object]:
@@ -50,12 +51,14 @@ def run(label: str, overrides: list[str], root: Path, env: dict[str, str]) -> di
     seconds = time.perf_counter() - started
     if result.returncode != 0:
         raise SystemExit(f"the {label} run failed:\n{result.stderr[-3000:]}")
-    threads = THREADS.search(result.stderr)
-    if threads is None:
-        raise SystemExit(f"no 'CPU threads:' line in the {label} run's output:\n{result.stderr[-2000:]}")
+    threads = json.loads((output / "summary.json").read_text())["cpu_threads"]
     with (output / "metrics.csv").open(newline="") as file:
-        accuracy = [row["eval/accuracy"] for row in csv.DictReader(file) if row.get("eval/accuracy")][-1]
-    return {"seconds": seconds, "threads": threads.group(1), "why": threads.group(3), "acc": accuracy}
+        rows = [
+            {key: value for key, value in row.items() if not (key.startswith(TIMING[0]) or key.endswith(TIMING[1]))}
+            for row in csv.DictReader(file)
+        ]
+    accuracy = [row["eval/accuracy"] for row in rows if row.get("eval/accuracy")][-1]
+    return {"seconds": seconds, "threads": threads["threads"], "why": threads["reason"], "acc": accuracy, "rows": rows}
 
 
 @contextlib.contextmanager
@@ -89,9 +92,11 @@ def main(argv: list[str] | None = None) -> None:
             results[f"{args.busy} busy, klear's threads"] = run("busy", args.overrides, root, mine)
             if args.old_busy:
                 results[f"{args.busy} busy, old default"] = run("busy-old", args.overrides, root, old)
-    print(f"{'run':<28} {'threads':>7} {'run s':>7} {'final acc':>9}  why")
+    first = next(iter(results.values()))["rows"]
+    print(f"{'run':<28} {'threads':>7} {'run s':>7} {'final acc':>9} {'same':>4}  why")
     for label, r in results.items():
-        print(f"{label:<28} {r['threads']:>7} {r['seconds']:>7.1f} {r['acc']:>9}  {r['why']}")
+        same = "yes" if r["rows"] == first else "no"
+        print(f"{label:<28} {r['threads']:>7} {r['seconds']:>7.1f} {r['acc']:>9} {same:>4}  {r['why']}")
     idle, old_idle = results["idle, klear's threads"], results["idle, old default"]
     loaded = results[f"{args.busy} busy, klear's threads"]
     if args.old_busy:

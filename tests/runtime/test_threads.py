@@ -3,6 +3,7 @@ requested one, else the free cores capped by the model's size; the cgroup quota 
 the commands with one line before torch is imported."""
 
 import logging
+import os
 import subprocess
 import sys
 
@@ -18,8 +19,10 @@ def fresh(monkeypatch):
     """No OMP_NUM_THREADS, torch at its start-up count, and no earlier choice; torch's count restored after."""
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(threads.HANDED_DOWN, raising=False)
     monkeypatch.setitem(threads._state, "request", None)
     monkeypatch.setitem(threads._state, "applied", None)
+    monkeypatch.setitem(threads._state, "choice", None)
     torch.set_num_threads(threads.startup_threads())
     yield
     torch.set_num_threads(before)
@@ -69,6 +72,40 @@ def test_configure_applies_logs_once_and_a_share_stands(fresh, caplog):
     threads.share(2, 2, "a worker's half")
     assert threads.configure(0, 10**6) is None  # a rollout worker loading its model keeps its share
     assert torch.get_num_threads() == 2
+
+
+def test_the_ranks_of_a_multi_process_run_share_the_cores_and_use_the_count_logged(fresh, monkeypatch, caplog):
+    """The process that starts the ranks divides the free cores among them and hands its count down through
+    ``OMP_NUM_THREADS`` (which Lightning's launcher would otherwise set after klear's line); a rank started with
+    it logs the same count and says whose choice it is, and `current` is what the report records."""
+    monkeypatch.setattr(threads, "usable_cores", lambda: 8)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 2.0)
+    assert threads.current() is None
+    with caplog.at_level(logging.INFO, logger="klear.runtime.threads"):
+        choice = threads.configure(0, 10**8, processes=2)
+    assert choice.threads == 3 and choice.reason.endswith(", 2 processes of this run")  # (8 - 2) / 2
+    assert torch.get_num_threads() == 3 and caplog.records[0].getMessage().startswith(choice.line())
+    assert threads.current() == choice and choice.record() == {"threads": 3, "cores": 8, "reason": choice.reason}
+    assert (threads.os.environ["OMP_NUM_THREADS"], threads.os.environ[threads.HANDED_DOWN]) == (
+        "3",
+        f"3 {choice.reason}",
+    )
+    rank = threads.choose(0, 10**8, processes=2)  # what a started rank decides from the environment it inherits
+    assert (rank.threads, rank.reason) == (3, f"chosen by the process that started this rank: {choice.reason}")
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")  # a user's own count is theirs, not klear's
+    assert threads.choose(0, 10**8, processes=2).reason == "OMP_NUM_THREADS=5 set in the environment"
+
+
+def test_a_users_own_mkl_cbwr_is_kept():
+    env = {**os.environ, "MKL_CBWR": "COMPATIBLE"}
+    code = "import os, klear; print(os.environ['MKL_CBWR'])"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "COMPATIBLE"
+
+
+def test_a_single_process_run_leaves_the_environment_alone(fresh):
+    threads.configure(1, 10**6)
+    assert "OMP_NUM_THREADS" not in threads.os.environ and threads.HANDED_DOWN not in threads.os.environ
 
 
 def test_busy_cores_sees_a_busy_process_and_not_this_one(fresh):

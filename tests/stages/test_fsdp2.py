@@ -5,6 +5,9 @@ Each multi-process run is the real CLI in a subprocess (Lightning launches the s
 never inside the pytest process. The one-process baseline runs in-process with the default strategy.
 """
 
+import json
+import re
+
 import pytest
 
 from klear.fit import main
@@ -76,8 +79,17 @@ def test_sft_on_two_ranks_matches_one_process(tmp_path):
 
 
 def test_rl_on_two_ranks_matches_one_process(rl_one_process, tmp_path):
-    run_two_ranks([*RL, "trainer.max_steps=4", f"output_dir={tmp_path}"])
+    """Without ``OMP_NUM_THREADS``: klear divides the cores between the two ranks, each rank logs the count it
+    computes with, the same one, and the run's summary.json records it (as torch still had it at the end)."""
+    log = fit_in_subprocess([*RL, "trainer.max_steps=4", f"output_dir={tmp_path}", *SHARDED], omp_threads=None)
     assert_same_metrics(rl_one_process, tmp_path)
+    first, started = re.findall(r"CPU threads: (\d+) of (\d+) cores \((.*)\)", log)
+    threads, cores, reason = first
+    assert reason.startswith("auto: ") and reason.endswith(", 2 processes of this run")
+    assert started == (threads, cores, f"chosen by the process that started this rank: {reason}")
+    assert 1 <= int(threads) <= max(1, int(cores) // 2)
+    recorded = json.loads((tmp_path / "summary.json").read_text())["cpu_threads"]
+    assert recorded == {"threads": int(threads), "cores": int(cores), "reason": reason}
     assert_same_weights(rl_one_process, tmp_path)
     rows = read_metrics(tmp_path / "metrics.csv")
     assert all(float(row["rollout/logprob_gap"]) < 1e-4 for row in rows[:4])  # the engine got the gathered weights

@@ -117,8 +117,9 @@ class TrainerConfig:
     """Save a resumable checkpoint every this many steps (and at the end); 0 only at the end."""
     progress_bar: bool = True
     cpu_threads: int = at_least(0, 0)
-    """torch's CPU threads; 0: chosen by klear from the free cores and the model's size, logged at start
-    (``OMP_NUM_THREADS`` in the environment wins over both; docs/performance.md#cpu-threads)."""
+    """torch's CPU threads; 0: chosen by klear from the free cores and the model's size, logged at start and
+    recorded in ``report.md`` and ``summary.json`` (``OMP_NUM_THREADS`` in the environment wins over both). The
+    numbers do not depend on it (docs/performance.md#cpu-threads)."""
 
 
 @dataclass

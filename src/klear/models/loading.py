@@ -125,10 +125,11 @@ def load_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(config: ModelConfig, on_cuda: bool = False, cpu_threads: int = 0) -> PreTrainedModel:
+def load_model(config: ModelConfig, on_cuda: bool = False, cpu_threads: int = 0, processes: int = 1) -> PreTrainedModel:
     """The causal LM of ``config.path`` in the configured dtype, in train mode. Every command loads its model here,
     so this is where torch's CPU threads are chosen, by the model's size (`klear.runtime.threads`; ``cpu_threads``:
-    ``trainer.cpu_threads`` or ``--threads``, 0 = chosen by klear)."""
+    ``trainer.cpu_threads`` or ``--threads``, 0 = chosen by klear; ``processes``: the run's processes on this
+    machine, ``trainer.devices``, which share its cores)."""
     with memory.phase("load"):
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model_path(config.path),
@@ -139,5 +140,5 @@ def load_model(config: ModelConfig, on_cuda: bool = False, cpu_threads: int = 0)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    threads.configure(cpu_threads, sum(parameter.numel() for parameter in model.parameters()))
+    threads.configure(cpu_threads, sum(parameter.numel() for parameter in model.parameters()), processes)
     return model.train()

@@ -1,5 +1,6 @@
-"""The report card of one run: ``report.md`` and ``curves.png`` in its ``output_dir``, so that a run explains
-itself without a notebook (the habit is nanochat's).
+"""The report card of one run: ``report.md``, ``curves.png`` and ``summary.json`` in its ``output_dir``, so that a
+run explains itself without a notebook (the habit is nanochat's), and a script reads its outcome without parsing
+the console.
 
 Everything is read back from the run directory, ``metrics.csv`` and ``data_report.json``, plus the resolved
 config, so the same function reports a finished run, an interrupted one (whatever steps it logged) and one that
@@ -65,8 +66,9 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
 def write_run_report(
     output_dir: Path, config: DictConfig, wall_seconds: float, status: str = "finished", first_step: int = 0
 ) -> list[Path]:
-    """Write ``report.md`` and ``curves.png`` (when any panel has data) into ``output_dir``; return the files written.
-    Each is written whole or not at all; a figure that cannot be written raises once ``report.md`` (without it) is.
+    """Write ``report.md``, ``summary.json`` and ``curves.png`` (when any panel has data) into ``output_dir``; return
+    the files written. Each is written whole or not at all; a figure that cannot be written raises once ``report.md``
+    and ``summary.json`` (without it) are.
 
     ``status`` says how the run ended (``finished``, ``interrupted at step N``, ``stopped: <reason>``);
     ``wall_seconds`` is the time of this invocation, which began at ``first_step`` (a resumed run's checkpoint).
@@ -87,12 +89,47 @@ def write_run_report(
             failed, panels = error, []
     if not panels:
         curves.unlink(missing_ok=True)  # a figure of an earlier run in this directory would contradict the report
-    report = output_dir / "report.md"
-    text = _markdown(output_dir, config, rows, wall_seconds, status, first_step, bool(panels))
+    from klear.runtime.threads import current
+
+    choice = current()
+    threads = None if choice is None else choice.record()
+    report, summary = output_dir / "report.md", output_dir / "summary.json"
+    text = _markdown(output_dir, config, rows, wall_seconds, status, first_step, bool(panels), threads)
     written(report, lambda path: path.write_text(text))
+    record = _summary(config, rows, wall_seconds, status, first_step, threads)
+    written(summary, lambda path: path.write_text(json.dumps(record, indent=2) + "\n"))
     if failed is not None:
         raise failed
-    return [report, curves] if panels else [report]
+    return [report, summary, curves] if panels else [report, summary]
+
+
+def _summary(
+    config: DictConfig, rows: list, wall: float, status: str, first_step: int, threads: dict | None
+) -> dict[str, object]:
+    """``summary.json``: how the run ended, its final metrics and the CPU threads it computed with, and why."""
+    evals = accuracy_course(rows)
+    best = max(evals, key=lambda item: item[1]) if evals else None
+    return {
+        "stage": config.stage,
+        "status": status,
+        "steps": steps_logged(rows),
+        "max_steps": config.trainer.max_steps,
+        "first_step": first_step,
+        "wall_seconds": round(wall, 3),
+        "cpu_threads": threads,
+        "eval_accuracy": None
+        if best is None
+        else {"first": evals[0][1], "final": evals[-1][1], "best": best[1], "best_step": best[0]},
+        "final": {key: value if math.isfinite(value) else None for key, value in _last_values(rows).items()},
+    }
+
+
+def _last_values(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's last logged value (evaluations and updates are logged in rows of their own), and its step."""
+    last: dict[str, float] = {}
+    for row in rows:
+        last.update({key: value for key, value in row.items() if key != "step"})
+    return {**last, "step": rows[-1]["step"]} if rows else last
 
 
 def written(path: Path, write) -> None:
@@ -133,7 +170,14 @@ def steps_logged(rows: list[dict[str, float]]) -> int:
 
 
 def _markdown(
-    output_dir: Path, config: DictConfig, rows: list, wall: float, status: str, first_step: int, curves: bool
+    output_dir: Path,
+    config: DictConfig,
+    rows: list,
+    wall: float,
+    status: str,
+    first_step: int,
+    curves: bool,
+    threads: dict | None = None,
 ) -> str:
     steps = steps_logged(rows)
     rate = (steps - first_step) / wall if wall > 0 else math.nan
@@ -153,6 +197,8 @@ def _markdown(
     lines += [f"| `{key}` | {value} |" for key, value in _settings(config)] + [""]
     throughput = [(name, key, [row[key] for row in rows if key in row]) for key, name in THROUGHPUT.items()]
     lines += ["## Speed", "", "| | |", "|---|---|", f"| wall time | {duration(wall)} |", f"| steps/s | {rate:.3g} |"]
+    if threads is not None:
+        lines.append(f"| CPU threads | {threads['threads']} of {threads['cores']} cores ({threads['reason']}) |")
     lines += [
         f"| {n} (`{k}`, median of {len(v)}) | {statistics.median(v):,.0f} tokens/s |" for n, k, v in throughput if v
     ]

@@ -4,24 +4,31 @@
 ``klear.eval``, ``klear.data curate`` and the rollout worker all pass through it. In order:
 
 1. ``OMP_NUM_THREADS`` in the environment wins (torch reads it at start-up; the line says so, and that a requested
-   count is ignored);
+   count is ignored), unless klear itself set it for the ranks of a multi-process run (see below);
 2. a count the caller set with ``torch.set_num_threads`` before, in the same process (Python API use), is kept;
 3. a requested count (``trainer.cpu_threads``, ``--threads``) > 0 is used as it is;
 4. ``0`` (auto): the cores this process may use (``os.sched_getaffinity``, capped by the cgroup CPU quota in
    ``cpu.max`` or ``cpu.cfs_quota_us``), minus the cores other processes keep busy right now (sampled from
-   ``/proc/stat`` over `SAMPLE_S`, this process's own CPU time left out; elsewhere the 1-minute load average), at
-   least 1 and at most one thread per `PARAMETERS_PER_THREAD` parameters (never fewer than 2).
+   ``/proc/stat`` over `SAMPLE_S`, this process's own CPU time left out; elsewhere the 1-minute load average),
+   shared among the run's processes on this machine, at least 1 and at most one thread per
+   `PARAMETERS_PER_THREAD` parameters (never fewer than 2).
 
 Why: a parallel op waits for its slowest thread. On a core another process also wants, each thread runs only
 every few milliseconds, and a small model's step is thousands of short ops, so a run with a thread per core
 beside busy processes became 5-25x slower instead of about 2x (docs/performance.md, `tools/bench_contention.py`).
 The interop pool gets the same count; torch allows that only once per process, before parallel work.
 
+The count does not change the numbers: a seeded run gives the same metrics at 1 and at 2 threads, so following
+the load costs no repeatability (`tests/stages/test_determinism.py`). The one kernel that summed in an order set
+by the thread count, PyTorch's CPU attention for a decoding step, is replaced by `klear.models.attention`.
+
+A multi-process CPU run (``trainer.devices`` > 1) chooses once, in the process that starts the others, and hands
+its count to them through ``OMP_NUM_THREADS`` (Lightning's launcher would otherwise set its own count after
+klear's line was logged): each rank computes with the count the line names.
+
 The choice is made once per process and request: a later `configure` with the same request keeps it (and logs
-nothing), so reloading a model never re-samples the load. One INFO line says what was chosen and why.
-A seeded run repeats exactly at one thread count; another count sums some products in another order (MKL splits
-long reductions between threads), so its numbers differ in the last digits and, over many steps, a sampled token
-may differ too. To repeat a run's numbers exactly on another load, pin the count (``trainer.cpu_threads``).
+nothing), so reloading a model never re-samples the load. One INFO line says what was chosen and why; `current`
+returns it for the run's ``report.md`` and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ PARAMETERS_PER_THREAD = 100_000
 """Parameters per thread beyond 2 threads: the tiny model's 128-wide matrices give a third thread little work."""
 CGROUP_V2 = Path("/sys/fs/cgroup/cpu.max")
 CGROUP_V1 = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+HANDED_DOWN = "KLEAR_CPU_THREADS"
+"""Set beside ``OMP_NUM_THREADS`` by the process that starts a multi-process run: ``<count> <reason>``."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +66,23 @@ class ThreadChoice:
     def line(self) -> str:
         return f"CPU threads: {self.threads} of {self.cores} cores ({self.reason})"
 
+    def record(self) -> dict[str, object]:
+        """As ``report.md`` and ``summary.json`` record it."""
+        return {"threads": self.threads, "cores": self.cores, "reason": self.reason}
 
-_state: dict[str, object] = {"request": None, "applied": None}
-"""The last request `configure` served and the thread count it applied (None: never)."""
+
+_state: dict[str, object] = {"request": None, "applied": None, "choice": None}
+"""The last request `configure` served, the thread count it applied and the choice it logged (None: never)."""
+
+
+def current() -> ThreadChoice | None:
+    """The thread count this process computes with and why, as last logged (None before any model was loaded)."""
+    choice = _state["choice"]
+    if choice is not None and choice.threads != torch.get_num_threads():
+        return ThreadChoice(
+            torch.get_num_threads(), choice.cores, f"set by torch.set_num_threads after: {choice.reason}"
+        )
+    return choice
 
 
 def startup_threads() -> int:
@@ -108,45 +131,54 @@ def _busy_ticks(cpus: set[str]) -> int:
     return total
 
 
-def choose(requested: int, parameters: int) -> ThreadChoice:
-    """The thread count for a model of ``parameters`` given ``requested`` (0: auto); see the module docstring."""
+def choose(requested: int, parameters: int, processes: int = 1) -> ThreadChoice:
+    """The thread count for a model of ``parameters`` given ``requested`` (0: auto), for each of ``processes`` that
+    the run starts on this machine; see the module docstring."""
     if requested < 0:
         raise ValueError(f"CPU threads must be >= 0 (0: chosen by klear), got {requested}")
     cores = usable_cores()
     ignored = f"; the requested {requested} is ignored" if requested else ""
-    if os.environ.get("OMP_NUM_THREADS", "").strip():
-        value = os.environ["OMP_NUM_THREADS"].strip()
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    handed, _, why = os.environ.get(HANDED_DOWN, "").partition(" ")
+    if value and handed == value:
+        return ThreadChoice(int(value), cores, f"chosen by the process that started this rank: {why}")
+    if value:
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"OMP_NUM_THREADS must be a whole number >= 1, got {value!r}: fix or unset it")
         return ThreadChoice(int(value), cores, f"OMP_NUM_THREADS={value} set in the environment{ignored}")
-    current = torch.get_num_threads()
-    if current not in (startup_threads(), _state["applied"]):
-        return ThreadChoice(current, cores, f"set by torch.set_num_threads before{ignored}")
+    set_before = torch.get_num_threads()
+    if set_before not in (startup_threads(), _state["applied"]):
+        return ThreadChoice(set_before, cores, f"set by torch.set_num_threads before{ignored}")
     if requested:
         return ThreadChoice(requested, cores, "as requested")
     busy = busy_cores()
     cap = max(2, parameters // PARAMETERS_PER_THREAD)
-    threads = max(1, min(cap, math.floor(cores - busy + 0.5)))
+    threads = max(1, min(cap, math.floor((cores - busy) / processes + 0.5)))
     why = f"auto: {busy:.1f} of them busy with other processes, {parameters / 1e6:.2f}M parameters"
+    why += f", {processes} processes of this run" if processes > 1 else ""
     return ThreadChoice(threads, cores, why + (f" (at most {cap} threads)" if threads == cap < cores else ""))
 
 
-def configure(requested: int, parameters: int) -> ThreadChoice | None:
+def configure(requested: int, parameters: int, processes: int = 1) -> ThreadChoice | None:
     """Choose and apply the thread count (see `choose`) and log it; None when this request was already served, or
-    when this process computes with a `share` (a rollout worker), which stands."""
+    when this process computes with a `share` (a rollout worker), which stands. With ``processes`` > 1 (the ranks
+    a multi-process CPU run starts on this machine) the count is each rank's and is handed down to the ranks."""
     served = _state["request"] == requested or _state["request"] == "share"
     if served and torch.get_num_threads() == _state["applied"]:
         return None
-    choice = choose(requested, parameters)
+    choice = choose(requested, parameters, processes)
     apply(choice)
     _state["request"] = requested
+    if processes > 1 and not os.environ.get("OMP_NUM_THREADS", "").strip():
+        os.environ["OMP_NUM_THREADS"] = str(choice.threads)  # the ranks started from here inherit both
+        os.environ[HANDED_DOWN] = f"{choice.threads} {choice.reason}"
     return choice
 
 
 def apply(choice: ThreadChoice) -> None:
     """Set torch's threads to ``choice`` (and the interop pool's, when this process still allows it); log it."""
     torch.set_num_threads(choice.threads)
-    _state["applied"] = choice.threads
+    _state["applied"], _state["choice"] = choice.threads, choice
     note = ""
     if torch.get_num_interop_threads() != choice.threads:
         try:

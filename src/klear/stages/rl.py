@@ -88,7 +88,12 @@ class RLModule(StageModule):
         )
         self.tokenizer = tokenizer
         self.reward = reward
-        self.model = load_model(config.model, on_cuda=policy_on_cuda(config), cpu_threads=config.trainer.cpu_threads)
+        self.model = load_model(
+            config.model,
+            on_cuda=policy_on_cuda(config),
+            cpu_threads=config.trainer.cpu_threads,
+            processes=config.trainer.devices,
+        )
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if config.algorithm.kl_coef else None
         policy_update = PolicyUpdate(self.objective, UpdateSettings.from_config(config), reference=self.reference)
         self.updates = StepUpdate(policy_update, StepPlan.from_config(config), tokenizer.pad_token_id)

@@ -53,7 +53,12 @@ class SFTModule(StageModule):
         super().__init__(config)
         self.save_hyperparameters({"config": OmegaConf.to_container(config, resolve=True)})
         self.tokenizer = tokenizer
-        self.model = load_model(config.model, on_cuda=policy_on_cuda(config), cpu_threads=config.trainer.cpu_threads)
+        self.model = load_model(
+            config.model,
+            on_cuda=policy_on_cuda(config),
+            cpu_threads=config.trainer.cpu_threads,
+            processes=config.trainer.devices,
+        )
         self.eval_problems = eval_problems
         self.scorer = RewardScorer(reward)  # the evaluation's reward (eval.reward)
         self._eval_engine: RolloutEngine | None = None
