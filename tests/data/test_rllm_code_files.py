@@ -2,7 +2,8 @@
 read as they are: rows of our own in that exact layout (tests as a value, as JSON text, as a Python literal with
 single quotes; unparseable and empty tests as counted bad rows, never run), the published files when they are
 beside the checkout (row counts; LeetCode's published solutions score 1), and the commands a user types on such a
-file (``klear.data show``, ``klear.eval --completions``)."""
+file (``klear.data show``, ``klear.eval --completions`` with each sample's reason, a short ``klear.fit`` with
+``reward/code_timeouts`` per source)."""
 
 import gzip
 import json
@@ -14,7 +15,10 @@ from klear.data.code_layouts import literal_tests, rllm_shape_source
 from klear.data.problems import Task, load_problems
 from klear.rewards.routing import routed_reward, unrouted
 from tests.published import PUBLISHED, require
+from tests.runs import read_metrics
 from tests.test_commands import klear
+
+ROOT = Path(__file__).parents[2]
 
 LEETCODE_CHECK = (
     "def check(candidate):\n    assert candidate(nums = [1,2,3]) == 6\n    assert candidate(nums = [5]) == 5\n\n\n"
@@ -147,8 +151,13 @@ def test_show_and_eval_read_such_a_file_as_users_type_them(tmp_path):
         (7, "no tests: 'tests' is empty"),
         (8, "no tests: 'tests' is empty"),
     ]
-    gen = [{"completions": [right, WRONG]} for right in RIGHT] + [{"completions": ["", ""]}] * 4
-    (tmp_path / "gen.jsonl").write_text("".join(json.dumps(line) + "\n" for line in gen))
+    burner = "```python\nwhile True:\n    pass\n```"  # over its CPU limit on the first test
+    gen = [
+        {"completions": [right, wrong]} for right, wrong in zip(RIGHT, [WRONG, burner, "no code", WRONG], strict=True)
+    ]
+    (tmp_path / "gen.jsonl").write_text(
+        "".join(json.dumps(line) + "\n" for line in gen + [{"completions": ["", ""]}] * 4)
+    )
     klear(
         "klear.eval",
         "--data",
@@ -163,4 +172,41 @@ def test_show_and_eval_read_such_a_file_as_users_type_them(tmp_path):
     )
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert (summary["problems"], summary["rows_skipped"], summary["avg@k"]) == (4, 4, 0.5)
-    assert sorted(summary["by_source"]) == ["code_contests", "codeforces", "leetcode"]
+    assert (summary["reward_timeouts"], summary["reward_code_timeouts"]) == (0, 1)
+    assert {source: row["reward_code_timeouts"] for source, row in summary["by_source"].items()} == {
+        "code_contests": 1,
+        "codeforces": 0,
+        "leetcode": 0,
+    }
+    results = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert [[sample["reason"] for sample in record["samples"]] for record in results] == [
+        ["passed", "wrong_answer"],
+        ["passed", "timeout"],
+        ["passed", "no_code"],
+        ["passed", "wrong_answer"],
+    ]
+    assert results[1]["samples"][1]["score"] == 0.0 and results[1]["samples"][1]["status"] == "ok"
+    assert "| code timeouts (programs over their CPU limits) | 1 |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_short_rl_run_trains_on_such_a_file_and_logs_code_timeouts_per_source(tmp_path):
+    write_rows(tmp_path / "codeforces.json", ROWS)
+    data = ["data.train=codeforces.json", "data.eval=codeforces.json", "eval.num_prompts=4", "eval.samples=1"]
+    short = ["rollout.prompts_per_step=4", "rollout.group_size=2", "rollout.max_new_tokens=48", "trainer.max_steps=2"]
+    short += ["trainer.checkpoint_every_n_steps=2", "algorithm.mini_batch_prompts=2", "reward.options.timeout=0.5"]
+    klear(
+        "klear.fit", "--config", str(ROOT / "configs" / "rl_code.yaml"), "output_dir=out", *data, *short, cwd=tmp_path
+    )
+    rows = [row for row in read_metrics(tmp_path / "out" / "metrics.csv") if row.get("reward/mean")]
+    report = json.loads((tmp_path / "out" / "data_report.json").read_text())
+    assert (report["train"]["layout"]["name"], report["train"]["problems"], report["train"]["skipped"]) == (
+        "rllm-code",
+        4,
+        4,
+    )
+    assert len(rows) == 2
+    for row in rows:  # every source of the step: its own count, and they add up to the step's
+        sources = [key.removeprefix("reward/mean/") for key in row if key.startswith("reward/mean/") and row[key]]
+        assert sources and set(sources) <= {"codeforces", "code_contests", "leetcode"}
+        counts = [float(row[f"reward/code_timeouts/{source}"]) for source in sources]
+        assert float(row["reward/code_timeouts"]) == sum(counts) >= 0
