@@ -27,6 +27,7 @@ END_TO_END: dict[str, str] = {
     "eval/test_completions.py": "runs `klear.eval` main()",
     "eval/test_eval.py": "runs `klear.eval` main()",
     "data/test_published_rows.py": "runs `klear.eval` main()",
+    "data/test_rllm_code_files.py": "runs programs in the sandbox, `klear.data show` and `klear.eval` in subprocesses",
     "prep/test_code_tests.py": "runs `klear.data` main()",
     "prep/test_command_files.py": "runs `python -m klear.data` in subprocesses",
     "prep/test_curate.py": "runs `klear.data` main() and a subprocess",

@@ -266,6 +266,10 @@ def test_the_verl_layout_run_routes_math_and_code_rows_to_their_verifiers(tmp_pa
     assert 0 <= float(first["reward/mean/math_longcot_math_verify"]) <= 1
     means = [float(row["reward/mean/coder1_longcot"]) for row in rows if row.get("reward/mean/coder1_longcot")]
     assert means and all(value == 0.0 for value in means)
+    # the code rows' programs ran out of time nowhere (there were none), and only code sources get the column
+    timeouts = [row["reward/code_timeouts/coder1_longcot"] for row in rows if row.get("reward/mean/coder1_longcot")]
+    assert timeouts and all(float(value) == 0.0 for value in timeouts)
+    assert "reward/code_timeouts/math_longcot_math_verify" not in first
     report = json.loads((output / "data_report.json").read_text())
     assert report["train"]["layout"]["name"] == "verl" and report["train"]["problems"] == 80
     assert report["train"]["sources"] == {"coder1_longcot": 40, "math_longcot_math_verify": 40}

@@ -210,6 +210,10 @@ assert "gppo" in list_objectives()
         ("tests/test_commands.py::test_the_verl_layout_run_routes_math_and_code_rows_to_their_verifiers",),
         "with fewer rows and steps; the cat and python -c lines done by the test",
     ),
+    ("docs/data-formats.md", "python -m klear.data show leetcode.json"): Covered(
+        ("tests/data/test_rllm_code_files.py::test_show_and_eval_read_such_a_file_as_users_type_them",),
+        "on a leetcode.json of our own rows in rllm's layout, with its gen.jsonl",
+    ),
     # docs/evaluation.md
     ("docs/evaluation.md", "python -m klear.eval --model tiny-sft "): Covered(
         (

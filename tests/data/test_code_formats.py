@@ -320,6 +320,6 @@ def test_code_rows_detects_each_format_and_reports_bad_rows_by_line(tmp_path):
     converted = code_rows(numbered, str(path), bad)
     assert converted == [code_row(rows[0]), humaneval_row(rows[1]), mbpp_row(rows[2])]
     assert [(b.line, b.reason.split(" (")[0]) for b in bad] == [
-        (4, "not a LiveCodeBench, HumanEval, MBPP, LeetCodeDataset, TACO/APPS or CodeContests row"),
+        (4, "not a LiveCodeBench, HumanEval, MBPP, LeetCodeDataset, TACO/APPS, CodeContests or rllm code row"),
         (5, "functional tests but metadata has no func_name naming a function"),
     ]

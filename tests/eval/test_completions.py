@@ -69,7 +69,7 @@ def test_saved_completions_are_scored_by_each_rows_verifier(tmp_path, capsys):
     assert summary["avg@k"] == pytest.approx(4 / 8) and summary["n"] == 2 and summary["model"] is None
     assert summary["layout"]["name"] == "verl" and summary["layout"]["source"] == "data_source"
     assert summary["by_source"] == {
-        "coder1_longcot": {"problems": 2, "samples": 4, "avg@k": 0.75, "pass@k": 1.0},
+        "coder1_longcot": {"problems": 2, "samples": 4, "avg@k": 0.75, "pass@k": 1.0, "reward_code_timeouts": 0},
         "math_longcot_math_verify": {"problems": 2, "samples": 4, "avg@k": 0.25, "pass@k": 0.5},
     }
     printed = capsys.readouterr().out

@@ -42,18 +42,20 @@ def test_the_program_runs_as_a_module_not_as_main(reward: CodeReward) -> None:
 
 
 def test_a_check_that_reads_stdin_or_hangs_fails_alone(reward: CodeReward) -> None:
-    tests = [*HUMANEVAL, {"code": "x = input()"}, {"code": "import time\ntime.sleep(60)"}, *HUMANEVAL]
+    tests = [*HUMANEVAL, {"code": "x = input()"}, {"code": "while True:\n    pass"}, *HUMANEVAL]
     outcome = reward.evaluate(program(ADD), tests)
     assert outcome.score == 0.5
-    assert outcome.detail == "2/4 passed (error: 1, passed: 2, timeout: 1)"  # EOFError on stdin; the deadline
+    assert outcome.detail == (  # EOFError on stdin; the CPU limit
+        "2/4 passed (error: 1, passed: 2, timeout: 1); first error: EOFError: EOF when reading a line"
+    )
 
 
 def test_a_crashing_program_is_an_error(reward: CodeReward) -> None:
     assert reward.evaluate(program("def add(a, b):\n    return a + b\n1 / 0"), HUMANEVAL).detail == (
-        "0/1 passed (error: 1)"
+        "0/1 passed (error: 1); first error: ZeroDivisionError: division by zero"
     )
     assert reward.evaluate(program("def sub(a, b):\n    return a - b"), HUMANEVAL).detail == (
-        "0/1 passed (error: 1)"  # NameError: the check calls add
+        "0/1 passed (error: 1); first error: NameError: name 'add' is not defined"  # the check calls add
     )
 
 
@@ -98,7 +100,8 @@ ABS_CHECK = [{"code": "assert abs(add(1, 2) - 3) < 1e-9\nassert abs(add(-1, 1)) 
 
 @pytest.mark.parametrize("body", EARLY_EXITS.values(), ids=EARLY_EXITS.keys())
 def test_leaving_before_the_check_finished_is_an_error(reward: CodeReward, body: str) -> None:
-    assert reward.evaluate(program(body), HUMANEVAL).detail == "0/1 passed (error: 1)"
+    detail = reward.evaluate(program(body), HUMANEVAL).detail  # with the last line of stderr, where it wrote one
+    assert detail.split("; first error: ")[0] == "0/1 passed (error: 1)"
 
 
 @pytest.mark.parametrize("body", TAMPERING.values(), ids=TAMPERING.keys())

@@ -59,7 +59,7 @@ def test_hard_mode_stops_after_a_hanging_test() -> None:
     outcome = hard.evaluate(program("while True:\n    pass"), ADD_STDIO)
     assert outcome.score == 0.0
     assert outcome.detail == "0/3 passed (not_run: 2, timeout: 1)"
-    assert time.monotonic() - start < 2.5  # one test's timeout, not three
+    assert time.monotonic() - start < 10 + 2.5  # one test's wall-clock backstop, not three
 
 
 def test_a_hanging_test_fails_alone(reward: CodeReward) -> None:

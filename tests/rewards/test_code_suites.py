@@ -66,6 +66,11 @@ def test_a_suite_is_accepted_unchanged_and_a_list_still_works(reward: CodeReward
         ({"tests": {"input": "1"}}, "non-empty list of dicts .*got dict"),
         ({"tests": [{"code": "pass"}], "prelude": 3}, "'prelude' must be a str"),
         ({"tests": [{"code": "pass"}], "prelude": "import ("}, "code test suite: 'prelude' does not compile"),
+        (
+            {"tests": [{"code": "pass"}], "prelude": "import heapq\nfrom klear_absent_module.sub import SortedList"},
+            r"code test suite: the 'prelude' imports klear_absent_module, not installed in this Python: every program "
+            r"would fail its tests \(pip install klear_absent_module\)",
+        ),
         ({"tests": [{"code": "pass"}], "timeout": 0}, "'timeout' must be a positive number of seconds, got 0"),
         ({"tests": [{"code": "pass"}], "timeout": "5"}, "'timeout' must be a positive number"),
         ({"tests": [{"code": "pass"}], "timeout": True}, "'timeout' must be a positive number"),
@@ -102,7 +107,9 @@ def test_the_prelude_runs_before_the_program_for_every_kind(reward: CodeReward) 
     code = "from __future__ import annotations\ndef greet() -> str:\n    return GREETING\nprint(greet())"
     suite = {"tests": tests, "prelude": "GREETING = 'hi'"}
     assert reward.evaluate(program(code), suite).detail == "4/4 passed (passed: 4)"
-    assert reward.evaluate(program(code), {"tests": tests}).detail == "0/4 passed (error: 4)"  # NameError
+    assert reward.evaluate(program(code), {"tests": tests}).detail == (
+        "0/4 passed (error: 4); first error: NameError: name 'GREETING' is not defined"
+    )
 
 
 def test_the_program_keeps_its_line_numbers_after_a_prelude(reward: CodeReward) -> None:
@@ -208,7 +215,7 @@ def test_a_suite_timeout_replaces_the_per_test_timeout_and_scales_the_budget() -
     assert slow(program("import time\ntime.sleep(0.5)\nprint('done')"), patient) == 1.0
     budgeted = get_reward("code", timeout=1.0, total_timeout=2.0)  # budget: two timeouts
     sleepy = {"tests": [{"input": str(i), "output": str(i)} for i in range(3)], "timeout": 0.25}
-    outcome = budgeted.evaluate(program("import time\ntime.sleep(60)"), sleepy)
+    outcome = budgeted.evaluate(program("while True:\n    pass"), sleepy)
     assert outcome.detail == "0/3 passed (timeout: 2), 1 not run: the completion's 0.5 s budget was spent"
 
 

@@ -78,7 +78,7 @@ def test_math_is_correct_through_the_checker_and_not_after_a_timeout() -> None:
 
 def test_code_is_correct_when_every_test_passes() -> None:
     code = get_reward("code", timeout=2.0)
-    assert code.evaluate(DOUBLE, TESTS) == RewardOutcome(1.0, "ok", "2/2 passed (passed: 2)", correct=True)
+    assert code.evaluate(DOUBLE, TESTS) == RewardOutcome(1.0, "ok", "2/2 passed (passed: 2)", True, "passed")
     partial = code.evaluate(FOUR, TESTS)
     assert (partial.score, partial.correct) == (0.5, False)
     assert code.evaluate("no code", TESTS).correct is False

@@ -130,7 +130,7 @@ def test_code_scores_non_text_as_the_empty_completion(code: CodeReward, completi
 def test_bytes_are_decoded(math: MathReward, code: CodeReward) -> None:
     assert math.evaluate(b"\\boxed{42}", "42").score == 1.0
     assert math.evaluate(b"\xff\xfe \\boxed{42}", "42").score == 1.0  # undecodable bytes are replaced
-    assert code.evaluate(CODE.encode(), DOUBLE) == RewardOutcome(1.0, "ok", "1/1 passed (passed: 1)")
+    assert code.evaluate(CODE.encode(), DOUBLE) == RewardOutcome(1.0, "ok", "1/1 passed (passed: 1)", reason="passed")
 
 
 def test_non_text_is_counted_like_any_completion() -> None:

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from klear.rewards import CodeReward, detect_isolation, get_reward
+from klear.rewards.sandbox import WALL_FACTOR
 
 TIMEOUT = 1.0
-DEADLINE = TIMEOUT + 2.0  # one test's timeout, plus Python start-up and namespace set-up on a loaded machine
+STARTUP = 2.0  # Python start-up and namespace set-up on a loaded machine
 NAMESPACES = detect_isolation().mode == "namespaces"
 needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="no namespace isolation on this machine")
 needs_containment = pytest.mark.skipif(
@@ -34,11 +35,12 @@ def reward() -> CodeReward:
 
 
 def run(reward: CodeReward, body: str, expected: str = "pwned") -> tuple[float, str]:
-    """Score ``body`` against one stdin/stdout test; assert it came back in time; (score, test detail)."""
+    """Score ``body`` against one stdin/stdout test; assert it came back in time (within the wall-clock backstop of
+    one test's CPU limit: a busy machine slows a program that computes); (score, test detail)."""
     start = time.monotonic()
     outcome = reward.evaluate(f"```python\n{body}\n```", [{"input": "", "output": expected}])
     seconds = time.monotonic() - start
-    assert seconds < DEADLINE, f"the sandbox took {seconds:.2f}s"
+    assert seconds < WALL_FACTOR * reward.limits.timeout + STARTUP, f"the sandbox took {seconds:.2f}s"
     assert outcome.status == "ok", outcome.detail  # the harness itself survived and reported
     return outcome.score, outcome.detail
 
@@ -96,7 +98,9 @@ def test_flood_of_stdout(reward: CodeReward) -> None:
     assert run(reward, "while True:\n    print('x' * 1000)") == flooded
 
 
-def test_sleeping_past_the_limit(reward: CodeReward) -> None:
+def test_sleeping_past_the_wall_clock_backstop() -> None:
+    """A program that waits uses no CPU time: the wall-clock backstop (`WALL_FACTOR` CPU limits) stops it."""
+    reward = get_reward("code", timeout=0.2)
     assert run(reward, "import time\ntime.sleep(60)\nprint('pwned')") == (0.0, "0/1 passed (timeout: 1)")
 
 
@@ -184,7 +188,7 @@ def test_killing_its_parent_and_everyone_else(reward: CodeReward) -> None:
         "os.kill(-1, signal.SIGKILL)"  # everything it may signal, itself included
     )
     score, detail = run(reward, attack)  # asserts the harness survived (status "ok")
-    assert (score, detail) == (0.0, "0/1 passed (error: 1)")  # it killed itself, nothing else
+    assert (score, detail.split("; first error: ")[0]) == (0.0, "0/1 passed (error: 1)")  # it killed itself alone
     assert run(reward, "print('pwned')")[0] == 1.0  # and the sandbox still works
 
 

@@ -23,7 +23,8 @@ rows by default. `code_row` picks the converter from the row's fields; `code_row
 - LeetCodeDataset (``newfacade/LeetCodeDataset``, the source of Code-R1's and rllm's LeetCode rows): its
   ``query`` is the prompt, and one test program ``test + check(entry_point)`` runs after the solution with the
   row's ``prompt`` (the dataset's import prelude) as the suite's prelude.
-- TACO / APPS and CodeContests rows as their publishers ship them are read by `klear.data.code_layouts`.
+- TACO / APPS and CodeContests rows as their publishers ship them, and rllm's raw code files, are read by
+  `klear.data.code_layouts`.
 - MBPP (``mbpp`` full, ``text`` / ``test_setup_code``, or sanitized, ``prompt`` / ``test_imports``): one
   ``{"code": setup + assert}`` test per entry of ``test_list``; the prompt is MBPP's own ("here is your task:
   ... Your code should pass these tests"), shortened to the first assert, which shows the function's name and
@@ -53,7 +54,14 @@ from collections.abc import Callable
 from datetime import date
 from typing import Any
 
-from klear.data.code_layouts import code_contests_row, is_code_contests, is_taco_apps, taco_apps_row
+from klear.data.code_layouts import (
+    code_contests_row,
+    is_code_contests,
+    is_rllm_code,
+    is_taco_apps,
+    rllm_code_row,
+    taco_apps_row,
+)
 from klear.data.readers import BadRow
 
 MAX_DECOMPRESSED_BYTES = 512 << 20
@@ -113,7 +121,7 @@ def code_row(row: dict) -> dict:
     """``row`` as a klear code row by whichever layout of `CONVERTERS` its fields match."""
     name = benchmark_layout(row)
     if name is None:
-        kinds = "LiveCodeBench, HumanEval, MBPP, LeetCodeDataset, TACO/APPS or CodeContests"
+        kinds = "LiveCodeBench, HumanEval, MBPP, LeetCodeDataset, TACO/APPS, CodeContests or rllm code"
         raise ValueError(f"not a {kinds} row (fields: {sorted(row)})")
     return CONVERTERS[name][1](row)
 
@@ -341,6 +349,7 @@ CONVERTERS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], dict]]] = {
     "leetcodedataset": (is_leetcodedataset, leetcodedataset_row),
     "taco-apps": (is_taco_apps, taco_apps_row),
     "code-contests": (is_code_contests, code_contests_row),
+    "rllm-code": (is_rllm_code, rllm_code_row),
 }
 """Layout name -> (does a row have it, its converter), tried in this order: the code sets read whole."""
 

@@ -18,6 +18,10 @@ shape differently, by the row's data source:
   "type"}]``; LeetCode ``{"functional": "def check(candidate): ... check(Solution().f)"}``; KodCode a pytest file;
   HumanEval+ a test program (``inputs = [...]`` and its checks). Every program gets the import prelude, as rllm's
   runners prepend theirs; over `RLLM_MAX_TESTS` tests, the ones with the shortest inputs are kept, as rllm does.
+- rllm's raw test files (``rllm/data/test/code/*.json``: a JSON list of ``{"problem", "tests", "solutions"?}``),
+  read whole by `rllm_code_row`: ``tests`` is one of the layouts above (Codeforces' list, CodeContests' dict,
+  LeetCode's ``functional``), or that value written as text (JSON, or a Python literal with single quotes, parsed
+  by `literal_tests` and never run); the row's rllm source is told from the shape of its tests.
 - klear's own tests (a list of ``{"input", "output"}``, ``{"fn_name", "args", "expected"}``, ``{"code"}``, or a
   suite ``{"tests", ...}``) pass through unchanged.
 
@@ -27,6 +31,7 @@ skipped at load time with its file and line.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 from typing import Any
@@ -48,6 +53,8 @@ RLLM_SOURCES = (
 RLLM_MAX_TESTS = 32
 """rllm runs at most this many tests of a problem: those with the shortest inputs."""
 _SUITE_KEYS = ("timeout", "max_test_cases")
+MAX_TESTS_CHARS = 64 << 20
+"""Longest ``tests`` text `literal_tests` parses (Python's literal parser needs many times its input in memory)."""
 CODE_R1_MAX_TESTS = 16
 """Code-R1 samples this many stdin tests or test programs per completion when a row sets no ``max_test_cases``."""
 
@@ -230,3 +237,68 @@ def code_contests_row(row: dict) -> dict:
     if not tests:
         raise ValueError("no tests: public_tests, private_tests and generated_tests are all empty")
     return {"problem": description.strip(), "answer": tests}
+
+
+def is_rllm_code(row: dict) -> bool:
+    """Whether ``row`` is a row of rllm's raw code files (``problem`` and ``tests``, no ``answer``)."""
+    return "problem" in row and "tests" in row and "answer" not in row
+
+
+def rllm_code_row(row: dict) -> dict:
+    """A row of rllm's raw code files as ``{"problem", "answer", "data_source"}``: the tests as a value (read by
+    `literal_tests` when they are text) and the rllm source their shape names (`rllm_shape_source`), through which
+    `code_reference` reads them and the row routes to rllm's scoring."""
+    problem = row.get("problem")
+    if not isinstance(problem, str) or not problem.strip():
+        raise ValueError("no text field 'problem'")
+    tests = literal_tests(row["tests"])
+    return {"problem": problem, "answer": tests, "data_source": rllm_shape_source(tests)}
+
+
+def literal_tests(value: Any) -> Any:
+    """``value`` when it is not text; text holding a JSON value or a Python literal (``"[{'input': ...}]"``) parsed
+    without running anything (`ast.literal_eval` builds literals only), up to `MAX_TESTS_CHARS` characters.
+    ValueError for empty tests and for text that is neither."""
+    if _empty(value):
+        raise ValueError("no tests: 'tests' is empty")
+    if not isinstance(value, str):
+        return value
+    if len(value) > MAX_TESTS_CHARS:
+        raise ValueError(f"'tests' is {len(value)} characters of text, over the {MAX_TESTS_CHARS} this reader parses")
+    text = value.strip()
+    with contextlib.suppress(json.JSONDecodeError, RecursionError):
+        return json.loads(text)
+    try:
+        parsed = ast.literal_eval(text)
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as error:
+        reason = error.msg if isinstance(error, SyntaxError) else type(error).__name__
+        reason = "it holds names or calls, not only literals" if isinstance(error, ValueError) else reason
+        raise ValueError(f"'tests' is text that is neither JSON nor a Python literal ({reason})") from None
+    if _empty(parsed):
+        raise ValueError("no tests: 'tests' is empty")
+    return parsed
+
+
+def _empty(value: Any) -> bool:
+    return (
+        value is None
+        or (isinstance(value, str) and not value.strip())
+        or (isinstance(value, list | dict) and not value)
+    )
+
+
+def rllm_shape_source(tests: Any) -> str:
+    """The rllm source whose test file has ``tests``' shape: ``leetcode`` (``{"functional"}``), ``code_contests``
+    (``{"inputs", "outputs"}``, which rllm checks as TACO's and APPS'), ``livecodebench`` (tests with
+    ``testtype``), ``primeintellect`` (with ``type``), ``codeforces`` (other lists of tests). ValueError otherwise."""
+    if isinstance(tests, dict):
+        if "functional" in tests:
+            return "leetcode"
+        if "inputs" in tests and "outputs" in tests:
+            return "code_contests"
+        raise ValueError(f"tests with keys {sorted(tests)[:8]} are not a test layout of rllm's code files")
+    if isinstance(tests, list) and tests and all(isinstance(test, dict) for test in tests):
+        if "testtype" in tests[0]:
+            return "livecodebench"
+        return "primeintellect" if "type" in tests[0] else "codeforces"
+    raise ValueError(f"tests are a {type(tests).__name__}, not a list of tests or a test layout of rllm's code files")

@@ -4,8 +4,9 @@ Publishers lay out the same thing (a problem and what checks its answer) in a do
 they are: `detect_layout` recognises a file's layout from its first row, and `Layout.extract` takes each row's
 prompt, reference and source through it. The layouts, in the order they are tried:
 
-- ``livecodebench``, ``humaneval``, ``mbpp``, ``leetcodedataset``, ``taco-apps``, ``code-contests``: code sets as
-  their publishers ship them, converted whole (`klear.data.code_formats.CONVERTERS`).
+- ``livecodebench``, ``humaneval``, ``mbpp``, ``leetcodedataset``, ``taco-apps``, ``code-contests``, ``rllm-code``:
+  code sets as their publishers ship them, converted whole (`klear.data.code_formats.CONVERTERS`); rllm's raw
+  files keep a ``data_source`` (their tests' shape names it) that routes them to rllm's rules.
 - ``verl``: verl's RL rows (Klear-Reasoner, DAPO-Math-17k, Skywork-OR1, rllm's code sets, ...): ``prompt`` a list
   of chat messages, ``reward_model.ground_truth`` the reference (often a JSON string), ``data_source`` (else
   ``ability``) the source that picks the verifier (`klear.rewards.routing`).
@@ -116,6 +117,9 @@ def _detect(row: dict) -> Layout | None:
     from klear.data.code_formats import benchmark_layout
 
     name = benchmark_layout(row)
+    if name == "rllm-code":  # the tests as a value, and the rllm source their shape names (routes to rllm's rules)
+        note = "rllm's raw code file: tests given as text are parsed as JSON or a Python literal, never run"
+        return Layout(name, "problem", "answer", "data_source", reward="code", note=note)
     if name is not None:  # converted whole by `klear.data.code_formats.code_row`
         return Layout(name, "problem", "answer", reward="code", note=f"converted from the {name} layout")
     source = "data_source" if "data_source" in row else ""

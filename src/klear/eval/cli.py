@@ -5,8 +5,9 @@ the paper's protocol (temperature 0.6, top-p 0.95), each is scored by a verifiab
 correct when the reward says so (math: its final answer is equivalent to the reference; code: it passes every
 test), whatever the reward's score values (see :mod:`klear.eval.metrics` for the estimators). The output
 directory gets ``results.jsonl`` (one line per problem: its row index in the data, text, reference, every
-sample's text, score, correctness, reward status, length and finish reason, and the problem's correct count, avg
-and pass@k), ``summary.json`` and ``summary.md``; the summary table is also printed.
+sample's text, score, correctness, reward status, length and finish reason, with the reward's reason where it gives
+one, such as the code reward's ``wrong_answer`` or ``timeout``, and the problem's correct count, avg and pass@k),
+``summary.json`` and ``summary.md``; the summary table is also printed.
 
 The kind of data decides the reward unless ``--reward`` names one (a registered name or
 ``package.module:Attribute``): rows with ``problem`` and an ``answer`` text are math, scored on the final
@@ -245,7 +246,7 @@ def records_of(
     for problem, row in zip(problems, samples, strict=True):
         part = scores.slice(start, start + len(row))
         start += len(row)
-        records.append(problem_record(problem, row, part.raw, part.statuses, part.correct, k))
+        records.append(problem_record(problem, row, part.raw, part.statuses, part.correct, k, part.reasons))
     return records
 
 

@@ -59,13 +59,17 @@ def problem_record(
     statuses: Sequence[str],
     correct: Sequence[bool],
     k: int,
+    reasons: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One line of ``results.jsonl``: the problem (``line`` of its data row, prompt, reference and, when the row has
     one, its ``source``), every sample (with its score, status and whether it is ``correct``, as the reward decided;
-    ``length`` and ``finish_reason`` are None for saved completions), and the problem's correct count, avg and
-    pass@k."""
-    samples = [
-        {
+    ``length`` and ``finish_reason`` are None for saved completions; ``reason``, where the reward gives one: the
+    code reward's ``passed``, ``wrong_answer``, ``timeout``, ``error``, ...), and the problem's correct count, avg
+    and pass@k."""
+    reasons = list(reasons) or [""] * len(rollouts)
+    samples = []
+    for rollout, score, status, flag, reason in zip(rollouts, scores, statuses, correct, reasons, strict=True):
+        sample = {
             "text": rollout.text,
             "score": score,
             "correct": bool(flag),
@@ -73,8 +77,7 @@ def problem_record(
             "length": rollout.length if isinstance(rollout, SavedCompletion) else len(rollout.response_ids),
             "finish_reason": rollout.finish_reason,
         }
-        for rollout, score, status, flag in zip(rollouts, scores, statuses, correct, strict=True)
-    ]
+        samples.append({**sample, "reason": reason} if reason else sample)
     n, c = len(samples), sum(sample["correct"] for sample in samples)
     record = {"line": problem.line, "problem": problem.prompt, "reference": problem.plain_reference}
     if problem.source:
@@ -83,9 +86,10 @@ def problem_record(
 
 
 def summarize(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
-    """avg@k, pass@k (and pass@j for `reported_ks`), response lengths and reward failures of ``records``; with
-    ``by_source`` (problems, samples, avg@k, pass@k per data source) when the records carry sources. Lengths are
-    None for saved completions (no tokenizer counted them)."""
+    """avg@k, pass@k (and pass@j for `reported_ks`), response lengths and reward failures of ``records``
+    (``reward_code_timeouts``: samples whose programs ran out of time, reason ``timeout``); with ``by_source``
+    (problems, samples, avg@k, pass@k per data source, and ``reward_code_timeouts`` for the sources the code reward
+    scored) when the records carry sources. Lengths are None for saved completions (no tokenizer counted them)."""
     samples = [sample for record in records for sample in record["samples"]]
     statuses = [sample["status"] for sample in samples]
     pass_at = {str(j): _mean([pass_at_k(r["n"], r["correct"], j) for r in records]) for j in reported_ks(k)}
@@ -101,6 +105,7 @@ def summarize(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
         "truncated_frac": _mean([reason == "length" for reason in reasons]) if reasons else None,
         "reward_timeouts": statuses.count("timeout"),
         "reward_errors": statuses.count("error"),
+        "reward_code_timeouts": _code_timeouts(samples),
     }
     sources = sorted({record["source"] for record in records if "source" in record})
     if sources:
@@ -110,13 +115,20 @@ def summarize(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
 
 def _source_summary(records: Sequence[dict[str, Any]], source: str, k: int) -> dict[str, Any]:
     mine = [record for record in records if record.get("source") == source]
-    samples = [sample["correct"] for record in mine for sample in record["samples"]]
-    return {
+    samples = [sample for record in mine for sample in record["samples"]]
+    summary = {
         "problems": len(mine),
         "samples": len(samples),
-        "avg@k": _mean(samples),
+        "avg@k": _mean([sample["correct"] for sample in samples]),
         "pass@k": _mean([pass_at_k(r["n"], r["correct"], k) for r in mine]),
     }
+    if any("reason" in sample for sample in samples):  # the code reward scored them
+        summary["reward_code_timeouts"] = _code_timeouts(samples)
+    return summary
+
+
+def _code_timeouts(samples: Sequence[dict[str, Any]]) -> int:
+    return sum(sample.get("reason") == "timeout" for sample in samples)
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
@@ -153,6 +165,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
             ("truncated", f"{summary['truncated_frac']:.1%} (at {summary['max_new_tokens']} new tokens)"),
         ]
     rows.append(("reward timeouts / errors", f"{summary['reward_timeouts']} / {summary['reward_errors']}"))
+    rows.append(("code timeouts (programs over their CPU limits)", f"{summary['reward_code_timeouts']}"))
     if not saved:
         rows.append(("sampling", f"{summary['sampling_s']:.1f} s ({summary['sampled_tokens_per_s']:.0f} tokens/s)"))
     rows += [("scoring", f"{summary['scoring_s']:.1f} s"), ("wall time", f"{summary['wall_s']:.1f} s")]

@@ -49,12 +49,16 @@ class RewardOutcome:
             every test passed). None (default) applies the convention of plain reward functions: ``status`` is
             ``"ok"`` and ``score >= CORRECT_SCORE``. Once built it is always a bool; a timeout or an error is never
             correct (``correct=True`` with another status raises ValueError).
+        reason: one word for the verdict, where the reward gives one (the code reward: `klear.rewards.code_reward.
+            REASONS`, e.g. ``passed``, ``wrong_answer``, ``timeout``); "" otherwise. ``klear.eval`` writes it in
+            ``results.jsonl``, and ``reward/code_timeouts`` counts the samples whose reason is ``timeout``.
     """
 
     score: float
     status: Status = "ok"
     detail: str = ""
     correct: bool | None = None
+    reason: str = ""
 
     def __post_init__(self) -> None:
         if self.correct is None:

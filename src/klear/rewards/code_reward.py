@@ -27,10 +27,13 @@ reward: the soft score (the paper's choice) is ``wrong + (correct - wrong) * pas
 ``correct`` only when every test passes, else ``wrong``, and then stops at the first test that crashes, times
 out or fails its check. A completion without a code block, or whose sandbox broke or overran (status "error" /
 "timeout"), scores ``wrong``; a broken ``<think>`` layout scores the `ThinkFormat` penalty first, when
-configured. The outcome is correct exactly when every (sampled) test passed, whatever the score values. One
-completion gets ``total_timeout`` seconds for all its tests (default ``3 * timeout``; a suite's own ``timeout``
-scales it by the same ratio): tests not started when it is spent fail as ``not_run``, so a program that sleeps
-costs a few timeouts, not one per test. A malformed reference raises ValueError (a dataset bug, not model
+configured. The outcome is correct exactly when every (sampled) test passed, whatever the score values. Time is
+CPU time, so a busy machine never fails a correct program: ``timeout`` is a test's CPU seconds, and one completion
+gets ``total_timeout`` CPU seconds for all its tests (default ``3 * timeout``; a suite's own ``timeout`` scales it by
+the same ratio): tests not started when it is spent fail as ``not_run``, so a program that loops costs a few
+timeouts, not one per test; a program that waits without computing is stopped by the sandbox's wall-clock backstop
+(`klear.rewards.sandbox.WALL_FACTOR` times those limits). Each outcome's ``reason`` (`REASONS`) says why it is not
+correct. A malformed reference raises ValueError (a dataset bug, not model
 output; `CodeReward.check_reference` finds it before training). `CodeReward.evaluate_batch` runs the completions
 of a batch on ``workers`` threads, each waiting on its own sandbox process.
 """
@@ -51,6 +54,13 @@ from klear.rewards.sandbox import IsolationLevel, SandboxLimits, SandboxRun, det
 from klear.rewards.shaping import ThinkFormat
 
 TOTAL_TIMEOUTS = 3  # the default budget of one completion, in per-test timeouts
+REASONS = ("passed", "timeout", "error", "output_limit", "wrong_answer", "no_code", "format")
+"""Each outcome's `RewardOutcome.reason`: every test ``passed``; else, of the tests that did not pass, the first
+kind in this order: a test over its CPU limit, past the wall-clock backstop or left unrun when the budget was
+spent (``timeout``; also a sandbox that overran as a whole), a crash or a sandbox that broke (``error``), too much
+output (``output_limit``), a wrong output or a failed check (``wrong_answer``); or no ```python block
+(``no_code``), or the ``<think>`` format penalty (``format``)."""
+_FAILURES = {"timeout": "timeout", "not_run": "timeout", "error": "error", "output_limit": "output_limit"}
 
 
 @register_reward("code")
@@ -60,15 +70,16 @@ class CodeReward(Reward):
 
     Args:
         hard: all-or-nothing reward (``correct`` or ``wrong``) instead of the soft score.
-        timeout: wall-clock seconds per test (a suite's ``timeout`` overrides it for its problem).
+        timeout: CPU seconds per test (a suite's ``timeout`` overrides it for its problem); 10 times as many
+            seconds of wall time stop a program that waits (`klear.rewards.sandbox.WALL_FACTOR`).
         memory_mb: address-space limit of the program (the prelude's imports count: pandas takes ~350 MB).
         max_output_bytes: stdout (or return value) larger than this fails the test.
         max_processes: process-count limit (enforced when klear runs as root; see `sandbox`).
         isolation: ``"auto"`` (namespaces when available, else a logged warning and process-level limits),
             ``"namespaces"`` (error when unavailable) or ``"none"``.
-        total_timeout: wall-clock seconds for all the tests of one completion; tests not started when it is
-            spent fail as ``not_run``. None (default): ``3 * timeout``. Raise it for test suites whose correct
-            solutions need more than that in total.
+        total_timeout: CPU seconds for all the tests of one completion; tests not started when it is spent (or
+            10 times it on the wall clock) fail as ``not_run``. None (default): ``3 * timeout``. Raise it for test
+            suites whose correct solutions need more than that in total.
         workers: threads `evaluate_batch` scores completions on (each waits on one sandbox process); 0
             (default): the number of CPUs this process may use.
         correct: score when every test passes (the top of the soft scale).
@@ -117,24 +128,26 @@ class CodeReward(Reward):
         suite = parse_suite(reference)
         penalty = self.format.penalty(completion)
         if penalty is not None:
-            return RewardOutcome(penalty, "ok", "format penalty", correct=False)
+            return RewardOutcome(penalty, "ok", "format penalty", correct=False, reason="format")
         code = last_code_block(after_reasoning(completion))
         if code is None:
-            return RewardOutcome(self.wrong, "ok", "no ```python block after the reasoning", correct=False)
+            detail = "no ```python block after the reasoning"
+            return RewardOutcome(self.wrong, "ok", detail, correct=False, reason="no_code")
         limits, budget = self.limits, self.total_timeout
         if suite.timeout is not None:  # the problem's own per-test time, and the budget scaled alike
             limits, budget = replace(limits, timeout=suite.timeout), budget * (suite.timeout / limits.timeout)
         options = {"stop_on_failure": self.hard, "total_timeout": budget, "prelude": suite.prelude}
         run = run_sandboxed(code, suite.jobs, suite.expected, limits, self.isolation, **options)
         if run.status != "ok":
-            return RewardOutcome(self.wrong, run.status, run.detail, correct=False)
+            return RewardOutcome(self.wrong, run.status, run.detail, correct=False, reason=run.status)
         passed = run.tests.count("passed")
         solved = passed == len(suite.jobs)
         if self.hard:
             score = self.correct if solved else self.wrong
         else:  # with the defaults (1, 0) exactly passed / n, as before the score options existed
             score = self.wrong + (self.correct - self.wrong) * passed / len(suite.jobs)
-        return RewardOutcome(score, "ok", self._describe(run, passed, suite, budget), correct=solved)
+        detail = self._describe(run, passed, suite, budget)
+        return RewardOutcome(score, "ok", detail, correct=solved, reason=_reason_of(run, solved))
 
     def _describe(self, run: SandboxRun, passed: int, suite: Suite, budget: float) -> str:
         """ "2/3 passed (passed: 2, wrong: 1)", with the sample and the tests the budget left out named apart."""
@@ -145,7 +158,9 @@ class CodeReward(Reward):
         detail = f"{passed}/{len(run.tests)} passed" + (f" ({'; '.join(parts)})" if parts else "")
         if not_run:
             detail += f", {not_run} not run: the completion's {budget:g} s budget was spent"
-        return detail
+        crash = next((tail for status, tail in zip(run.tests, run.stderr, strict=True) if status == "error"), "")
+        last = next((line.strip() for line in reversed(crash.splitlines()) if line.strip()), "")
+        return detail + (f"; first error: {last}" if last else "")
 
     def evaluate_batch(
         self, completions: Sequence[object], references: Sequence[Any], failure_reward: float | None = None
@@ -161,6 +176,15 @@ class CodeReward(Reward):
             return [future.result() for future in futures]
         finally:  # after an exception, the items not started yet are dropped rather than run for nothing
             executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _reason_of(run: SandboxRun, solved: bool) -> str:
+    """The outcome's `REASONS` entry, from its tests' statuses (a ``not_run`` counts when the budget was spent)."""
+    if solved:
+        return "passed"
+    statuses = {status for status in run.tests if status != "not_run" or run.budget_spent}
+    failures = {_FAILURES.get(status, "wrong_answer") for status in statuses - {"passed"}}
+    return next((reason for reason in REASONS if reason in failures), "wrong_answer")
 
 
 def available_cpus() -> int:

@@ -5,7 +5,9 @@ A reference is a non-empty list of tests, or a suite dict ``{"tests": [...], "pr
 
 - ``prelude``: Python source run in the program's namespace before the program, for every test kind (the
   imports the published sets assume, `klear.rewards.code_prelude`). It is compiled on its own, so the program
-  keeps its line numbers and may start with ``from __future__`` imports.
+  keeps its line numbers and may start with ``from __future__`` imports. Every module it imports at its top level
+  must be installed in this Python (LeetCodeDataset's imports ``sortedcontainers``): a prelude that would fail in
+  every test, scoring correct programs wrong, is refused here, so such rows are skipped at load with why.
 - ``timeout``: seconds per test for this problem, in place of the reward's ``timeout``; the reward's
   ``total_timeout`` is scaled by the same ratio.
 - ``max_test_cases`` (>= 1) and ``seed`` (default 0): a suite with more tests than that runs the subset
@@ -34,6 +36,8 @@ Anything else raises ValueError with one line naming the test (or the suite key)
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.util
 import json
 import math
@@ -85,6 +89,12 @@ def parse_suite(reference: Any) -> Suite:
         raise ValueError(f"code test suite: 'prelude' must be a str of Python source, got {type(prelude).__name__}")
     if prelude:
         _compile(prelude, "code test suite: 'prelude'")
+        missing = _missing_imports(prelude)
+        if missing:
+            raise ValueError(
+                f"code test suite: the 'prelude' imports {', '.join(missing)}, not installed in this Python: every "
+                f"program would fail its tests (pip install {' '.join(missing)})"
+            )
     timeout = reference.get("timeout")
     if timeout is not None and not (_is_number(timeout) and math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"code test suite: 'timeout' must be a positive number of seconds, got {timeout!r}")
@@ -98,6 +108,18 @@ def parse_suite(reference: Any) -> Suite:
         chosen = sorted(random.Random(seed).sample(range(total), most))
         jobs, expected = [jobs[i] for i in chosen], [expected[i] for i in chosen]
     return Suite(jobs, expected, total, prelude, None if timeout is None else float(timeout))
+
+
+@functools.lru_cache(maxsize=64)
+def _missing_imports(prelude: str) -> tuple[str, ...]:
+    """The top-level modules ``prelude`` imports (outside any block) that this Python cannot find."""
+    names = []
+    for node in ast.parse(prelude).body:
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.split(".")[0])
+    return tuple(sorted({name for name in names if importlib.util.find_spec(name) is None}))
 
 
 def parse_tests(reference: Any) -> tuple[list[dict[str, Any]], list[Any]]:

@@ -14,7 +14,7 @@ function is wrapped by `as_reward`; the code reward runs its threads there) and 
 (`_settle`), so an exception, a NaN or a non-number gives the same score, status and count either way.
 The pool's ``timeout`` should exceed the reward's own (math: ``timeout`` + 1 s; code: its ``total_timeout``,
 by default 3 x the per-test ``timeout``, + ~10 s): the reward's own limit then fires first and the worker
-survives.
+survives. The pool's is wall-clock time and the code reward's CPU time, so on a busy machine leave more room.
 
 Each worker is a process that builds the reward once and then scores one item at a time. The parent sends the
 next item to an idle worker and watches the clock: a worker that has not answered ``timeout`` seconds after it
@@ -52,28 +52,31 @@ _STARTUP_TIMEOUT = 120.0  # importing torch/sympy in a fresh process on a loaded
 _MAX_STARTUP_DEATHS = 3  # consecutive workers killed while starting before the pool gives up
 
 
-Settled = tuple[str, float, bool]
-"""An item's (status, score, correct) once scored."""
+Settled = tuple[str, float, bool, str]
+"""An item's (status, score, correct, reason) once scored."""
 
 
 @dataclass(frozen=True)
 class BatchResult:
     """Scores in input order, how many items timed out or failed, each item's status and whether it is correct
-    (the reward's `RewardOutcome.correct`; never for an item that timed out or failed)."""
+    (the reward's `RewardOutcome.correct`; never for an item that timed out or failed), and each item's
+    `RewardOutcome.reason` ("" where the reward gives none or the pool stopped it; not compared: a diagnostic)."""
 
     scores: list[float]
     timeouts: int
     errors: int
     statuses: list[str] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list, compare=False)
 
     @classmethod
     def of(cls, settled: Sequence[Settled]) -> BatchResult:
         """The result of items settled in input order."""
-        statuses = [status for status, _, _ in settled]
-        scores = [score for _, score, _ in settled]
-        correct = [flag for _, _, flag in settled]
-        return cls(scores, statuses.count("timeout"), statuses.count("error"), statuses, correct)
+        statuses = [status for status, _, _, _ in settled]
+        scores = [score for _, score, _, _ in settled]
+        correct = [flag for _, _, flag, _ in settled]
+        reasons = [reason for _, _, _, reason in settled]
+        return cls(scores, statuses.count("timeout"), statuses.count("error"), statuses, correct, reasons)
 
     def metrics(self, prefix: str = "reward/") -> dict[str, float]:
         return {f"{prefix}timeouts": float(self.timeouts), f"{prefix}errors": float(self.errors)}
@@ -123,7 +126,7 @@ class RewardPool:
             return self._score(list(completions), list(references))
 
     def _score(self, completions: list[str], references: list[Any]) -> BatchResult:
-        settled: list[Settled] = [("error", self.failure_reward, False)] * len(completions)
+        settled: list[Settled] = [("error", self.failure_reward, False, "")] * len(completions)
         pending = deque(range(len(completions)))
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (item, deadline)
         while pending or busy:
@@ -147,10 +150,10 @@ class RewardPool:
                         _, *answer = worker.connection.recv()
                         settled[item] = tuple(answer)
                     except (EOFError, OSError):  # the worker died: segfault, OOM kill, os._exit in the reward
-                        settled[item] = ("error", self.failure_reward, False)
+                        settled[item] = ("error", self.failure_reward, False, "")
                         self._replace(slot)
                 elif time.monotonic() >= deadline:
-                    settled[item] = ("timeout", self.failure_reward, False)
+                    settled[item] = ("timeout", self.failure_reward, False, "")
                     self._replace(slot)
                 else:
                     continue
@@ -241,12 +244,13 @@ def score_batch(
 
 
 def _settle(outcome: RewardOutcome, failure_reward: float) -> Settled:
-    """An item's (status, score, correct): a score that is NaN, inf or not a number is an error scored
+    """An item's (status, score, correct, reason): a score that is NaN, inf or not a number is an error scored
     ``failure_reward``; only an item whose status stays ``"ok"`` can be correct."""
     score = _number(outcome.score)
     valid = score is not None and math.isfinite(score)
     status = outcome.status if valid or outcome.status != "ok" else "error"
-    return status, (score if valid else failure_reward), bool(outcome.correct) and valid and status == "ok"
+    correct = bool(outcome.correct) and valid and status == "ok"
+    return status, (score if valid else failure_reward), correct, outcome.reason if valid else ""
 
 
 class _Worker:

@@ -3,8 +3,10 @@
 `run_sandboxed` starts `sandbox_harness` (which runs every test of one program, see its docstring) and
 enforces an outer deadline on the whole run by killing its process group. What confines the program:
 
-- always: a fresh process group per run and per test, wall-clock deadline per test (and for the whole run)
-  with SIGKILL of the group, rlimits on CPU time, address space, file size and open files, stdout/stderr
+- always: a fresh process group per run and per test, a CPU-time limit per test (and a CPU budget for the whole
+  run) with a wall-clock backstop `WALL_FACTOR` times as long (SIGKILL of the group), so that a correct program
+  is never failed because the machine is busy; rlimits on CPU time, address space, file size and open files,
+  stdout/stderr
   read under a size cap, an environment with nothing of the parent's (no tokens, no proxies), a fresh
   temporary working directory removed afterwards, and every leftover process killed after each test;
 - ``namespaces`` isolation (Linux, `unshare` from util-linux): new network namespace (no interface but a
@@ -44,11 +46,16 @@ HARNESS = str(Path(__file__).with_name("sandbox_harness.py"))
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 _NAMESPACE_FLAGS = ("--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc")
 IsolationLevel = Literal["auto", "namespaces", "none"]
+WALL_FACTOR = 10.0
+"""The wall-clock backstop, in CPU limits: a test is stopped after this many times its CPU seconds of wall time
+(a program that sleeps or blocks uses none), and a run after this many times its CPU budget. A program that gets
+a tenth of a core still finishes; at a twentieth, the load is what needs fixing."""
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-program limits. ``timeout`` is per test (wall clock; the CPU-time rlimit is one second more)."""
+    """Per-program limits. ``timeout`` is CPU seconds per test (user + system time of the program, whatever the
+    machine's load; `WALL_FACTOR` times as much wall time stops a program that waits)."""
 
     timeout: float = 5.0
     memory_mb: int = 512
@@ -169,10 +176,11 @@ def run_sandboxed(
     is unused: the source's own asserts decide). ``prelude`` is Python source run in the program's namespace
     before it, for every test.
     ``stop_on_failure`` skips the remaining tests after the first that crashes, times out or fails a code
-    test's check (all-or-nothing scoring needs no more). ``total_timeout`` is the wall-clock budget of all the
-    tests together: a test gets ``limits.timeout`` or what is left of the budget if less, and tests not started
-    once it is spent are ``not_run``. None: every test may use its whole timeout (``len(tests) *
-    (limits.timeout + 0.5)``). The whole run is killed ``limits.startup_timeout`` seconds after the budget.
+    test's check (all-or-nothing scoring needs no more). ``total_timeout`` is the CPU budget of all the tests
+    together: a test gets ``limits.timeout`` CPU seconds or what is left of the budget if less, and tests not
+    started once it is spent (or once `WALL_FACTOR` times it has passed on the wall clock) are ``not_run``.
+    None: every test may use its whole timeout (``len(tests) * (limits.timeout + 0.5)``). The whole run is
+    killed ``limits.startup_timeout`` seconds after its wall-clock backstop.
     """
     if total_timeout is None:
         total_timeout = len(tests) * (limits.timeout + 0.5)
@@ -186,6 +194,7 @@ def run_sandboxed(
         "tests": tests,
         "timeout": limits.timeout,
         "total_timeout": total_timeout,
+        "wall_factor": WALL_FACTOR,
         "memory_bytes": limits.memory_mb * 2**20,
         "max_output_bytes": limits.max_output_bytes,
         "max_file_bytes": limits.max_file_bytes,
@@ -207,7 +216,7 @@ def run_sandboxed(
             cwd="/",
             start_new_session=True,
         )
-        return _collect(process, payload, total_timeout + limits.startup_timeout)
+        return _collect(process, payload, WALL_FACTOR * total_timeout + limits.startup_timeout)
     except OSError as error:
         return SandboxRun("error", detail=f"could not start the sandbox: {error}")
     finally:

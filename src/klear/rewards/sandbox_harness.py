@@ -8,9 +8,14 @@ fresh process group and, where the OS allows, as PID 1 of new PID/mount/network/
    ``/var/tmp`` and ``/dev/shm``, the work directory ``/tmp/work`` owned by the sandbox uid;
 3. for each test forks a child that sets rlimits (CPU, address space, file size, open files, processes),
    ``no_new_privs``, drops to a random unprivileged uid (when started as root) and execs the program, with
-   stdin fed from the test and stdout/stderr read through pipes under a size cap and a wall-clock deadline
-   (the per-test ``timeout``, cut short by what is left of the job's ``total_timeout``; tests not started
-   when that budget is spent are ``not_run``, and so are the rest after a failure with ``stop_on_failure``);
+   stdin fed from the test and stdout/stderr read through pipes under a size cap. Time is the child's CPU time
+   (user + system), so a busy machine never fails a correct program: the per-test ``timeout``, cut short by
+   what is left of the job's ``total_timeout`` (a CPU budget), is watched from ``/proc`` while the child runs
+   and enforced by ``RLIMIT_CPU`` to the next second, and the CPU time the child used (``wait4``) decides after
+   it exits. A program that waits without computing (sleeps, blocks) is stopped by a wall-clock backstop of
+   ``wall_factor`` times its CPU limit, and the job's tests by ``wall_factor`` times its budget. Tests not
+   started when the budget (or the backstop) is spent are ``not_run``, and so are the rest after a failure
+   with ``stop_on_failure``;
 4. after each test kills every process left (``kill(-1)`` from PID 1; the subreaper walk otherwise), so a
    background grandchild cannot outlive its test or disturb the next one;
 5. only then reads the expected outputs (so they never share memory with a running program, which could
@@ -77,17 +82,21 @@ def main() -> None:
     if job["drop_uid"]:
         info["uid"] = 100_000 + int.from_bytes(os.urandom(4), "big") % 2**30  # its own uid: own NPROC count
         os.chown(workdir, info["uid"], info["uid"])
-    deadline = time.monotonic() + job["total_timeout"]  # the budget of the tests, after the set-up above
+    # The budget of the tests, after the set-up above: CPU seconds, and a wall-clock backstop for waiting programs.
+    cpu_left, wall = job["total_timeout"], job["wall_factor"]
+    deadline = time.monotonic() + wall * job["total_timeout"]
     runs: list[dict[str, Any]] = []
     budget_spent = False
     for test in job["tests"]:
-        if time.monotonic() >= deadline:
+        if cpu_left <= 0 or time.monotonic() >= deadline:
             budget_spent = True
         if budget_spent or (job["stop_on_failure"] and runs and _failed(runs[-1])):
-            runs.append({"status": "not_run", "stdout": b"", "result": b"", "stderr": b"", "token": None})
+            runs.append({"status": "not_run", "stdout": b"", "result": b"", "stderr": b"", "token": None, "cpu": 0.0})
             continue
-        test_deadline = min(deadline, time.monotonic() + job["timeout"])
-        runs.append(_run_test(job, test, workdir, info["uid"], test_deadline))
+        cpu_limit = min(job["timeout"], cpu_left)
+        test_deadline = min(deadline, time.monotonic() + wall * cpu_limit)
+        runs.append(_run_test(job, test, workdir, info["uid"], cpu_limit, test_deadline))
+        cpu_left -= runs[-1]["cpu"]
     expected = _read_message()["expected"]  # only now: no program is running any more
     verdicts = [_verdict(test, run, want) for test, run, want in zip(job["tests"], runs, expected, strict=True)]
     report = {"results": verdicts, "isolation": info, "budget_spent": budget_spent}
@@ -99,7 +108,9 @@ def _failed(run: dict[str, Any]) -> bool:
     return run["status"] != "ok" or (run["token"] is not None and run["result"] != run["token"])
 
 
-def _run_test(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int | None, deadline: float) -> dict:
+def _run_test(
+    job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int | None, cpu_limit: float, deadline: float
+) -> dict:
     stdin_r, stdin_w = os.pipe()  # a pipe even when empty: the child may be given its ownership (see _child)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -108,7 +119,7 @@ def _run_test(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int 
     token = os.urandom(16).hex().encode() if test["kind"] in _CHECKED else None
     pid = os.fork()
     if pid == 0:
-        _child(job, test, workdir, uid, (stdin_r, out_w, err_w, res_w), token)
+        _child(job, test, workdir, uid, (stdin_r, out_w, err_w, res_w), token, cpu_limit)
     for fd in (stdin_r, out_w, err_w, res_w):
         os.close(fd)
     exit_fd = _exit_fd(pid)
@@ -120,24 +131,29 @@ def _run_test(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int 
         stdin_w = -1
     pipes = {out_r: _Capture(job["max_output_bytes"], True), res_r: _Capture(job["max_output_bytes"], True)}
     pipes[err_r] = _Capture(_STDERR_CAP, False)
-    status, exit_status = None, None
-    while exit_status is None and status is None:
+    status, exited = None, None
+    while exited is None and status is None:
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        cpu_left = cpu_limit - _cpu_seconds(pid)
+        if remaining <= 0 or cpu_left <= 0:
             status = "timeout"
             break
+        # CPU time cannot pass faster than the wall clock for one thread: look again once it could be spent.
+        wait = min(remaining, max(cpu_left, 0.01)) if exit_fd is not None else 0.01
         readers = [fd for fd, capture in pipes.items() if not capture.closed]
         readers += [exit_fd] if exit_fd is not None else []
         writers = [stdin_w] if stdin_w >= 0 else []
-        ready_r, ready_w, _ = select.select(readers, writers, [], remaining if exit_fd is not None else 0.01)
+        ready_r, ready_w, _ = select.select(readers, writers, [], wait)
         if ready_w:
             pending, stdin_w = _feed(stdin_w, pending)
         if any(pipes[fd].read(fd) for fd in ready_r if fd in pipes):
             status = "output_limit"
-        exit_status = _poll_exit(pid)
-    if exit_status is None:
+        exited = _poll_exit(pid)
+    if exited is None:
         _kill_group(pid)
-        exit_status = os.waitpid(pid, 0)[1]
+        exited = os.wait4(pid, 0)[1:]
+    exit_status, usage = exited
+    cpu = usage.ru_utime + usage.ru_stime
     _kill_leftovers(job["pid1"])  # now the pipes hold a finite amount: read what is left
     for fd, capture in pipes.items():
         os.set_blocking(fd, False)
@@ -151,8 +167,8 @@ def _run_test(job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int 
         if fd is not None and fd >= 0:
             os.close(fd)
     stdout, result, stderr = (bytes(pipes[fd].data) for fd in (out_r, res_r, err_r))
-    status = status or _status_of(exit_status)
-    return {"status": status, "stdout": stdout, "result": result, "stderr": stderr, "token": token}
+    status = status or ("timeout" if cpu > cpu_limit else _status_of(exit_status))
+    return {"status": status, "stdout": stdout, "result": result, "stderr": stderr, "token": token, "cpu": cpu}
 
 
 class _Capture:
@@ -195,9 +211,26 @@ def _feed(stdin_w: int, pending: bytes) -> tuple[bytes, int]:
     return pending, stdin_w
 
 
-def _poll_exit(pid: int) -> int | None:
-    done, exit_status = os.waitpid(pid, os.WNOHANG)
-    return exit_status if done else None
+def _poll_exit(pid: int) -> tuple[int, Any] | None:
+    """``(exit status, resource usage)`` of ``pid`` once it exited, else None."""
+    done, exit_status, usage = os.wait4(pid, os.WNOHANG)
+    return (exit_status, usage) if done else None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if _LINUX else 100
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) ``pid`` has used so far, from ``/proc`` (0 where it cannot be read: then
+    ``RLIMIT_CPU`` and the CPU time at exit decide)."""
+    if not _LINUX:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def _status_of(exit_status: int) -> str:
@@ -207,7 +240,13 @@ def _status_of(exit_status: int) -> str:
 
 
 def _child(
-    job: dict[str, Any], test: dict[str, Any], workdir: str, uid: int | None, fds: tuple[int, ...], token: bytes | None
+    job: dict[str, Any],
+    test: dict[str, Any],
+    workdir: str,
+    uid: int | None,
+    fds: tuple[int, ...],
+    token: bytes | None,
+    cpu_limit: float,
 ) -> None:
     """The forked child: confine itself, then run the program. Never returns."""
     exit_code = 1
@@ -217,7 +256,7 @@ def _child(
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         os.closerange(len(fds), 65536)
-        _limit_child(job, uid is not None)
+        _limit_child(job, cpu_limit, uid is not None)
         if uid is not None:
             for fd in range(len(fds)):  # our pipes, so that /dev/stdin and /dev/stdout can be reopened
                 os.fchown(fd, uid, uid)
@@ -243,8 +282,8 @@ def _child(
             os._exit(exit_code)
 
 
-def _limit_child(job: dict[str, Any], limit_processes: bool) -> None:
-    cpu = math.ceil(job["timeout"]) + 1
+def _limit_child(job: dict[str, Any], cpu_limit: float, limit_processes: bool) -> None:
+    cpu = math.ceil(cpu_limit)  # SIGXCPU at the next whole second (the harness watches the fraction)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (job["memory_bytes"], job["memory_bytes"]))
     resource.setrlimit(resource.RLIMIT_FSIZE, (job["max_file_bytes"], job["max_file_bytes"]))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from klear.rewards.base import Reward, as_reward, get_reward
@@ -49,6 +49,8 @@ class ScoredRollouts:
         correct: whether each sample solves its problem (the reward's verdict; False for a timeout or an error).
         statuses: each sample's ``ok``, ``timeout`` or ``error``.
         timeouts, errors: samples whose check timed out or failed.
+        reasons: each sample's `RewardOutcome.reason` (the code reward's ``passed``, ``wrong_answer``,
+            ``timeout``, ...; "" where the reward gives none); empty when only verdicts are known.
     """
 
     raw: list[float]
@@ -57,13 +59,24 @@ class ScoredRollouts:
     statuses: list[str]
     timeouts: int
     errors: int
+    reasons: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.raw)
 
-    def metrics(self) -> dict[str, float]:
-        """``reward/timeouts`` and ``reward/errors``, to log."""
-        return {"reward/timeouts": float(self.timeouts), "reward/errors": float(self.errors)}
+    def metrics(self, sources: Sequence[str] | None = None) -> dict[str, float]:
+        """``reward/timeouts`` and ``reward/errors``, to log; when the code reward scored samples (they carry a
+        reason), ``reward/code_timeouts`` too (samples whose programs ran out of time: reason ``timeout``), and with
+        each sample's data source ``reward/code_timeouts/<source>`` for every source it scored."""
+        metrics = {"reward/timeouts": float(self.timeouts), "reward/errors": float(self.errors)}
+        if not any(self.reasons):
+            return metrics
+        metrics["reward/code_timeouts"] = float(self.reasons.count("timeout"))
+        pairs = list(zip(sources, self.reasons, strict=True)) if sources is not None else []
+        for source in sorted({source for source, reason in pairs if source and reason}):
+            timeouts = sum(name == source and reason == "timeout" for name, reason in pairs)
+            metrics[f"reward/code_timeouts/{source}"] = float(timeouts)
+        return metrics
 
     def slice(self, start: int, stop: int) -> ScoredRollouts:
         """Samples ``start`` to ``stop`` (one problem's, say), with their own counts."""
@@ -75,6 +88,7 @@ class ScoredRollouts:
             statuses,
             statuses.count("timeout"),
             statuses.count("error"),
+            self.reasons[start:stop],
         )
 
     @classmethod
@@ -87,6 +101,7 @@ class ScoredRollouts:
             [value for part in parts for value in part.statuses],
             sum(part.timeouts for part in parts),
             sum(part.errors for part in parts),
+            [value for part in parts for value in part.reasons],
         )
 
     @classmethod
@@ -147,7 +162,9 @@ class RewardScorer:
             # float64 result of one operation on float32 values to float32 is the float32 operation's result).
             penalties = [self._penalty(len(rollout.response_ids)) for rollout in rollouts]
             shaped = [_float32(_float32(score) + penalty) for score, penalty in zip(raw, penalties, strict=True)]
-        return ScoredRollouts(raw, shaped, result.correct, result.statuses, result.timeouts, result.errors)
+        return ScoredRollouts(
+            raw, shaped, result.correct, result.statuses, result.timeouts, result.errors, result.reasons
+        )
 
     def score_texts(self, completions: Sequence[str], references: Sequence[Any]) -> ScoredRollouts:
         """The rewards of plain completions (saved ones, with no token counts): not shaped, so the scorer must have
@@ -156,7 +173,9 @@ class RewardScorer:
             raise ValueError("plain completions have no token counts for the overlong penalty: use score(rollouts)")
         result = self._batch(list(completions), list(references))
         raw = result.scores
-        return ScoredRollouts(raw, list(raw), result.correct, result.statuses, result.timeouts, result.errors)
+        return ScoredRollouts(
+            raw, list(raw), result.correct, result.statuses, result.timeouts, result.errors, result.reasons
+        )
 
     def correctness(self, completions: list[str], references: list[Any]) -> list[bool]:
         """Whether each plain completion is correct (the in-training evaluation's scorer)."""

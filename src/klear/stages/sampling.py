@@ -116,8 +116,9 @@ class StepSampler:
                 zero_variance(scored.shaped) if settings.filter_groups else torch.zeros(len(scored), dtype=torch.bool)
             )
             if attempt == 0:
-                counts = sampled.scores.metrics()
-                metrics = rollout_metrics(scored, counts, filtered, sampled.sampling_s, [p.source for p in problems])
+                sources = [problem.source for problem in problems]
+                counts = sampled.scores.metrics([source for source in sources for _ in range(n)])
+                metrics = rollout_metrics(scored, counts, filtered, sampled.sampling_s, sources)
             kept.append(scored.select([i for i in range(len(scored)) if not filtered[i]]))
             if sum(len(part) for part in kept) >= wanted:
                 break
