@@ -112,16 +112,19 @@ class FolderLock:
     def take(cls, path: Path, command: str, what: str, elsewhere: str) -> FolderLock:
         """Hold ``path`` (a lock file; missing folders above it are made, and removed again by ``release(undo)``)
         for ``command``, or raise `FolderInUse`: "``what`` is held by ...; wait for it to end, or ``elsewhere``"."""
-        created = _make_folders(path.parent)
+        created, fd = _make_folders(path.parent), -1
         try:
             fd, stale, reason = _lock(path, what, elsewhere)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(dataclasses.asdict(Holder.of_this_process(command))) + "\n").encode(), 0)
         except BaseException:
+            if fd >= 0:  # locked, but its record could not be written (a full disk): not held
+                path.unlink(missing_ok=True)
+                os.close(fd)
             _remove_folders(created)
             raise
         if stale is not None:
             log.warning("%s: took over the stale hold of %s, %s", what, stale, reason)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(dataclasses.asdict(Holder.of_this_process(command))) + "\n").encode(), 0)
         lock = cls(path, fd, created)
         _held.add(fd)
         lock._refresh.start()
@@ -155,7 +158,7 @@ def _lock(path: Path, what: str, elsewhere: str) -> tuple[int, Holder | None, st
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             locked = _flock(fd, path)
-            if locked and not _same_file(fd, path):  # its holder removed it on release: lock the new one
+            if locked is not None and not _same_file(fd, path):  # its holder removed it on release: try again
                 os.close(fd)
                 continue
             record = Holder.parse(_read(fd))
