@@ -51,6 +51,7 @@ END_TO_END: dict[str, str] = {
     "runtime/test_memory.py": "measures memory in fresh subprocesses",
     "run/test_progress.py": "runs `python -m klear.fit` in a subprocess",
     "run/test_report.py": "runs `klear.fit` main() (a training run)",
+    "run/test_one_writer.py": "runs two commands on one output in subprocesses, and kills one",
     "run/test_resume_checks.py": "resumes runs in subprocesses",
     "run/test_stopping.py": "stops real runs started in subprocesses",
     "runtime/test_threads.py": "starts a busy process and the commands in subprocesses",

@@ -9,7 +9,9 @@ second; the data is checked (every row, before any step) once the model's tokeni
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,6 +19,7 @@ from klear import cli
 from klear.config.load import load_config, read_yaml, save_config
 from klear.errors import UserError, first_line
 from klear.run.directory import RunDir, RunError, remove_path, write_failure
+from klear.run.folder_lock import launching_process
 from klear.run.preflight import preflight
 
 # Keys that may change when a run is resumed; any other difference is refused. `output_dir` differs when a run
@@ -86,14 +89,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.quiet:
             config.trainer.progress_bar = False
         preflight(config)  # the machine, model and data files: before output_dir holds anything
-        run_dir = prepare_run_dir(config, resume=args.resume, overwrite=args.overwrite)
-        module, batches = build_stage(config, run_dir)
-        if args.resume:  # only once every check of the resume passed: a refused resume leaves the run as it was
-            save_config(config, run_dir.config)
+        run_dir, module, batches = start(config, resume=args.resume, overwrite=args.overwrite)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return train(config, run_dir, module, batches, args, argv)
+    try:
+        return train(config, run_dir, module, batches, args, argv)
+    finally:
+        if run_dir.lock is not None:
+            run_dir.lock.release()
 
 
 def set_loudness(quiet: bool, verbose: bool) -> None:
@@ -135,6 +139,8 @@ def train(
             for partial in run_dir.checkpoints.glob("*.tmp"):  # a save cut short: never mistaken for a checkpoint
                 remove_path(partial)
             print(run_summary(run_dir, status, time.perf_counter() - started, first_step, resume), flush=True)
+        if run_dir.lock is not None:  # the exit that follows skips main's release
+            run_dir.lock.release()
 
     stop = SignalStop(forced_exit)
     trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop])
@@ -181,9 +187,40 @@ def report(run_dir: RunDir, config: DictConfig, seconds: float, status: str, fir
         print(f"warning: the run's report was not written: {reason}", file=sys.stderr)
 
 
+def start(config: DictConfig, resume: bool, overwrite: bool) -> tuple[RunDir, object, object]:
+    """Hold ``output_dir`` (the job's first process: `klear.run.folder_lock`), check it against ``--resume`` /
+    ``--overwrite``, build the stage (which checks every data row), and only then write ``config.yaml`` and remove
+    the run ``--overwrite`` replaces. A start refused anywhere on the way leaves ``output_dir`` as it found it: the
+    ``data_report.json`` the build wrote is put back, and a folder the lock made is removed."""
+    first = launching_process()
+    lock = RunDir(config.output_dir).take_lock("klear.fit") if first else None
+    report = RunDir(config.output_dir).data_report
+    kept = report.read_bytes() if lock is not None and report.is_file() else None
+    try:
+        run_dir = check_run_dir(config, resume, overwrite)
+        run_dir.lock = lock
+        module, batches = build_stage(config, run_dir)
+        if first:  # the other ranks write through rank 0
+            begin_run(config, run_dir, resume, overwrite)
+    except BaseException:
+        if lock is not None:
+            put_back(report, kept)
+            lock.release(undo=True)
+        raise
+    return run_dir, module, batches
+
+
 def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir:
+    """`check_run_dir`, then `begin_run`: the run directory of a run built and trained by hand (without the
+    lock and the refused-start guarantees of `start`)."""
+    run_dir = check_run_dir(config, resume, overwrite)
+    begin_run(config, run_dir, resume, overwrite)
+    return run_dir
+
+
+def check_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir:
     """Check the output directory against ``--resume`` / ``--overwrite`` (a resume: that its last checkpoint is
-    complete, before any file of the run is touched) and write ``config.yaml`` (a new run)."""
+    complete and the config changed only in `RESUMABLE_CHANGES`), reading only."""
     run_dir = RunDir(config.output_dir, resume=resume)
     run_dir.check_writable()
     if resume:
@@ -195,16 +232,39 @@ def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir
                 f"only {', '.join(sorted(RESUMABLE_CHANGES))} may change"
             )
     elif run_dir.holds_a_run() and not overwrite:
+        root = str(run_dir.root)
+        if run_dir.last_checkpoint is None:  # --resume would have nothing to continue from
+            raise RunError(
+                f"output_dir {root!r} holds a run that stopped before its first complete checkpoint, so nothing can "
+                f"be resumed; start it again with --overwrite, or set output_dir=..."
+            )
         raise RunError(
-            f"output_dir {str(run_dir.root)!r} already holds a run; continue it with --resume, replace it with "
-            f"--overwrite, or set output_dir=..."
+            f"output_dir {root!r} already holds a run; continue it with --resume, replace it with --overwrite, or "
+            f"set output_dir=..."
         )
-    elif overwrite:
-        for stale in [*run_dir.checkpoints.glob("*.ckpt"), run_dir.metrics, run_dir.data_report]:
-            remove_path(stale)
-    if not resume:  # a resume writes it once the data was checked too (`main`)
-        save_config(config, run_dir.config)
     return run_dir
+
+
+def begin_run(config: DictConfig, run_dir: RunDir, resume: bool, overwrite: bool) -> None:
+    """Write ``config.yaml``; with ``--overwrite``, first remove the checkpoints and ``metrics.csv`` of the run it
+    replaces."""
+    if overwrite and not resume:
+        for stale in [*run_dir.checkpoints.glob("*.ckpt"), run_dir.metrics]:
+            remove_path(stale)
+    save_config(config, run_dir.config)
+
+
+def put_back(path: Path, content: bytes | None) -> None:
+    """``path`` as it was (``content``; None: absent), touched only when it changed."""
+    now = path.read_bytes() if path.is_file() else None
+    if now == content:
+        return
+    if content is None:
+        path.unlink()
+    else:
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_bytes(content)
+        os.replace(temporary, path)
 
 
 def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 0, resume: str | None = None) -> str:

@@ -28,6 +28,7 @@ from klear.compare.report import write_reports
 from klear.compare.runs import Run
 from klear.config.load import ConfigError, load_config
 from klear.errors import UserError
+from klear.run.directory import RunDir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -157,12 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         output, runs = plan(args)
+        lock = RunDir(output).take_lock("klear.compare")  # one comparison per output_dir (its runs hold their own)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-
-    failed = execute(args.config, runs, args.jobs)
-    written = write_reports(output, runs, failed, args.baseline)
+    try:
+        failed = execute(args.config, runs, args.jobs)
+        written = write_reports(output, runs, failed, args.baseline)
+    finally:
+        lock.release()
     print(f"wrote {', '.join(str(path) for path in written)}")
     if len(failed) == len(runs):
         print(

@@ -27,7 +27,7 @@ from klear.errors import UserError
 from klear.prep import code_tests, curate, decontaminate, dedup, show
 from klear.prep import mix as mix_command
 from klear.prep.options import OneLineParser, OptionError, at_least
-from klear.prep.paths import Files, check_files
+from klear.prep.paths import Files, check_files, hold_outputs, release
 from klear.prep.rowfiles import CommandError, write_rows
 
 COMMANDS = {
@@ -151,8 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     _, files, run = HANDLERS[args.command]
+    locks = []
     try:
-        check_files(files(args))  # before anything is read: an output that is an input would lose it
+        declared = files(args)
+        check_files(declared)  # before anything is read: an output that is an input would lose it
+        locks = hold_outputs(declared, f"klear.data {args.command}")  # and no other command writes it meanwhile
         summary = run(args)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -164,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             message = "interrupted: no output written"
         print(message, file=sys.stderr)
         return 130
+    finally:
+        release(locks)
     if summary:  # show --json prints its summary to stderr, leaving stdout to the JSON lines
         print(summary)
     return 0

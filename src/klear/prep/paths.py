@@ -1,5 +1,6 @@
 """What a data command reads and writes, checked before it reads a row: no output may be one of its inputs, and
-every output must be writable where it is asked for.
+every output must be writable where it is asked for; and while a command writes an output, no other command may
+(`hold_outputs`).
 
 A command that writes over its own input loses data and still exits 0 (``dedup --data t.jsonl --out t.jsonl``
 leaves the deduplicated rows in place of the originals, and a rerun removes more), so every ``klear.data``
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from klear.prep.rowfiles import CommandError
 from klear.run.directory import write_probe
+from klear.run.folder_lock import FolderLock
 
 
 @dataclass(frozen=True)
@@ -72,3 +74,25 @@ def check_writable(label: str, out: Path) -> None:
         raise CommandError(
             f"{label} {out}: the folder {folder} is not writable ({error.strerror or error}); write {label} elsewhere"
         ) from None
+
+
+def hold_outputs(files: Files, command: str) -> list[FolderLock]:
+    """Hold each output of ``command`` (`klear.run.folder_lock`: the lock file ``.<name>.klear.lock`` beside it), or
+    raise `klear.run.folder_lock.FolderInUse` naming the live command that writes it, holding nothing."""
+    locks: list[FolderLock] = []
+    try:
+        for label, out in files.outputs:
+            out = Path(out)
+            option = next(word for word in label.split() if word.startswith("--"))
+            lock = out.parent / f".{out.name}.klear.lock"
+            locks.append(FolderLock.take(lock, command, f"{label} {out}", f"write {option} elsewhere"))
+    except BaseException:
+        release(locks)
+        raise
+    return locks
+
+
+def release(locks: list[FolderLock]) -> None:
+    """Let go of ``locks``, removing the folders they made that nothing was written into."""
+    for lock in reversed(locks):
+        lock.release(undo=True)

@@ -10,6 +10,8 @@ Layout of ``<output_dir>``::
     checkpoints/step-000040.ckpt  the latest resumable checkpoint (model, optimizer, scheduler, data position),
                            named after the number of steps it completed
     hf/                    the final model, tokenizer and generation config in Hugging Face format
+    .klear.lock            while a run is live: the lock that keeps a second run out (`klear.run.folder_lock`);
+                           removed when the run ends, left behind only by a run killed outright
 
 This module imports nothing heavy, so that a bad ``output_dir`` is reported as fast as a bad config key; the
 logger and checkpoint callback that write into the directory are in :mod:`klear.run.checkpoints`.
@@ -26,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from klear.errors import UserError
+from klear.run.folder_lock import LOCK_NAME, FolderLock
 
 CHECKPOINT_GLOB = "step-*.ckpt"
+ELSEWHERE = "set output_dir=..."
 
 
 class RunError(UserError):
@@ -45,6 +49,8 @@ class RunDir:
         self.metrics = self.root / "metrics.csv"
         self.checkpoints = self.root / "checkpoints"
         self.hf = self.root / "hf"
+        self.lock: FolderLock | None = None
+        """The lock this process holds on the directory (``klear.fit``'s first process), released at the end."""
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"step-{step:06d}.ckpt"
@@ -64,6 +70,11 @@ class RunDir:
         copy that stopped), naming an earlier complete checkpoint when one is kept. Reads only the file's index:
         called before anything of the run is touched, so that a refused resume changes nothing."""
         last = self.last_checkpoint
+        if last is None and self.metrics.exists():  # stopped (or killed) before its first checkpoint was whole
+            raise RunError(
+                f"--resume: no complete checkpoint in {self.checkpoints}: the run stopped before its first one was "
+                "saved, so nothing can be resumed; start it again with --overwrite, or set output_dir=..."
+            )
         if last is None:
             raise RunError(f"--resume: no checkpoint in {self.checkpoints}; start the run without --resume")
         problem = checkpoint_problem(last)
@@ -89,15 +100,28 @@ class RunDir:
 
     def check_writable(self) -> None:
         """Raise `RunError` when ``output_dir`` is a file or a directory this process cannot write into."""
-        if self.root.exists() and not self.root.is_dir():
-            raise RunError(f"output_dir {str(self.root)!r} is a file, not a directory; set output_dir=...")
+        self._refuse_a_file()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             write_probe(self.root)
         except OSError as error:
-            raise RunError(
-                f"output_dir {str(self.root)!r} is not writable ({error.strerror or error}); set output_dir=..."
-            ) from None
+            raise self._not_writable(error) from None
+
+    def take_lock(self, command: str) -> FolderLock:
+        """Hold the directory for ``command`` (`klear.run.folder_lock`; made when missing), or raise `RunError`
+        (a file, not writable) or `FolderInUse` (another live command holds it), before anything in it is read."""
+        self._refuse_a_file()
+        try:
+            return FolderLock.take(self.root / LOCK_NAME, command, f"output_dir {str(self.root)!r}", ELSEWHERE)
+        except OSError as error:
+            raise self._not_writable(error) from None
+
+    def _refuse_a_file(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise RunError(f"output_dir {str(self.root)!r} is a file, not a directory; {ELSEWHERE}")
+
+    def _not_writable(self, error: OSError) -> RunError:
+        return RunError(f"output_dir {str(self.root)!r} is not writable ({error.strerror or error}); {ELSEWHERE}")
 
     def record_data(self, report: dict[str, Any]) -> None:
         """Write ``data_report.json``; on ``--resume``, first refuse data whose content changed since the run began
