@@ -32,6 +32,7 @@ import json
 from typing import Any
 
 from klear.data.layouts import decode_json_text
+from klear.data.readers import parse_json
 
 RLLM_SOURCES = (
     "taco",
@@ -65,7 +66,7 @@ def code_reference(value: Any, source: str = "") -> list[dict[str, Any]] | dict[
     value = decode_json_text(value)
     if isinstance(value, str) and value.lstrip().startswith('"'):  # rllm's json.dumps of a test program
         with contextlib.suppress(json.JSONDecodeError):  # else a program that starts with a string literal
-            value = json.loads(value)
+            value = parse_json(value)
     rllm = rllm_source(source)
     if isinstance(value, str):
         if rllm == "kodcode":
