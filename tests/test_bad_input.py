@@ -40,9 +40,9 @@ def test_a_huge_integer_is_a_bad_row_of_klear_data_in_jsonl_and_json(tmp_path):
     assert f"{jsonl}:3: skipped, not valid JSON ({TOO_LONG} at column 31)" in result.stderr
     assert "kept 6 of 7 rows" in result.stdout and "skipped 1 bad rows" in result.stdout
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 6
-    negative = tmp_path / "list.json"  # a .json list: the item is skipped, the list is kept
+    negative = tmp_path / "list.json"  # a .json list: the item is skipped, the rest of the list kept
     items = [*rows[:2], *rows[3:5], '{"problem": "p", "answer": [1, -' + HUGE + "]}"]
-    negative.write_text("[" + ", ".join(items) + "]")
+    negative.write_text(BOM + "[" + ", ".join(items) + "]", encoding="utf-8")  # and a byte-order mark
     result = klear("klear.data", "dedup", "--data", str(negative), "--out", str(tmp_path / "out2.jsonl"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"{negative}:5: skipped, item 5 holds {TOO_LONG}" in result.stderr
@@ -148,6 +148,11 @@ def test_interpolations_that_cannot_be_resolved_are_one_line_and_print_config_re
             ["rollout.max_new_tokens=${eval.max_new_tokens}", "eval.max_new_tokens=${rollout.max_new_tokens}"],
             f"rollout.max_new_tokens = '${{eval.max_new_tokens}}' {cycle}",
         ),
+        (
+            ["reward.options.a=${reward.options.b}", "reward.options.b=${reward.options.a}"],
+            f"reward.options.a = '${{reward.options.b}}' {cycle}",
+        ),
+        (["a=${b}", "b=${a}"], "unknown config key 'a'; accepted keys of stage 'rl': stage, output_dir, "),
         (["output_dir=${nowhere.dir}"], "output_dir = '${nowhere.dir}' cannot be resolved: Interpolation key 'nowhere"),
         (
             ["trainer.max_steps=${oc.env:HOME}"],
