@@ -14,6 +14,7 @@ TESTS = Path(__file__).parent
 
 # Module (relative to tests/) -> why it is not a unit test.
 END_TO_END: dict[str, str] = {
+    "test_bad_input.py": "runs the commands with bad input in subprocesses",
     "test_cli.py": "runs the installed `klear` script and `python -m` in subprocesses",
     "test_commands.py": "runs every documented command in a subprocess",
     "test_console.py": "runs `python -m klear.fit` in subprocesses",

@@ -33,6 +33,19 @@ def test_lookup_failure_lists_known_names():
         registry.get("gamma")
 
 
+def test_lookup_failure_suggests_the_closest_name_by_edits_then_similarity():
+    registry = Registry("objective")
+    for name in ("cispo", "gppo", "gspo", "ppo"):
+        registry.register(name)(type(name, (), {}))
+    # A swap of neighbours is one edit: gppo, not gspo (which difflib alone rates as close, and sorts first).
+    for typo, closest in (("gpop", "gppo"), ("GPPO", "gppo"), ("cipso", "cispo"), ("ppoo", "ppo")):
+        with pytest.raises(ValueError, match=f"; did you mean '{closest}'\\?$"):
+            registry.get(typo)
+    with pytest.raises(ValueError) as error:
+        registry.get("sft")
+    assert "did you mean" not in str(error.value)
+
+
 def test_import_path_works_in_place_of_a_name():
     registry = Registry("widget")
     assert registry.get("collections:OrderedDict").__name__ == "OrderedDict"

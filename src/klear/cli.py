@@ -13,13 +13,14 @@ return value as the exit status (141, without a traceback, when stdout's reader 
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from klear.errors import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
-        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(argv[0], list(COMMANDS))
         parser.error(f"unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}{hint}")
     # Only the first word is klear's own; the rest goes untouched to the command's parser (its --help included).
     global invoked_as

@@ -13,6 +13,8 @@ import importlib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from klear.errors import did_you_mean
+
 T = TypeVar("T")
 
 
@@ -56,7 +58,7 @@ class Registry(Generic[T]):
         if name_or_path not in self._entries:
             raise ValueError(
                 f"unknown {self.kind} {name_or_path!r}; registered: {', '.join(self.names())} "
-                f"(or give an import path 'package.module:ClassName')"
+                f"(or give an import path 'package.module:ClassName'){did_you_mean(name_or_path, self.names())}"
             )
         return self._entries[name_or_path]
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import difflib
 import importlib.util
 import inspect
 import json
+import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from klear.config import SCHEMAS
-from klear.errors import UserError, first_line
+from klear.errors import UserError, did_you_mean, first_line
 
 
 class ConfigError(UserError):
@@ -77,8 +78,27 @@ def load_config(
         config = OmegaConf.merge(OmegaConf.structured(SCHEMAS[stage]), *layers)
     except OmegaConfBaseException as error:
         raise ConfigError(_explain(error, stage)) from error
+    resolve_interpolations(config)
     check_config(config)
     return config
+
+
+def resolve_interpolations(config: DictConfig) -> None:
+    """Replace every ``${...}`` of ``config`` by its value, in place, so the checks, ``--print-config`` and the run
+    see the values; an environment variable that is not set, a key that does not exist or a cycle of references
+    is one line naming the key."""
+    try:
+        OmegaConf.resolve(config)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "?"
+        raw: Any = OmegaConf.to_container(config, resolve=False)
+        for part in key.split("."):
+            raw = raw.get(part) if isinstance(raw, dict) else None
+        reason = re.sub(r"^\w+ raised while resolving interpolation: ", "", _first_line(error)).strip('"')
+        reason = re.sub(r"^Environment variable ('.*') not found$", r"environment variable \1 is not set", reason)
+        if reason == "Recursive interpolation detected":
+            reason = "its references lead back to it (a cycle)"
+        raise ConfigError(f"{key} = {raw!r} cannot be resolved: {reason}") from None
 
 
 def check_config(config: DictConfig) -> None:
@@ -236,8 +256,9 @@ def _check_fields(node: Any, schema: type, prefix: str) -> None:
             accepted = ", ".join(map(str, field.metadata["choices"]))
             raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {accepted}")
         if "range" in field.metadata and value not in field.metadata["range"]:
-            kind = "an integer" if field.type in (int, "int") else "a number"
-            why = f" ({field.metadata['why']})" if "why" in field.metadata else ""
+            finite = math.isfinite(value)
+            kind = "an integer" if field.type in (int, "int") else "a number" if finite else "a finite number"
+            why = f" ({field.metadata['why']})" if "why" in field.metadata and finite else ""
             raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {kind} {field.metadata['range']}{why}")
         if field.name in sections:
             _check_fields(value, sections[field.name], prefix=f"{key}.")
@@ -396,12 +417,6 @@ def _explain(error: OmegaConfBaseException, stage: str) -> str:
     if key:
         return f"bad value for '{key}': {_first_line(error)}"
     return f"bad config: {_first_line(error)}"
-
-
-def did_you_mean(word: str, accepted: list[str], prefix: str = "") -> str:
-    """``"; did you mean 'rollout.temperature'?"`` for the accepted name closest to a typo'd one, else ``""``."""
-    close = difflib.get_close_matches(word, accepted, n=1)
-    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
 
 
 def _accepted_keys(schema: type, dotted: str) -> list[str]:

@@ -12,6 +12,7 @@ rollout -> update iteration in RL, whatever number of mini-batch optimizer updat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,9 @@ def choice(default: Any, *choices: Any) -> Any:
 
 @dataclass(frozen=True)
 class Range:
-    """Accepted numbers: ``low`` (excluded when ``open_low``) up to ``high`` (excluded when ``open_high``)."""
+    """Accepted numbers: ``low`` (excluded when ``open_low``) up to ``high`` (excluded when ``open_high``), finite
+    (``inf``, ``-inf`` and ``nan`` are never accepted: a learning rate or a factor of ``inf`` only fails later, in
+    the middle of a run)."""
 
     low: float | None = None
     high: float | None = None
@@ -31,6 +34,8 @@ class Range:
     open_high: bool = False
 
     def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
         above = self.low is None or (value > self.low if self.open_low else value >= self.low)
         below = self.high is None or (value < self.high if self.open_high else value <= self.high)
         return above and below

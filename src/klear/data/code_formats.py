@@ -62,7 +62,7 @@ from klear.data.code_layouts import (
     rllm_code_row,
     taco_apps_row,
 )
-from klear.data.readers import BadRow
+from klear.data.readers import BadRow, parse_json
 
 MAX_DECOMPRESSED_BYTES = 512 << 20
 """Most bytes a compressed LiveCodeBench test field may inflate to (the largest real ones are far smaller)."""
@@ -198,7 +198,7 @@ def decode_lcb_tests(value: Any, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> lis
     elif isinstance(value, str):
         text = value if value.lstrip().startswith("[") else unpack_compressed_str(value, max_bytes)
         try:
-            tests = json.loads(text)
+            tests = parse_json(text)
         except json.JSONDecodeError as error:
             raise ValueError(f"test cases are not valid JSON ({error.msg} at column {error.colno})") from None
     else:
@@ -277,8 +277,8 @@ def _lcb_test(test: dict, fn_name: str | None, where: str) -> dict:
     if kind == "stdin":
         return {"input": given, "output": output}
     try:
-        args = [json.loads(line) for line in given.split("\n")]
-        expected = json.loads(output)
+        args = [parse_json(line) for line in given.split("\n")]
+        expected = parse_json(output)
     except json.JSONDecodeError as error:
         raise ValueError(f"{where}: a functional input line or output is not JSON ({error.msg})") from None
     return {"fn_name": fn_name, "args": args, "expected": expected}
@@ -288,7 +288,7 @@ def _func_name(row: dict) -> str:
     metadata = row.get("metadata")
     if isinstance(metadata, str):
         try:
-            metadata = json.loads(metadata)
+            metadata = parse_json(metadata)
         except json.JSONDecodeError as error:
             raise ValueError(f"metadata is not valid JSON ({error.msg})") from None
     name = metadata.get("func_name") if isinstance(metadata, dict) else None

@@ -37,6 +37,7 @@ import json
 from typing import Any
 
 from klear.data.layouts import decode_json_text
+from klear.data.readers import parse_json
 
 RLLM_SOURCES = (
     "taco",
@@ -72,7 +73,7 @@ def code_reference(value: Any, source: str = "") -> list[dict[str, Any]] | dict[
     value = decode_json_text(value)
     if isinstance(value, str) and value.lstrip().startswith('"'):  # rllm's json.dumps of a test program
         with contextlib.suppress(json.JSONDecodeError):  # else a program that starts with a string literal
-            value = json.loads(value)
+            value = parse_json(value)
     rllm = rllm_source(source)
     if isinstance(value, str):
         if rllm == "kodcode":
@@ -267,7 +268,7 @@ def literal_tests(value: Any) -> Any:
         raise ValueError(f"'tests' is {len(value)} characters of text, over the {MAX_TESTS_CHARS} this reader parses")
     text = value.strip()
     with contextlib.suppress(json.JSONDecodeError, RecursionError):
-        return json.loads(text)
+        return parse_json(text)
     try:
         parsed = ast.literal_eval(text)
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as error:

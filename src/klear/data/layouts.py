@@ -37,6 +37,8 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from klear.data.readers import parse_json
+
 _MISSING = object()
 ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 """Message roles as publishers spell them -> the chat template's."""
@@ -225,7 +227,7 @@ def decode_json_text(value: Any) -> Any:
     ``value`` unchanged. A string that merely looks like one (an interval ``[1, 2)``) is kept."""
     if isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
         try:
-            return json.loads(value)
+            return parse_json(value)
         except (json.JSONDecodeError, RecursionError):
             return value
     return value

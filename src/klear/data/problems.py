@@ -26,8 +26,9 @@ given, the prompt must fit in ``max_prompt_tokens`` tokens of the chat template 
 is skipped, cut on the left, or stops the load; one that its characters prove too long, `klear.data.prompts.CharBound`,
 is never tokenized whole). A row that fails is skipped as a `BadRow` naming its file, its
 1-based line and why, and counted; a source with no usable row is refused with one line (`DataError`). Math
-references that read like prose rather than an answer are counted per source and warned about
-(`ProblemSet.warnings`).
+references that read like prose rather than an answer, and those that spell a number too large for the math
+verifier to check in time (`klear.rewards.math_size`: every sample of such a problem waits for the check's timeout)
+are counted per source and warned about with examples by file and line (`ProblemSet.warnings`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ TRUNCATIONS = ("skip", "left", "error")
 """What happens to a prompt longer than ``max_prompt_tokens``: skipped (a counted bad row), cut to its last tokens
 (verl's ``truncation: left``, the Klear-Reasoner recipe's), or the load stops with the file and line."""
 _SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
+EXAMPLES = 3
+"""Rows quoted by file and line in a warning about a source's references."""
 
 
 @dataclass(frozen=True)
@@ -255,10 +258,15 @@ class _RowReader:
 
     def __init__(self, source: str, layout: Layout, task: Task, reward: Any, router: Any) -> None:
         from klear.rewards.base import check_reference
+        from klear.rewards.math_reward import reference_answer
+        from klear.rewards.math_size import huge_answer, may_be_huge
 
         self.source, self.layout, self.task, self.reward, self.router = source, layout, task, reward, router
         self.check = check_reference
+        # The answer the verifier gets (unboxed, after "####"), parsed only when its text may hold such a number.
+        self.is_huge = lambda text: may_be_huge(text) and huge_answer(reference_answer(text))
         self.prose: dict[str, list] = {}  # source -> [count, line and text of the first]
+        self.huge: dict[str, list] = {}  # source -> [count, (line, answer) of the first EXAMPLES]
 
     def read(self, row: dict, line: int) -> tuple[str | list[dict[str, str]], Any, str]:
         from klear.data.code_formats import CONVERTERS, code_row
@@ -271,6 +279,7 @@ class _RowReader:
         reference = self.check(self.reward if label is None else self.router.reward_of(label), reference)
         if name == "math":
             self._note_prose(reference, origin, line)
+            self._note_huge(reference, origin, line)
         return prompt, reference if label is None else _routed(label, reference), origin
 
     def _route(self, row: dict, origin: str) -> tuple[str, str | None]:
@@ -298,13 +307,31 @@ class _RowReader:
             entry = self.prose.setdefault(origin or "(none)", [0, line, example])
             entry[0] += 1
 
+    def _note_huge(self, reference: Any, origin: str, line: int) -> None:
+        texts = reference if isinstance(reference, list) else [reference]
+        answer = next((text for text in texts if self.is_huge(text)), None)
+        if answer is not None:
+            entry = self.huge.setdefault(origin or "(none)", [0, []])
+            entry[0] += 1
+            if len(entry[1]) < EXAMPLES:
+                entry[1].append(f"{self.source}:{line}: {answer[:80]!r}")
+
     def prose_warnings(self) -> list[str]:
-        return [
+        from klear.rewards.math_size import MAX_DIGITS
+
+        prose = [
             f"{count} math references of source {origin!r} read like prose rather than an answer (e.g. "
             f"{self.source}:{line}: {example[:80]!r}); the math reward compares the final answer with that whole "
             "text: point data.reference_key (--reference-key) at the answer field"
             for origin, (count, line, example) in sorted(self.prose.items())
         ]
+        huge = [
+            f"{count} math references of source {origin!r} spell a number of more than {MAX_DIGITS:,} digits (e.g. "
+            f"{', '.join(examples)}); the math verifier works such a number out, so checking any answer against it "
+            "runs into the reward's timeout and every sample of the problem waits for it: fix or drop these rows"
+            for origin, (count, examples) in sorted(self.huge.items())
+        ]
+        return prose + huge
 
 
 def _routed(label: str, reference: Any) -> Any:

@@ -15,10 +15,12 @@ A row that is a JSON list of objects (Open-Reasoner-Zero's training rows are two
 ``{"turns": [...]}``, so every row is a dict; `klear.data.layouts` reads such rows.
 
 Broken rows are never dropped silently: a jsonl line that is not valid JSON, not UTF-8, or not an object (nor a
-list of objects) is a `BadRow`; `read_rows` skips it with a logging warning naming the file and line (the first
-`MAX_ROW_WARNINGS` of them, `warn_bad_rows`), and a summary warning gives the total. Blank lines are not rows
-and are skipped without a warning. A missing or unreadable file, or an input of no accepted format, raises
-`DataError` with one line naming it and the accepted formats.
+list of objects), or that holds an integer longer than Python reads (`parse_json`), is a `BadRow`; `read_rows`
+skips it with a logging warning naming the file and line (the first `MAX_ROW_WARNINGS` of them, `warn_bad_rows`),
+and a summary warning gives the total. Blank lines are not rows and are skipped without a warning. A UTF-8
+byte-order mark at the start of a file (what some Windows editors write) is read as the encoding mark it is, not
+as part of the first row. A missing or unreadable file, or an input of no accepted format, raises `DataError` with
+one line naming it and the accepted formats.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -144,6 +147,57 @@ def warn_bad_rows(bad: list[BadRow], totals: dict[str, int] | None = None) -> No
         logger.warning("%s: skipped %d bad rows%s%s", path, len(rows), of, shown)
 
 
+def parse_json(text: str | bytes) -> object:
+    """``json.loads(text)``, where an integer of more digits than Python converts (``sys.get_int_max_str_digits()``,
+    4300 by default) is a `json.JSONDecodeError` at that number, as any other malformed JSON is, instead of the
+    bare ValueError that would stop a command with a traceback. Every reader of data rows parses with it; a text
+    without such a number costs what ``json.loads`` costs."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # the other ValueError of the scanner: the int-string conversion limit
+        document = text.decode("utf-8") if isinstance(text, bytes) else text
+        long = _loads(document)[1]
+        if not long:
+            raise
+        raise json.JSONDecodeError(_too_long(long[0]), document, max(document.find(long[0].digits), 0)) from None
+
+
+class _LongInteger:
+    """An integer of the JSON text that Python would not convert, in place of its value."""
+
+    def __init__(self, digits: str) -> None:
+        self.digits = digits.lstrip("-")
+
+
+def _loads(text: str) -> tuple[object, list[_LongInteger]]:
+    """``json.loads(text)`` with every integer Python would not convert kept as a `_LongInteger`, and those (slower
+    than ``json.loads``: only for a text that holds one)."""
+    long: list[_LongInteger] = []
+
+    def parse_int(digits: str) -> int | _LongInteger:
+        try:
+            return int(digits)
+        except ValueError:  # only the digit limit: the JSON scanner hands over an optional '-' and digits
+            long.append(_LongInteger(digits))
+            return long[-1]
+
+    return json.loads(text, parse_int=parse_int), long
+
+
+def _too_long(number: _LongInteger) -> str:
+    return f"a {len(number.digits)}-digit integer, over Python's {sys.get_int_max_str_digits()}-digit limit"
+
+
+def _long_in(value: object) -> _LongInteger | None:
+    """The first `_LongInteger` inside ``value`` (parsed JSON), else None."""
+    if isinstance(value, _LongInteger):
+        return value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return next((found for found in map(_long_in, items) if found is not None), None)
+
+
 def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
     """Write one JSON object per line (UTF-8, non-ASCII kept as is), creating parent folders; returns the path."""
     path = Path(path)
@@ -162,7 +216,7 @@ def _read_jsonl(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[Bad
                 if not raw.strip():
                     continue
                 try:
-                    row = json.loads(raw.decode("utf-8"))
+                    row = parse_json(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
                 except UnicodeDecodeError:
                     bad.append(BadRow(name, number, "not valid JSON (not UTF-8)"))
                     continue
@@ -181,7 +235,8 @@ def _read_jsonl(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[Bad
 
 def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadRow]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8-sig")
+        data, long = _read_json_text(text)
     except OSError as error:
         raise _unreadable(path, error) from None
     except UnicodeDecodeError as error:
@@ -194,11 +249,25 @@ def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadR
     rows, bad = [], []
     for position, item in enumerate(data, start=1):
         item = as_row(item)
-        if isinstance(item, dict):
+        number = _long_in(item) if long else None
+        if number is not None:
+            bad.append(BadRow(name, position, f"item {position} holds {_too_long(number)}"))
+        elif isinstance(item, dict):
             rows.append((position, item))
         else:
             bad.append(BadRow(name, position, f"item {position} is a JSON {type(item).__name__}, not an object"))
     return rows, bad
+
+
+def _read_json_text(text: str) -> tuple[object, bool]:
+    """A .json input's value, and whether an integer of it is too long for Python (then kept as a `_LongInteger`,
+    so that only the items holding one are bad rows)."""
+    try:
+        return json.loads(text), False
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # the int-string conversion limit
+        return _loads(text)[0], True
 
 
 def as_row(value: object) -> object:

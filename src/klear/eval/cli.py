@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from klear import cli
 from klear.config.load import BUILTIN_MODELS
 from klear.data.problems import Problem
-from klear.data.readers import write_jsonl
+from klear.data.readers import parse_json, write_jsonl
 from klear.errors import UserError
 from klear.eval.completions import read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
@@ -258,7 +258,7 @@ def _device() -> str:
 
 def _json_object(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
+        value = parse_json(text)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"not JSON ({error.msg}): {text!r}") from None
     if not isinstance(value, dict):

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from klear.data.problems import ProblemSet
+from klear.data.readers import parse_json
 from klear.eval.tasks import EvalError
 
 
@@ -45,7 +46,7 @@ def read_completions(path: str, problems: ProblemSet, k: int) -> list[list[objec
 def _lines(path: str) -> list[tuple[int, list[object]]]:
     """``(line number, completions)`` of every non-blank line of ``path``."""
     try:
-        raw = Path(path).read_bytes().decode("utf-8")
+        raw = Path(path).read_bytes().decode("utf-8-sig")
     except OSError as error:
         raise EvalError(f"--completions {path}: cannot read ({error.strerror or error})") from None
     except UnicodeDecodeError:
@@ -55,7 +56,7 @@ def _lines(path: str) -> list[tuple[int, list[object]]]:
         if not text.strip():
             continue
         try:
-            value = json.loads(text)
+            value = parse_json(text)
         except json.JSONDecodeError as error:
             raise EvalError(f"--completions {path}:{number}: not valid JSON ({error.msg})") from None
         completions = value.get("completions") if isinstance(value, dict) else None

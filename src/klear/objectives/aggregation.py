@@ -14,12 +14,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from klear.errors import did_you_mean
+
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def check_loss_agg(mode: str) -> str:
     if mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss_agg {mode!r}; accepted: {', '.join(LOSS_AGG_MODES)}")
+        close = did_you_mean(mode, list(LOSS_AGG_MODES))
+        raise ValueError(f"unknown loss_agg {mode!r}; accepted: {', '.join(LOSS_AGG_MODES)}{close}")
     return mode
 
 

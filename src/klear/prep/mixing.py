@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from klear.data.readers import BadRow, DataError, read_numbered, warn_bad_rows
+from klear.data.readers import BadRow, DataError, parse_json, read_numbered, warn_bad_rows
 from klear.data.sft import file_layout
 from klear.data.sft_layouts import SFTLayout, detect_sft_layout, messages_row, read_conversation
 from klear.errors import first_line
@@ -163,17 +163,21 @@ def load_spec(path: str | Path) -> MixSpec:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as error:
         raise DataError(f"{path}: cannot read the mix spec ({error.strerror or error})") from None
-    if path.suffix.lower() in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text)
-    elif path.suffix.lower() == ".json":
-        data = json.loads(text)
-    else:
+    if path.suffix.lower() not in (".yaml", ".yml", ".json"):
         raise DataError(f"{path}: a mix spec is a .yaml, .yml or .json file")
+    import yaml
+
+    try:
+        data = parse_json(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg} at column {error.colno})") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise DataError(f"{path}{where}: not valid YAML ({first_line(error)})") from None
     spec = spec_from_dict(data, where=str(path))
     for source in spec.sources:
         local = path.parent / source.path

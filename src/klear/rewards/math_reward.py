@@ -142,15 +142,15 @@ class MathReward(Reward):
                     f"the math reward's reference is {what}; a list must hold the acceptable answers' texts"
                 )
             for answer in reference:
-                _reference_answer(answer)
+                reference_answer(answer)
             return list(reference)
         reference = _reference_text(reference, "reference")
-        _reference_answer(reference)
+        reference_answer(reference)
         return reference
 
     def _evaluate(self, completion: str, reference: Any) -> RewardOutcome:
         checked = self.check_reference(reference)
-        golds = [_reference_answer(gold) for gold in (checked if isinstance(checked, list) else [checked])]
+        golds = [reference_answer(gold) for gold in (checked if isinstance(checked, list) else [checked])]
         penalty = self.format.penalty(completion)
         if penalty is not None:
             return RewardOutcome(penalty, "ok", "format penalty", correct=False)
@@ -192,7 +192,7 @@ def _reference_text(reference: Any, what: str) -> str:
     return reference
 
 
-def _reference_answer(reference: str) -> str:
+def reference_answer(reference: str) -> str:
     """The normalised answer of a ``str`` reference (unboxed when boxed); ValueError when too long or empty."""
     if len(reference) > MAX_REFERENCE_CHARS:
         raise ValueError(f"reference of {len(reference)} characters exceeds {MAX_REFERENCE_CHARS}: {reference[:80]!r}")
