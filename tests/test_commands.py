@@ -32,10 +32,14 @@ def evals(output: Path) -> list[float]:
 
 
 def run_outputs(output: Path) -> None:
-    """The files every run writes (docs/configuration.md, Outputs)."""
+    """The files every run writes (docs/configuration.md, Outputs), and what summary.json says of the run."""
     for name in ("config.yaml", "metrics.csv", "data_report.json", "hf/config.json", "hf/model.safetensors"):
         assert (output / name).is_file(), name
     assert list((output / "checkpoints").glob("step-*.ckpt"))
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] == summary["max_steps"] > 0
+    assert summary["cpu_threads"]["threads"] >= 1 and summary["cpu_threads"]["reason"]
+    assert summary["final"]["step"] == summary["steps"]
 
 
 def test_the_main_command_rl_with_gppo(tmp_path):
@@ -93,6 +97,7 @@ def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
     )
     summary = json.loads((tmp_path / "outputs" / "eval" / "eval" / "summary.json").read_text())
     assert summary["problems"] == 20 and summary["samples"] == 80 and summary["reward"] == "math"
+    assert summary["cpu_threads"]["threads"] >= 1 and summary["cpu_threads"]["cores"] >= 1
     assert 0.0 < summary["avg@k"] <= summary["pass@k"] <= 1.0
     assert "| avg@4 (= pass@1) |" in result.stdout
     assert root.is_dir()

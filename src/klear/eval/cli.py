@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         scorer.close()
     summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
+    from klear.runtime.threads import current  # torch: imported by the engine or the scorer already
+
+    choice = current()  # None when no model was loaded here (--completions)
+    summary["cpu_threads"] = None if choice is None else choice.record()
     table = markdown_table(summary)
     write_jsonl(records, output / "results.jsonl")
     (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
