@@ -67,6 +67,7 @@ END_TO_END: dict[str, str] = {
     "stages/test_sft_end_to_end.py": "runs `klear.fit` main() (whole training runs)",
     "tools/test_bench_async.py": "runs a benchmark script in a subprocess",
     "tools/test_bench_contention.py": "runs a benchmark script in a subprocess",
+    "tools/test_bench_reproducible.py": "runs a benchmark script in subprocesses",
     "tools/test_bench_memory.py": "runs a benchmark script in a subprocess",
     "tools/test_bench_rl_packing.py": "runs a benchmark script in a subprocess",
     "tools/test_bench_sft_step.py": "runs a benchmark script in a subprocess (which starts klear's side in another)",

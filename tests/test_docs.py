@@ -283,6 +283,13 @@ assert "gppo" in list_objectives()
         ("tests/tools/test_bench_contention.py::test_the_benchmark_prints_its_runs_and_ends_with_the_ratio",),
         "three runs of the main command: the slow test runs 1 step of it",
     ),
+    ("docs/performance.md", "python tools/bench_reproducible.py"): Covered(
+        (
+            "tests/tools/test_bench_reproducible.py::"
+            "test_the_benchmark_prints_both_modes_and_the_strict_one_repeats_across_thread_counts",
+        ),
+        "minutes at the Qwen3-0.6B shape: the slow test runs the tiny shape",
+    ),
     ("docs/performance.md", "python tools/bench_async.py"): Covered(
         ("tests/tools/test_bench_async.py::test_the_benchmark_prints_its_table_and_ratios",), "2 steps there"
     ),
