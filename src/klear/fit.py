@@ -115,14 +115,15 @@ def train(
     config: DictConfig, run_dir: RunDir, module, batches, args: argparse.Namespace, argv: list[str] | None
 ) -> int:
     """Fit, then write ``report.md`` and ``curves.png`` and print the closing summary however the run ended:
-    finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), interrupted with Ctrl-C (130), stopped by
+    finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), by a loss, gradient norm or log-prob that is not
+    finite (4, before the update commits: `klear.run.stopping.check_finite`), interrupted with Ctrl-C (130), stopped by
     SIGTERM (143, every rank at the same step boundary: `klear.run.stopping`), a write that failed (a full disk:
     one line, exit 1) or failed otherwise (the exception propagates after the summary). The last complete
     checkpoint is kept in every case, and a report that cannot be written never hides how the run ended."""
     import time
 
     from klear.rollout.refresh import LogprobGapError
-    from klear.run.stopping import EXIT_SIGTERM, SignalStop, StopRequested
+    from klear.run.stopping import EXIT_DIVERGED, EXIT_SIGTERM, Diverged, SignalStop, StopRequested
     from klear.runtime import lightning_compat
 
     first_step = run_dir.resume_step() if args.resume else 0  # read now: the run replaces the checkpoint
@@ -147,6 +148,10 @@ def train(
         except LogprobGapError as error:
             print(f"error: {error}", file=sys.stderr)
             code, outcome, detail = 3, "stopped", f": {first_line(error)}"
+        except Diverged as error:  # every rank, at the same update, before its optimizer step
+            if trainer.is_global_zero:
+                print(f"error: {diverged(error, lightning_compat.completed_steps(trainer), config)}", file=sys.stderr)
+            code, outcome, detail = EXIT_DIVERGED, "stopped", f": {error}"
         except SystemExit:  # Lightning answers Ctrl-C with a graceful shutdown, then sys.exit(1)
             if not trainer.interrupted:
                 raise
@@ -165,6 +170,14 @@ def train(
     if failure is not None:
         raise failure
     return code
+
+
+def diverged(error, step: int, config: DictConfig) -> str:
+    """The one line of a run stopped by a metric that is not finite (`klear.run.stopping.Diverged`)."""
+    return (
+        f"{error} at step {step}: the training diverged (a learning rate too high is the usual cause: optim.lr = "
+        f"{config.optim.lr:g}); step {step} is discarded, nothing of it is saved"
+    )
 
 
 def report(run_dir: RunDir, config: DictConfig, seconds: float, status: str, first_step: int, must_succeed: bool):

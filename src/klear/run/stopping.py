@@ -19,15 +19,22 @@ The exit status is :data:`EXIT_SIGTERM` (143 = 128 + 15, what a shell reports fo
 Lightning's SLURM auto-requeue is switched off by :func:`cluster_plugins`: its SIGUSR1 handler saves a checkpoint
 with collectives inside a signal handler too (the same hang) and writes an ``hpc_ckpt_N.ckpt`` that klear never
 resumes from. `docs/scale-out.md` says how to stop and requeue under SLURM instead.
+
+A run that diverges stops too (:class:`Diverged`, exit status :data:`EXIT_DIVERGED`): :func:`check_finite` looks at
+an update's loss, gradient norm and log-prob metrics once they are reduced across ranks, and before the optimizer
+step commits them, so every rank sees the same values and stops at the same update without a collective of its
+own, no NaN reaches the weights (gradient clipping would spread a NaN norm over every gradient), and nothing
+samples from a policy that diverged. The step is discarded; the last checkpoint is the one before it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import lightning as L
 import torch
@@ -36,6 +43,8 @@ log = logging.getLogger(__name__)
 
 EXIT_SIGTERM = 128 + signal.SIGTERM
 """The exit status of a run stopped by SIGTERM."""
+EXIT_DIVERGED = 4
+"""The exit status of a run stopped by a non-finite loss, gradient norm or log-prob (:class:`Diverged`)."""
 GRACE_S = 20.0
 """Seconds a rank may take from SIGTERM to its stop before it exits regardless (SLURM's and Kubernetes' default
 grace before SIGKILL is 30 s)."""
@@ -49,6 +58,24 @@ NOTICE = (
 
 class StopRequested(Exception):
     """Every rank stops at this step boundary: SIGTERM reached at least one of them."""
+
+
+class Diverged(RuntimeError):
+    """An update's ``metric`` is not finite (``value``): every rank stops at this update, before its optimizer step."""
+
+    def __init__(self, metric: str, value: float) -> None:
+        super().__init__(f"{metric} is {value}")
+        self.metric = metric
+        self.value = value
+
+
+def check_finite(values: Mapping[str, float], names: Iterable[str]) -> None:
+    """Raise :class:`Diverged` for the first of ``names`` whose value in ``values`` (reduced across ranks, so the
+    same on every rank) is not finite; names without a value are skipped."""
+    for name in names:
+        value = values.get(name)
+        if value is not None and not math.isfinite(value):
+            raise Diverged(name, value)
 
 
 class SignalStop(L.Callback):

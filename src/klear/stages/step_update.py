@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from klear.run.stopping import check_finite
 from klear.runtime.step_metrics import StepMetrics
 from klear.stages.passes import Reduce
 from klear.stages.rollout_batch import ScoredGroups, build_rollout_batch, split_rows
@@ -106,6 +107,7 @@ class StepUpdate:
                 model, batch, rank, world, reduce, with_entropy=entropy
             )
             gap = measured if gap is None else gap
+        check_finite({"rollout/logprob_gap": gap}, ["rollout/logprob_gap"])  # engine log-probs of a diverged policy
 
         totals, updates = StepMetrics(), 0
         for epoch in range(plan.epochs):
