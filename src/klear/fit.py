@@ -17,6 +17,7 @@ from klear import cli
 from klear.config.load import load_config, read_yaml, save_config
 from klear.errors import UserError, first_line
 from klear.run.directory import RunDir, RunError, remove_path, write_failure
+from klear.run.loading_stop import EXIT_INTERRUPTED, EXIT_SIGTERM, OutputState, Terminated, sigterm_raises
 from klear.run.preflight import preflight
 
 # Keys that may change when a run is resumed; any other difference is refused. `output_dir` differs when a run
@@ -73,27 +74,46 @@ def main(argv: list[str] | None = None) -> int:
         for name in list_objectives():
             print(f"{name}: {objective_defaults(name)}")
         return 0
+    output = None  # what output_dir held before this start wrote to it
     try:
-        config = load_config(args.config, args.overrides, args.objective)
-        if args.help_config is not None:
-            from klear.config.help import config_help, terminal_width
+        with sigterm_raises():  # until the fit: each rank stops at once (`klear.run.loading_stop`)
+            config = load_config(args.config, args.overrides, args.objective)
+            if args.help_config is not None:
+                from klear.config.help import config_help, terminal_width
 
-            print(config_help(config, args.help_config, terminal_width()))
-            return 0
-        if args.print_config:
-            print(OmegaConf.to_yaml(config), end="")
-            return 0
-        if args.quiet:
-            config.trainer.progress_bar = False
-        preflight(config)  # the machine, model and data files: before output_dir holds anything
-        run_dir = prepare_run_dir(config, resume=args.resume, overwrite=args.overwrite)
-        module, batches = build_stage(config, run_dir)
-        if args.resume:  # only once every check of the resume passed: a refused resume leaves the run as it was
-            save_config(config, run_dir.config)
+                print(config_help(config, args.help_config, terminal_width()))
+                return 0
+            if args.print_config:
+                print(OmegaConf.to_yaml(config), end="")
+                return 0
+            if args.quiet:
+                config.trainer.progress_bar = False
+            preflight(config)  # the machine, model and data files: before output_dir holds anything
+            output = OutputState(config.output_dir)
+            run_dir = prepare_run_dir(config, resume=args.resume, overwrite=args.overwrite, keep_previous=True)
+            module, batches = build_stage(config, run_dir)
+            if args.resume:  # only once every check of the resume passed: a refused resume leaves the run as it was
+                save_config(config, run_dir.config)
+            if args.overwrite:  # only once everything loaded: a start stopped before leaves the run as it was
+                remove_previous_run(run_dir)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except (Terminated, KeyboardInterrupt) as stop:
+        return stopped_while_loading(stop, output)
     return train(config, run_dir, module, batches, args, argv)
+
+
+def stopped_while_loading(stop: BaseException, output: OutputState | None) -> int:
+    """SIGTERM or Ctrl-C before the fit: ``output_dir`` put back as it was, one line (from rank 0), 143 or 130."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    signalled = isinstance(stop, Terminated)
+    if rank_zero_only.rank == 0:
+        where = output.restore() if output is not None else "output_dir was not touched"
+        outcome, cause = ("stopped", "SIGTERM") if signalled else ("interrupted", "Ctrl-C")
+        print(f"run {outcome} before its first step: {cause} while loading; nothing was trained, {where}", flush=True)
+    return EXIT_SIGTERM if signalled else EXIT_INTERRUPTED
 
 
 def set_loudness(quiet: bool, verbose: bool) -> None:
@@ -123,7 +143,7 @@ def train(
     import time
 
     from klear.rollout.refresh import LogprobGapError
-    from klear.run.stopping import EXIT_DIVERGED, EXIT_SIGTERM, Diverged, SignalStop, StopRequested
+    from klear.run.stopping import EXIT_DIVERGED, Diverged, SignalStop, StopRequested
     from klear.runtime import lightning_compat
 
     first_step = run_dir.resume_step() if args.resume else 0  # read now: the run replaces the checkpoint
@@ -131,15 +151,17 @@ def train(
     resume = resume_command(argv)
 
     def forced_exit(reason: str) -> None:
+        if trainer is None:  # still being built: nothing of the run to report
+            return
         status = f"stopped at step {lightning_compat.completed_steps(trainer)}: SIGTERM ({reason})"
         if trainer.is_global_zero:
             for partial in run_dir.checkpoints.glob("*.tmp"):  # a save cut short: never mistaken for a checkpoint
                 remove_path(partial)
             print(run_summary(run_dir, status, time.perf_counter() - started, first_step, resume), flush=True)
 
-    stop = SignalStop(forced_exit)
-    trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop])
-    with stop.watching():
+    stop, trainer = SignalStop(forced_exit), None
+    with stop.watching():  # from here on, a SIGTERM stops the ranks together, at the first step at the latest
+        trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop])
         try:
             checkpoint = str(run_dir.last_checkpoint) if args.resume else None
             trainer.fit(module, train_dataloaders=batches, ckpt_path=checkpoint, weights_only=False)  # our own files
@@ -155,7 +177,7 @@ def train(
         except SystemExit:  # Lightning answers Ctrl-C with a graceful shutdown, then sys.exit(1)
             if not trainer.interrupted:
                 raise
-            code, outcome = 130, "interrupted"
+            code, outcome = EXIT_INTERRUPTED, "interrupted"
         except OSError as error:  # a full disk, a quota: what to do is one line, not a traceback
             print(f"error: {write_failure(error, run_dir.root)}", file=sys.stderr)
             code, outcome, detail = 1, "failed", f": {type(error).__name__}: {first_line(error)}"
@@ -194,9 +216,11 @@ def report(run_dir: RunDir, config: DictConfig, seconds: float, status: str, fir
         print(f"warning: the run's report was not written: {reason}", file=sys.stderr)
 
 
-def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir:
+def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool, keep_previous: bool = False) -> RunDir:
     """Check the output directory against ``--resume`` / ``--overwrite`` (a resume: that its last checkpoint is
-    complete, before any file of the run is touched) and write ``config.yaml`` (a new run)."""
+    complete, before any file of the run is touched) and write ``config.yaml`` (a new run). ``--overwrite``
+    removes the previous run's checkpoints and metrics here, or later with ``keep_previous``
+    (`remove_previous_run`)."""
     run_dir = RunDir(config.output_dir, resume=resume)
     run_dir.check_writable()
     if resume:
@@ -212,12 +236,18 @@ def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir
             f"output_dir {str(run_dir.root)!r} already holds a run; continue it with --resume, replace it with "
             f"--overwrite, or set output_dir=..."
         )
-    elif overwrite:
-        for stale in [*run_dir.checkpoints.glob("*.ckpt"), run_dir.metrics, run_dir.data_report]:
-            remove_path(stale)
+    elif overwrite and not keep_previous:
+        remove_previous_run(run_dir)
     if not resume:  # a resume writes it once the data was checked too (`main`)
         save_config(config, run_dir.config)
     return run_dir
+
+
+def remove_previous_run(run_dir: RunDir) -> None:
+    """``--overwrite``: the previous run's checkpoints and metrics (its other files are replaced as they are
+    written)."""
+    for stale in [*run_dir.checkpoints.glob("*.ckpt"), run_dir.metrics]:
+        remove_path(stale)
 
 
 def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 0, resume: str | None = None) -> str:
