@@ -137,7 +137,7 @@ def train(
     """Fit, then write ``report.md`` and ``curves.png`` and print the closing summary however the run ended:
     finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), by a loss, gradient norm or log-prob that is not
     finite (4, before the update commits: `klear.run.stopping.check_finite`), interrupted with Ctrl-C (130), stopped by
-    SIGTERM (143, every rank at the same step boundary: `klear.run.stopping`), a write that failed (a full disk:
+    SIGTERM (143, every rank at the same step or update: `klear.run.stopping`), a write that failed (a full disk:
     one line, exit 1) or failed otherwise (the exception propagates after the summary). The last complete
     checkpoint is kept in every case, and a report that cannot be written never hides how the run ended."""
     import time
@@ -194,7 +194,7 @@ def train(
     return code
 
 
-def diverged(error, step: int, config: DictConfig) -> str:
+def diverged(error: Exception, step: int, config: DictConfig) -> str:
     """The one line of a run stopped by a metric that is not finite (`klear.run.stopping.Diverged`)."""
     return (
         f"{error} at step {step}: the training diverged (a learning rate too high is the usual cause: optim.lr = "

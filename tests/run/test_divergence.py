@@ -97,3 +97,19 @@ def test_check_finite_names_the_first_metric_that_is_not_finite():
         assert (error.metric, str(error)) == ("c", "c is nan")
     else:
         raise AssertionError("a NaN passed the check")
+
+
+def test_rl_whose_last_update_of_a_step_breaks_the_weights_stops_at_the_next_steps_update(tmp_path):
+    """One update per step: step 0's update (lr 1e6) leaves finite weights whose logits are not, so step 1 samples
+    from a distribution that is not finite. The hf engine does not fail on it (it used to: `index 261 is out of
+    bounds`); the update of step 1 sees the non-finite values and stops the run before its optimizer step."""
+    output = tmp_path / "rl"
+    one_update = ["algorithm.mini_batch_prompts=4", "trainer.checkpoint_every_n_steps=1"]
+    args = ["--config", "configs/rl.yaml", f"output_dir={output}", *RL_SHORT, *one_update, *DIVERGE]
+    result = fit(args)
+    assert result.returncode == EXIT_DIVERGED, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    (line,) = error_lines(result.stderr)
+    assert " at step 1: the training diverged " in line, line
+    assert result.stdout.splitlines()[0].startswith("run stopped at step 1: "), result.stdout
+    assert sorted(output.glob("checkpoints/*")) == [output / "checkpoints" / "step-000001.ckpt"]
