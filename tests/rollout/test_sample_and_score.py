@@ -103,3 +103,17 @@ def test_an_evaluation_in_chunks_between_agreement_points_is_the_whole_call(engi
     assert len(calls) == 3  # 7 prompts in chunks of 2: four chunks
     assert chunked == pytest.approx(whole, abs=1e-12)
     assert 0 < whole["eval/accuracy"] < 1 or whole["eval/response_length"] > 1
+
+
+def test_a_distribution_that_is_not_finite_samples_the_last_token_with_a_nan_logprob():
+    """A policy that diverged: its row has no CDF. It samples the last token with a NaN log-prob (which stops the run
+    at its update), where it failed with an index past the vocabulary; finite rows sample as before."""
+    import torch
+
+    from klear.rollout.hf import _pick
+
+    logits = torch.tensor([[0.0, 5.0, 0.0], [float("nan"), 0.0, 1.0], [float("inf"), 0.0, 0.0]])
+    token, logprob = _pick(logits, SamplingParams(temperature=1.0), torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64))
+    assert token.tolist() == [1, 2, 2]
+    assert logprob[0].item() == pytest.approx(torch.log_softmax(logits[0], -1)[1].item())
+    assert logprob[1:].isnan().all()
