@@ -29,15 +29,16 @@ from klear.models.tiny import QWEN3_0_6B, build_tiny
 
 
 def command(model: Path, output: Path, updates: int, overrides: list[str]) -> list[str]:
-    """The RL command on ``model``: steps of ``updates`` updates of 4 samples each, a checkpoint after each step.
+    """The RL command on ``model``: steps of ``updates`` updates of 2 samples of up to 16 tokens each, a checkpoint
+    after each step.
     A random model's answers are never right: the groups are kept anyway, so that every step updates."""
     return [
         *(sys.executable, "-m", "klear.fit", "-v", "--config", "configs/rl.yaml"),
         f"model.path={model}",
         f"output_dir={output}",
         f"rollout.prompts_per_step={updates}",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=32",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=16",
         "algorithm.mini_batch_prompts=1",
         "algorithm.filter_groups=false",
         "trainer.max_steps=50",
