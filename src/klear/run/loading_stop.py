@@ -54,7 +54,13 @@ class OutputState:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.existed = self.root.is_dir()
-        self.files = {name: _read(self.root / name) for name in WRITTEN}
+        self.files: dict[str, bytes | None] = {}
+        """Each file's bytes, or None where it did not exist; one this process cannot read is left alone."""
+        for name in WRITTEN:
+            try:
+                self.files[name] = _read(self.root / name)
+            except OSError:  # output_dir is a file, or cannot be read: the start refuses it in one line
+                pass
 
     def restore(self) -> str:
         """Put back what :meth:`__init__` saw; returns what became of ``root``, for the run's one line."""
@@ -82,5 +88,5 @@ class OutputState:
 def _read(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
