@@ -12,6 +12,7 @@ share of problems with at least one correct answer), and, when the problems carr
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,8 @@ from klear.eval.metrics import pass_at_k
 from klear.rewards.scorer import ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 from klear.rollout.sample_and_score import sample_and_score
+
+log = logging.getLogger(__name__)
 
 EVAL_SEED = 1234
 """Sampling seed of every evaluation (independent of the training seed, so runs compare on equal terms)."""
@@ -66,6 +69,7 @@ def evaluate(
         seed=EVAL_SEED,
     )
     chunk = len(problems) if stop_point is None else chunk_prompts(engine_batch, samples, world)
+    log.debug("evaluating %d problems x %d samples, %d prompts at a time", len(problems), samples, chunk)
     correct, lengths = [], []
     for start in range(0, len(problems), chunk):
         if start:

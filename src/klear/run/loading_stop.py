@@ -14,6 +14,7 @@ This module imports nothing heavy: a SIGTERM may come before torch is imported.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -57,10 +58,8 @@ class OutputState:
         self.files: dict[str, bytes | None] = {}
         """Each file's bytes, or None where it did not exist; one this process cannot read is left alone."""
         for name in WRITTEN:
-            try:
+            with contextlib.suppress(OSError):  # output_dir cannot be read: the start refuses it in one line
                 self.files[name] = _read(self.root / name)
-            except OSError:  # output_dir is a file, or cannot be read: the start refuses it in one line
-                pass
 
     def restore(self) -> str:
         """Put back what :meth:`__init__` saw; returns what became of ``root``, for the run's one line."""
