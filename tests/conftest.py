@@ -50,6 +50,8 @@ END_TO_END: dict[str, str] = {
     "rollout/test_vllm_engine.py": "runs `klear.fit` main() (whole training runs)",
     "rollout/test_vllm_ranks.py": "runs two ranks of the CLI in subprocesses",
     "runtime/test_memory.py": "measures memory in fresh subprocesses",
+    "run/test_divergence.py": "runs `python -m klear.fit` until it diverges, in subprocesses (two ranks too)",
+    "run/test_loading_stop.py": "signals `python -m klear.fit` in subprocesses while they load",
     "run/test_progress.py": "runs `python -m klear.fit` in a subprocess",
     "run/test_report.py": "runs `klear.fit` main() (a training run)",
     "run/test_one_writer.py": "runs two commands on one output in subprocesses, and kills one",

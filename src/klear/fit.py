@@ -20,6 +20,7 @@ from klear.config.load import load_config, read_yaml, save_config
 from klear.errors import UserError, first_line
 from klear.run.directory import RunDir, RunError, remove_path, write_failure
 from klear.run.folder_lock import launching_process
+from klear.run.loading_stop import EXIT_INTERRUPTED, EXIT_SIGTERM, OutputState, Terminated, sigterm_raises
 from klear.run.preflight import preflight
 
 # Keys that may change when a run is resumed; any other difference is refused. `output_dir` differs when a run
@@ -76,28 +77,45 @@ def main(argv: list[str] | None = None) -> int:
         for name in list_objectives():
             print(f"{name}: {objective_defaults(name)}")
         return 0
+    output = None  # what output_dir held before this start wrote to it
     try:
-        config = load_config(args.config, args.overrides, args.objective)
-        if args.help_config is not None:
-            from klear.config.help import config_help, terminal_width
+        with sigterm_raises():  # until the fit: each rank stops at once (`klear.run.loading_stop`)
+            config = load_config(args.config, args.overrides, args.objective)
+            if args.help_config is not None:
+                from klear.config.help import config_help, terminal_width
 
-            print(config_help(config, args.help_config, terminal_width()))
-            return 0
-        if args.print_config:
-            print(OmegaConf.to_yaml(config), end="")
-            return 0
-        if args.quiet:
-            config.trainer.progress_bar = False
-        preflight(config)  # the machine, model and data files: before output_dir holds anything
-        run_dir, module, batches = start(config, resume=args.resume, overwrite=args.overwrite)
+                print(config_help(config, args.help_config, terminal_width()))
+                return 0
+            if args.print_config:
+                print(OmegaConf.to_yaml(config), end="")
+                return 0
+            if args.quiet:
+                config.trainer.progress_bar = False
+            preflight(config)  # the machine, model and data files: before output_dir holds anything
+            output = OutputState(config.output_dir)
+            run_dir, module, batches = start(config, resume=args.resume, overwrite=args.overwrite)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except (Terminated, KeyboardInterrupt) as stop:
+        return stopped_while_loading(stop, output)
     try:
         return train(config, run_dir, module, batches, args, argv)
     finally:
         if run_dir.lock is not None:
             run_dir.lock.release()
+
+
+def stopped_while_loading(stop: BaseException, output: OutputState | None) -> int:
+    """SIGTERM or Ctrl-C before the fit: ``output_dir`` put back as it was, one line (from rank 0), 143 or 130."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    signalled = isinstance(stop, Terminated)
+    if rank_zero_only.rank == 0:
+        where = output.restore() if output is not None else "output_dir was not touched"
+        outcome, cause = ("stopped", "SIGTERM") if signalled else ("interrupted", "Ctrl-C")
+        print(f"run {outcome} before its first step: {cause} while loading; nothing was trained, {where}", flush=True)
+    return EXIT_SIGTERM if signalled else EXIT_INTERRUPTED
 
 
 def set_loudness(quiet: bool, verbose: bool) -> None:
@@ -119,14 +137,15 @@ def train(
     config: DictConfig, run_dir: RunDir, module, batches, args: argparse.Namespace, argv: list[str] | None
 ) -> int:
     """Fit, then write ``report.md`` and ``curves.png`` and print the closing summary however the run ended:
-    finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), interrupted with Ctrl-C (130), stopped by
-    SIGTERM (143, every rank at the same step boundary: `klear.run.stopping`), a write that failed (a full disk:
+    finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), by a loss, gradient norm or log-prob that is not
+    finite (4, before the update commits: `klear.run.stopping.check_finite`), interrupted with Ctrl-C (130), stopped by
+    SIGTERM (143, every rank at the same step or update: `klear.run.stopping`), a write that failed (a full disk:
     one line, exit 1) or failed otherwise (the exception propagates after the summary). The last complete
     checkpoint is kept in every case, and a report that cannot be written never hides how the run ended."""
     import time
 
     from klear.rollout.refresh import LogprobGapError
-    from klear.run.stopping import EXIT_SIGTERM, SignalStop, StopRequested
+    from klear.run.stopping import EXIT_DIVERGED, Diverged, SignalStop, StopRequested
     from klear.runtime import lightning_compat
 
     first_step = run_dir.resume_step() if args.resume else 0  # read now: the run replaces the checkpoint
@@ -134,6 +153,8 @@ def train(
     resume = resume_command(argv)
 
     def forced_exit(reason: str) -> None:
+        if trainer is None:  # still being built: nothing of the run to report
+            return
         status = f"stopped at step {lightning_compat.completed_steps(trainer)}: SIGTERM ({reason})"
         if trainer.is_global_zero:
             for partial in run_dir.checkpoints.glob("*.tmp"):  # a save cut short: never mistaken for a checkpoint
@@ -142,9 +163,9 @@ def train(
         if run_dir.lock is not None:  # the exit that follows skips main's release
             run_dir.lock.release()
 
-    stop = SignalStop(forced_exit)
-    trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop])
-    with stop.watching():
+    stop, trainer = SignalStop(forced_exit), None
+    with stop.watching():  # from here on, a SIGTERM stops the ranks together, at the first step at the latest
+        trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop])
         try:
             checkpoint = str(run_dir.last_checkpoint) if args.resume else None
             trainer.fit(module, train_dataloaders=batches, ckpt_path=checkpoint, weights_only=False)  # our own files
@@ -153,10 +174,14 @@ def train(
         except LogprobGapError as error:
             print(f"error: {error}", file=sys.stderr)
             code, outcome, detail = 3, "stopped", f": {first_line(error)}"
+        except Diverged as error:  # every rank, at the same update, before its optimizer step
+            if trainer.is_global_zero:
+                print(f"error: {diverged(error, lightning_compat.completed_steps(trainer), config)}", file=sys.stderr)
+            code, outcome, detail = EXIT_DIVERGED, "stopped", f": {error}"
         except SystemExit:  # Lightning answers Ctrl-C with a graceful shutdown, then sys.exit(1)
             if not trainer.interrupted:
                 raise
-            code, outcome = 130, "interrupted"
+            code, outcome = EXIT_INTERRUPTED, "interrupted"
         except OSError as error:  # a full disk, a quota: what to do is one line, not a traceback
             print(f"error: {write_failure(error, run_dir.root)}", file=sys.stderr)
             code, outcome, detail = 1, "failed", f": {type(error).__name__}: {first_line(error)}"
@@ -171,6 +196,14 @@ def train(
     if failure is not None:
         raise failure
     return code
+
+
+def diverged(error: Exception, step: int, config: DictConfig) -> str:
+    """The one line of a run stopped by a metric that is not finite (`klear.run.stopping.Diverged`)."""
+    return (
+        f"{error} at step {step}: the training diverged (a learning rate too high is the usual cause: optim.lr = "
+        f"{config.optim.lr:g}); step {step} is discarded, nothing of it is saved"
+    )
 
 
 def report(run_dir: RunDir, config: DictConfig, seconds: float, status: str, first_step: int, must_succeed: bool):

@@ -77,3 +77,43 @@ def test_an_empty_share_is_not_scored_and_a_seed_is_required(engine):
         sample_and_score(engine, engine.tokenizer, PROBLEMS, SamplingParams(n=2), refuse)
     with pytest.raises(ValueError, match="a share is missing"):
         SampledGroups.of_shares([share], 1, 3)
+
+
+def test_an_evaluation_in_chunks_between_agreement_points_is_the_whole_call(engine):
+    """A run's evaluation is split where the ranks may agree to stop on SIGTERM: chunks of whole engine batches,
+    seeded as one call, so the metrics are one call's; the agreement point is called between two chunks."""
+    from klear.config import EvalConfig
+    from klear.eval.in_training import chunk_prompts, evaluate
+
+    problems = [Problem(row["problem"], row["answer"]) for row in generate_problems(7, seed=5, levels=[1])]
+    config = EvalConfig(num_prompts=7, max_new_tokens=24, temperature=1.0, samples=2)
+    scorer = RewardScorer("math")
+    whole = evaluate(engine, engine.tokenizer, problems, config, scorer.correctness)
+    calls = []
+    chunked = evaluate(
+        engine,
+        engine.tokenizer,
+        problems,
+        config,
+        scorer.correctness,
+        stop_point=lambda: calls.append(1),
+        engine_batch=4,
+    )
+    assert chunk_prompts(4, 2, 1) == 2 and chunk_prompts(4, 3, 2) == 8 and chunk_prompts(100, 4, 1) == 25
+    assert len(calls) == 3  # 7 prompts in chunks of 2: four chunks
+    assert chunked == pytest.approx(whole, abs=1e-12)
+    assert 0 < whole["eval/accuracy"] < 1 or whole["eval/response_length"] > 1
+
+
+def test_a_distribution_that_is_not_finite_samples_the_last_token_with_a_nan_logprob():
+    """A policy that diverged: its row has no CDF. It samples the last token with a NaN log-prob (which stops the run
+    at its update), where it failed with an index past the vocabulary; finite rows sample as before."""
+    import torch
+
+    from klear.rollout.hf import _pick
+
+    logits = torch.tensor([[0.0, 5.0, 0.0], [float("nan"), 0.0, 1.0], [float("inf"), 0.0, 0.0]])
+    token, logprob = _pick(logits, SamplingParams(temperature=1.0), torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64))
+    assert token.tolist() == [1, 2, 2]
+    assert logprob[0].item() == pytest.approx(torch.log_softmax(logits[0], -1)[1].item())
+    assert logprob[1:].isnan().all()

@@ -65,7 +65,7 @@ def stop_group(process: subprocess.Popen, within: float) -> tuple[str, str]:
 def assert_stopped(output: Path, args: list[str], stdout: str, stderr: str, returncode: int) -> Path:
     assert returncode == EXIT_SIGTERM, stderr[-3000:]
     assert "Traceback" not in stdout + stderr, stderr[-3000:]
-    assert "warning: SIGTERM received: stopping at the start of the next step" in stderr
+    assert "warning: SIGTERM received: stopping at the next step, or within the step in progress" in stderr
     summary = stdout.splitlines()
     assert summary[0].startswith("run stopped at step ") and summary[0].split(": ")[1] == "SIGTERM", summary
     checkpoint = sorted(output.glob("checkpoints/step-*.ckpt"))[-1]
@@ -114,6 +114,96 @@ def test_sigterm_to_two_ranks_during_an_evaluation_stops_both_and_resumes(tmp_pa
     logged = [int(row["step"]) for row in read_metrics(output / "metrics.csv")]
     assert logged == sorted(logged) and steps - 1 in logged  # in order, up to the step the resume added
     assert (output / "hf" / "config.json").is_file()
+
+
+LONG_STEP = [
+    *RL_SHORT,
+    "trainer.max_steps=200",
+    "trainer.checkpoint_every_n_steps=1",
+    "eval.every_n_steps=0",
+    "rollout.prompts_per_step=16",
+    "rollout.max_new_tokens=24",
+    "algorithm.mini_batch_prompts=1",  # 16 optimizer updates per step, an agreement point between each two
+    "algorithm.filter_groups=false",
+]
+"""Steps of many updates, a checkpoint after each."""
+
+
+def stop_inside_step(args: list[str], output: Path) -> tuple[subprocess.Popen, str, str, float]:
+    """Start ``args`` (with ``-v``), SIGTERM the group once step 1's rollouts are taken (its debug line: the updates
+    begin), and return the process, its output and the seconds from the signal to the end of every process."""
+    process = start(args)
+    seen = []
+    for line in process.stderr:  # the updates of step 1 begin once its groups are counted
+        seen.append(line.decode())
+        if "klear.stages.rl: step 1: " in seen[-1]:
+            break
+    else:
+        raise AssertionError(f"the run ended before step 1: {''.join(seen)[-3000:]}")
+    signalled = time.monotonic()
+    stdout, stderr = stop_group(process, within=60)
+    return process, stdout, "".join(seen) + stderr, time.monotonic() - signalled
+
+
+def test_sigterm_inside_a_step_stops_at_its_next_update_and_discards_it(tmp_path):
+    """A step longer than the grace would end in the forced exit if the ranks agreed only between steps: they
+    agree between its updates too, so the stop comes within one update, the step in progress is discarded (no
+    checkpoint of it, no row of it), and the run resumes from the checkpoint before it."""
+    output = tmp_path / "rl"
+    args = ["-v", "--config", "configs/rl.yaml", f"output_dir={output}", *LONG_STEP]
+    process, stdout, stderr, seconds = stop_inside_step(args, output)
+    checkpoint = assert_stopped(output, args, stdout, stderr, process.returncode)
+    assert stdout.splitlines()[0].startswith("run stopped at step 1: SIGTERM: 1 step in "), stdout
+    assert checkpoint.name == "step-000001.ckpt", "step 1 was completed: the stop waited for the step's end"
+    assert [row["step"] for row in read_metrics(output / "metrics.csv")] == ["0"]
+    print(f"stopped {seconds:.1f} s after SIGTERM")
+    again = [*(arg for arg in args if arg != "trainer.max_steps=200"), "trainer.max_steps=2", "--resume"]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "klear.fit", *again],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.splitlines()[0].startswith("run finished: 1 step in ")
+    assert [row["step"] for row in read_metrics(output / "metrics.csv")] == ["0", "1", "2"]
+
+
+def test_sigterm_to_two_ranks_inside_a_step_stops_both_at_the_same_update(tmp_path):
+    output = tmp_path / "rl"
+    args = ["-v", "--config", "configs/rl.yaml", f"output_dir={output}", *LONG_STEP, "trainer.devices=2"]
+    process, stdout, stderr, seconds = stop_inside_step(args, output)
+    checkpoint = assert_stopped(output, args, stdout, stderr, process.returncode)
+    assert stdout.splitlines()[0].startswith("run stopped at step 1: SIGTERM: 1 step in "), stdout
+    assert checkpoint.name == "step-000001.ckpt"
+    assert stderr.count("warning: SIGTERM received") == 2
+    print(f"stopped {seconds:.1f} s after SIGTERM")
+
+
+def test_sigterm_during_an_evaluation_stops_at_its_next_chunk(tmp_path):
+    """SFT's evaluation of 200 problems x 4 samples before step 0, in chunks of 2 problems (8 sequences,
+    ``eval.batch_size``): SIGTERM as it begins
+    stops the run before step 0 trains, where the evaluation and step 0 used to complete first."""
+    output = tmp_path / "sft"
+    evaluation = ["eval.num_prompts=200", "data.num_eval=200", "eval.max_new_tokens=48", "eval.batch_size=8"]
+    short = ["trainer.max_steps=50", "trainer.checkpoint_every_n_steps=1", "trainer.progress_bar=false"]
+    args = ["-v", "--config", "configs/sft.yaml", f"output_dir={output}", "data.num_train=800", *short, *evaluation]
+    process = start(args)
+    seen = []
+    for line in process.stderr:
+        seen.append(line.decode())
+        if "klear.eval.in_training: evaluating 200 problems x 4 samples, 2 prompts at a time" in seen[-1]:
+            break
+    else:
+        raise AssertionError(f"no evaluation began: {''.join(seen)[-3000:]}")
+    stdout, stderr = stop_group(process, within=60)
+    assert process.returncode == EXIT_SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stdout + stderr, stderr[-3000:]
+    summary = stdout.splitlines()
+    assert summary[0].startswith("run stopped at step 0: SIGTERM: 0 steps in "), summary
+    assert summary[-1].startswith("no checkpoint was completed: start again with: ")
+    assert not list(output.glob("checkpoints/*"))
 
 
 def test_the_watcher_sees_sigterm_and_restores_the_handler(monkeypatch):

@@ -12,6 +12,8 @@ share of problems with at least one correct answer), and, when the problems carr
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +25,8 @@ from klear.eval.metrics import pass_at_k
 from klear.rewards.scorer import ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 from klear.rollout.sample_and_score import sample_and_score
+
+log = logging.getLogger(__name__)
 
 EVAL_SEED = 1234
 """Sampling seed of every evaluation (independent of the training seed, so runs compare on equal terms)."""
@@ -42,11 +46,18 @@ def evaluate(
     score: Scorer,
     rank: int = 0,
     world: int = 1,
+    stop_point: Callable[[], None] | None = None,
+    engine_batch: int = 0,
 ) -> dict[str, float]:
     """``eval/accuracy`` (the share of correct answers over problems x samples), response length and pass@k.
 
     With ``world`` data-parallel ranks, each samples and scores its contiguous share of the problems (prompt
     ``i`` is seeded by ``EVAL_SEED + i`` wherever it runs) and all ranks return the metrics of the whole set.
+
+    With ``stop_point`` (a run's agreement point on SIGTERM, `klear.run.stopping`), the problems are sampled in
+    chunks that each give every rank a whole number of the engine's batches of ``engine_batch`` sequences (the
+    batches one call would make), and every rank calls ``stop_point`` between two chunks: a stop does not wait for
+    the whole evaluation. The seeds are those of one call, so the metrics are too.
     """
     problems = problems[: config.num_prompts]
     samples = config.samples if config.temperature > 0 else 1
@@ -57,9 +68,16 @@ def evaluate(
         n=samples,
         seed=EVAL_SEED,
     )
-    sampled = sample_and_score(engine, tokenizer, problems, sampling, _verdicts(score), rank, world)
-    correct = sampled.scores.correct
-    lengths = [len(rollout.response_ids) for rollout in sampled.rollouts]
+    chunk = len(problems) if stop_point is None else chunk_prompts(engine_batch, samples, world)
+    log.debug("evaluating %d problems x %d samples, %d prompts at a time", len(problems), samples, chunk)
+    correct, lengths = [], []
+    for start in range(0, len(problems), chunk):
+        if start:
+            stop_point()
+        part = problems[start : start + chunk]
+        sampled = sample_and_score(engine, tokenizer, part, sampling, _verdicts(score), rank, world, first=start)
+        correct += sampled.scores.correct
+        lengths += [len(rollout.response_ids) for rollout in sampled.rollouts]
     metrics = {
         "eval/accuracy": sum(correct) / len(correct),
         "eval/response_length": sum(lengths) / len(lengths),
@@ -71,6 +89,14 @@ def evaluate(
         hits = [value for i, value in enumerate(correct) if problems[i // samples].source == source]
         metrics[f"eval/accuracy/{source}"] = sum(hits) / len(hits)
     return metrics
+
+
+def chunk_prompts(engine_batch: int, samples: int, world: int) -> int:
+    """Prompts per chunk of an evaluation split by agreement points (see `evaluate`): the fewest whose ``samples``
+    sequences fill whole batches of ``engine_batch`` on each of ``world`` ranks."""
+    if engine_batch < 1:
+        raise ValueError(f"engine_batch = {engine_batch}: an evaluation in chunks needs the engine's batch size")
+    return world * math.lcm(engine_batch, samples) // samples
 
 
 def _verdicts(score: Scorer) -> Callable[[Sequence[Rollout], list[Any]], ScoredRollouts]:

@@ -296,7 +296,9 @@ def _pick(logits: Tensor, sampling: SamplingParams, uniforms: Tensor | None) -> 
     # first entry that reaches a positive threshold is a token of positive probability.
     cdf = cdf.cummax(dim=-1).values
     threshold = (uniforms * cdf[:, -1]).clamp(min=torch.finfo(torch.float64).tiny)
-    token = torch.searchsorted(cdf, threshold[:, None]).squeeze(-1)
+    # A row that is not finite (a policy that diverged) has no CDF: it takes the last token, with a NaN log-prob,
+    # and the run stops at the update's check of rollout/logprob_gap (`klear.run.stopping.check_finite`).
+    token = torch.searchsorted(cdf, threshold[:, None]).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
     return token, torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
 
 

@@ -87,10 +87,12 @@ def sample_and_score(
     score: Score,
     rank: int = 0,
     world: int = 1,
+    first: int = 0,
 ) -> SampledGroups:
     """Sample ``sampling.n`` answers to each of ``problems`` with ``engine`` and score them (see the module
-    docstring): this rank's share (`sample_share`), then every rank's, gathered."""
-    share = sample_share(engine, tokenizer, problems, sampling, score, rank, world)
+    docstring): this rank's share (`sample_share`), then every rank's, gathered. ``first``: the index of
+    ``problems[0]`` in a call split into parts, each sampled and scored as in the whole call."""
+    share = sample_share(engine, tokenizer, problems, sampling, score, rank, world, first)
     return SampledGroups.of_shares(gather_objects(share, world), len(problems), sampling.n)
 
 
@@ -102,23 +104,24 @@ def sample_share(
     score: Score,
     rank: int = 0,
     world: int = 1,
+    first: int = 0,
 ) -> SampledShare:
     """Rank ``rank``'s contiguous share of ``problems`` (`rank_range`), sampled and scored; ``sampling.seed`` must be
-    set, since it is what makes the samples reproducible."""
+    set, since it is what makes the samples reproducible; ``first`` as in `sample_and_score`."""
     if sampling.seed is None:
         raise ValueError("sample_and_score needs sampling.seed: prompt i samples from the stream seed + i")
     n = sampling.n
     mine = rank_range(len(problems), rank, world)
     prompts = [encode_problem(tokenizer, problem) for problem in problems[mine.start : mine.stop]]
     timer = time.perf_counter()
-    rollouts = engine.generate(prompts, replace(sampling, seed=sampling.seed + mine.start))
+    rollouts = engine.generate(prompts, replace(sampling, seed=sampling.seed + first + mine.start))
     sampling_s = time.perf_counter() - timer
     for rollout in rollouts:
         rollout.prompt_index += mine.start
     timer = time.perf_counter()
     if rollouts:
         references = [
-            seeded_reference(problems[rollout.prompt_index].reference, sampling.seed + mine.start * n + i)
+            seeded_reference(problems[rollout.prompt_index].reference, sampling.seed + (first + mine.start) * n + i)
             for i, rollout in enumerate(rollouts)
         ]
         scores = score(rollouts, references)

@@ -8,47 +8,79 @@ collective (an evaluation's gather) waits forever for a partner that never comes
 
 - the signal only wakes a watcher thread (``signal.set_wakeup_fd``: the interpreter writes the signal number to a
   pipe from its C-level handler, so it is seen even while the main thread is blocked in a collective);
-- the ranks agree to stop at the start of the next training step, one ``all_reduce(MAX)`` of the flag that every
-  rank reaches (a rank that was not signalled stops too), and all raise :class:`StopRequested` there: no new step,
-  evaluation or checkpoint is started, and a checkpoint being written when the signal came completes first;
+- the ranks agree to stop at the next agreement point, one ``all_reduce(MAX)`` of the flag that every rank reaches
+  (a rank that was not signalled stops too), and all raise :class:`StopRequested` there: no new step, evaluation
+  or checkpoint is started, and a checkpoint being written when the signal came completes first. The points are
+  the start of each training step and, inside a step (:meth:`SignalStop.agree`, which the stages call), between
+  its generation and its update, between its optimizer updates and between the chunks of an evaluation, so a step
+  longer than the grace stops within one chunk of work; what a step had done is discarded (its checkpoint is
+  saved only once it completes), so the last complete checkpoint is the one before it;
 - a rank that has not stopped within :data:`GRACE_S` seconds, or that receives a second SIGTERM, exits at once
   (after rank 0 printed the summary and removed a half-written checkpoint): the last complete checkpoint is the
   one named by the summary either way.
 
 The exit status is :data:`EXIT_SIGTERM` (143 = 128 + 15, what a shell reports for a process ended by SIGTERM).
+Before the fit (the config, the data and the model loading), `klear.run.loading_stop` stops each rank at once.
 Lightning's SLURM auto-requeue is switched off by :func:`cluster_plugins`: its SIGUSR1 handler saves a checkpoint
 with collectives inside a signal handler too (the same hang) and writes an ``hpc_ckpt_N.ckpt`` that klear never
 resumes from. `docs/scale-out.md` says how to stop and requeue under SLURM instead.
+
+A run that diverges stops too (:class:`Diverged`, exit status :data:`EXIT_DIVERGED`): :func:`check_finite` looks at
+an update's loss, gradient norm and log-prob metrics once they are reduced across ranks, and before the optimizer
+step commits them, so every rank sees the same values and stops at the same update without a collective of its
+own, no NaN reaches the weights (gradient clipping would spread a NaN norm over every gradient), and nothing
+samples from a policy that diverged. The step is discarded; the last checkpoint is the one before it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import lightning as L
 import torch
 
+from klear.run.loading_stop import EXIT_SIGTERM  # the exit status of a run stopped by SIGTERM (143)
+
 log = logging.getLogger(__name__)
 
-EXIT_SIGTERM = 128 + signal.SIGTERM
-"""The exit status of a run stopped by SIGTERM."""
+EXIT_DIVERGED = 4
+"""The exit status of a run stopped by a non-finite loss, gradient norm or log-prob (:class:`Diverged`)."""
 GRACE_S = 20.0
 """Seconds a rank may take from SIGTERM to its stop before it exits regardless (SLURM's and Kubernetes' default
 grace before SIGKILL is 30 s)."""
 
 
 NOTICE = (
-    b"warning: SIGTERM received: stopping at the start of the next step; the last complete checkpoint is kept "
-    b"(a second SIGTERM stops at once)\n"
+    b"warning: SIGTERM received: stopping at the next step, or within the step in progress, which is then "
+    b"discarded; the last complete checkpoint is kept (a second SIGTERM stops at once)\n"
 )
 
 
 class StopRequested(Exception):
     """Every rank stops at this step boundary: SIGTERM reached at least one of them."""
+
+
+class Diverged(RuntimeError):
+    """An update's ``metric`` is not finite (``value``): every rank stops at this update, before its optimizer step."""
+
+    def __init__(self, metric: str, value: float) -> None:
+        super().__init__(f"{metric} is {value}")
+        self.metric = metric
+        self.value = value
+
+
+def check_finite(values: Mapping[str, float], names: Iterable[str]) -> None:
+    """Raise :class:`Diverged` for the first of ``names`` whose value in ``values`` (reduced across ranks, so the
+    same on every rank) is not finite; names without a value are skipped."""
+    for name in names:
+        value = values.get(name)
+        if value is not None and not math.isfinite(value):
+            raise Diverged(name, value)
 
 
 class SignalStop(L.Callback):
@@ -114,8 +146,24 @@ class SignalStop(L.Callback):
         self._install()
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch, batch_idx: int) -> None:
-        if stop_agreed(self.signalled.is_set(), trainer.strategy.root_device):
+        self.agree(trainer.strategy.root_device)
+
+    def agree(self, device: torch.device) -> None:
+        """An agreement point: raise :class:`StopRequested` on every rank when any was signalled. Every rank must
+        call it at the same place of the same step (one collective); a stage calls it through
+        :func:`agreement_point`."""
+        if stop_agreed(self.signalled.is_set(), device):
             raise StopRequested("SIGTERM")
+
+
+def agreement_point(trainer: L.Trainer) -> Callable[[], None] | None:
+    """The agreement point on SIGTERM inside a step of ``trainer``'s fit (:meth:`SignalStop.agree` on its device),
+    or ``None`` when no :class:`SignalStop` watches it (the Python API without ``klear.fit``)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, SignalStop):
+            device = trainer.strategy.root_device
+            return lambda: callback.agree(device)
+    return None
 
 
 def stop_agreed(signalled: bool, device: torch.device) -> bool:

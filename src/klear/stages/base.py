@@ -27,6 +27,7 @@ from klear.eval.in_training import evaluate
 from klear.models import prompt_budget
 from klear.rollout.engine import RolloutEngine
 from klear.run.directory import RunDir
+from klear.run.stopping import agreement_point
 from klear.runtime import memory
 from klear.runtime.optim import build_optimizer, build_scheduler
 from klear.runtime.strategies import export_hf, shard_model, uses_fsdp2
@@ -76,6 +77,14 @@ class StageModule(L.LightningModule):
             self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
         memory.mark("update")
 
+    def stop_point(self) -> None:
+        """An agreement point on SIGTERM inside a step (`klear.run.stopping`): every rank calls it at the same place
+        of the same step, and all stop there together when any was signalled; nothing without ``klear.fit``'s
+        watching."""
+        point = agreement_point(self.trainer)
+        if point is not None:
+            point()
+
     def on_train_end(self) -> None:
         self._log_step(self.run_eval(), step=self.config.trainer.max_steps)
         export_hf(self, RunDir(self.config.output_dir).hf)
@@ -96,6 +105,8 @@ class StageModule(L.LightningModule):
                 self.scorer.correctness,
                 rank=self.global_rank,
                 world=self.trainer.world_size,
+                stop_point=self.stop_point,
+                engine_batch=self.config.eval.batch_size,  # the batch size of the engine of `eval_engine`
             )
 
     # -------------------------------------------------------------------------------------------- output

@@ -134,6 +134,7 @@ class RLModule(StageModule):
 
     def training_step(self, problems: list[Problem], batch_idx: int) -> None:
         scored, metrics = self.rollouts.take(batch_idx, problems)
+        self.stop_point()  # between the generation and the update
         self._warn_if_starved(batch_idx, len(scored), self.config.rollout.prompts_per_step)
         if len(scored):
             timer = time.perf_counter()
@@ -192,6 +193,7 @@ class RLModule(StageModule):
             self.global_rank,
             self.trainer.world_size,
             gap,
+            stop_point=self.stop_point,
         )
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:

@@ -20,7 +20,7 @@ for.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -81,6 +81,8 @@ class SyncRollouts:
         rank, world: the data-parallel rank and the number of ranks (each samples its share).
         sleep_while_updating: release the engine's device memory after each step's sampling (the trainer's
             engine, colocated with the update); a rollout worker's engine stays awake.
+        engine_batch: the engine's batch size (``rollout.batch_size``), by which an evaluation is split in chunks
+            when `stop_point` is set.
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class SyncRollouts:
         rank: int = 0,
         world: int = 1,
         sleep_while_updating: bool = True,
+        engine_batch: int = 0,
     ) -> None:
         self.sampler = sampler
         self.engine: RolloutEngine = sampler.engine
@@ -101,6 +104,9 @@ class SyncRollouts:
         self.rank, self.world = rank, world
         self.sleep_while_updating = sleep_while_updating
         self.evaluations: dict[int, dict[str, float]] = {}
+        self.engine_batch = engine_batch
+        self.stop_point: Callable[[], None] | None = None
+        """The trainer's agreement point on SIGTERM, called between the chunks of an evaluation (`evaluate`)."""
 
     @classmethod
     def build(
@@ -126,7 +132,7 @@ class SyncRollouts:
         scorer = RewardScorer.from_config(config.reward, config.rollout.max_new_tokens, reward)
         engine = build_engine(config, policy, tokenizer, max_model_len)
         sampler = StepSampler(config, engine, tokenizer, scorer, train_problems, rank, world)
-        return cls(sampler, eval_problems, config.eval, rank, world, sleep_while_updating)
+        return cls(sampler, eval_problems, config.eval, rank, world, sleep_while_updating, config.rollout.batch_size)
 
     def take(self, step: int, problems: list[Problem]) -> tuple[ScoredGroups, dict[str, float]]:
         """Sample, score and filter ``problems`` now (`StepSampler.rollout`); adds ``timing/rollout_s``."""
@@ -150,6 +156,8 @@ class SyncRollouts:
                 self.scorer.correctness,
                 rank=self.rank,
                 world=self.world,
+                stop_point=self.stop_point,
+                engine_batch=self.engine_batch,
             )
 
     def take_eval(self, version: int) -> dict[str, float]:
@@ -178,7 +186,7 @@ def start_rollouts(module) -> Rollouts:
         from klear.stages.async_rollouts import start_async_rollouts
 
         return start_async_rollouts(module)
-    return SyncRollouts.build(
+    rollouts = SyncRollouts.build(
         config,
         module.model,
         module.train_problems,
@@ -189,3 +197,5 @@ def start_rollouts(module) -> Rollouts:
         tokenizer=module.tokenizer,
         reward=module.reward,
     )
+    rollouts.stop_point = module.stop_point
+    return rollouts

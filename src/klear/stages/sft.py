@@ -31,6 +31,7 @@ from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import ENGINES, RolloutEngine
 from klear.run.directory import RunDir
+from klear.run.stopping import check_finite
 from klear.runtime.device import compute_precision, policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
@@ -38,6 +39,9 @@ from klear.stages.base import StageModule, stage_problems
 from klear.stages.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
+
+FINITE_METRICS = ("train/loss", "train/grad_norm")
+"""Checked finite before each optimizer step (`klear.run.stopping.check_finite`)."""
 
 EVAL_ENGINE = "hf"
 """The engine (`klear.rollout.engine.ENGINES`) that samples SFT's evaluation: the one that samples the model being
@@ -92,10 +96,12 @@ class SFTModule(StageModule):
             self.manual_backward(loss * world)
             loss_sum += loss.detach()
         grad_norm = clip_grad_norm(self.model, self.config.optim.grad_clip)
+        loss = self.trainer.strategy.reduce(loss_sum, reduce_op="sum")
+        # Reduced values, the same on every rank: they all stop here, before a NaN reaches the weights.
+        check_finite({"train/loss": loss.item(), "train/grad_norm": grad_norm}, FINITE_METRICS)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        loss = self.trainer.strategy.reduce(loss_sum, reduce_op="sum")
         self.log("loss", loss, prog_bar=True, logger=False)
         elapsed = time.perf_counter() - started
         self._log_step(

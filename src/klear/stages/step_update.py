@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from klear.run.stopping import check_finite
 from klear.runtime.step_metrics import StepMetrics
 from klear.stages.passes import Reduce
 from klear.stages.rollout_batch import ScoredGroups, build_rollout_batch, split_rows
@@ -80,6 +81,7 @@ class StepUpdate:
         rank: int,
         world: int,
         gap: float | None = None,
+        stop_point: Callable[[], None] | None = None,
     ) -> dict[str, float]:
         """The step's updates of ``model`` on ``scored`` with its (G, n) ``advantages``; returns the mean of the
         updates' metrics with ``rollout/logprob_gap``, ``actor/updates`` and ``actor/train_tokens_per_s``.
@@ -88,6 +90,8 @@ class StepUpdate:
             backward: runs the backward pass of a loss (Lightning's ``manual_backward``).
             reduce: the cross-rank reduction; ``rank`` this data-parallel rank of ``world``.
             gap: ``rollout/logprob_gap`` when the rollouts come measured (the rollout worker's), else ``None``.
+            stop_point: called by every rank between two updates, where a stop on SIGTERM is agreed
+                (`klear.run.stopping`).
         """
         started = time.perf_counter()
         plan, update = self.plan, self.policy_update
@@ -106,12 +110,15 @@ class StepUpdate:
                 model, batch, rank, world, reduce, with_entropy=entropy
             )
             gap = measured if gap is None else gap
+        check_finite({"rollout/logprob_gap": gap}, ["rollout/logprob_gap"])  # engine log-probs of a diverged policy
 
         totals, updates = StepMetrics(), 0
         for epoch in range(plan.epochs):
             generator = torch.Generator().manual_seed(step_seed(plan.seed, step, epoch))
             order = torch.randperm(len(scored), generator=generator)
             for group_slice in split_rows(len(scored), plan.mini_batch_prompts):
+                if updates and stop_point is not None:
+                    stop_point()
                 mini_batch = batch.select(rows_of_groups(order[group_slice], plan.group_size).to(device))
                 draw = step_seed(plan.seed, step, DRAW_SEEDS + updates)  # an objective's random draw (Clip-Cov)
                 metrics = update.step(

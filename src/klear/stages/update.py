@@ -27,10 +27,22 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from klear.objectives import aggregate
+from klear.run.stopping import check_finite
 from klear.runtime.optim import clip_grad_norm
 from klear.runtime.step_metrics import StepMetrics
 from klear.stages.passes import LogprobPasses, Reduce, masked_mean
 from klear.stages.rollout_batch import RolloutBatch
+
+FINITE_METRICS = (
+    "actor/pg_loss",
+    "actor/sft_loss",
+    "actor/kl",
+    "actor/grad_norm",
+    "actor/entropy",
+    "rollout/logprob_gap",
+)
+"""The loss terms, the gradient norm and what the log-probs give, checked finite before each update commits
+(`klear.run.stopping.check_finite`): the first one that is not stops the run, named."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,8 @@ class PolicyUpdate:
         seed: int = 0,
     ) -> dict[str, float]:
         """Forward/backward over this rank's micro-batches of the mini-batch ``batch``, clip, step. Returns the
-        mini-batch's metrics.
+        mini-batch's metrics; raises `klear.run.stopping.Diverged`, before the step, when one of `FINITE_METRICS`
+        is not finite.
 
         Args:
             batch: the whole mini-batch, the same on every rank; each rank computes its part (`plan`).
@@ -145,10 +158,11 @@ class PolicyUpdate:
             # Gradients are averaged over data-parallel ranks (DDP and FSDP2 alike): undo it for a global sum.
             backward(loss * world)
         grad_norm = clip_grad_norm(model, self.settings.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
         result = metrics.reduce(reduce)
         result["actor/grad_norm"] = grad_norm
+        check_finite(result, FINITE_METRICS)  # reduced values, the same on every rank: they all stop here
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         return result
 
     def _micro_loss(

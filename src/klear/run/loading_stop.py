@@ -1,0 +1,91 @@
+"""Stopping a run before its fit: SIGTERM or Ctrl-C while the config, the data or the model load.
+
+Until the Trainer's fit starts no rank runs a collective, so each one can stop by itself, at once, wherever it is:
+:func:`sigterm_raises` makes SIGTERM raise :class:`Terminated` in the main thread, as Ctrl-C raises
+``KeyboardInterrupt``. The command then prints one line, exits with :data:`EXIT_SIGTERM` (143) or
+:data:`EXIT_INTERRUPTED` (130), and leaves ``output_dir`` as it found it: :class:`OutputState` remembers, before
+anything is written, whether the folder existed and what the files a start writes held (``config.yaml``,
+``data_report.json``), and puts that back: a folder the start created is removed, an existing run's files get
+their bytes back, and a write cut short leaves nothing behind. From the fit on, `klear.run.stopping` stops the
+ranks together instead.
+
+This module imports nothing heavy: a SIGTERM may come before torch is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+EXIT_SIGTERM = 128 + signal.SIGTERM
+"""The exit status of a run stopped by SIGTERM (143: what a shell reports for a process ended by SIGTERM)."""
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+"""The exit status of a run interrupted with Ctrl-C (130)."""
+WRITTEN = ("config.yaml", "data_report.json")
+"""The files of ``output_dir`` that a start writes before the fit (`klear.run.directory.RunDir`)."""
+
+
+class Terminated(BaseException):
+    """SIGTERM before the fit. A ``BaseException``, as ``KeyboardInterrupt``: no ``except Exception`` of the code it
+    interrupts keeps it from stopping the run."""
+
+
+def _raise(signum: int, frame) -> None:
+    raise Terminated("SIGTERM")
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the main thread within this context; the previous handler after it."""
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class OutputState:
+    """What ``root`` (a run's ``output_dir``) held before a start wrote to it, to put back (see the module
+    docstring)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.existed = self.root.is_dir()
+        self.files: dict[str, bytes | None] = {}
+        """Each file's bytes, or None where it did not exist; one this process cannot read is left alone."""
+        for name in WRITTEN:
+            with contextlib.suppress(OSError):  # output_dir cannot be read: the start refuses it in one line
+                self.files[name] = _read(self.root / name)
+
+    def restore(self) -> str:
+        """Put back what :meth:`__init__` saw; returns what became of ``root``, for the run's one line."""
+        if not self.root.is_dir():  # never made, or made and removed again by the folder lock's undo
+            return f"{self.root} did not exist before and does not now"
+        pid = os.getpid()
+        for leftover in [*self.root.glob(f".*.{pid}.tmp"), *self.root.glob(f".klear-write-probe-{pid}")]:
+            leftover.unlink(missing_ok=True)  # a write that was cut short
+        for name, content in self.files.items():
+            path = self.root / name
+            if content is None:
+                path.unlink(missing_ok=True)
+            elif _read(path) != content:
+                temporary = path.with_name(f".{name}.{pid}.tmp")
+                temporary.write_bytes(content)
+                os.replace(temporary, path)
+        if self.existed:
+            return f"{self.root} is as it was"
+        if not any(self.root.iterdir()):
+            self.root.rmdir()
+            return f"{self.root}, which it had created, was removed"
+        return f"{self.root} holds only what others wrote there"
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None

@@ -1,0 +1,85 @@
+"""SIGTERM or Ctrl-C while a run loads its data and model, before its first step: one line, exit status 143 or
+130, and ``output_dir`` as the command found it (a folder it created is removed; an existing run's files, every
+one hashed before and after, unchanged, ``--overwrite`` and ``--resume`` alike). Real runs of the command, signalled
+while ``configs/sft.yaml`` tokenizes its 25,600 training examples."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from klear.config.load import load_config, save_config
+from klear.run.directory import RunDir
+from klear.run.loading_stop import EXIT_INTERRUPTED, EXIT_SIGTERM
+from tests.run.test_resume_checks import digests
+
+LOADING = "INFO klear.stages.sft: data.train: synthetic: "
+"""The log line before the training examples are tokenized (seconds for the 25,600 of configs/sft.yaml)."""
+
+
+def signal_while_loading(args: list[str], signum: int) -> tuple[int, str, str]:
+    """``python -m klear.fit ARGS``, sent ``signum`` once it logs `LOADING`; its exit status, stdout and stderr."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "klear.fit", *args]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if line.startswith(LOADING):
+            process.send_signal(signum)
+            break
+    stdout, stderr = process.communicate(timeout=120)
+    return process.returncode, stdout, "".join(seen) + stderr
+
+
+def assert_one_line(returncode: int, stdout: str, stderr: str, expected: int, line: str) -> None:
+    assert returncode == expected, stderr[-3000:]
+    assert "Traceback" not in stdout + stderr, stderr[-3000:]
+    assert [line for line in stderr.splitlines() if line.startswith(("error", "warning"))] == []
+    assert stdout.splitlines() == [line]
+
+
+def finished_run(root: Path) -> dict[str, str]:
+    """A finished SFT run's files in ``root`` (a real, small checkpoint), and their digests."""
+    run = RunDir(root)
+    save_config(load_config("configs/sft.yaml", [f"output_dir={root}"]), run.config)
+    run.metrics.write_text("train/loss,step\n2.5,0\n2.0,1\n")
+    (root / "report.md").write_text("# SFT run\n\n**Status:** finished\n")
+    (root / "data_report.json").write_text('{"train": {}}\n')
+    run.checkpoints.mkdir()
+    torch.save({"state_dict": {"w": torch.arange(64.0)}}, run.checkpoint(2))
+    return digests(root)
+
+
+def test_sigterm_while_loading_a_new_run_leaves_no_folder(tmp_path):
+    output = tmp_path / "new" / "sft"
+    result = signal_while_loading(["--config", "configs/sft.yaml", f"output_dir={output}"], signal.SIGTERM)
+    line = f"run stopped before its first step: SIGTERM while loading; nothing was trained, {output} did not exist "
+    assert_one_line(*result, EXIT_SIGTERM, line + "before and does not now")
+    assert not (tmp_path / "new").exists()  # nor the folder above it, which the start made too
+
+
+def test_ctrl_c_while_loading_into_an_existing_folder_leaves_it_as_it_was(tmp_path):
+    output = tmp_path / "sft"
+    output.mkdir()
+    (output / "notes.txt").write_text("mine\n")
+    result = signal_while_loading(["--config", "configs/sft.yaml", f"output_dir={output}"], signal.SIGINT)
+    line = f"run interrupted before its first step: Ctrl-C while loading; nothing was trained, {output} is as it was"
+    assert_one_line(*result, EXIT_INTERRUPTED, line)
+    assert sorted(path.name for path in output.iterdir()) == ["notes.txt"]
+
+
+def test_sigterm_while_loading_over_an_existing_run_changes_none_of_its_files(tmp_path):
+    output = tmp_path / "sft"
+    output.mkdir()
+    before = finished_run(output)
+    line = f"run stopped before its first step: SIGTERM while loading; nothing was trained, {output} is as it was"
+    for flag in ("--overwrite", "--resume"):
+        args = ["--config", "configs/sft.yaml", f"output_dir={output}", flag]
+        if flag == "--resume":
+            args.append("trainer.max_steps=1700")  # a resumed run may go on longer
+        assert_one_line(*signal_while_loading(args, signal.SIGTERM), EXIT_SIGTERM, line)
+        assert digests(output) == before, flag
