@@ -144,20 +144,22 @@ def checkpoint_problem(path: Path) -> str | None:
 
 
 WRITE_HINTS = {
-    errno.ENOSPC: "free space on that filesystem or set output_dir=... to another one",
-    errno.EDQUOT: "free space within your disk quota or set output_dir=... to another filesystem",
-    errno.EFBIG: "raise the file size limit (ulimit -f) or set output_dir=... to another filesystem",
-    errno.EROFS: "set output_dir=... to a writable filesystem",
+    errno.ENOSPC: "free space on that filesystem or {move} to another one",
+    errno.EDQUOT: "free space within your disk quota or {move} to another filesystem",
+    errno.EFBIG: "raise the file size limit (ulimit -f) or {move} to another filesystem",
+    errno.EROFS: "{move} to a writable filesystem",
 }
-"""What to do about an ``OSError`` that stopped a run's write, by ``errno``."""
+"""What to do about an ``OSError`` that stopped a write, by ``errno``; ``{move}`` names the setting that puts the
+output elsewhere."""
 
 
-def write_failure(error: OSError, root: Path) -> str:
-    """The one line (without ``error: ``) that reports ``error`` raised writing a file of the run in ``root``."""
+def write_failure(error: OSError, root: Path, move: str = "set output_dir=...") -> str:
+    """The one line (without ``error: ``) that reports ``error`` raised writing a file of the run in ``root`` (or
+    of a command's output there, ``move`` naming the option that moves it: ``set --out``)."""
     reason = error.strerror or type(error).__name__
     reason = reason[0].lower() + reason[1:]
     where = error.filename if error.filename is not None else f"the run's files in {root}"
-    hint = WRITE_HINTS.get(error.errno, f"make {root} writable or set output_dir=...")
+    hint = WRITE_HINTS.get(error.errno, "make {root} writable or {move}").format(root=root, move=move)
     return f"{reason} writing {where}; {hint}"
 
 

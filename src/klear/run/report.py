@@ -98,7 +98,7 @@ def write_run_report(
 def written(path: Path, write) -> None:
     """``write(temporary)`` then rename it to ``path``, so that ``path`` is whole or absent (never half a file, as
     on a full disk, where the temporary one is removed and the ``OSError`` raised names ``path``)."""
-    temporary = path.with_name(f".{path.stem}.tmp{path.suffix}")  # keeps the suffix: matplotlib picks the format
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # the suffix tells matplotlib the format
     try:
         write(temporary)
         os.replace(temporary, path)
