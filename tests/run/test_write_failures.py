@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from klear.run.directory import checkpoint_problem, with_path, write_failure
-from klear.run.report import written
+from klear.run.directory import checkpoint_problem, with_path, write_failure, written
 from tests.runs import RL_SHORT
 
 LIMIT = 32 * 1024
@@ -208,3 +207,11 @@ def test_a_sharded_export_rank_0_cannot_write_stops_both_ranks_and_keeps_the_che
     assert result.stdout.splitlines()[-1].startswith(f"nothing is lost: {checkpoint} is kept; resume with: ")
     assert checkpoint_problem(checkpoint) is None
     assert not (output / "hf").exists() and not [path for path in output.iterdir() if path.name.startswith(".")]
+
+
+def test_a_data_report_the_disk_cannot_hold_is_one_line_before_the_first_step(tmp_path):
+    output = tmp_path / "rl"
+    result = fit_limited(tmp_path, [*SHORT, f"output_dir={output}"], after=f"{output}/*data_report*", limit=0)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert errors_of(result) == [f"error: file too large writing {output / 'data_report.json'}; {EFBIG_HINT}"]
+    assert sorted(path.name for path in output.iterdir()) == ["config.yaml"]

@@ -53,8 +53,7 @@ from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
-from klear.run.directory import write_failure
-from klear.run.report import written
+from klear.run.directory import write_failure, written
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -21,7 +21,7 @@ from pathlib import Path
 from klear.data.layouts import detect_layout, get_path, prompt_text, read_prompt
 from klear.data.readers import BadRow, DataError, write_jsonl
 from klear.errors import UserError
-from klear.run.report import written
+from klear.run.directory import written
 
 __all__ = [
     "CommandError",

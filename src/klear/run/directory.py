@@ -113,9 +113,11 @@ class RunDir:
                         f"{source.get('problems', source.get('examples'))}; content digest {old['digest']} != "
                         f"{source['digest']}); resume with the same data, or start a new run in another output_dir"
                     )
-        temporary = self.data_report.with_name(f".{self.data_report.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
-        os.replace(temporary, self.data_report)
+        text = json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n"
+        try:
+            written(self.data_report, lambda path: path.write_text(text))
+        except OSError as error:  # a full disk before the first step: one line, not a model that "cannot be loaded"
+            raise RunError(write_failure(error, self.root)) from None
 
 
 def checkpoint_problem(path: Path) -> str | None:
@@ -186,3 +188,18 @@ def remove_path(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+def written(path: Path, write) -> None:
+    """``write(temporary)`` then rename it to ``path``, so that ``path`` is whole or absent (never half a file, as
+    on a full disk, where the temporary one is removed and the ``OSError`` raised names ``path``)."""
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # the suffix tells matplotlib the format
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise

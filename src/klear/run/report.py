@@ -13,11 +13,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 
 from omegaconf import DictConfig
+
+from klear.run.directory import written
 
 Series = tuple[str, list[float], list[float], list[float] | list[tuple[float, float]] | None]
 """One line of a panel: label, steps, values, and a band around it (or None): half-widths, or ``(low, high)`` per
@@ -93,21 +94,6 @@ def write_run_report(
     if failed is not None:
         raise failed
     return [report, curves] if panels else [report]
-
-
-def written(path: Path, write) -> None:
-    """``write(temporary)`` then rename it to ``path``, so that ``path`` is whole or absent (never half a file, as
-    on a full disk, where the temporary one is removed and the ``OSError`` raised names ``path``)."""
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # the suffix tells matplotlib the format
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 def _expand(keys: tuple[str, ...] | list[str], rows: list[dict[str, float]]) -> list[str]:
