@@ -147,6 +147,7 @@ def train(
     from klear.rollout.refresh import LogprobGapError
     from klear.run.stopping import EXIT_DIVERGED, Diverged, SignalStop, StopRequested
     from klear.runtime import lightning_compat
+    from klear.runtime.distributed import RankFailure
 
     first_step = run_dir.resume_step() if args.resume else 0  # read now: the run replaces the checkpoint
     started, code, outcome, detail, failure = time.perf_counter(), 0, "finished", "", None
@@ -183,8 +184,11 @@ def train(
                 raise
             code, outcome = EXIT_INTERRUPTED, "interrupted"
         except OSError as error:  # a full disk, a quota: what to do is one line, not a traceback
-            print(f"error: {write_failure(error, run_dir.root)}", file=sys.stderr)
-            code, outcome, detail = 1, "failed", f": {type(error).__name__}: {first_line(error)}"
+            shared = isinstance(error, RankFailure)  # every rank has it: rank 0 reports it
+            if trainer.is_global_zero or not shared:
+                print(f"error: {write_failure(error, run_dir.root)}", file=sys.stderr)
+            kind = f"OSError on rank {error.rank}" if shared else type(error).__name__
+            code, outcome, detail = 1, "failed", f": {kind}: {first_line(error)}"
         except Exception as error:
             code, outcome, detail, failure = 1, "failed", f": {type(error).__name__}: {first_line(error)}", error
         with stop.closing:  # a forced exit from here on would print a second summary

@@ -1,6 +1,9 @@
 """``klear.eval --completions``: saved generations scored with no model, on verl-layout rows routed by source."""
 
 import json
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +113,28 @@ def test_without_model_or_completions_is_one_line(tmp_path, capsys):
     data = write_jsonl(mixed_rows()[:1], tmp_path / "data.jsonl")
     assert main(["--data", str(data)]) == 2
     assert "give --model PATH to sample answers, or --completions" in capsys.readouterr().err
+
+
+def test_results_the_disk_cannot_hold_are_one_line_after_the_table(tmp_path):
+    """A full disk (here a file size limit: a write past it fails with EFBIG, Python ignoring SIGXFSZ) when the
+    results are written: the table is printed, then one line naming the file, exit 1, and no file cut short."""
+    rows = [row for row in mixed_rows() if row["ability"] == "math"]
+    data = write_jsonl(rows, tmp_path / "math.jsonl")
+    gen = write_gen(tmp_path / "gen.jsonl", [{"completions": [right(row), wrong(row)]} for row in rows])
+    output = tmp_path / "out"
+    command = ["klear.eval", "--data", str(data), "--completions", gen, "--k", "2", "--output", str(output)]
+    result = subprocess.run(
+        [sys.executable, "-m", *command],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: file too large writing {output / 'results.jsonl'}; raise the file size limit (ulimit -f) or set "
+        "--output to another filesystem"
+    ]
+    assert "pass@" in result.stdout  # the numbers are shown all the same
+    assert list(output.iterdir()) == []

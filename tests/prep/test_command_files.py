@@ -6,6 +6,9 @@ for byte as they were. Also: ``filter-tests`` reads klear's own code rows (tests
 
 import json
 import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,3 +175,43 @@ def test_filter_tests_reads_verl_code_rows_and_runs_every_test(tmp_path, capsys)
     report = json.loads((tmp_path / "kept.report.json").read_text())
     assert [(r["line"], r["tests"], r["detail"]) for r in report["removed"]] == [(3, 20, "passed 19 of 20 tests")]
     assert capsys.readouterr().out.startswith("filter-tests: kept 2 of 3 rows")
+
+
+def file_size_limit(limit: int):
+    """``preexec_fn`` of a command whose files may not grow past ``limit`` bytes (RLIMIT_FSIZE): a write past it
+    fails with EFBIG (Python ignores SIGXFSZ), as a write on a full disk fails with ENOSPC."""
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return limited
+
+
+@pytest.mark.parametrize("command", ["synthetic", "dedup", "decontaminate", "mix"])
+def test_an_output_the_disk_cannot_hold_is_one_line_and_leaves_the_previous_file(tmp_path, command):
+    """Every data command writes through one writer: on a full disk (here a file size limit) it stops with one line
+    naming the output, exit 1, and the output file as it was before (no half of the new one, no temporary file)."""
+    train = tmp_path / "t.jsonl"
+    write_jsonl(generate_problems(200, split="train"), train)  # 40 kB of rows: the output cannot fit in 4 kB
+    write_jsonl(generate_problems(5, split="eval"), tmp_path / "e.jsonl")
+    out = tmp_path / "out" / "kept.jsonl"
+    out.parent.mkdir()
+    out.write_text('{"before": 1}\n')
+    args = {
+        "synthetic": ["--num", "200"],
+        "dedup": ["--data", str(train)],
+        "decontaminate": ["--data", str(train), "--eval", str(tmp_path / "e.jsonl")],
+        "mix": ["--source", f"name=a,path={train}"],
+    }[command]
+    result = subprocess.run(
+        [sys.executable, "-m", "klear.data", command, *args, "--out", str(out)],
+        preexec_fn=file_size_limit(4096),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]
+    assert one_line_error(result, code=1) == (
+        f"error: file too large writing {out}; raise the file size limit (ulimit -f) or set --out to another filesystem"
+    )
+    assert out.read_text() == '{"before": 1}\n' and [path.name for path in out.parent.iterdir()] == ["kept.jsonl"]

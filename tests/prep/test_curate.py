@@ -277,3 +277,24 @@ def test_ctrl_c_in_a_real_run_then_rerun(data, tmp_path, capsys):
     assert f"({24 - finished} sampled now, {finished} from earlier runs)" in capsys.readouterr().out
     assert results_file.read_bytes().startswith(before)
     assert sorted(results(out)) == list(range(1, 25))
+
+
+def test_results_appended_on_a_full_disk_are_cut_back_to_whole_lines(tmp_path):
+    """A chunk's append that the disk cannot hold (a file size limit in a separate process: EFBIG, as ENOSPC on a
+    full disk) leaves the results as they were, so a rerun continues from whole lines, and names the file."""
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"line": 1}\n')
+    script = f"""
+import resource
+from pathlib import Path
+from klear.prep.pass_rates import append_results
+from klear.prep.rowfiles import WriteError
+resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+try:
+    append_results(Path({str(results)!r}), [{{"line": n, "text": "x" * 20}} for n in range(2, 6)])
+except WriteError as error:
+    print(error.errno, error.filename)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.stdout == f"27 {results}\n", result.stderr[-3000:]
+    assert results.read_text() == '{"line": 1}\n'

@@ -89,7 +89,7 @@ def test_the_hf_export_of_a_whole_model_makes_no_copy(tmp_path):
         module = SimpleNamespace(
             model=model,
             tokenizer=load_tokenizer(ModelConfig(path="tiny")),
-            trainer=SimpleNamespace(is_global_zero=True, strategy=strategy),
+            trainer=SimpleNamespace(is_global_zero=True, global_rank=0, world_size=1, strategy=strategy),
         )
         print(extra_bytes(lambda: export_hf(module, sys.argv[1] + "/hf")) / weights)
         """,

@@ -54,6 +54,7 @@ from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
+from klear.run.directory import write_failure, written
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -168,10 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     choice = current()  # None when no model was loaded here (--completions)
     summary["cpu_threads"] = None if choice is None else choice.record()
     table = markdown_table(summary)
-    write_jsonl(records, output / "results.jsonl")
-    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (output / "summary.md").write_text(table + "\n")
-    print(table)
+    print(table)  # first: a disk too full for the files below still shows the numbers
+    try:  # each file whole or not at all
+        output.mkdir(parents=True, exist_ok=True)
+        written(output / "results.jsonl", lambda path: write_jsonl(records, path))
+        written(output / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2) + "\n"))
+        written(output / "summary.md", lambda path: path.write_text(table + "\n"))
+    except OSError as error:  # a full disk, a quota: one line
+        print(f"error: {write_failure(error, output, move='set --output')}", file=sys.stderr)
+        return 1
     log.info("wrote %s, summary.json and summary.md", output / "results.jsonl")
     return 0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from klear import cli
 from klear.data import synthetic, synthetic_code
@@ -28,7 +29,8 @@ from klear.prep import code_tests, curate, decontaminate, dedup, show
 from klear.prep import mix as mix_command
 from klear.prep.options import OneLineParser, OptionError, at_least
 from klear.prep.paths import Files, check_files, hold_outputs, release
-from klear.prep.rowfiles import CommandError, write_rows
+from klear.prep.rowfiles import CommandError, WriteError, write_rows
+from klear.run.directory import write_failure
 
 COMMANDS = {
     "synthetic": "write problems of a built-in task (arithmetic or code) as jsonl (problem, answer, solution, level)",
@@ -160,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except WriteError as error:  # a full disk, a file size limit: the output is left as it was
+        print(f"error: {write_failure(error, Path(error.filename).parent, move='set --out')}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         if args.command == "curate":
             message = "interrupted: finished problems are saved in results.jsonl; rerun the same command to continue"

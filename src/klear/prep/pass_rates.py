@@ -18,6 +18,7 @@ results of different problems.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from klear.prep.rowfiles import CommandError
+from klear.prep.rowfiles import CommandError, WriteError
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +113,18 @@ def load_results(path: Path) -> dict[int, dict]:
 
 
 def append_results(path: Path, records: list[dict]) -> None:
-    """Append ``records`` in one write, flushed to disk before returning."""
-    with path.open("a", encoding="utf-8") as f:
-        f.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
-        f.flush()
-        os.fsync(f.fileno())
+    """Append ``records`` in one write, flushed to disk before returning; a write that fails (a full disk) is cut
+    off again and raises `WriteError`, so the file keeps only whole lines."""
+    size = path.stat().st_size if path.exists() else 0
+    try:
+        with path.open("a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as error:
+        with contextlib.suppress(OSError), path.open("r+b") as f:
+            f.truncate(size)
+        raise WriteError(error.errno, error.strerror or str(error), str(path)) from error
 
 
 def check_settings(path: Path, settings: dict) -> None:

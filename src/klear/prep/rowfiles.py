@@ -8,22 +8,24 @@ position. A command's own checks (a row without the text it needs) add to the sa
 row that went in: kept + removed + bad.
 
 Outputs are written atomically: to a temporary file beside the target, then renamed over it, so an interrupted
-command leaves either the previous file or the new one, never half of one.
+command, or one whose write failed (a full disk, a file size limit), leaves either the previous file or the new
+one, never half of one; a failed write raises `WriteError` naming the output, which the command reports in one line.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from klear.data.layouts import detect_layout, get_path, prompt_text, read_prompt
 from klear.data.readers import BadRow, DataError, write_jsonl
 from klear.errors import UserError
+from klear.run.directory import written
 
 __all__ = [
     "CommandError",
+    "WriteError",
     "bad_rows_report",
     "report_path",
     "row_text",
@@ -39,6 +41,11 @@ TEXT_KEYS = ("problem", "question", "prompt")
 
 class CommandError(UserError):
     """A data command that cannot run as asked: one line naming the option or file and what is accepted."""
+
+
+class WriteError(OSError):
+    """An output file that could not be written (``errno``: a full disk, a quota, a file size limit), named by
+    ``filename``; the temporary file of the write is removed."""
 
 
 def row_text(row: dict, key: str | None = None) -> str:
@@ -116,11 +123,8 @@ def report_path(out: str | Path) -> Path:
 
 def _replace(path: Path, write) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # beside the target: os.replace stays atomic
     try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        written(path, write)
+    except OSError as error:  # the temporary file is gone; the error names the output
+        raise WriteError(error.errno, error.strerror or str(error), str(path)) from error
     return path

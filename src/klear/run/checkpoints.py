@@ -19,9 +19,11 @@ import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
+from torch.distributed.checkpoint.api import CheckpointException
 
 from klear.run.directory import CHECKPOINT_GLOB, RunDir, remove_path, with_path
 from klear.runtime import lightning_compat, memory
+from klear.runtime.distributed import agree_on_failure
 
 
 class StepCheckpoint(Checkpoint):
@@ -66,15 +68,27 @@ class StepCheckpoint(Checkpoint):
             remove_path(temporary)  # the leftover of a save that was killed
         trainer.strategy.barrier("klear-checkpoint-start")
         # A file, or a directory of shards under fsdp2; with the callbacks' and loops' state (not weights only).
+        failure = None
         try:
             with memory.phase("checkpoint"):
-                trainer.save_checkpoint(temporary, weights_only=False)
-        except BaseException as error:
+                lightning_compat.write_checkpoint(trainer, temporary)
+        except Exception as error:
+            failure = error
+        except CheckpointException as error:  # fsdp2: every rank raises it, holding each failed rank's error
+            rank, (failure, _) = min(error.failures.items(), key=lambda item: item[0])
+            failure = failure if rank == trainer.global_rank else None  # that rank's alone, as with any other
+        except BaseException:  # Ctrl-C: no half-written checkpoint stays behind
             with contextlib.suppress(OSError):  # another rank's shards may be going away at the same time
                 remove_path(temporary)
-            if isinstance(error, OSError):  # named after the checkpoint it was to be: the temporary one is gone
-                raise OSError(error.errno, error.strerror or str(error), str(target)) from error
             raise
+        if isinstance(failure, OSError):  # named after the checkpoint it was to be: the temporary one goes
+            failure = OSError(failure.errno, failure.strerror or str(failure), str(target))
+        failure = agree_on_failure(failure, trainer.global_rank, trainer.world_size)
+        if failure is not None:
+            if trainer.is_global_zero:
+                with contextlib.suppress(OSError):
+                    remove_path(temporary)
+            raise failure
         trainer.strategy.barrier("klear-checkpoint-saved")
         if trainer.is_global_zero:
             os.replace(temporary, target)

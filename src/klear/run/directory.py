@@ -137,9 +137,11 @@ class RunDir:
                         f"{source.get('problems', source.get('examples'))}; content digest {old['digest']} != "
                         f"{source['digest']}); resume with the same data, or start a new run in another output_dir"
                     )
-        temporary = self.data_report.with_name(f".{self.data_report.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
-        os.replace(temporary, self.data_report)
+        text = json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n"
+        try:
+            written(self.data_report, lambda path: path.write_text(text))
+        except OSError as error:  # a full disk before the first step: one line, not a model that "cannot be loaded"
+            raise RunError(write_failure(error, self.root)) from None
 
 
 def checkpoint_problem(path: Path) -> str | None:
@@ -168,20 +170,22 @@ def checkpoint_problem(path: Path) -> str | None:
 
 
 WRITE_HINTS = {
-    errno.ENOSPC: "free space on that filesystem or set output_dir=... to another one",
-    errno.EDQUOT: "free space within your disk quota or set output_dir=... to another filesystem",
-    errno.EFBIG: "raise the file size limit (ulimit -f) or set output_dir=... to another filesystem",
-    errno.EROFS: "set output_dir=... to a writable filesystem",
+    errno.ENOSPC: "free space on that filesystem or {move} to another one",
+    errno.EDQUOT: "free space within your disk quota or {move} to another filesystem",
+    errno.EFBIG: "raise the file size limit (ulimit -f) or {move} to another filesystem",
+    errno.EROFS: "{move} to a writable filesystem",
 }
-"""What to do about an ``OSError`` that stopped a run's write, by ``errno``."""
+"""What to do about an ``OSError`` that stopped a write, by ``errno``; ``{move}`` names the setting that puts the
+output elsewhere."""
 
 
-def write_failure(error: OSError, root: Path) -> str:
-    """The one line (without ``error: ``) that reports ``error`` raised writing a file of the run in ``root``."""
+def write_failure(error: OSError, root: Path, move: str = "set output_dir=...") -> str:
+    """The one line (without ``error: ``) that reports ``error`` raised writing a file of the run in ``root`` (or
+    of a command's output there, ``move`` naming the option that moves it: ``set --out``)."""
     reason = error.strerror or type(error).__name__
     reason = reason[0].lower() + reason[1:]
     where = error.filename if error.filename is not None else f"the run's files in {root}"
-    hint = WRITE_HINTS.get(error.errno, f"make {root} writable or set output_dir=...")
+    hint = WRITE_HINTS.get(error.errno, "make {root} writable or {move}").format(root=root, move=move)
     return f"{reason} writing {where}; {hint}"
 
 
@@ -208,3 +212,18 @@ def remove_path(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+def written(path: Path, write) -> None:
+    """``write(temporary)`` then rename it to ``path``, so that ``path`` is whole or absent (never half a file, as
+    on a full disk, where the temporary one is removed and the ``OSError`` raised names ``path``)."""
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # the suffix tells matplotlib the format
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise

@@ -14,11 +14,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 
 from omegaconf import DictConfig
+
+from klear.run.directory import written
 
 Series = tuple[str, list[float], list[float], list[float] | list[tuple[float, float]] | None]
 """One line of a panel: label, steps, values, and a band around it (or None): half-widths, or ``(low, high)`` per
@@ -130,21 +131,6 @@ def _last_values(rows: list[dict[str, float]]) -> dict[str, float]:
     for row in rows:
         last.update({key: value for key, value in row.items() if key != "step"})
     return {**last, "step": rows[-1]["step"]} if rows else last
-
-
-def written(path: Path, write) -> None:
-    """``write(temporary)`` then rename it to ``path``, so that ``path`` is whole or absent (never half a file, as
-    on a full disk, where the temporary one is removed and the ``OSError`` raised names ``path``)."""
-    temporary = path.with_name(f".{path.stem}.tmp{path.suffix}")  # keeps the suffix: matplotlib picks the format
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 def _expand(keys: tuple[str, ...] | list[str], rows: list[dict[str, float]]) -> list[str]:

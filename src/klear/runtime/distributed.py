@@ -48,3 +48,45 @@ def gather_objects(value: T, world: int) -> list[T]:
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+class RankFailure(OSError):
+    """The `OSError` with which one rank failed work that every rank ran (a checkpoint, the export), raised on every
+    rank once they agreed on it (`agree_on_failure`); ``rank`` is the rank it happened on."""
+
+    rank: int = 0
+
+
+def agree_on_failure(error: Exception | None, rank: int, world: int) -> Exception | None:
+    """The outcome of work that every rank ran and that any of them may have failed (a write on a full disk), the
+    same on every rank: None when no rank failed, else the failure of the lowest rank that failed, for every rank to
+    raise. A collective that every rank calls at the same point, right after the work (``error``: this rank's
+    failure, or None), so that a rank whose write failed never leaves the others waiting for it in the next barrier
+    until the process group's timeout.
+
+    An `OSError` comes back as a `RankFailure` on every rank (its ``errno``, message and file, and the rank), so
+    that rank 0 reports it in one line; any other failure comes back as itself on its own rank and as a
+    ``RuntimeError`` naming it on the others."""
+    if world == 1:
+        return error
+    described = None if error is None else (type(error).__name__, str(error).split("\n", 1)[0])
+    if isinstance(error, OSError):
+        described = (error.errno, error.strerror or str(error), error.filename)
+    try:
+        outcomes = gather_objects(described, world)
+    except RuntimeError:  # a rank is gone (the process group is broken): this rank's own failure says more
+        if error is not None:
+            return error
+        raise
+    failed = [(index, outcome) for index, outcome in enumerate(outcomes) if outcome is not None]
+    if not failed:
+        return None
+    first, outcome = failed[0]
+    if len(outcome) == 3:
+        shared = RankFailure(*outcome)
+        shared.rank = first
+        shared.__cause__ = error
+        return shared
+    if first == rank:
+        return error
+    return RuntimeError(f"rank {first} failed: {outcome[0]}: {outcome[1]}")

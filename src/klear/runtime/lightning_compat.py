@@ -44,3 +44,11 @@ def reopen_finished_epoch(checkpoint: dict[str, Any], num_batches: int) -> None:
     for counters in (loop["epoch_progress"]["total"], loop["epoch_progress"]["current"]):
         counters["processed"] = counters["completed"] = counters["started"] - 1  # back inside the epoch
     loop["epoch_loop.batch_progress"]["is_last_batch"] = False
+
+
+def write_checkpoint(trainer: L.Trainer, path) -> None:
+    """``trainer.save_checkpoint(path, weights_only=False)`` without its closing barrier: a rank whose write failed
+    would never reach it, and the others would wait there until the process group's timeout. The caller agrees on
+    the outcome with every rank instead (`klear.runtime.distributed.agree_on_failure`)."""
+    checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    trainer.strategy.save_checkpoint(checkpoint, path)

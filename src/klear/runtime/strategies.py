@@ -13,8 +13,10 @@ one gathered tensor at a time, so no rank ever holds the whole state dict beside
 
 from __future__ import annotations
 
-import contextlib
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -22,6 +24,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from klear.runtime import memory
+from klear.runtime.distributed import agree_on_failure
 from klear.runtime.vocab_shards import shard_vocabulary
 
 
@@ -99,23 +102,48 @@ def full_tensors(model: nn.Module):
 
 
 def export_hf(module, directory) -> None:
-    """Save ``module.model`` and ``module.tokenizer`` as a Hugging Face checkpoint (rank 0 writes it; under FSDP2
-    every rank must call this, since the shards are gathered).
+    """Save ``module.model`` and ``module.tokenizer`` as a Hugging Face checkpoint in ``directory`` (rank 0 writes
+    it; under FSDP2 every rank must call this, since the shards are gathered).
 
     A whole model is written by ``save_pretrained`` from the parameters' own memory (safetensors writes from the
     tensors' pointers), with no copy. A sharded one is streamed by :func:`_save_sharded`, unless the model stores
     its weights under other names or shapes than its modules hold (a load-time conversion such as fused MoE
     experts): only ``save_pretrained`` reverts those, and it needs the whole state dict, gathered to rank 0.
+
+    The export is written into ``.<name>.tmp`` beside ``directory`` and renamed into place once complete, so an
+    existing ``directory`` is only ever replaced by a complete export. A write that fails (a full disk) removes the
+    temporary folder and raises, on every rank (`agree_on_failure`), an `OSError` naming ``directory``.
     """
+    directory = Path(directory)
+    staging = directory.with_name(f".{directory.name}.tmp")
+    trainer = module.trainer
+    failure = None
+    memory.mark("export")
+    if trainer.is_global_zero:
+        shutil.rmtree(staging, ignore_errors=True)  # the leftover of an export that was killed
+    try:
+        _write_hf(module, staging, trainer.is_global_zero)
+        if trainer.is_global_zero:
+            _replace_folder(staging, directory)
+    except Exception as error:
+        if trainer.is_global_zero:
+            shutil.rmtree(staging, ignore_errors=True)
+        failure = _named(error, directory)
+    failure = agree_on_failure(failure, trainer.global_rank, trainer.world_size)  # every rank waits for rank 0
+    if failure is not None:
+        raise failure
+
+
+def _write_hf(module, directory: Path, rank_zero: bool) -> None:
+    """The export of :func:`export_hf`, into ``directory``."""
     from torch.distributed.fsdp import FSDPModule
 
-    memory.mark("export")
-    model, rank_zero = module.model, module.trainer.is_global_zero
+    model = module.model
     if not isinstance(model, FSDPModule):
         if rank_zero:
             model.save_pretrained(directory)
     elif _saved_as_held(model):
-        _save_sharded(model, Path(directory), rank_zero)
+        _save_sharded(model, directory, rank_zero)
     else:
         # Gathered tied weights are separate copies that save_pretrained cannot see are one: keep the source only.
         state = _without_tied(model, full_state_dict(model))
@@ -123,7 +151,37 @@ def export_hf(module, directory) -> None:
             model.save_pretrained(directory, state_dict=state)
     if rank_zero:
         module.tokenizer.save_pretrained(directory)
-    module.trainer.strategy.barrier("klear-export")
+
+
+def _replace_folder(new: Path, old: Path) -> None:
+    """Put the folder ``new`` in the place of ``old`` (which may not exist): at no moment is half of either there."""
+    retired = old.with_name(f".{old.name}.old")
+    shutil.rmtree(retired, ignore_errors=True)
+    if old.exists():
+        os.replace(old, retired)
+    try:
+        os.replace(new, old)
+    except OSError:
+        if retired.exists():
+            os.replace(retired, old)  # the previous export, back in its place
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _named(error: Exception, directory: Path) -> Exception:
+    """``error`` as an `OSError` naming ``directory`` (its temporary folder is gone) when it is a write failure:
+    safetensors reports one as a ``SafetensorError`` whose message ends with ``(os error N)``."""
+    from safetensors import SafetensorError
+
+    code = error.errno if isinstance(error, OSError) else None
+    if isinstance(error, SafetensorError):
+        found = re.search(r"\(os error (\d+)\)", str(error))
+        code = int(found.group(1)) if found else None
+    if code is None:
+        return error
+    named = OSError(code, os.strerror(code), str(directory))
+    named.__cause__ = error
+    return named
 
 
 SAFETENSORS_DTYPES = {
@@ -181,14 +239,40 @@ def _save_sharded(model: nn.Module, directory: Path, rank_zero: bool) -> None:
     header["__metadata__"] = {"format": "pt"}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    written, file = _FirstFailure(), None  # rank 0 keeps taking part in every gather after a failed write
     if rank_zero:
-        model.save_pretrained(directory, state_dict={})
-    with open(directory / "model.safetensors", "wb") if rank_zero else contextlib.nullcontext() as file:
-        if rank_zero:
-            file.write(len(encoded).to_bytes(8, "little") + encoded)
+        written(lambda: model.save_pretrained(directory, state_dict={}))
+        file = written(lambda: open(directory / "model.safetensors", "wb"))  # noqa: SIM115 (closed below)
+    try:
+        if file is not None:
+            written(file.write, len(encoded).to_bytes(8, "little") + encoded)
         for name in list(state):
             tensor = state.pop(name)
             whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-            if rank_zero:
-                file.write(whole.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+            if file is not None:
+                written(file.write, whole.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
             del whole
+    finally:
+        if file is not None:
+            try:
+                file.close()
+            except OSError as error:  # the buffer's last bytes
+                written.error = written.error or error
+    if written.error is not None:
+        raise written.error
+
+
+class _FirstFailure:
+    """Runs writes until one fails (its error is kept in ``error``: ``OSError``, or safetensors' own for a full
+    disk), then skips the rest; returns what each returned (None once skipped)."""
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+
+    def __call__(self, write, *args):
+        if self.error is None:
+            try:
+                return write(*args)
+            except Exception as error:
+                self.error = error
+        return None
