@@ -45,8 +45,12 @@ def test_rl_report_has_accuracy_speed_final_values_and_settings(tmp_path):
     write_metrics(tmp_path, [*rows, {"step": 4, "eval/accuracy": 0.375}])
     written = write_run_report(tmp_path, rl_config(tmp_path, "objective.eps_high=0.3"), wall_seconds=8.0)
 
-    assert [path.name for path in written] == ["report.md", "curves.png"]
+    assert [path.name for path in written] == ["report.md", "summary.json", "curves.png"]
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["stage"], summary["status"], summary["steps"], summary["max_steps"]) == ("rl", "finished", 4, 4)
+    assert summary["eval_accuracy"]["final"] == 0.375 and summary["final"]["step"] == 4
+    assert summary["final"]["rollout/gen_tokens_per_s"] == 1100  # each metric's last value, not the last row's
     report = (tmp_path / "report.md").read_text()
     assert report.startswith(f"# RL run: `{tmp_path}`")
     assert "**Status:** finished; 4 of 4 steps, wall time 8.0 s (0.5 steps/s)." in report
@@ -72,7 +76,13 @@ def test_interrupted_sft_run_without_eval_reports_what_it_logged(tmp_path):
     config = load_config("configs/sft.yaml", [f"output_dir={tmp_path}", "trainer.max_steps=10"])
     written = write_run_report(tmp_path, config, wall_seconds=150.0, status="interrupted at step 3")
 
-    assert [path.name for path in written] == ["report.md", "curves.png"]
+    assert [path.name for path in written] == ["report.md", "summary.json", "curves.png"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["eval_accuracy"], summary["wall_seconds"]) == (
+        "interrupted at step 3",
+        None,
+        150.0,
+    )
     report = (tmp_path / "report.md").read_text()
     assert "**Status:** interrupted at step 3; 3 of 10 steps, wall time 2 min 30 s (0.02 steps/s)." in report
     assert "`eval/accuracy`: no evaluation was logged." in report
@@ -90,12 +100,16 @@ def test_run_without_metrics_writes_report_and_no_figure(tmp_path):
     write_metrics(tmp_path, [])
     written = write_run_report(tmp_path, rl_config(tmp_path), wall_seconds=3.0, status="stopped: no data")
 
-    assert written == [tmp_path / "report.md"] and not (tmp_path / "curves.png").exists()
+    assert written == [tmp_path / "report.md", tmp_path / "summary.json"] and not (tmp_path / "curves.png").exists()
+    assert json.loads((tmp_path / "summary.json").read_text())["final"] == {}
     report = (tmp_path / "report.md").read_text()
     assert "**Status:** stopped: no data; 0 of 4 steps" in report
     assert "No metrics were logged" in report and "curves.png" not in report
     (tmp_path / "metrics.csv").unlink()
-    assert write_run_report(tmp_path, rl_config(tmp_path), wall_seconds=3.0) == [tmp_path / "report.md"]
+    assert write_run_report(tmp_path, rl_config(tmp_path), wall_seconds=3.0) == [
+        tmp_path / "report.md",
+        tmp_path / "summary.json",
+    ]
 
 
 def test_row_cut_short_and_resumed_rate(tmp_path):

@@ -56,7 +56,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_summary(tmp_pat
     fresh = " ".join(arg for arg in args)
     assert summary[-1] == f"no checkpoint was completed: start again with: python -m klear.fit {fresh} --overwrite"
     left = sorted(path.name for path in output.rglob("*") if path.is_file())
-    assert left == ["config.yaml", "data_report.json", "metrics.csv", "report.md"]
+    assert left == ["config.yaml", "data_report.json", "metrics.csv", "report.md", "summary.json"]
     report = (output / "report.md").read_text()
     assert "**Status:** failed at step " in report and "curves.png" not in report
 
@@ -87,15 +87,19 @@ def test_write_failure_names_the_file_and_what_to_do():
 
 LIMIT_AFTER = '''
 """Written by tests/run/test_write_failures.py: in the rank LIMIT_RANK (Lightning's LOCAL_RANK, 0 in the process
-started), once a file whose path matches LIMIT_AFTER is opened, every file of the process is limited to LIMIT_BYTES
-(RLIMIT_FSIZE): a write past it fails with EFBIG, as on a full disk, from then on."""
+started), once a file whose path matches LIMIT_AFTER is opened for writing, every file of the process is limited
+to LIMIT_BYTES (RLIMIT_FSIZE): a write past it fails with EFBIG, as on a full disk, from then on."""
 import fnmatch, os, resource, signal, sys
 
 if "LIMIT_AFTER" in os.environ and os.environ.get("LOCAL_RANK", "0") == os.environ["LIMIT_RANK"]:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
-    def limit_after(event, args):
-        if event == "open" and fnmatch.fnmatch(str(args[0]), os.environ["LIMIT_AFTER"]):
+    def limit_after(event, args):  # from the first opening for writing of a matching file
+        if event != "open":
+            return
+        path, mode, flags = args
+        writes = any(c in mode for c in "wax+") if mode is not None else flags & (os.O_WRONLY | os.O_RDWR)
+        if writes and fnmatch.fnmatch(str(path), os.environ["LIMIT_AFTER"]):
             limit = int(os.environ["LIMIT_BYTES"])
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
@@ -152,6 +156,7 @@ def test_an_export_that_cannot_be_written_leaves_no_hf_and_the_checkpoint_resume
         "data_report.json",
         "metrics.csv",
         "report.md",
+        "summary.json",
     ]
     assert "no `hf/`" in (output / "report.md").read_text()
     # The command the summary gives exports the model of the kept checkpoint.
@@ -214,4 +219,4 @@ def test_a_data_report_the_disk_cannot_hold_is_one_line_before_the_first_step(tm
     result = fit_limited(tmp_path, [*SHORT, f"output_dir={output}"], after=f"{output}/*data_report*", limit=0)
     assert result.returncode == 2, result.stderr[-3000:]
     assert errors_of(result) == [f"error: file too large writing {output / 'data_report.json'}; {EFBIG_HINT}"]
-    assert sorted(path.name for path in output.iterdir()) == ["config.yaml"]
+    assert not output.exists()  # a refused start leaves no folder it made (config.yaml comes after the data)
