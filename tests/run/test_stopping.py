@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from klear.run.directory import checkpoint_problem
@@ -90,6 +91,7 @@ def test_sigterm_stops_one_process_at_a_step_with_the_summary(tmp_path):
     assert_stopped(output, args, stdout, stderr, process.returncode)
 
 
+@pytest.mark.slow  # two ranks and a resume; the default run keeps two ranks inside a step, one in an evaluation
 def test_sigterm_to_two_ranks_during_an_evaluation_stops_both_and_resumes(tmp_path):
     """The case that hung: SIGTERM to the job's process group while the ranks evaluate (a gather of results)."""
     output = tmp_path / "rl"

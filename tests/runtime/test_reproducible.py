@@ -61,3 +61,30 @@ def test_rollouts_and_their_logprobs_are_the_same_at_one_and_two_threads():
     one, two = at_threads(1, sample), at_threads(2, sample)
     assert [r.response_ids for r in one] == [r.response_ids for r in two]
     assert [r.logprobs for r in one] == [r.logprobs for r in two]
+
+
+def test_shared_prefixes_add_their_rows_gradients_in_the_same_order_at_one_and_two_threads():
+    """The rows of a GRPO group share their prompt's cache rows; the gradient each prefix gets is the sum over its
+    rows, which `index_select`'s backward adds in row order (indexing's adds them in the order threads reach them)."""
+    from transformers import DynamicCache
+
+    from klear.stages.logprobs import _repeat_rows
+
+    generator = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(3, 2, 78, 32, generator=generator) for _ in range(2))
+    owner = torch.randint(0, 3, (24,), generator=generator)
+    upstream = torch.randn(24, 2, 78, 32, generator=generator)
+
+    def gradients():
+        cache = DynamicCache()
+        k, v = keys.clone().requires_grad_(), values.clone().requires_grad_()
+        cache.update(k, v, 0)
+        _repeat_rows(cache, owner)
+        layer = cache.layers[0]
+        assert torch.equal(layer.keys, keys[owner]) and torch.equal(layer.values, values[owner])
+        ((layer.keys + 2 * layer.values) * upstream).sum().backward()
+        return k.grad, v.grad
+
+    one, two = at_threads(1, gradients), at_threads(2, gradients)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    torch.testing.assert_close(one[0], torch.zeros_like(keys).index_add_(0, owner, upstream))

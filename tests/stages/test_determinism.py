@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.runs import RL_SHORT, TIMING, read_metrics
 
 SFT_SHORT = [
@@ -65,5 +67,6 @@ def test_an_rl_run_repeats_at_another_thread_count_beside_a_busy_process(tmp_pat
     assert one_thread_alone_and_two_beside_a_busy_process(tmp_path, "configs/rl.yaml", overrides) > 20
 
 
+@pytest.mark.slow  # the default run keeps RL's; SFT's shares its kernels
 def test_an_sft_run_repeats_at_another_thread_count(tmp_path):
     assert one_thread_alone_and_two_beside_a_busy_process(tmp_path, "configs/sft.yaml", SFT_SHORT) > 8

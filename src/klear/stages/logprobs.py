@@ -39,6 +39,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from klear.models.attention import packed_kwargs
 from klear.runtime.vocab_shards import VocabShardedHead
@@ -240,8 +241,20 @@ def _prefix_cache(model: nn.Module, input_ids: Tensor, start: Tensor) -> tuple[D
             past_key_values=cache,
             use_cache=True,
         )
-    cache.batch_select_indices(owner)  # a differentiable gather: a prefix's gradient sums over its rows
+    _repeat_rows(cache, owner)  # a differentiable gather: a prefix's gradient sums over its rows
     return cache, columns < lengths[owner][:, None], output.logits.sum()
+
+
+def _repeat_rows(cache: DynamicCache, owner: Tensor) -> None:
+    """Row ``b`` of every layer's keys and values becomes row ``owner[b]``, by ``index_select``, whose backward adds
+    each prefix's rows in their order. (``DynamicCache.batch_select_indices`` indexes ``keys[owner]``, whose CPU
+    backward adds the rows of a prefix in the order threads reach them: measured, a different last bit at 1 and 2
+    threads.) A layer that keeps more than keys and values selects its rows its own way."""
+    for layer in cache.layers:
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            layer.batch_select_indices(owner)
+        elif layer.get_seq_length() > 0:
+            layer.keys, layer.values = layer.keys.index_select(0, owner), layer.values.index_select(0, owner)
 
 
 def naive_token_logprobs(
