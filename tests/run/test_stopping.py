@@ -91,6 +91,20 @@ def test_sigterm_stops_one_process_at_a_step_with_the_summary(tmp_path):
     assert_stopped(output, args, stdout, stderr, process.returncode)
 
 
+def resume_one_step(args: list[str], steps: int) -> None:
+    """``--resume`` of a stopped run of ``args`` to ``trainer.max_steps=steps``: it runs the one step left."""
+    again = [*(arg for arg in args if arg != "trainer.max_steps=200"), f"trainer.max_steps={steps}", "--resume"]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "klear.fit", *again],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.splitlines()[0].startswith("run finished: 1 step in ")
+
+
 @pytest.mark.slow  # two ranks and a resume; the default run keeps two ranks inside a step, one in an evaluation
 def test_sigterm_to_two_ranks_during_an_evaluation_stops_both_and_resumes(tmp_path):
     """The case that hung: SIGTERM to the job's process group while the ranks evaluate (a gather of results)."""
@@ -103,16 +117,7 @@ def test_sigterm_to_two_ranks_during_an_evaluation_stops_both_and_resumes(tmp_pa
     checkpoint = assert_stopped(output, args, stdout, stderr, process.returncode)
     assert stderr.count("warning: SIGTERM received") == 2  # each rank once: nobody forwards it a second time
     steps = int(checkpoint.stem[5:]) + 1
-    again = [arg for arg in args if arg != "trainer.max_steps=200"]
-    resumed = subprocess.run(
-        [sys.executable, "-m", "klear.fit", *again, f"trainer.max_steps={steps}", "--resume"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert resumed.stdout.splitlines()[0].startswith("run finished: 1 step in ")
+    resume_one_step(args, steps)
     logged = [int(row["step"]) for row in read_metrics(output / "metrics.csv")]
     assert logged == sorted(logged) and steps - 1 in logged  # in order, up to the step the resume added
     assert (output / "hf" / "config.json").is_file()
@@ -159,16 +164,7 @@ def test_sigterm_inside_a_step_stops_at_its_next_update_and_discards_it(tmp_path
     assert checkpoint.name == "step-000001.ckpt", "step 1 was completed: the stop waited for the step's end"
     assert [row["step"] for row in read_metrics(output / "metrics.csv")] == ["0"]
     print(f"stopped {seconds:.1f} s after SIGTERM")
-    again = [*(arg for arg in args if arg != "trainer.max_steps=200"), "trainer.max_steps=2", "--resume"]
-    resumed = subprocess.run(
-        [sys.executable, "-m", "klear.fit", *again],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert resumed.stdout.splitlines()[0].startswith("run finished: 1 step in ")
+    resume_one_step(args, 2)
     assert [row["step"] for row in read_metrics(output / "metrics.csv")] == ["0", "1", "2"]
 
 
