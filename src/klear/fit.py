@@ -9,9 +9,7 @@ second; the data is checked (every row, before any step) once the model's tokeni
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,7 +18,14 @@ from klear.config.load import load_config, read_yaml, save_config
 from klear.errors import UserError, first_line
 from klear.run.directory import RunDir, RunError, remove_path, write_failure
 from klear.run.folder_lock import launching_process
-from klear.run.loading_stop import EXIT_INTERRUPTED, EXIT_SIGTERM, OutputState, Terminated, sigterm_raises
+from klear.run.loading_stop import (
+    EXIT_INTERRUPTED,
+    EXIT_SIGTERM,
+    OutputState,
+    Terminated,
+    put_back,
+    sigterm_raises,
+)
 from klear.run.preflight import preflight
 
 # Keys that may change when a run is resumed; any other difference is refused. `output_dir` differs when a run
@@ -289,19 +294,6 @@ def begin_run(config: DictConfig, run_dir: RunDir, resume: bool, overwrite: bool
         for stale in [*run_dir.checkpoints.glob("*.ckpt"), run_dir.metrics]:
             remove_path(stale)
     save_config(config, run_dir.config)
-
-
-def put_back(path: Path, content: bytes | None) -> None:
-    """``path`` as it was (``content``; None: absent), touched only when it changed."""
-    now = path.read_bytes() if path.is_file() else None
-    if now == content:
-        return
-    if content is None:
-        path.unlink()
-    else:
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_bytes(content)
-        os.replace(temporary, path)
 
 
 def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 0, resume: str | None = None) -> str:

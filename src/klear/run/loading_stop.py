@@ -69,19 +69,25 @@ class OutputState:
         for leftover in [*self.root.glob(f".*.{pid}.tmp"), *self.root.glob(f".klear-write-probe-{pid}")]:
             leftover.unlink(missing_ok=True)  # a write that was cut short
         for name, content in self.files.items():
-            path = self.root / name
-            if content is None:
-                path.unlink(missing_ok=True)
-            elif _read(path) != content:
-                temporary = path.with_name(f".{name}.{pid}.tmp")
-                temporary.write_bytes(content)
-                os.replace(temporary, path)
+            put_back(self.root / name, content)
         if self.existed:
             return f"{self.root} is as it was"
         if not any(self.root.iterdir()):
             self.root.rmdir()
             return f"{self.root}, which it had created, was removed"
         return f"{self.root} holds only what others wrote there"
+
+
+def put_back(path: Path, content: bytes | None) -> None:
+    """``path`` as it was (``content``; None: absent), touched only when it changed, replaced whole."""
+    if _read(path) == content:
+        return
+    if content is None:
+        path.unlink(missing_ok=True)
+    else:
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_bytes(content)
+        os.replace(temporary, path)
 
 
 def _read(path: Path) -> bytes | None:
