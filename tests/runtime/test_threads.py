@@ -85,7 +85,7 @@ def test_the_ranks_of_a_multi_process_run_share_the_cores_and_use_the_count_logg
         choice = threads.configure(0, 10**8, processes=2)
     assert choice.threads == 3 and choice.reason.endswith(", 2 processes of this run")  # (8 - 2) / 2
     assert torch.get_num_threads() == 3 and caplog.records[0].getMessage().startswith(choice.line())
-    assert threads.current() == choice and choice.record() == {"threads": 3, "cores": 8, "reason": choice.reason}
+    assert threads.current() == choice and threads.recorded() == {"threads": 3, "cores": 8, "reason": choice.reason}
     assert (threads.os.environ["OMP_NUM_THREADS"], threads.os.environ[threads.HANDED_DOWN]) == (
         "3",
         f"3 {choice.reason}",

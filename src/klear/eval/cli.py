@@ -164,10 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         scorer.close()
     summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
-    from klear.runtime.threads import current  # torch: imported by the engine or the scorer already
+    from klear.runtime.threads import recorded  # torch: imported by the engine or the scorer already
 
-    choice = current()  # None when no model was loaded here (--completions)
-    summary["cpu_threads"] = None if choice is None else choice.record()
+    summary["cpu_threads"] = recorded()  # None when no model was loaded here (--completions)
     table = markdown_table(summary)
     print(table)  # first: a disk too full for the files below still shows the numbers
     try:  # each file whole or not at all

@@ -90,10 +90,9 @@ def write_run_report(
             failed, panels = error, []
     if not panels:
         curves.unlink(missing_ok=True)  # a figure of an earlier run in this directory would contradict the report
-    from klear.runtime.threads import current
+    from klear.runtime.threads import recorded
 
-    choice = current()
-    threads = None if choice is None else choice.record()
+    threads = recorded()
     report, summary = output_dir / "report.md", output_dir / "summary.json"
     text = _markdown(output_dir, config, rows, wall_seconds, status, first_step, bool(panels), threads)
     written(report, lambda path: path.write_text(text))

@@ -85,6 +85,12 @@ def current() -> ThreadChoice | None:
     return choice
 
 
+def recorded() -> dict[str, object] | None:
+    """`current` as a run's ``summary.json`` records it (None before any model was loaded)."""
+    choice = current()
+    return None if choice is None else choice.record()
+
+
 def startup_threads() -> int:
     """torch's thread count in a process nobody changed it in: OpenMP's default, one per CPU of the affinity mask."""
     return len(os.sched_getaffinity(0)) if sys.platform.startswith("linux") else os.cpu_count() or 1
