@@ -60,7 +60,7 @@ END_TO_END: dict[str, str] = {
     "runtime/test_threads.py": "starts a busy process and the commands in subprocesses",
     "runtime/test_vocab_shards.py": "runs two gloo ranks in a subprocess",
     "run/test_write_failures.py": "runs `python -m klear.fit` in subprocesses, on one and two ranks",
-    "stages/test_async_rollouts.py": "runs the CLI in subprocesses and rollout worker processes",
+    "experience/test_async_rollouts.py": "runs the CLI in subprocesses and rollout worker processes",
     "stages/test_determinism.py": "runs `python -m klear.fit` in subprocesses",
     "stages/test_embedded_default.py": "runs `klear.fit` main() (whole training runs)",
     "stages/test_fsdp2.py": "runs two ranks of the CLI in subprocesses",
@@ -99,7 +99,7 @@ END_TO_END_TESTS: dict[str, set[str]] = {
         "test_importing_the_scorer_imports_neither_torch_nor_omegaconf",
     },
     # A short RL run through `klear.fit` main(), and the refusal of the command in a fresh interpreter.
-    "stages/test_erc_run.py": {
+    "update/test_erc_run.py": {
         "test_a_short_dapo_erc_run_logs_its_entropy_band",
         "test_erc_without_the_trainers_old_logprobs_is_one_line_before_heavy_imports",
     },

@@ -13,6 +13,9 @@ FOLDERS = {
     "data",
     "prep",
     "stages",
+    "update",
+    "experience",
+    "kernels",
     "objectives",
     "rewards",
     "rollout",
@@ -56,7 +59,7 @@ def test_no_file_is_long():
 def test_training_input_imports_no_engine_stage_or_command(path):
     if path.name == "__main__.py":  # the `python -m klear.data` entry point runs the preparation commands
         return
-    forbidden = ("klear.rollout", "klear.stages", "klear.eval", "klear.prep", "klear.compare", "klear.fit")
+    forbidden = ("klear.rollout", "klear.stages", "klear.update", "klear.experience", "klear.kernels", "klear.eval", "klear.prep", "klear.compare", "klear.fit")
     bad = sorted(name for name in imported_modules(path) if name.startswith(forbidden))
     assert not bad, f"{path.name} imports {bad}"
 
@@ -86,14 +89,17 @@ LAYERS: dict[str, int] = {
     "klear.config.help": 5,
     "klear.eval": 6,
     "klear.run": 6,
-    "klear.stages": 7,
-    "klear.fit": 8,
-    "klear.cli": 8,
-    "klear.prep": 8,
-    "klear.compare": 8,
-    "klear.eval.cli": 8,
-    "klear.eval.__main__": 8,
-    "klear.data.__main__": 8,
+    "klear.kernels": 6,
+    "klear.experience": 7,
+    "klear.update": 7,
+    "klear.stages": 8,
+    "klear.fit": 9,
+    "klear.cli": 9,
+    "klear.prep": 9,
+    "klear.compare": 9,
+    "klear.eval.cli": 9,
+    "klear.eval.__main__": 9,
+    "klear.data.__main__": 9,
 }
 """Each module's layer, by its longest prefix here: a module imports only from its own layer or below, so the
 building blocks never reach up into what assembles them (the commands at the top, the errors at the bottom)."""

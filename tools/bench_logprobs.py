@@ -1,7 +1,7 @@
 """Peak memory and time of per-token log-probs + entropy (forward and backward): klear's chunked path vs naive.
 
 The naive path is ``log_softmax(model(x).logits.float())``, then gather and entropy: full (B, T, V) logits in
-float32. klear's path (:func:`klear.stages.logprobs.token_logprobs`) runs the output head on chunks of scored
+float32. klear's path (:func:`klear.kernels.logprobs.token_logprobs`) runs the output head on chunks of scored
 positions and recomputes them in the backward pass. Each variant runs in a fresh subprocess and reports the
 growth of its peak resident memory over the model's own (CPU), or ``torch.cuda.max_memory_allocated`` (CUDA),
 less the parameter gradients (the same in both), so the two never share an allocator. The model is a small
@@ -25,7 +25,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, float]:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from klear.stages.logprobs import naive_token_logprobs, token_logprobs
+    from klear.kernels.logprobs import naive_token_logprobs, token_logprobs
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)

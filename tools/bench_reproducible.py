@@ -1,7 +1,7 @@
 """What the thread-independent numbers cost: the same work under MKL's strict reproducible mode (klear's default,
 ``MKL_CBWR=AUTO,STRICT``) and under its plain ``AUTO`` mode, each at 1 and 2 threads, in fresh processes.
 
-The work is an RL step's two kinds of compute on one model: a training pass (`klear.stages.logprobs.token_logprobs`
+The work is an RL step's two kinds of compute on one model: a training pass (`klear.kernels.logprobs.token_logprobs`
 with entropy over right-padded rows, forward and backward) and a rollout (greedy decoding from left-padded
 prompts with the KV cache). Two shapes: the tiny model, and Qwen3-0.6B's width and vocabulary with 4 layers
 (randomly initialised from its config, nothing downloaded). Each process times ``--repeats`` passes of each after
@@ -34,7 +34,7 @@ def work(shape: str, repeats: int) -> dict[str, object]:
 
     from klear.models import attention
     from klear.models.tiny import QWEN3_0_6B, TINY_SIZES
-    from klear.stages.logprobs import token_logprobs
+    from klear.kernels.logprobs import token_logprobs
 
     torch.manual_seed(0)
     sizes = {**TINY_SIZES, "vocab_size": 512} if shape == "tiny" else {**QWEN3_0_6B, "num_hidden_layers": 4}

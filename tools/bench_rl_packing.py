@@ -3,7 +3,7 @@
 The rollouts have long-CoT's long-tailed response lengths: log-normal with the given median and a 99th
 percentile ten times longer (capped there), drawn at evenly spaced quantiles so that every run has its tail; each
 group of ``--group`` responses shares a prompt of ``--prompt`` tokens, and the groups are shuffled as an update's
-mini-batch is. Three variants compute the very same update (`tests/stages/test_micro_batches.py` checks that):
+mini-batch is. Three variants compute the very same update (`tests/kernels/test_micro_batches.py` checks that):
 
 - ``rows``: ``algorithm.micro_batch_size`` at its default of 32 rows per pass, each padded to the pass's longest
   row, a group's prompt computed once (klear's default plan);
@@ -87,7 +87,7 @@ def build_batch(settings: dict, vocab: int, prompt_tokens: int, seed: int):
     import torch
 
     from klear.rollout.engine import Rollout
-    from klear.stages.rollout_batch import build_rollout_batch
+    from klear.kernels.rollout_batch import build_rollout_batch
 
     rng = random.Random(seed)
     count = settings["prompts"] * settings["group"]
@@ -114,7 +114,7 @@ def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, 
 
     from klear.config.schema import AlgorithmConfig
     from klear.objectives import get_objective
-    from klear.stages.update import PolicyUpdate, UpdateSettings
+    from klear.update.update import PolicyUpdate, UpdateSettings
 
     torch.set_num_threads(args.threads)
     settings = SIZES[size]

@@ -244,7 +244,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     import lightning as L
     import torch
 
-    import klear.stages.passes
+    import klear.kernels.passes
     import klear.stages.rl
     from klear.fit import build_stage, build_trainer, prepare_run_dir
 
@@ -272,7 +272,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
             module.rollouts.scorer.score = klear_clock.wrap("reward", module.rollouts.scorer.score)
             module.manual_backward = klear_clock.wrap("backward", module.manual_backward)
             # Every log-prob pass of a step (no-grad, loss, KL reference) goes through LogprobPasses.logprobs.
-            passes = klear.stages.passes
+            passes = klear.kernels.passes
             passes.token_logprobs = klear_clock.wrap("logprob_fwd", passes.token_logprobs)
             klear_clock.start()
 

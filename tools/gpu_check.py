@@ -103,7 +103,7 @@ def check_packed(directory: str) -> None:
 
     from klear.config import ModelConfig
     from klear.models import load_model
-    from klear.stages.logprobs import token_logprobs
+    from klear.kernels.logprobs import token_logprobs
 
     implementations = ["sdpa"] + (["flash_attention_2"] if importlib.util.find_spec("flash_attn") else [])
     lengths = torch.tensor([700, 90, 2100, 350])

@@ -9,7 +9,7 @@ from klear.data.prompts import encode_prompt
 from klear.models import attention, load_model, load_tokenizer
 from klear.rollout.engine import SamplingParams
 from klear.rollout.hf import HFEngine
-from klear.stages.logprobs import token_logprobs
+from klear.kernels.logprobs import token_logprobs
 
 PROBLEMS = ["Start with 3. Add 4.", "Start with 12. Multiply by 2, then subtract 5.", "Start with 9."]
 

@@ -68,7 +68,7 @@ def test_shared_prefixes_add_their_rows_gradients_in_the_same_order_at_one_and_t
     rows, which `index_select`'s backward adds in row order (indexing's adds them in the order threads reach them)."""
     from transformers import DynamicCache
 
-    from klear.stages.logprobs import _repeat_rows
+    from klear.kernels.logprobs import _repeat_rows
 
     generator = torch.Generator().manual_seed(0)
     keys, values = (torch.randn(3, 2, 78, 32, generator=generator) for _ in range(2))

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from klear.runtime import vocab_shards
 from klear.runtime.strategies import shard_model
-from klear.stages.logprobs import token_logprobs
+from klear.kernels.logprobs import token_logprobs
 
 WORLD = 2
 TRAINER = {"fsdp_reshard_after_forward": True, "fsdp_mixed_precision": False, "fsdp_cpu_offload": False}

@@ -13,7 +13,7 @@ Batch dicts (tensors, ``B`` rows of ``T`` tokens, right-padded to the longest ro
 - ``attention_mask`` (B, T) long, 1 on real tokens: padded and grouped batches only.
 - ``position_ids`` (B, T) long, restarting at 0 per example (and for the pad tail): packed batches only.
 - ``row_lengths`` (B,) long, the real (non-pad) tokens of each row: packed batches only. The SFT step runs the
-  rows' real tokens as one row without their pad tails (`klear.stages.logprobs.token_logprobs` with ``pack``).
+  rows' real tokens as one row without their pad tails (`klear.kernels.logprobs.token_logprobs` with ``pack``).
 
 Packed attention relies on transformers' packed-sequence detection (``masking_utils.find_packed_sequence_indices``,
 checked on 5.19 for Qwen3 with sdpa and eager): when ``position_ids`` are given with no ``attention_mask`` and no

@@ -11,7 +11,7 @@ worker; with 0 they run here (`klear.rewards.score_batch`), where the built-in r
 timeouts (math checks in a killable process, code in the sandbox, its programs run in parallel threads by default).
 
 Plain Python: neither torch nor the config loader is imported, so reward worker processes and the commands' early
-checks do not pay for them; the trainer turns the lists into tensors (`klear.stages.sampling`). Raw scores are the
+checks do not pay for them; the trainer turns the lists into tensors (`klear.experience.sampling`). Raw scores are the
 reward's own numbers; shaped ones, when the overlong penalty is on, are computed in float32 arithmetic, so a
 float32 tensor of them holds exactly what the trainer's float32 sum of the score and the penalty would.
 """

@@ -1,6 +1,6 @@
 """One sampling pass: prompts encoded, one engine call, each sample's reference seeded, scored, regrouped per prompt.
 
-The lower layer of every front end that samples and scores: RL's step (`klear.stages.sampling.StepSampler`), the
+The lower layer of every front end that samples and scores: RL's step (`klear.experience.sampling.StepSampler`), the
 in-training evaluation (`klear.eval.in_training.evaluate`), ``klear.eval`` and ``klear.data curate``. They differ
 only in their problems, their `SamplingParams` and what they make of the scores, so a change to how samples are
 seeded, scored or grouped is made here once.

@@ -45,7 +45,7 @@ BLOCK_ELEMENTS = 2**24
 """Elements of one streamed block of rows (64 MB in float32): 16,384 rows at hidden size 1024; also the most
 positions x hidden size that are exchanged instead."""
 CHUNK_ELEMENTS = 2**24
-"""Logits computed at once (positions x block rows), as in `klear.stages.logprobs`."""
+"""Logits computed at once (positions x block rows), as in `klear.kernels.logprobs`."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class VocabShardedHead(nn.Linear):
 
     def scores(self, hidden: Tensor, targets: Tensor, temperature: float, with_entropy: bool) -> Tensor:
         """(N, 2) float32 ``[log-prob of the target, entropy]`` of the tempered logits of hidden states (N, H) at
-        ``targets`` (N,), without the (N, V) logits (`klear.stages.logprobs`)."""
+        ``targets`` (N,), without the (N, V) logits (`klear.kernels.logprobs`)."""
         return _Scores.apply(hidden, _local(self.weight), targets, self.layout, temperature, with_entropy)
 
 
@@ -286,7 +286,7 @@ class _Logits(torch.autograd.Function):
 
 
 class _Scores(torch.autograd.Function):
-    """`klear.stages.logprobs._scores` of ``hidden @ weight.T`` over the whole vocabulary, a block of rows at a time:
+    """`klear.kernels.logprobs._scores` of ``hidden @ weight.T`` over the whole vocabulary, a block of rows at a time:
     the forward keeps, for each position, the running maximum ``m`` of its tempered logits ``z``, the sum ``s`` of
     ``exp(z - m)``, the sum ``t`` of ``exp(z - m) * z`` and its target's logit; then the log-normaliser is
     ``m + log s`` and the entropy ``log-normaliser - t / s``. The backward recomputes each block's logits from the

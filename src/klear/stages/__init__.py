@@ -1,4 +1,3 @@
 """The training stages, as LightningModules: what both share (`base`), SFT (`sft`) and RL (`rl`, read top to
-bottom: rollout, reward, advantages, update), with the RL pieces beside it — advantage estimators
-(`advantages`), rollouts as padded tensors (`rollout_batch`), trainer log-probs (`logprobs`) and one optimizer
-update of the policy (`update`)."""
+bottom: rollouts, advantages, update, evaluation, log). The RL step's parts live in their own folders:
+`klear.experience` (rollouts), `klear.update` (the policy update) and `klear.kernels` (tensors and log-probs)."""

@@ -4,7 +4,7 @@ metrics per step, and the Hugging Face export at the end.
 
 A stage sets ``self.model``, ``self.tokenizer`` and ``self.eval_problems`` in its constructor and says how it
 evaluates: by default (:meth:`StageModule.run_eval`) with ``self.scorer`` and the engine of
-:meth:`StageModule.eval_engine` (SFT); RL evaluates through its rollouts instead (`klear.stages.rollouts`).
+:meth:`StageModule.eval_engine` (SFT); RL evaluates through its rollouts instead (`klear.experience.rollouts`).
 Its ``build`` loads its problems with :func:`stage_problems`, which checks every row before the Trainer exists.
 """
 

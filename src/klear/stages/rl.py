@@ -11,9 +11,9 @@ Everything random in a step is seeded by ``(seed, step)``: which prompts, which 
 So resuming from a checkpoint replays exactly what an uninterrupted run would have done, and two runs that
 differ only in the objective see identical rollouts at step 0.
 
-The module takes a step's rollouts from :class:`~klear.stages.rollouts.Rollouts`, which hides where they are
+The module takes a step's rollouts from :class:`~klear.experience.rollouts.Rollouts`, which hides where they are
 sampled: in this process (``rollout.max_staleness = 0``), or, under asynchronous rollouts (``max_staleness = k >=
-1``), in a rollout worker process (`klear.stages.async_rollouts`) that samples, scores, filters and refills step
+1``), in a rollout worker process (`klear.experience.async_rollouts`) that samples, scores, filters and refills step
 ``n + k`` while this process updates on step ``n``. The step is the same either way: take the rollouts, turn them
 into advantages, update, log.
 
@@ -53,10 +53,10 @@ from klear.runtime import memory
 from klear.runtime.device import policy_on_cuda
 from klear.runtime.strategies import full_tensors
 from klear.stages.base import StageModule, stage_problems
-from klear.stages.rollout_batch import ScoredGroups
-from klear.stages.rollouts import Rollouts, start_rollouts
-from klear.stages.step_update import StepPlan, StepUpdate
-from klear.stages.update import PolicyUpdate, UpdateSettings
+from klear.kernels.rollout_batch import ScoredGroups
+from klear.experience.rollouts import Rollouts, start_rollouts
+from klear.update.step_update import StepPlan, StepUpdate
+from klear.update.update import PolicyUpdate, UpdateSettings
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class RLModule(StageModule):
         self.train_problems = train_problems
         self.eval_problems = eval_problems
         self.rollouts: Rollouts | None = None
-        """The step's rollouts and evaluations (`klear.stages.rollouts.start_rollouts`), from ``on_fit_start``."""
+        """The step's rollouts and evaluations (`klear.experience.rollouts.start_rollouts`), from ``on_fit_start``."""
         self.max_model_len = max_model_len
         self.step_problems = step_problems
         self.restored_rollouts: dict | None = None

@@ -36,7 +36,7 @@ from klear.runtime.device import compute_precision, policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
 from klear.stages.base import StageModule, stage_problems
-from klear.stages.logprobs import token_logprobs
+from klear.kernels.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
 

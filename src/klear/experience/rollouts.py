@@ -8,7 +8,7 @@ checkpoints and closes them at the end. Two implementations:
 - :class:`SyncRollouts` (``rollout.max_staleness = 0``) samples in this process with its own engine, over the
   policy being trained. It evaluates when asked (before the step's update) and sleeps its engine while the
   trainer updates.
-- :class:`~klear.stages.async_rollouts.AsyncRollouts` (``rollout.max_staleness >= 1``) drives a rollout worker
+- :class:`~klear.experience.async_rollouts.AsyncRollouts` (``rollout.max_staleness >= 1``) drives a rollout worker
   process, which samples steps ahead and runs each evaluation while the trainer updates. The worker itself
   samples, scores and evaluates with a `SyncRollouts` over its own copy of the policy.
 
@@ -35,8 +35,8 @@ from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import RolloutEngine
 from klear.runtime import memory
-from klear.stages.rollout_batch import ScoredGroups
-from klear.stages.sampling import StepSampler, build_engine
+from klear.kernels.rollout_batch import ScoredGroups
+from klear.experience.sampling import StepSampler, build_engine
 
 
 class RolloutsError(RuntimeError):
@@ -180,10 +180,10 @@ class SyncRollouts:
 
 def start_rollouts(module) -> Rollouts:
     """The rollouts of ``module`` (an ``RLModule`` in ``on_fit_start``, its policy on its device): synchronous, or
-    under ``rollout.max_staleness >= 1`` a rollout worker (`klear.stages.async_rollouts.start_async_rollouts`)."""
+    under ``rollout.max_staleness >= 1`` a rollout worker (`klear.experience.async_rollouts.start_async_rollouts`)."""
     config = module.config
     if config.rollout.max_staleness > 0:
-        from klear.stages.async_rollouts import start_async_rollouts
+        from klear.experience.async_rollouts import start_async_rollouts
 
         return start_async_rollouts(module)
     rollouts = SyncRollouts.build(

@@ -18,9 +18,9 @@ from klear.fit import main
 from klear.models import load_model
 from klear.objectives import get_objective
 from klear.rollout.engine import Rollout
-from klear.stages.rollout_batch import ScoredGroups
-from klear.stages.step_update import StepPlan, StepUpdate
-from klear.stages.update import PolicyUpdate, UpdateSettings
+from klear.kernels.rollout_batch import ScoredGroups
+from klear.update.step_update import StepPlan, StepUpdate
+from klear.update.update import PolicyUpdate, UpdateSettings
 from tests.runs import RL_SHORT, read_metrics
 
 ENTROPY_METRICS = ["objective/entropy_clip_frac_low", "objective/entropy_clip_frac_high"]

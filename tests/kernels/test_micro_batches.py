@@ -14,9 +14,9 @@ from klear.config.schema import AlgorithmConfig
 from klear.models import load_model
 from klear.objectives import get_objective
 from klear.rollout.engine import Rollout
-from klear.stages.micro_batches import plan_micro_batches, token_bins
-from klear.stages.rollout_batch import build_rollout_batch
-from klear.stages.update import PolicyUpdate, UpdateSettings
+from klear.kernels.micro_batches import plan_micro_batches, token_bins
+from klear.kernels.rollout_batch import build_rollout_batch
+from klear.update.update import PolicyUpdate, UpdateSettings
 
 
 def long_tailed(count: int, seed: int) -> list[int]:
@@ -139,7 +139,7 @@ def test_a_row_longer_than_the_budget_is_warned_about_once(tiny, caplog):
     batch = rollout_batch([3, 40, 7, 12, 25, 2, 33, 9])
     settings = OmegaConf.structured(AlgorithmConfig(micro_batch_tokens=20))
     update = PolicyUpdate(get_objective("gppo"), UpdateSettings.from_algorithm(settings, 1.0, 40, 0.0))
-    with caplog.at_level(logging.WARNING, logger="klear.stages.passes"):
+    with caplog.at_level(logging.WARNING, logger="klear.kernels.passes"):
         for _ in range(2):
             plan = update.passes.plan(batch, rank=0, world=1)
     assert sorted(i for micro in plan for i in micro.rows.tolist()) == list(range(8))

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from klear.runtime.distributed import padded_share
-from klear.stages.rollout_batch import split_rows
+from klear.kernels.rollout_batch import split_rows
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Asynchronous rollouts (``rollout.max_staleness = k >= 1``): the trainer's side of the rollout worker.
 
-The worker (:mod:`klear.stages.rollout_worker`) samples the rollouts of the next steps while the trainer updates
+The worker (:mod:`klear.experience.rollout_worker`) samples the rollouts of the next steps while the trainer updates
 on this one. The schedule is fixed, so a run is reproducible from its seed: the rollouts of step ``n`` are
 sampled from policy version ``max(n - k, v0)``, the weights after update ``n - k`` (version ``v`` = the weights
 after ``v`` updates; ``v0`` = the version a run starts from, 0 unless resumed). Each push of a version ``v``
@@ -17,7 +17,7 @@ the checkpoint does not hold, so they are part of it (:meth:`AsyncRollouts.in_fl
 them first, and the worker continues from the checkpoint's weights. An extended run (``--resume
 trainer.max_steps=N`` after the end) has none in flight: its first ``k`` steps sample from the resumed weights.
 
-:class:`AsyncRollouts` is the asynchronous implementation of `klear.stages.rollouts.Rollouts`: the refresh callback
+:class:`AsyncRollouts` is the asynchronous implementation of `klear.experience.rollouts.Rollouts`: the refresh callback
 pushes weights with :meth:`~AsyncRollouts.push`, as it does to a synchronous run's rollouts, and
 :meth:`~AsyncRollouts.close` stops the worker (end of run, an error, Ctrl-C).
 """
@@ -39,9 +39,9 @@ import torch.multiprocessing as mp
 
 from klear.rollout.shared_weights import SharedWeights
 from klear.runtime import threads as cpu_threads
-from klear.stages.rollout_batch import ScoredGroups
-from klear.stages.rollout_worker import WorkerSpec, worker_main
-from klear.stages.rollouts import RolloutsError
+from klear.kernels.rollout_batch import ScoredGroups
+from klear.experience.rollout_worker import WorkerSpec, worker_main
+from klear.experience.rollouts import RolloutsError
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One RL step's rollouts: sample, score, drop groups with nothing to learn, refill from fresh prompts.
 
 The same code runs in the trainer (synchronous rollouts, ``rollout.max_staleness=0``) and in the rollout worker
-process (asynchronous rollouts, :mod:`klear.stages.async_rollouts`): a step's rollouts are a function of the run's
+process (asynchronous rollouts, :mod:`klear.experience.async_rollouts`): a step's rollouts are a function of the run's
 seed, the step, its prompts and the weights that sample them, wherever they are computed.
 
 Data parallel: each rank samples and scores its contiguous share of the step's prompts and the ranks exchange
@@ -23,7 +23,7 @@ from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams
 from klear.rollout.sample_and_score import SampledGroups, sample_and_score
 from klear.runtime.device import compute_precision
-from klear.stages.rollout_batch import ScoredGroups
+from klear.kernels.rollout_batch import ScoredGroups
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from klear.stages.logprobs import naive_token_logprobs, token_logprobs
+from klear.kernels.logprobs import naive_token_logprobs, token_logprobs
 
 
 def small_config(**overrides) -> Qwen3Config:

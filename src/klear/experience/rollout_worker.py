@@ -5,7 +5,7 @@ order, answering each on the results queue:
 
 - ``("weights", version)``: load the version the trainer wrote into the shared buffer
   (:class:`~klear.rollout.shared_weights.SharedWeights`), then give the buffer back (the ``free`` semaphore);
-- ``("rollout", step, problems)``: the step's rollouts (:class:`~klear.stages.rollouts.SyncRollouts`) from the
+- ``("rollout", step, problems)``: the step's rollouts (:class:`~klear.experience.rollouts.SyncRollouts`) from the
   weights loaded last, with ``rollout/logprob_gap`` measured against exactly those weights (a teacher-forced
   forward of the worker's policy copy, the trainer's own log-prob code, on the first `GAP_ROWS` rollouts: a check
   of the engine, not a statistic), ``rollout/staleness`` (the step minus
@@ -91,8 +91,8 @@ class _Service:
         from klear.models import load_model
         from klear.rollout.hf import HFEngine
         from klear.runtime.device import compute_precision
-        from klear.stages.rollouts import SyncRollouts
-        from klear.stages.update import UpdateSettings
+        from klear.experience.rollouts import SyncRollouts
+        from klear.update.update import UpdateSettings
 
         config = spec.config
         if spec.world > 1:
@@ -172,7 +172,7 @@ class _Service:
         """Mean |log-prob of the loaded weights - the engine's log-prob| over the sampled tokens of the first
         `GAP_ROWS` rollouts of the kept groups (each rank computes its share of the rows; the ranks' sums are
         added)."""
-        from klear.stages.rollout_batch import build_rollout_batch
+        from klear.kernels.rollout_batch import build_rollout_batch
 
         if not len(scored):
             return None

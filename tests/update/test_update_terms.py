@@ -16,10 +16,10 @@ from torch import Tensor, nn
 from klear.config.schema import AlgorithmConfig
 from klear.objectives import get_objective
 from klear.runtime.step_metrics import StepMetrics
-from klear.stages.logprobs import _LinearHeadScores
-from klear.stages.passes import LogprobPasses
-from klear.stages.rollout_batch import RolloutBatch
-from klear.stages.update import PolicyUpdate, UpdateSettings, positive_nll
+from klear.kernels.logprobs import _LinearHeadScores
+from klear.kernels.passes import LogprobPasses
+from klear.kernels.rollout_batch import RolloutBatch
+from klear.update.update import PolicyUpdate, UpdateSettings, positive_nll
 
 LOGPROBS = [-1.0, -0.5, -2.0]
 REFERENCE = [-1.2, -0.5, -1.0]

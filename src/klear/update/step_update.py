@@ -20,10 +20,10 @@ from torch import Tensor, nn
 
 from klear.run.stopping import check_finite
 from klear.runtime.step_metrics import StepMetrics
-from klear.stages.passes import Reduce
-from klear.stages.rollout_batch import ScoredGroups, build_rollout_batch, split_rows
-from klear.stages.sampling import step_seed
-from klear.stages.update import PolicyUpdate
+from klear.kernels.passes import Reduce
+from klear.kernels.rollout_batch import ScoredGroups, build_rollout_batch, split_rows
+from klear.experience.sampling import step_seed
+from klear.update.update import PolicyUpdate
 
 DRAW_SEEDS = 1_000
 """Update ``u`` of a step seeds its objective's draws with ``step_seed(seed, step, DRAW_SEEDS + u)``, apart from the

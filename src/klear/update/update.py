@@ -30,8 +30,8 @@ from klear.objectives import aggregate
 from klear.run.stopping import check_finite
 from klear.runtime.optim import clip_grad_norm
 from klear.runtime.step_metrics import StepMetrics
-from klear.stages.passes import LogprobPasses, Reduce, masked_mean
-from klear.stages.rollout_batch import RolloutBatch
+from klear.kernels.passes import LogprobPasses, Reduce, masked_mean
+from klear.kernels.rollout_batch import RolloutBatch
 
 FINITE_METRICS = (
     "actor/pg_loss",

@@ -4,8 +4,8 @@ positive-sample SFT term touches fully correct responses only."""
 import torch
 
 from klear.rollout.engine import Rollout
-from klear.stages.rollout_batch import build_rollout_batch, split_rows
-from klear.stages.update import positive_nll
+from klear.kernels.rollout_batch import build_rollout_batch, split_rows
+from klear.update.update import positive_nll
 
 PAD = 0
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from klear.stages.logprobs import token_logprobs
-from klear.stages.micro_batches import MicroBatch, oversized, plan_micro_batches
-from klear.stages.rollout_batch import RolloutBatch
+from klear.kernels.logprobs import token_logprobs
+from klear.kernels.micro_batches import MicroBatch, oversized, plan_micro_batches
+from klear.kernels.rollout_batch import RolloutBatch
 
 log = logging.getLogger(__name__)
 
