@@ -108,6 +108,8 @@ END_TO_END_TESTS: dict[str, set[str]] = {
 
 def is_unit(item: pytest.Item, module: str) -> bool:
     names = {item.name, getattr(item, "originalname", item.name)}
+    if item.get_closest_marker("end_to_end") is not None:
+        return False
     if module in END_TO_END or names & END_TO_END_TESTS.get(module, set()):
         return False
     # A slow or GPU test is never unit, so `-m unit` (which replaces the default `-m`) still leaves them out.
