@@ -66,8 +66,8 @@ def klear_way(parts: list[tuple[dict, float]], total_tokens: float) -> dict[str,
         metrics.add_metrics(values, weight=tokens / total_tokens)
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
-    def reduce(tensor, op):
-        dist.all_reduce(tensor, op=ops[op])
+    def reduce(tensor, reduce_op):
+        dist.all_reduce(tensor, op=ops[reduce_op])
         return tensor
 
     return dict(metrics.reduce(reduce))

@@ -3,7 +3,7 @@
 The rollouts have long-CoT's long-tailed response lengths: log-normal with the given median and a 99th
 percentile ten times longer (capped there), drawn at evenly spaced quantiles so that every run has its tail; each
 group of ``--group`` responses shares a prompt of ``--prompt`` tokens, and the groups are shuffled as an update's
-mini-batch is. Three variants compute the very same update (`tests/kernels/test_micro_batches.py` checks that):
+mini-batch is. Three variants compute the very same update (`tests/kernels/test_passes.py` checks that):
 
 - ``rows``: ``algorithm.micro_batch_size`` at its default of 32 rows per pass, each padded to the pass's longest
   row, a group's prompt computed once (klear's default plan);
@@ -86,8 +86,8 @@ def build_model(size: str, layers: int):
 def build_batch(settings: dict, vocab: int, prompt_tokens: int, seed: int):
     import torch
 
-    from klear.rollout.engine import Rollout
     from klear.kernels.rollout_batch import build_rollout_batch
+    from klear.rollout.engine import Rollout
 
     rng = random.Random(seed)
     count = settings["prompts"] * settings["group"]
@@ -110,11 +110,11 @@ def build_batch(settings: dict, vocab: int, prompt_tokens: int, seed: int):
 
 def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, float]:
     import torch
-    from omegaconf import OmegaConf
 
-    from klear.config.schema import AlgorithmConfig
+    from klear.config.schema import AlgorithmConfig, RolloutConfig
     from klear.objectives import get_objective
-    from klear.update.update import PolicyUpdate, UpdateSettings
+    from klear.runtime.distributed import Ranks
+    from klear.update.update import PolicyUpdate
 
     torch.set_num_threads(args.threads)
     settings = SIZES[size]
@@ -124,15 +124,14 @@ def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, 
     batch = build_batch(settings, model.config.vocab_size, args.prompt, seed=0)
     budget = settings["budget"] if variant.startswith("tokens") else 0
     rows = settings["few_rows"] if variant == "few-rows" else DEFAULT_ROWS
-    algorithm = OmegaConf.structured(AlgorithmConfig(micro_batch_size=rows, micro_batch_tokens=budget))
-    update = PolicyUpdate(
-        get_objective("gppo"), UpdateSettings.from_algorithm(algorithm, 1.0, 10 * settings["median"], 0.0)
-    )
+    algorithm = AlgorithmConfig(micro_batch_size=rows, micro_batch_tokens=budget)
+    rollout = RolloutConfig(temperature=1.0, max_new_tokens=10 * settings["median"])
+    update = PolicyUpdate(get_objective("gppo"), algorithm, rollout)
     update.passes.packed = variant == "tokens"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the same weights for every update
 
     def step(rows):
-        return update.step(model, rows, optimizer, lambda loss: loss.backward(), lambda t, op: t, world=1)
+        return update.step(model, rows, optimizer, lambda loss: loss.backward(), Ranks())
 
     step(batch)  # allocates the gradients, warms the kernels and the allocator up
     before = _status("VmRSS")
@@ -142,7 +141,7 @@ def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, 
         started = time.perf_counter()
         metrics = step(batch)
         seconds.append(time.perf_counter() - started)
-    plan = update.passes.plan(batch, rank=0, world=1)
+    plan = update.passes.plan(batch.lengths, Ranks())
     computed = sum(len(micro.rows) * int(batch.lengths[micro.rows].max()) for micro in plan)
     return {
         "seconds": statistics.median(seconds),

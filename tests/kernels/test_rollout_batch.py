@@ -3,8 +3,8 @@ positive-sample SFT term touches fully correct responses only."""
 
 import torch
 
+from klear.kernels.rollout_batch import build_rollout_batch
 from klear.rollout.engine import Rollout
-from klear.kernels.rollout_batch import build_rollout_batch, split_rows
 from klear.update.update import positive_nll
 
 PAD = 0
@@ -52,7 +52,6 @@ def test_select_trims_to_the_longest_selected_row():
         [*rollouts(), short], torch.zeros(3), torch.zeros(3), torch.zeros(3, dtype=bool), PAD, mask_truncated=False
     )
     assert batch.select(torch.tensor([2])).input_ids.tolist() == [[5, 8]]
-    assert split_rows(5, 2) == [slice(0, 2), slice(2, 4), slice(4, 5)]
 
 
 def test_positive_sample_sft_term_only_touches_correct_responses():

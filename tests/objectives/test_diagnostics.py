@@ -13,7 +13,7 @@ from klear.config import ModelConfig
 from klear.models import load_model
 from klear.objectives import Max, Ratio, Sum, get_objective
 from klear.objectives.ppo import PPOClip
-from tests.kernels.test_micro_batches import one_update, rollout_batch
+from tests.kernels.test_passes import one_update, rollout_batch
 
 
 class Diagnosed(PPOClip):

@@ -20,11 +20,11 @@ def part(mean: float, total: float, peak: float, numerator: float, denominator: 
 def two_ranks(one: StepMetrics, two: StepMetrics, calls: list):
     """``one`` reduced with ``two`` as the other rank: a reduce function that adds (or maxes) the two stacks."""
     other = {}
-    two.reduce(lambda tensor, op: other.setdefault(op, tensor))
+    two.reduce(lambda tensor, reduce_op: other.setdefault(reduce_op, tensor))
 
-    def reduce(tensor, op):
-        calls.append((op, tensor.shape))
-        return tensor + other[op] if op == "sum" else torch.maximum(tensor, other[op])
+    def reduce(tensor, reduce_op):
+        calls.append((reduce_op, tensor.shape))
+        return tensor + other[reduce_op] if reduce_op == "sum" else torch.maximum(tensor, other[reduce_op])
 
     return one.reduce(reduce)
 

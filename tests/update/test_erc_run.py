@@ -9,18 +9,17 @@ import sys
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from klear.config import ModelConfig
 from klear.config.load import ConfigError, load_config
-from klear.config.schema import AlgorithmConfig
+from klear.config.schema import AlgorithmConfig, RolloutConfig
 from klear.fit import main
+from klear.kernels.rollout_batch import ScoredGroups
 from klear.models import load_model
 from klear.objectives import get_objective
 from klear.rollout.engine import Rollout
-from klear.kernels.rollout_batch import ScoredGroups
-from klear.update.step_update import StepPlan, StepUpdate
-from klear.update.update import PolicyUpdate, UpdateSettings
+from klear.runtime.distributed import Ranks
+from klear.update.update import PolicyUpdate
 from tests.runs import RL_SHORT, read_metrics
 
 ENTROPY_METRICS = ["objective/entropy_clip_frac_low", "objective/entropy_clip_frac_high"]
@@ -86,11 +85,12 @@ def scored_groups(seed: int = 0) -> tuple[ScoredGroups, torch.Tensor]:
 
 
 def first_updates(model, objective, epochs: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-    """The step's updates through `StepUpdate` (trainer old log-probs, one mini-batch); the first one's gradients."""
+    """The step's updates through `PolicyUpdate.run` (trainer old log-probs, one mini-batch); the first one's
+    gradients."""
     model = copy.deepcopy(model)
-    algorithm = OmegaConf.structured(AlgorithmConfig(micro_batch_size=3))
-    update = PolicyUpdate(objective, UpdateSettings.from_algorithm(algorithm, 0.9, 12, 0.0))
-    plan = StepPlan(0, 4, epochs, 2, False, trainer_old_logprobs=True)
+    algorithm = AlgorithmConfig(micro_batch_size=3, epochs=epochs, mini_batch_prompts=2)
+    rollout = RolloutConfig(group_size=4, temperature=0.9, max_new_tokens=12, old_logprobs="trainer")
+    update = PolicyUpdate(objective, algorithm, rollout)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     gradients: list[dict[str, torch.Tensor]] = []
 
@@ -99,9 +99,7 @@ def first_updates(model, objective, epochs: int) -> tuple[dict[str, float], dict
         gradients.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
 
     scored, advantages = scored_groups()
-    metrics = StepUpdate(update, plan, pad_token_id=0).run(
-        model, scored, advantages, 1, optimizer, backward, lambda tensor, op: tensor, rank=0, world=1
-    )
+    metrics = update.run(model, scored, advantages, 1, optimizer, backward, Ranks())
     micro_batches = -(-8 // 3)  # the first update's accumulated gradient is complete after its last micro-batch
     return metrics, gradients[micro_batches - 1]
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from klear.config.schema import AlgorithmConfig
-from klear.objectives import get_objective
-from klear.runtime.step_metrics import StepMetrics
+from klear.config.schema import AlgorithmConfig, RolloutConfig
 from klear.kernels.logprobs import _LinearHeadScores
 from klear.kernels.passes import LogprobPasses
 from klear.kernels.rollout_batch import RolloutBatch
-from klear.update.update import PolicyUpdate, UpdateSettings, positive_nll
+from klear.objectives import get_objective
+from klear.runtime.step_metrics import StepMetrics
+from klear.update.update import PolicyUpdate, positive_nll
 
 LOGPROBS = [-1.0, -0.5, -2.0]
 REFERENCE = [-1.2, -0.5, -1.0]
@@ -42,8 +42,8 @@ class GivenLogprobs(PolicyUpdate):
     """A real `PolicyUpdate` over `GivenPasses`."""
 
     def __init__(self, logprobs: Tensor, entropy: Tensor, reference: Tensor, **algorithm) -> None:
-        settings = UpdateSettings.from_algorithm(AlgorithmConfig(**algorithm), 1.0, 3, 0.0)
-        super().__init__(get_objective("gppo"), settings, reference=REF_MODEL)
+        rollout = RolloutConfig(temperature=1.0, max_new_tokens=3)
+        super().__init__(get_objective("gppo"), AlgorithmConfig(**algorithm), rollout, reference=REF_MODEL)
         self.passes = GivenPasses({id(POLICY): (logprobs, entropy), id(REF_MODEL): (reference, None)})
 
 

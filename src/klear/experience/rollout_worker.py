@@ -88,11 +88,11 @@ def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
 
 class _Service:
     def __init__(self, spec: WorkerSpec, weights) -> None:
+        from klear.experience.rollouts import SyncRollouts
+        from klear.kernels.passes import LogprobPasses
         from klear.models import load_model
         from klear.rollout.hf import HFEngine
         from klear.runtime.device import compute_precision
-        from klear.experience.rollouts import SyncRollouts
-        from klear.update.update import UpdateSettings
 
         config = spec.config
         if spec.world > 1:
@@ -120,7 +120,10 @@ class _Service:
         # The hf engine samples from self.model itself; any other engine holds weights of its own, and self.model
         # (loaded with the same versions) is what its log-probs are checked against.
         self.engine_is_model = isinstance(engine, HFEngine) and engine.model is self.model
-        self.passes = UpdateSettings.from_config(config).passes()
+        algorithm = config.algorithm
+        self.passes = LogprobPasses(
+            config.rollout.temperature, algorithm.micro_batch_size, algorithm.micro_batch_tokens
+        )
         self.version = -1
 
     def serve(self, commands, results, free) -> None:
@@ -173,6 +176,8 @@ class _Service:
         `GAP_ROWS` rollouts of the kept groups (each rank computes its share of the rows; the ranks' sums are
         added)."""
         from klear.kernels.rollout_batch import build_rollout_batch
+        from klear.runtime.distributed import Ranks
+        from klear.update.update import measured_logprobs
 
         if not len(scored):
             return None
@@ -180,7 +185,8 @@ class _Service:
         zeros = torch.zeros(len(rollouts))
         pad, mask_truncated = self.rollouts.tokenizer.pad_token_id, self.config.algorithm.mask_truncated
         batch = build_rollout_batch(rollouts, zeros, zeros, zeros.bool(), pad, mask_truncated).to(self.device)
-        _, gap, _ = self.passes.measured(self.model, batch, self.spec.rank, self.spec.world, _all_reduce)
+        ranks = Ranks(self.spec.rank, self.spec.world, _all_reduce)
+        _, gap, _ = measured_logprobs(self.passes, self.model, batch, ranks)
         return gap
 
     def _evaluate(self, version: int) -> dict[str, float]:
@@ -216,10 +222,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _all_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
+def _all_reduce(tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
     """The sum of ``tensor`` over the workers' process group (gloo: through the host)."""
-    if op != "sum":
-        raise ValueError(f"the rollout workers only add tensors up, not {op!r}")
+    if reduce_op != "sum":
+        raise ValueError(f"the rollout workers only add tensors up, not {reduce_op!r}")
     host = tensor.cpu()
     torch.distributed.all_reduce(host)
     return host.to(tensor.device)

@@ -1,35 +1,59 @@
-"""The forward passes over a batch of rollouts, apart from any optimizer update.
+"""The forward passes over a batch of rollouts: which rows each data-parallel rank computes in which pass, and the
+log-probs of one pass.
 
-Three things read a rollout batch through the policy: the update (log-probs with gradient, micro-batch by
-micro-batch), the trainer's behaviour log-probs before the update (``rollout.old_logprobs: trainer``, no
-gradient) and the rollout worker's check of its engine (asynchronous rollouts). `LogprobPasses` is what they share:
-the micro-batch plan (rows or a token budget, each rank its share), the log-probs of one micro-batch (packed without
-padding under a token budget, or padded with a group's prompt computed once), the no-grad log-probs of every row
-summed over ranks, and ``rollout/logprob_gap``, the mean ``|trainer log-prob - engine log-prob|`` over the response
-tokens, measured in one place (`LogprobPasses.measured`).
+Everything that reads a rollout batch through a model goes through `LogprobPasses`: the update (log-probs with
+gradient, pass by pass), the trainer's behaviour log-probs before it (``rollout.old_logprobs: trainer``, no
+gradient), the KL reference, and the rollout worker's check of its engine (asynchronous rollouts). The loops over
+the passes are their callers' (`klear.update.update`); this file plans them and computes one.
+
+Two plans, chosen by ``algorithm.micro_batch_tokens``:
+
+- **rows** (``0``): each rank takes its contiguous share of the rows, padded to equal length, in micro-batches of
+  ``micro_batch_size`` rows, each padded to its longest row; a group's shared prompt is computed once.
+- **tokens** (``N > 0``): rows are bin-packed into micro-batches of at most ``N`` tokens (prompt + response),
+  computed as one packed row without padding. When responses vary 10x in length, a fixed row count either runs out
+  of memory on the long rows or spends most of its compute on padding on the short ones; a token budget fixes the
+  memory of a pass and wastes none of it.
+
+Under FSDP2 every forward is a collective, so every rank must run the same number of passes. The token plan
+therefore packs the rows into ``world x k`` bins for the smallest ``k`` that fits, placing rows longest first
+into the least-loaded bin (which keeps the bins' loads close), then deals the bins to ranks, heaviest first, to
+the least-loaded rank that has fewer than ``k``. A rank with an empty bin runs it on a padding row whose loss is
+masked out, as the row plan pads a short share. A row longer than the budget gets a bin of its own: it is never
+truncated, and the pass is as large as that row.
+
+Every rank computes the same plan from the same row lengths (all ranks hold the whole step), so no
+communication is needed to agree on it. The update it computes is the row plan's: the objective's normaliser and
+the metrics' weights span the whole mini-batch, whatever the micro-batches.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
-from collections.abc import Callable
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from klear.kernels.logprobs import token_logprobs
-from klear.kernels.micro_batches import MicroBatch, oversized, plan_micro_batches
 from klear.kernels.rollout_batch import RolloutBatch
+from klear.runtime.distributed import Ranks, padded_share
 
 log = logging.getLogger(__name__)
 
-Reduce = Callable[[Tensor, str], Tensor]
-"""``reduce(tensor, op)`` across the data-parallel ranks, ``op`` ``"sum"`` or ``"max"`` (Lightning's
-``strategy.reduce``)."""
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rows of the mini-batch computed in one pass on this rank, and which of them are real (padding is not)."""
+
+    rows: Tensor
+    real: Tensor
 
 
 class LogprobPasses:
-    """Plans and runs the passes over a rollout batch (see the module docstring).
+    """Plans the passes over a rollout batch and computes one (see the module docstring).
 
     Args:
         temperature: the sampling temperature, at which log-probs are computed (0, greedy: untempered).
@@ -44,24 +68,24 @@ class LogprobPasses:
         self.packed = bool(micro_batch_tokens)
         self._warned_oversized = False
 
-    def plan(self, batch: RolloutBatch, rank: int, world: int) -> list[MicroBatch]:
-        """This rank's micro-batches of ``batch`` (the same rows on every rank), by `plan_micro_batches`."""
+    def plan(self, lengths: Tensor, ranks: Ranks) -> list[MicroBatch]:
+        """This rank's micro-batches of a batch whose rows have ``lengths`` tokens (the same rows on every rank)."""
         budget = self.micro_batch_tokens
-        if budget and not self._warned_oversized and (count := oversized(batch.lengths, budget)):
+        if budget and not self._warned_oversized and (count := oversized(lengths, budget)):
             self._warned_oversized = True
             log.warning(
                 "%d rows are longer than algorithm.micro_batch_tokens=%d (the longest has %d tokens): each runs "
                 "alone in its pass, whose memory is then set by that row; raise the budget if memory allows",
                 count,
                 budget,
-                int(batch.lengths.max()),
+                int(lengths.max()),
             )
-        return plan_micro_batches(batch.lengths.cpu(), rank, world, self.micro_batch_size, budget)
+        return plan_micro_batches(lengths.cpu(), ranks.rank, ranks.world, self.micro_batch_size, budget)
 
     def logprobs(
         self, model: nn.Module, batch: RolloutBatch, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs (and entropies) of one micro-batch's response tokens under ``model`` at the sampling
+        """(B, T) log-probs (and entropies) of one micro-batch's response tokens under ``model`` at the sampling
         temperature: its rows packed into one without padding under a token budget, else padded with a group's
         shared prompt computed once."""
         return token_logprobs(
@@ -76,50 +100,73 @@ class LogprobPasses:
             pack=self.packed,
         )
 
-    @torch.no_grad()
-    def all_logprobs(
-        self, model: nn.Module, batch: RolloutBatch, rank: int, world: int, with_entropy: bool = False
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """No-grad log-probs (and, ``with_entropy``, entropies) of this rank's rows of ``batch`` (its micro-batches,
-        planned as the update's), and which rows they are, (N,) bool: zeros elsewhere, so the ranks' results add up
-        to every row computed once."""
-        logprobs = torch.zeros_like(batch.engine_logprobs)
-        entropy = torch.zeros_like(logprobs) if with_entropy else None
-        computed = torch.zeros(len(logprobs), dtype=torch.bool, device=logprobs.device)
-        for micro in self.plan(batch, rank, world):
-            values, entropies = self.logprobs(model, batch.part(micro.rows, micro.real), with_entropy=with_entropy)
-            real = micro.real.to(values.device)
-            rows = micro.rows.to(logprobs.device)[micro.real.to(logprobs.device)]
-            logprobs[rows, : values.shape[1]] = values[real]
-            if entropy is not None:
-                entropy[rows, : values.shape[1]] = entropies[real].float()
-            computed[rows] = True
-        return logprobs, computed, entropy
 
-    @torch.no_grad()
-    def measured(
-        self,
-        model: nn.Module,
-        batch: RolloutBatch,
-        rank: int,
-        world: int,
-        reduce: Reduce | None,
-        with_entropy: bool = False,
-    ) -> tuple[Tensor, float, Tensor | None]:
-        """The no-grad log-probs of every row of ``batch`` (each rank computes its micro-batches, ``reduce`` adds
-        the ranks' results; ``None``: one process), ``rollout/logprob_gap``, their mean absolute difference from
-        the engine's over the response tokens, summed over ranks before the quotient, and with ``with_entropy``
-        the per-token entropies of every row (else ``None``)."""
-        logprobs, computed, entropy = self.all_logprobs(model, batch, rank, world, with_entropy)
-        mask = batch.mask & computed[:, None]
-        difference = torch.where(mask, (logprobs - batch.engine_logprobs).abs(), 0.0)
-        parts = torch.stack([difference.sum(), mask.sum()]).double()
-        if reduce is not None and world > 1:
-            logprobs, parts = reduce(logprobs, "sum"), reduce(parts, "sum")
-            entropy = reduce(entropy, "sum") if entropy is not None else None
-        return logprobs, float(parts[0] / parts[1].clamp(min=1)), entropy
+def plan_micro_batches(lengths: Tensor, rank: int, world: int, rows: int, tokens: int = 0) -> list[MicroBatch]:
+    """This rank's micro-batches of a mini-batch whose rows have ``lengths`` tokens (see the module docstring).
+
+    Args:
+        lengths: (N,) tokens of each row, the same on every rank.
+        rows: rows per micro-batch of the row plan (``algorithm.micro_batch_size``).
+        tokens: the token budget per micro-batch (``algorithm.micro_batch_tokens``); 0: the row plan.
+    """
+    if not tokens:
+        share, real = padded_share(torch.arange(len(lengths)), rank, world)
+        return [MicroBatch(share[part], real[part]) for part in split_rows(len(share), rows)]
+    micro_batches = []
+    for members in token_bins(lengths.tolist(), tokens, world)[rank]:
+        if members:
+            micro_batches.append(MicroBatch(torch.tensor(members), torch.ones(len(members), dtype=torch.bool)))
+        else:
+            micro_batches.append(MicroBatch(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.bool)))
+    return micro_batches
 
 
-def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """The mean of ``values`` over ``mask``'s tokens (0 without any)."""
-    return torch.where(mask, values.float(), 0.0).sum() / mask.sum().clamp(min=1)
+def split_rows(num_rows: int, size: int) -> list[slice]:
+    """Consecutive slices of at most ``size`` rows."""
+    return [slice(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
+
+
+def token_bins(lengths: list[int], budget: int, world: int) -> list[list[list[int]]]:
+    """``bins[rank][pass]``: row indices, every row exactly once, the same number of passes per rank, each pass at
+    most ``budget`` tokens unless it is a single longer row."""
+    if budget < 1 or world < 1:
+        raise ValueError(f"token_bins needs a budget and a world of at least 1, got {budget} and {world}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    # A lower bound: every row longer than the budget fills a pass, the others need their tokens' worth of passes.
+    fitting = [length for length in lengths if length <= budget]
+    needed = len(lengths) - len(fitting) + math.ceil(sum(fitting) / budget)
+    per_rank = max(math.ceil(needed / world), 1)
+    while (bins := _least_loaded_fit(lengths, order, budget, world * per_rank)) is None:
+        per_rank += 1
+    return _deal(bins, lengths, world, per_rank)
+
+
+def oversized(lengths: Tensor, budget: int) -> int:
+    """Rows longer than ``budget`` tokens (each runs alone in its pass)."""
+    return int((lengths > budget).sum()) if budget else 0
+
+
+def _least_loaded_fit(lengths: list[int], order: list[int], budget: int, count: int) -> list[list[int]] | None:
+    """Rows in ``order`` each into the least-loaded of ``count`` bins; ``None`` when one does not fit there (then it
+    fits nowhere). A row longer than the budget fits only an empty bin, which it then fills."""
+    heap = [(0, b) for b in range(count)]
+    bins: list[list[int]] = [[] for _ in range(count)]
+    for i in order:
+        load, b = heapq.heappop(heap)
+        if load and load + lengths[i] > budget:
+            return None
+        bins[b].append(i)
+        heapq.heappush(heap, (load + lengths[i] if lengths[i] <= budget else budget + 1, b))
+    return bins
+
+
+def _deal(bins: list[list[int]], lengths: list[int], world: int, per_rank: int) -> list[list[list[int]]]:
+    """Bins to ranks, heaviest first, each to the least-loaded rank with room: ``per_rank`` bins per rank."""
+    loads = [sum(lengths[i] for i in members) for members in bins]
+    ranks: list[list[list[int]]] = [[] for _ in range(world)]
+    totals = [0] * world
+    for b in sorted(range(len(bins)), key=lambda b: (-loads[b], b)):
+        rank = min((r for r in range(world) if len(ranks[r]) < per_rank), key=lambda r: (totals[r], r))
+        ranks[rank].append(bins[b])
+        totals[rank] += loads[b]
+    return ranks

@@ -161,8 +161,3 @@ def build_rollout_batch(
         truncated=truncated,
         real=torch.ones(n, dtype=torch.bool),
     )
-
-
-def split_rows(num_rows: int, size: int) -> list[slice]:
-    """Consecutive slices of at most ``size`` rows."""
-    return [slice(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]

@@ -11,12 +11,30 @@ Sharded and data-parallel training need every rank to run the same number of for
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+
+
+def alone(tensor: torch.Tensor, reduce_op: str = "sum") -> torch.Tensor:
+    """The reduction of one process: ``tensor`` as it is."""
+    return tensor
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the data-parallel ranks, as one value: ``rank`` of ``world``, and ``reduce``."""
+
+    rank: int = 0
+    world: int = 1
+    reduce: Callable[..., torch.Tensor] = alone
+    """``reduce(tensor, reduce_op=op)`` across the ranks, ``op`` ``"sum"`` or ``"max"``: Lightning's
+    ``strategy.reduce`` (`alone`, the default, for one process)."""
 
 
 def rank_range(count: int, rank: int, world: int) -> range:

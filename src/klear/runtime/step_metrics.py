@@ -25,8 +25,9 @@ from torch import Tensor
 
 Kind = Literal["sum", "max", "ratio"]
 Number = Tensor | float
-Reduce = Callable[[Tensor, str], Tensor]
-"""``reduce(tensor, op)`` across the data-parallel ranks, ``op`` ``"sum"`` or ``"max"``."""
+Reduce = Callable[..., Tensor]
+"""``reduce(tensor, reduce_op=op)`` across the data-parallel ranks, ``op`` ``"sum"`` or ``"max"`` (`Ranks.reduce`,
+Lightning's ``strategy.reduce``)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class StepMetrics:
                 self.add(name, value * weight)
 
     def reduce(self, reduce_fn: Reduce | None = None) -> StepResult:
-        """The values as floats, reduced across ranks by ``reduce_fn(tensor, op)`` (``op`` is ``"sum"`` or ``"max"``;
+        """The values as floats, reduced across ranks by ``reduce_fn(tensor, reduce_op=op)`` (``"sum"`` or ``"max"``;
         ``None``: one process): one call and one host sync for the sums and ratio parts, one for the maxima."""
         sums = [key for key in self.values if self.kinds[key] == "sum"]
         maxima = [key for key in self.values if self.kinds[key] == "max"]
@@ -171,7 +172,7 @@ def _reduced(values: list[Number], op: str, reduce_fn: Reduce | None) -> list[fl
     device = next((value.device for value in values if isinstance(value, Tensor)), None)
     stacked = torch.stack([torch.as_tensor(value, dtype=torch.float32, device=device) for value in values])
     if reduce_fn is not None:
-        stacked = reduce_fn(stacked, op)
+        stacked = reduce_fn(stacked, reduce_op=op)
     return stacked.tolist()
 
 

@@ -41,6 +41,7 @@ from transformers import PreTrainedTokenizerBase
 from klear.data.batches import ResumableBatches
 from klear.data.problems import Problem, Task
 from klear.eval.in_training import EVAL_DATA_SEED
+from klear.experience.rollouts import Rollouts, start_rollouts
 from klear.models import load_model, load_tokenizer
 from klear.objectives import get_objective
 from klear.objectives.advantages import compute_advantages
@@ -49,14 +50,13 @@ from klear.rewards.routing import routed_reward
 from klear.rollout.engine import needed_model_len
 from klear.rollout.refresh import RolloutRefresh
 from klear.run.directory import RunDir
+from klear.run.stopping import agreement_point
 from klear.runtime import memory
 from klear.runtime.device import policy_on_cuda
+from klear.runtime.distributed import Ranks
 from klear.runtime.strategies import full_tensors
 from klear.stages.base import StageModule, stage_problems
-from klear.kernels.rollout_batch import ScoredGroups
-from klear.experience.rollouts import Rollouts, start_rollouts
-from klear.update.step_update import StepPlan, StepUpdate
-from klear.update.update import PolicyUpdate, UpdateSettings
+from klear.update.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,15 @@ class RLModule(StageModule):
             processes=config.trainer.devices,
         )
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if config.algorithm.kl_coef else None
-        policy_update = PolicyUpdate(self.objective, UpdateSettings.from_config(config), reference=self.reference)
-        self.updates = StepUpdate(policy_update, StepPlan.from_config(config), tokenizer.pad_token_id)
+        self.update = PolicyUpdate(
+            self.objective,
+            OmegaConf.to_object(config.algorithm),
+            OmegaConf.to_object(config.rollout),
+            seed=config.seed,
+            grad_clip=config.optim.grad_clip,
+            pad_token_id=tokenizer.pad_token_id,
+            reference=self.reference,
+        )
         self.train_problems = train_problems
         self.eval_problems = eval_problems
         self.rollouts: Rollouts | None = None
@@ -134,12 +141,23 @@ class RLModule(StageModule):
 
     def training_step(self, problems: list[Problem], batch_idx: int) -> None:
         scored, metrics = self.rollouts.take(batch_idx, problems)
-        self.stop_point()  # between the generation and the update
-        self._warn_if_starved(batch_idx, len(scored), self.config.rollout.prompts_per_step)
-        if len(scored):
+        stop_point = agreement_point(self.trainer)  # where every rank agrees on a stop (`StageModule.stop_point`)
+        if stop_point is not None:
+            stop_point()  # between the generation and the update
+        self._warn_if_starved(batch_idx, len(scored.groups), self.config.rollout.prompts_per_step)
+        if scored.groups:
             timer = time.perf_counter()
             advantages = compute_advantages(self.config.algorithm.advantage, scored.shaped)
-            metrics.update(self._update(scored, advantages, batch_idx, gap=metrics.get("rollout/logprob_gap")))
+            # The rollouts' own gap when they come measured (asynchronous rollouts, against the weights that
+            # sampled them, older than these); else the update measures it.
+            gap = metrics.get("rollout/logprob_gap")
+            ranks = Ranks(self.global_rank, self.trainer.world_size, self.trainer.strategy.reduce)
+            optimizer = self.optimizers()
+            metrics.update(
+                self.update.run(
+                    self.model, scored, advantages, batch_idx, optimizer, self.manual_backward, ranks, gap, stop_point
+                )
+            )
             metrics["timing/update_s"] = time.perf_counter() - timer
         if self.eval_due(batch_idx):  # asked for in on_train_batch_start
             self._eval_metrics = self.rollouts.take_eval(batch_idx)
@@ -173,28 +191,6 @@ class RLModule(StageModule):
             )
         else:
             log.debug("step %d: %d of %d prompt groups kept", step, kept, wanted)
-
-    def _update(self, scored: ScoredGroups, advantages: torch.Tensor, step: int, gap: float | None) -> dict:
-        """The step's optimizer updates (`StepUpdate`); ``gap``: the rollouts' own ``rollout/logprob_gap`` when
-        they come measured (asynchronous rollouts, against the weights that sampled them, older than these)."""
-        strategy = self.trainer.strategy
-
-        def reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
-            return strategy.reduce(tensor, reduce_op=op)
-
-        return self.updates.run(
-            self.model,
-            scored,
-            advantages,
-            step,
-            self.optimizers(),
-            self.manual_backward,
-            reduce,
-            self.global_rank,
-            self.trainer.world_size,
-            gap,
-            stop_point=self.stop_point,
-        )
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         """Ask for the evaluation of the weights this step starts from: synchronous rollouts evaluate now, a

@@ -1,8 +1,21 @@
-"""One optimizer update of the RL policy: the objective plus the optional terms of the reference recipe.
+"""The RL policy update of one step, top to bottom: epochs -> mini-batches -> micro-batches -> loss -> backward ->
+optimizer step.
+
+A step's scored groups become one rollout batch (`build_rollout_batch`, advantages per response). With
+``rollout.old_logprobs: trainer`` the behaviour log-probs are first the trainer's own, a no-grad pass over every row
+(`measured_logprobs`). Then, ``epochs`` times, the groups are shuffled (seeded by ``(seed, step, epoch)``) into
+mini-batches of ``algorithm.mini_batch_prompts`` groups, each one optimizer update: every rank computes its
+micro-batches (`LogprobPasses.plan`: rows, or bin-packed by tokens), one forward per micro-batch
+(`LogprobPasses.logprobs`), the loss below, backward; then clip, step.
 
 ``loss = objective + sft_alpha * NLL(fully correct responses) + kl_coef * KL(policy || reference)
 - entropy_coef * entropy``, each term normalised over the whole mini-batch (all its micro-batches and all
 data-parallel ranks) so that gradient accumulation computes exactly the full mini-batch gradient.
+
+``rollout/logprob_gap``, the mean ``|trainer log-prob - engine log-prob|`` over the response tokens, is measured once
+per step, always by `gap_parts`: the rollouts' own when they come measured (the rollout worker's, which calls
+`measured_logprobs`), else by the trainer's no-grad pass, else by the first update's forward, whose weights are
+still those that sampled.
 
 Truncated importance sampling (``tis_cap``) corrects for the engine sampling from slightly different numbers
 than the trainer computes (bf16 kernels, vLLM): each token's advantage is scaled by
@@ -19,19 +32,21 @@ the step's sums are complete) say otherwise. They are reduced across ranks once 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from klear.config.schema import AlgorithmConfig, RolloutConfig
+from klear.experience.sampling import step_seed
+from klear.kernels.passes import LogprobPasses, split_rows
+from klear.kernels.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch
 from klear.objectives import aggregate
 from klear.run.stopping import check_finite
+from klear.runtime.distributed import Ranks
 from klear.runtime.optim import clip_grad_norm
-from klear.runtime.step_metrics import StepMetrics
-from klear.kernels.passes import LogprobPasses, Reduce, masked_mean
-from klear.kernels.rollout_batch import RolloutBatch
+from klear.runtime.step_metrics import StepMetrics, StepResult
 
 FINITE_METRICS = (
     "actor/pg_loss",
@@ -43,70 +58,103 @@ FINITE_METRICS = (
 )
 """The loss terms, the gradient norm and what the log-probs give, checked finite before each update commits
 (`klear.run.stopping.check_finite`): the first one that is not stops the run, named."""
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    """What the policy update and its log-prob passes read of the run's config, read once (`from_config`)."""
-
-    tis_cap: float
-    """Truncated importance sampling cap (0: off)."""
-    sft_alpha: float
-    kl_coef: float
-    kl_estimator: str
-    """``k1`` or ``k3``."""
-    entropy_coef: float
-    micro_batch_size: int
-    micro_batch_tokens: int
-    """Token budget of a pass (0: ``micro_batch_size`` rows per pass)."""
-    temperature: float
-    """The sampling temperature, at which log-probs are computed (0, greedy: untempered)."""
-    max_new_tokens: int
-    """The response budget (the ``seq-mean-token-sum-norm`` normaliser)."""
-    grad_clip: float
-    """Gradient-norm clip (0: off)."""
-
-    @classmethod
-    def from_config(cls, config: DictConfig) -> UpdateSettings:
-        """The run's ``algorithm`` terms, ``rollout.temperature`` and ``max_new_tokens``, ``optim.grad_clip``."""
-        rollout = config.rollout
-        return cls.from_algorithm(config.algorithm, rollout.temperature, rollout.max_new_tokens, config.optim.grad_clip)
-
-    def passes(self) -> LogprobPasses:
-        """The log-prob passes these settings plan (`LogprobPasses`)."""
-        return LogprobPasses(self.temperature, self.micro_batch_size, self.micro_batch_tokens)
-
-    @classmethod
-    def from_algorithm(cls, algorithm, temperature: float, max_new_tokens: int, grad_clip: float) -> UpdateSettings:
-        """From an ``algorithm`` section (`klear.config.schema.AlgorithmConfig`) and the three values beside it."""
-        return cls(
-            tis_cap=float(algorithm.tis_cap),
-            sft_alpha=float(algorithm.sft_alpha),
-            kl_coef=float(algorithm.kl_coef),
-            kl_estimator=str(algorithm.kl_estimator),
-            entropy_coef=float(algorithm.entropy_coef),
-            micro_batch_size=int(algorithm.micro_batch_size),
-            micro_batch_tokens=int(algorithm.micro_batch_tokens),
-            temperature=float(temperature),
-            max_new_tokens=int(max_new_tokens),
-            grad_clip=float(grad_clip),
-        )
+DRAW_SEEDS = 1_000
+"""Update ``u`` of a step seeds its objective's draws with ``step_seed(seed, step, DRAW_SEEDS + u)``, apart from the
+seeds of the epochs' orders (``step_seed(seed, step, epoch)``)."""
 
 
 class PolicyUpdate:
-    """Computes and applies one optimizer update from a mini-batch of rollouts.
+    """A step's optimizer updates of the policy (see the module docstring).
 
     Args:
         objective: the policy objective (``klear.objectives``).
-        settings: the update's terms and passes (`UpdateSettings`).
+        algorithm: the run's ``algorithm`` section: epochs, mini- and micro-batches, the extra terms.
+        rollout: the run's ``rollout`` section: ``group_size``, ``old_logprobs``, and the ``temperature`` and
+            ``max_new_tokens`` the log-probs and the ``seq-mean-token-sum-norm`` normaliser are computed at.
+        seed: the run's seed, of the mini-batch orders and the objective's draws.
+        grad_clip: gradient-norm clip (``optim.grad_clip``; 0: off).
+        pad_token_id: the tokenizer's padding token, for the training tensors.
         reference: the frozen reference policy of the KL term (``None`` when ``kl_coef`` is 0).
     """
 
-    def __init__(self, objective: nn.Module, settings: UpdateSettings, reference: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        objective: nn.Module,
+        algorithm: AlgorithmConfig,
+        rollout: RolloutConfig,
+        *,
+        seed: int = 0,
+        grad_clip: float = 0.0,
+        pad_token_id: int = 0,
+        reference: nn.Module | None = None,
+    ) -> None:
         self.objective = objective
-        self.settings = settings
+        self.algorithm = algorithm
+        self.rollout = rollout
+        self.seed = seed
+        self.grad_clip = grad_clip
+        self.pad_token_id = pad_token_id
         self.reference = reference
-        self.passes = settings.passes()
+        self.passes = LogprobPasses(rollout.temperature, algorithm.micro_batch_size, algorithm.micro_batch_tokens)
+
+    def run(
+        self,
+        model: nn.Module,
+        scored: ScoredGroups,
+        advantages: Tensor,
+        step: int,
+        optimizer: torch.optim.Optimizer,
+        backward: Callable[[Tensor], None],
+        ranks: Ranks,
+        gap: float | None = None,
+        stop_point: Callable[[], None] | None = None,
+    ) -> dict[str, float]:
+        """The step's updates of ``model`` on ``scored`` with its (G, n) ``advantages``; returns the mean of the
+        updates' metrics with ``rollout/logprob_gap``, ``actor/updates`` and ``actor/train_tokens_per_s``.
+
+        Args:
+            backward: runs the backward pass of a loss (Lightning's ``manual_backward``).
+            ranks: this data-parallel rank, the world and the reduction across them.
+            gap: ``rollout/logprob_gap`` when the rollouts come measured (the rollout worker's), else ``None``.
+            stop_point: called by every rank between two updates, where a stop on SIGTERM is agreed
+                (`klear.run.stopping`).
+        """
+        started = time.perf_counter()
+        algorithm, group_size = self.algorithm, self.rollout.group_size
+        device = next(model.parameters()).device
+        rewards = (scored.shaped.flatten(), scored.correct.flatten())
+        batch = build_rollout_batch(
+            scored.rollouts, advantages.flatten(), *rewards, self.pad_token_id, algorithm.mask_truncated
+        ).to(device)
+        if self.rollout.old_logprobs == "trainer":
+            entropy = self.objective.needs_entropy  # the old policy's, for the objectives that read it (ERC)
+            batch.old_logprobs, measured, batch.old_entropy = measured_logprobs(
+                self.passes, model, batch, ranks, with_entropy=entropy
+            )
+            gap = measured if gap is None else gap
+        check_finite({"rollout/logprob_gap": gap}, ["rollout/logprob_gap"])  # engine log-probs of a diverged policy
+
+        totals, updates = StepMetrics(), 0
+        for epoch in range(algorithm.epochs):
+            order = torch.randperm(
+                len(scored), generator=torch.Generator().manual_seed(step_seed(self.seed, step, epoch))
+            )
+            for group_slice in split_rows(len(scored), algorithm.mini_batch_prompts):
+                if updates and stop_point is not None:
+                    stop_point()
+                mini_batch = batch.select(rows_of_groups(order[group_slice], group_size).to(device))
+                draw = step_seed(self.seed, step, DRAW_SEEDS + updates)  # an objective's random draw (Clip-Cov)
+                result = self.step(model, mini_batch, optimizer, backward, ranks, gap is None, seed=draw)
+                if gap is None:
+                    gap = result.get("rollout/logprob_gap", 0.0)
+                totals.add_result(result)
+                updates += 1
+        result = totals.mean(updates)
+        result["rollout/logprob_gap"] = gap
+        result["actor/updates"] = updates
+        tokens = float(batch.attention_mask.sum()) * algorithm.epochs
+        result["actor/train_tokens_per_s"] = tokens / (time.perf_counter() - started)
+        return result
 
     def step(
         self,
@@ -114,51 +162,43 @@ class PolicyUpdate:
         batch: RolloutBatch,
         optimizer: torch.optim.Optimizer,
         backward: Callable[[Tensor], None],
-        reduce: Reduce,
-        world: int,
-        rank: int = 0,
+        ranks: Ranks,
         measure_gap: bool = False,
         seed: int = 0,
-    ) -> dict[str, float]:
-        """Forward/backward over this rank's micro-batches of the mini-batch ``batch``, clip, step. Returns the
-        mini-batch's metrics; raises `klear.run.stopping.Diverged`, before the step, when one of `FINITE_METRICS`
-        is not finite.
+    ) -> StepResult:
+        """One optimizer update: forward/backward over this rank's micro-batches of the mini-batch ``batch`` (the
+        same on every rank), clip, step. Returns its metrics; raises `klear.run.stopping.Diverged`, before the step,
+        when one of `FINITE_METRICS` is not finite.
 
         Args:
-            batch: the whole mini-batch, the same on every rank; each rank computes its part (`plan`).
-            backward: runs the backward pass of a loss (Lightning's ``manual_backward``).
-            reduce: the cross-rank reduction (see `Reduce`); ``world`` the number of data-parallel ranks, ``rank``
-                this one.
             measure_gap: add ``rollout/logprob_gap`` (this forward against the engine's log-probs): asked of the
                 step's first update when nothing measured it before, so its weights are the ones that sampled.
             seed: this update's seed of an objective's random draw; micro-batch ``i`` of rank ``r`` draws with
                 `draw_seed` of it.
         """
-        micro_batches = [batch.part(micro.rows, micro.real) for micro in self.passes.plan(batch, rank, world)]
+        micro_batches = [batch.part(micro.rows, micro.real) for micro in self.passes.plan(batch.lengths, ranks)]
         # Padding rows of a data-parallel share are not sequences of the step: they count in no normaliser.
+        max_len = self.rollout.max_new_tokens
         local = [
             torch.as_tensor(
-                sum(
-                    self.objective.normalizer(m.mask[m.real], max_len=self.settings.max_new_tokens)
-                    for m in micro_batches
-                ),
+                sum(self.objective.normalizer(m.mask[m.real], max_len=max_len) for m in micro_batches),
                 dtype=torch.float32,
                 device=batch.mask.device,
             ),
             sum((m.mask & m.correct[:, None]).sum() for m in micro_batches).float(),
             sum(m.mask.sum() for m in micro_batches).float(),
         ]
-        totals = reduce(torch.stack(local), "sum")
+        totals = ranks.reduce(torch.stack(local), reduce_op="sum")
         normalizer, correct_tokens, tokens = totals[0], totals[1], totals[2].clamp(min=1)
         metrics = StepMetrics()
         for index, micro in enumerate(micro_batches):
             weight = micro.mask.sum() / tokens
-            draw = draw_seed(seed, rank, index)
+            draw = draw_seed(seed, ranks.rank, index)
             loss = self._micro_loss(model, micro, normalizer, correct_tokens, metrics, weight, measure_gap, draw)
             # Gradients are averaged over data-parallel ranks (DDP and FSDP2 alike): undo it for a global sum.
-            backward(loss * world)
-        grad_norm = clip_grad_norm(model, self.settings.grad_clip)
-        result = metrics.reduce(reduce)
+            backward(loss * ranks.world)
+        grad_norm = clip_grad_norm(model, self.grad_clip)
+        result = metrics.reduce(ranks.reduce)
         result["actor/grad_norm"] = grad_norm
         check_finite(result, FINITE_METRICS)  # reduced values, the same on every rank: they all stop here
         optimizer.step()
@@ -176,9 +216,9 @@ class PolicyUpdate:
         measure_gap: bool = False,
         seed: int = 0,
     ) -> Tensor:
-        """This micro-batch's share of the update's loss; its metrics are added to ``metrics`` (token means
-        weighted by ``weight``, its share of the update's tokens)."""
-        algorithm, mode, mask = self.settings, self.objective.loss_agg, micro.mask
+        """This micro-batch's share of the update's loss, from one forward of ``model``; its metrics are added to
+        ``metrics`` (token means weighted by ``weight``, its share of the update's tokens)."""
+        algorithm, mode, mask = self.algorithm, self.objective.loss_agg, micro.mask
         logprobs, entropy = self.passes.logprobs(model, micro, with_entropy=True)
         advantages = micro.advantages[:, None].expand_as(logprobs)
         if algorithm.tis_cap:
@@ -203,8 +243,7 @@ class PolicyUpdate:
             entropy_sum = torch.where(tokens, entropy.detach().float(), 0.0).sum()
             metrics.add_ratio(f"actor/entropy_{sign}", entropy_sum, tokens.sum().float())
         if measure_gap:
-            gap = masked_mean((logprobs.detach() - micro.engine_logprobs).abs(), mask)
-            metrics.add("rollout/logprob_gap", gap * weight)
+            metrics.add_ratio("rollout/logprob_gap", *gap_parts(logprobs, micro))
         if algorithm.sft_alpha:
             nll = positive_nll(logprobs, mask, micro.correct, correct_tokens)
             loss = loss + algorithm.sft_alpha * nll
@@ -222,14 +261,56 @@ class PolicyUpdate:
         with torch.no_grad():
             reference, _ = self.passes.logprobs(self.reference, micro)
         log_ratio = torch.where(micro.mask, reference - logprobs, 0.0)
-        if self.settings.kl_estimator == "k1":
+        if self.algorithm.kl_estimator == "k1":
             return -log_ratio
         return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+@torch.no_grad()
+def measured_logprobs(
+    passes: LogprobPasses, model: nn.Module, batch: RolloutBatch, ranks: Ranks, with_entropy: bool = False
+) -> tuple[Tensor, float, Tensor | None]:
+    """The no-grad log-probs of every row of ``batch`` under ``model`` (each rank computes its micro-batches, the
+    ranks' results are added), ``rollout/logprob_gap`` against the engine's (`gap_parts`, summed over ranks before
+    the quotient), and with ``with_entropy`` the per-token entropies of every row (else ``None``)."""
+    logprobs = torch.zeros_like(batch.engine_logprobs)
+    entropy = torch.zeros_like(logprobs) if with_entropy else None
+    gap = torch.zeros(2, dtype=torch.float64, device=logprobs.device)
+    for plan in passes.plan(batch.lengths, ranks):
+        micro = batch.part(plan.rows, plan.real)
+        values, entropies = passes.logprobs(model, micro, with_entropy=with_entropy)
+        real = plan.real.to(values.device)
+        rows = plan.rows.to(logprobs.device)[plan.real.to(logprobs.device)]
+        logprobs[rows, : values.shape[1]] = values[real]
+        if entropy is not None:
+            entropy[rows, : values.shape[1]] = entropies[real].float()
+        gap += torch.stack(gap_parts(values, micro)).double()
+    if ranks.world > 1:
+        logprobs, gap = ranks.reduce(logprobs, reduce_op="sum"), ranks.reduce(gap, reduce_op="sum")
+        entropy = ranks.reduce(entropy, reduce_op="sum") if entropy is not None else None
+    return logprobs, float(gap[0] / gap[1].clamp(min=1)), entropy
+
+
+def gap_parts(logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
+    """``rollout/logprob_gap`` of a micro-batch's (B, T) ``logprobs`` as two sums over its response tokens: of
+    ``|logprobs - the engine's|``, and of the tokens (their quotient, once summed over micro-batches and ranks)."""
+    difference = torch.where(batch.mask, (logprobs.detach() - batch.engine_logprobs).abs(), 0.0)
+    return difference.sum(), batch.mask.sum().float()
+
+
+def rows_of_groups(groups: Tensor, group_size: int) -> Tensor:
+    """The rows of the rollout batch that hold the groups ``groups`` (``group_size`` consecutive rows each)."""
+    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()
 
 
 def draw_seed(seed: int, rank: int, micro_batch: int) -> int:
     """The seed of an objective's draw in micro-batch ``micro_batch`` of ``rank`` in an update seeded ``seed``."""
     return (seed * 1_000_003 + rank * 65_537 + micro_batch) % 2**62
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """The mean of ``values`` over ``mask``'s tokens (0 without any)."""
+    return torch.where(mask, values.float(), 0.0).sum() / mask.sum().clamp(min=1)
 
 
 def positive_nll(logprobs: Tensor, mask: Tensor, correct: Tensor, correct_tokens: Tensor) -> Tensor:

@@ -1,5 +1,6 @@
-"""Token-budget micro-batches: every row once, the same number of passes on every rank with close loads, rows
-longer than the budget alone; and the update they compute is the row plan's, in loss, metrics and gradients."""
+"""The passes over a rollout batch. Token-budget micro-batches: every row once, the same number of passes on every
+rank with close loads, rows longer than the budget alone; and the update they compute is the row plan's, in loss,
+metrics and gradients."""
 
 import copy
 import logging
@@ -7,16 +8,16 @@ import random
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from klear.config import ModelConfig
-from klear.config.schema import AlgorithmConfig
+from klear.config.schema import AlgorithmConfig, RolloutConfig
+from klear.kernels.passes import plan_micro_batches, split_rows, token_bins
+from klear.kernels.rollout_batch import build_rollout_batch
 from klear.models import load_model
 from klear.objectives import get_objective
 from klear.rollout.engine import Rollout
-from klear.kernels.micro_batches import plan_micro_batches, token_bins
-from klear.kernels.rollout_batch import build_rollout_batch
-from klear.update.update import PolicyUpdate, UpdateSettings
+from klear.runtime.distributed import Ranks
+from klear.update.update import PolicyUpdate
 
 
 def long_tailed(count: int, seed: int) -> list[int]:
@@ -93,9 +94,10 @@ def rollout_batch(lengths: list[int], seed: int = 0):
 
 def one_update(model, objective, batch, budget: int, **algorithm):
     model = copy.deepcopy(model)
-    settings = OmegaConf.structured(AlgorithmConfig(micro_batch_size=3, micro_batch_tokens=budget, **algorithm))
+    settings = AlgorithmConfig(micro_batch_size=3, micro_batch_tokens=budget, **algorithm)
     reference = copy.deepcopy(model).requires_grad_(False) if settings.kl_coef else None
-    update = PolicyUpdate(objective, UpdateSettings.from_algorithm(settings, 0.9, 40, 0.0), reference=reference)
+    rollout = RolloutConfig(temperature=0.9, max_new_tokens=40)
+    update = PolicyUpdate(objective, settings, rollout, reference=reference)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     gradients = {}
 
@@ -103,7 +105,7 @@ def one_update(model, objective, batch, budget: int, **algorithm):
         loss.backward()
         gradients.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
 
-    metrics = update.step(model, batch, optimizer, backward, lambda tensor, op: tensor, world=1)
+    metrics = update.step(model, batch, optimizer, backward, Ranks())
     return metrics, gradients
 
 
@@ -137,11 +139,11 @@ def test_token_budget_update_equals_the_row_update(tiny, objective, options, alg
 
 def test_a_row_longer_than_the_budget_is_warned_about_once(tiny, caplog):
     batch = rollout_batch([3, 40, 7, 12, 25, 2, 33, 9])
-    settings = OmegaConf.structured(AlgorithmConfig(micro_batch_tokens=20))
-    update = PolicyUpdate(get_objective("gppo"), UpdateSettings.from_algorithm(settings, 1.0, 40, 0.0))
+    rollout = RolloutConfig(temperature=1.0, max_new_tokens=40)
+    update = PolicyUpdate(get_objective("gppo"), AlgorithmConfig(micro_batch_tokens=20), rollout)
     with caplog.at_level(logging.WARNING, logger="klear.kernels.passes"):
         for _ in range(2):
-            plan = update.passes.plan(batch, rank=0, world=1)
+            plan = update.passes.plan(batch.lengths, Ranks())
     assert sorted(i for micro in plan for i in micro.rows.tolist()) == list(range(8))
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == 1 and "3 rows are longer than algorithm.micro_batch_tokens=20" in messages[0]
@@ -152,3 +154,7 @@ def test_a_single_rank_never_runs_a_padding_pass():
         lengths = long_tailed(30, seed)
         plan = plan_micro_batches(torch.tensor(lengths), 0, 1, rows=4, tokens=150)
         assert all(bool(micro.real.all()) for micro in plan)
+
+
+def test_split_rows_gives_consecutive_slices_of_at_most_the_size():
+    assert split_rows(5, 2) == [slice(0, 2), slice(2, 4), slice(4, 5)]
