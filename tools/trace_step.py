@@ -18,9 +18,12 @@ repeat transitions (one per micro-batch, per sample), so each distinct transitio
   doors each file is entered by (``rl.py`` calling four functions of ``update.py`` is four);
 - per file, the distinct files it was re-entered from.
 
-    python tools/trace_step.py [--files]
+    python tools/trace_step.py [--files] [--doc | --check]
 
-``--files`` prints the files in the order the step first enters them.
+``--files`` prints the files in the order the step first enters them. ``--doc`` writes the summary (the four counts
+and the files in order) into the marked block of ``docs/architecture.md`` ("One step, file by file"); ``--check``
+compares that block with what the step does now and exits with status 1, in one line, when they differ
+(``tests/tools/test_trace_step.py`` runs it, so a change in the step's files shows up in review).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PACKAGE = str(ROOT / "src" / "klear") + os.sep
 TRACED_STEP = 1
+DOC = ROOT / "docs" / "architecture.md"
+BEGIN, END = "<!-- trace_step -->", "<!-- /trace_step -->"
+"""The markers of the block ``--doc`` writes and ``--check`` reads."""
 
 from tests.runs import RL_SHORT  # noqa: E402  (after the path above)
 
@@ -89,10 +95,8 @@ class Trace:
         return [(a, b) for a, b in self.transitions if first[b] < first[a]]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", action="store_true", help="print the files in the order the step enters them")
-    args = parser.parse_args()
+def traced_step() -> Trace:
+    """The trace of step `TRACED_STEP` of the short run `RUN`."""
     import lightning as L
 
     from klear.config.load import load_config
@@ -116,6 +120,60 @@ def main() -> None:
         module, batches = build_stage(config, run_dir)
         trainer = build_trainer(config, run_dir, False, [Start(), Stop()])
         trainer.fit(module, batches)
+    return trace
+
+
+def counts(trace: Trace) -> str:
+    """The summary line: files, transitions, returns and entries."""
+    return (
+        f"one synchronous step: {len(trace.order)} files, {len(trace.transitions)} transitions, "
+        f"{len(trace.returns())} returns, {len(trace.entries)} entries"
+    )
+
+
+def summary(trace: Trace) -> str:
+    """What the doc's block holds: the counts, then the files in the order the step first enters them."""
+    return "\n".join([counts(trace), "", *trace.order])
+
+
+def block(text: str) -> str:
+    """The summary between the markers of ``text`` (a fenced ``text`` block between `BEGIN` and `END`)."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise SystemExit(f"error: {DOC.name} needs one {BEGIN} ... {END} block (python tools/trace_step.py --doc)")
+    inner = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    return inner.removeprefix("```text").removesuffix("```").strip()
+
+
+def with_block(text: str, summary: str) -> str:
+    """``text`` with its block replaced by ``summary``."""
+    block(text)  # exactly one block
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    return f"{head}{BEGIN}\n```text\n{summary}\n```\n{END}{tail}"
+
+
+def difference(documented: str, summary: str) -> str | None:
+    """``None`` when the doc's block is ``summary``; else the one line that says how they differ."""
+    if documented == summary:
+        return None
+    was, now = documented.splitlines(), summary.splitlines()
+    if was[:1] != now[:1]:
+        said = was[0].removeprefix("one synchronous step: ") if was else "nothing"
+        return f"{DOC.name} says {said}; {now[0]}: run python tools/trace_step.py --doc"
+    added = [name for name in now[2:] if name not in was[2:]]
+    gone = [name for name in was[2:] if name not in now[2:]]
+    change = f"entered now: {added}, no longer: {gone}" if added or gone else "the files are entered in another order"
+    return f"{DOC.name}'s files differ from the step's ({change}): run python tools/trace_step.py --doc"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", action="store_true", help="print the files in the order the step enters them")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--doc", action="store_true", help=f"write the summary into {DOC.relative_to(ROOT)}")
+    action.add_argument("--check", action="store_true", help=f"exit 1 when {DOC.relative_to(ROOT)} differs")
+    args = parser.parse_args()
+    trace = traced_step()
     returns = trace.returns()
     if args.files:
         print("\n".join(trace.order))
@@ -129,10 +187,13 @@ def main() -> None:
         doors[source, target] = doors.get((source, target), 0) + 1
     for (source, target), count in sorted(doors.items(), key=lambda item: -item[1])[:8]:
         print(f"{source} -> {target}: {count} functions")
-    print(
-        f"one synchronous step: {len(trace.order)} files, {len(trace.transitions)} transitions, {len(returns)} "
-        f"returns, {len(trace.entries)} entries"
-    )
+    print(counts(trace))
+    if args.doc:
+        DOC.write_text(with_block(DOC.read_text(), summary(trace)))
+        print(f"written to {DOC.relative_to(ROOT)}")
+    elif args.check and (message := difference(block(DOC.read_text()), summary(trace))) is not None:
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

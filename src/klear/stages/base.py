@@ -11,6 +11,7 @@ Its ``build`` loads its problems with :func:`stage_problems`, which checks every
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -45,6 +46,8 @@ class StageModule(L.LightningModule):
         self.step_metrics: dict[str, float] = {}
         """The metrics of the last logged step (the engine refresh reads ``rollout/logprob_gap`` there)."""
         self._eval_metrics: dict[str, float] = {}
+        self.agreement: Callable[[], None] | None = None
+        """The fit's agreement point on SIGTERM (`klear.run.stopping.agreement_point`), found once as it starts."""
 
     def sharded_models(self) -> list[nn.Module]:
         """The models ``fsdp2`` shards: the policy, and whatever else a stage runs forward passes of."""
@@ -77,13 +80,15 @@ class StageModule(L.LightningModule):
             self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
         memory.mark("update")
 
+    def on_train_start(self) -> None:
+        self.agreement = agreement_point(self.trainer)
+
     def stop_point(self) -> None:
         """An agreement point on SIGTERM inside a step (`klear.run.stopping`): every rank calls it at the same place
         of the same step, and all stop there together when any was signalled; nothing without ``klear.fit``'s
         watching."""
-        point = agreement_point(self.trainer)
-        if point is not None:
-            point()
+        if self.agreement is not None:
+            self.agreement()
 
     def on_train_end(self) -> None:
         self._log_step(self.run_eval(), step=self.config.trainer.max_steps)

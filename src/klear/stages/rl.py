@@ -50,7 +50,6 @@ from klear.rewards.routing import routed_reward
 from klear.rollout.engine import needed_model_len
 from klear.rollout.refresh import RolloutRefresh
 from klear.run.directory import RunDir
-from klear.run.stopping import agreement_point
 from klear.runtime import memory
 from klear.runtime.device import policy_on_cuda
 from klear.runtime.distributed import Ranks
@@ -141,9 +140,7 @@ class RLModule(StageModule):
 
     def training_step(self, problems: list[Problem], batch_idx: int) -> None:
         scored, metrics = self.rollouts.take(batch_idx, problems)
-        stop_point = agreement_point(self.trainer)  # where every rank agrees on a stop (`StageModule.stop_point`)
-        if stop_point is not None:
-            stop_point()  # between the generation and the update
+        self.stop_point()  # between the generation and the update
         self._warn_if_starved(batch_idx, len(scored.groups), self.config.rollout.prompts_per_step)
         if scored.groups:
             timer = time.perf_counter()
@@ -155,7 +152,15 @@ class RLModule(StageModule):
             optimizer = self.optimizers()
             metrics.update(
                 self.update.run(
-                    self.model, scored, advantages, batch_idx, optimizer, self.manual_backward, ranks, gap, stop_point
+                    self.model,
+                    scored,
+                    advantages,
+                    batch_idx,
+                    optimizer,
+                    self.manual_backward,
+                    ranks,
+                    gap,
+                    self.agreement,
                 )
             )
             metrics["timing/update_s"] = time.perf_counter() - timer
