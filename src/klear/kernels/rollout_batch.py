@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 
 from klear.rollout.engine import Rollout
-from klear.runtime.distributed import padded_share
 
 
 @dataclass
@@ -83,7 +82,7 @@ class RolloutBatch:
     truncated: Tensor
     """Responses cut at ``max_new_tokens``."""
     real: Tensor
-    """Rows that hold data; false for the padding of a data-parallel rank's share (see :meth:`share`)."""
+    """Rows that hold data; false for the padding of a data-parallel rank's share (see :meth:`part`)."""
     old_entropy: Tensor | None = None
     """The behaviour policy's per-token entropy, from the trainer's no-grad pass, for objectives that read it
     (`klear.objectives.Objective.needs_entropy`); ``None`` otherwise."""
@@ -96,10 +95,6 @@ class RolloutBatch:
         rows = {field.name: _rows(getattr(self, field.name), index) for field in fields(self)}
         width = int(rows["attention_mask"].sum(-1).max()) if len(rows["input_ids"]) else 1
         return RolloutBatch(**{k: v[:, :width] if v is not None and v.dim() == 2 else v for k, v in rows.items()})
-
-    def share(self, rows: Tensor, rank: int, world: int) -> RolloutBatch:
-        """This data-parallel rank's part of ``rows``, padded to equal length with rows that carry no mask."""
-        return self.part(*padded_share(rows, rank, world))
 
     def part(self, rows: Tensor, real: Tensor) -> RolloutBatch:
         """Rows ``rows``, of which only those where ``real`` is set hold data: the others carry no mask."""
