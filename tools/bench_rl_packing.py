@@ -126,7 +126,7 @@ def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, 
     rows = settings["few_rows"] if variant == "few-rows" else DEFAULT_ROWS
     algorithm = AlgorithmConfig(micro_batch_size=rows, micro_batch_tokens=budget)
     rollout = RolloutConfig(temperature=1.0, max_new_tokens=10 * settings["median"])
-    update = PolicyUpdate(get_objective("gppo"), algorithm, rollout)
+    update = PolicyUpdate(get_objective("gppo"), algorithm, rollout, seed=0, grad_clip=0.0, pad_token_id=0)
     update.passes.packed = variant == "tokens"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the same weights for every update
 

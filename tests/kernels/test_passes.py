@@ -97,7 +97,7 @@ def one_update(model, objective, batch, budget: int, **algorithm):
     settings = AlgorithmConfig(micro_batch_size=3, micro_batch_tokens=budget, **algorithm)
     reference = copy.deepcopy(model).requires_grad_(False) if settings.kl_coef else None
     rollout = RolloutConfig(temperature=0.9, max_new_tokens=40)
-    update = PolicyUpdate(objective, settings, rollout, reference=reference)
+    update = PolicyUpdate(objective, settings, rollout, seed=0, grad_clip=0.0, pad_token_id=0, reference=reference)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     gradients = {}
 
@@ -140,7 +140,9 @@ def test_token_budget_update_equals_the_row_update(tiny, objective, options, alg
 def test_a_row_longer_than_the_budget_is_warned_about_once(tiny, caplog):
     batch = rollout_batch([3, 40, 7, 12, 25, 2, 33, 9])
     rollout = RolloutConfig(temperature=1.0, max_new_tokens=40)
-    update = PolicyUpdate(get_objective("gppo"), AlgorithmConfig(micro_batch_tokens=20), rollout)
+    update = PolicyUpdate(
+        get_objective("gppo"), AlgorithmConfig(micro_batch_tokens=20), rollout, seed=0, grad_clip=0.0, pad_token_id=0
+    )
     with caplog.at_level(logging.WARNING, logger="klear.kernels.passes"):
         for _ in range(2):
             plan = update.passes.plan(batch.lengths, Ranks())

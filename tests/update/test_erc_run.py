@@ -90,7 +90,7 @@ def first_updates(model, objective, epochs: int) -> tuple[dict[str, float], dict
     model = copy.deepcopy(model)
     algorithm = AlgorithmConfig(micro_batch_size=3, epochs=epochs, mini_batch_prompts=2)
     rollout = RolloutConfig(group_size=4, temperature=0.9, max_new_tokens=12, old_logprobs="trainer")
-    update = PolicyUpdate(objective, algorithm, rollout)
+    update = PolicyUpdate(objective, algorithm, rollout, seed=0, grad_clip=0.0, pad_token_id=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     gradients: list[dict[str, torch.Tensor]] = []
 

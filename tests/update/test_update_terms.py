@@ -43,7 +43,15 @@ class GivenLogprobs(PolicyUpdate):
 
     def __init__(self, logprobs: Tensor, entropy: Tensor, reference: Tensor, **algorithm) -> None:
         rollout = RolloutConfig(temperature=1.0, max_new_tokens=3)
-        super().__init__(get_objective("gppo"), AlgorithmConfig(**algorithm), rollout, reference=REF_MODEL)
+        super().__init__(
+            get_objective("gppo"),
+            AlgorithmConfig(**algorithm),
+            rollout,
+            seed=0,
+            grad_clip=0.0,
+            pad_token_id=0,
+            reference=REF_MODEL,
+        )
         self.passes = GivenPasses({id(POLICY): (logprobs, entropy), id(REF_MODEL): (reference, None)})
 
 

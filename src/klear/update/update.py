@@ -83,9 +83,9 @@ class PolicyUpdate:
         algorithm: AlgorithmConfig,
         rollout: RolloutConfig,
         *,
-        seed: int = 0,
-        grad_clip: float = 0.0,
-        pad_token_id: int = 0,
+        seed: int,
+        grad_clip: float,
+        pad_token_id: int,
         reference: nn.Module | None = None,
     ) -> None:
         self.objective = objective
@@ -122,9 +122,13 @@ class PolicyUpdate:
         started = time.perf_counter()
         algorithm, group_size = self.algorithm, self.rollout.group_size
         device = next(model.parameters()).device
-        rewards = (scored.shaped.flatten(), scored.correct.flatten())
         batch = build_rollout_batch(
-            scored.rollouts, advantages.flatten(), *rewards, self.pad_token_id, algorithm.mask_truncated
+            scored.rollouts,
+            advantages.flatten(),
+            scored.shaped.flatten(),
+            scored.correct.flatten(),
+            self.pad_token_id,
+            algorithm.mask_truncated,
         ).to(device)
         if self.rollout.old_logprobs == "trainer":
             entropy = self.objective.needs_entropy  # the old policy's, for the objectives that read it (ERC)
@@ -136,9 +140,8 @@ class PolicyUpdate:
 
         totals, updates = StepMetrics(), 0
         for epoch in range(algorithm.epochs):
-            order = torch.randperm(
-                len(scored), generator=torch.Generator().manual_seed(step_seed(self.seed, step, epoch))
-            )
+            generator = torch.Generator().manual_seed(step_seed(self.seed, step, epoch))
+            order = torch.randperm(len(scored), generator=generator)
             for group_slice in split_rows(len(scored), algorithm.mini_batch_prompts):
                 if updates and stop_point is not None:
                     stop_point()
