@@ -86,8 +86,8 @@ def build_model(size: str, layers: int):
 def build_batch(settings: dict, vocab: int, prompt_tokens: int, seed: int):
     import torch
 
-    from klear.rollout.engine import Rollout
     from klear.kernels.rollout_batch import build_rollout_batch
+    from klear.rollout.engine import Rollout
 
     rng = random.Random(seed)
     count = settings["prompts"] * settings["group"]
@@ -112,8 +112,8 @@ def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, 
     import torch
     from omegaconf import OmegaConf
 
-    from klear.config.schema import AlgorithmConfig
     from klear.objectives import get_objective
+    from klear.schema import AlgorithmConfig
     from klear.update.update import PolicyUpdate, UpdateSettings
 
     torch.set_num_threads(args.threads)

@@ -10,12 +10,12 @@ import torch
 from omegaconf import OmegaConf
 
 from klear.config import ModelConfig
-from klear.config.schema import AlgorithmConfig
+from klear.kernels.micro_batches import plan_micro_batches, token_bins
+from klear.kernels.rollout_batch import build_rollout_batch
 from klear.models import load_model
 from klear.objectives import get_objective
 from klear.rollout.engine import Rollout
-from klear.kernels.micro_batches import plan_micro_batches, token_bins
-from klear.kernels.rollout_batch import build_rollout_batch
+from klear.schema import AlgorithmConfig
 from klear.update.update import PolicyUpdate, UpdateSettings
 
 

@@ -23,8 +23,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from klear.config import SCHEMAS
 from klear.errors import UserError, did_you_mean, first_line
+from klear.schema import SCHEMAS
 
 
 class ConfigError(UserError):

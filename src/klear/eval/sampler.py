@@ -17,12 +17,12 @@ import importlib.util
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from klear.config import ModelConfig, RolloutConfig
 from klear.data.problems import Problem, encode_problem
 from klear.errors import first_line
 from klear.eval.options import SamplingOptions
 from klear.eval.tasks import EvalError, load_eval_tokenizer
 from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, needed_model_len
+from klear.schema import ModelConfig, RolloutConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

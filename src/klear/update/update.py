@@ -26,12 +26,12 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from klear.kernels.passes import LogprobPasses, Reduce, masked_mean
+from klear.kernels.rollout_batch import RolloutBatch
 from klear.objectives import aggregate
 from klear.run.stopping import check_finite
 from klear.runtime.optim import clip_grad_norm
 from klear.runtime.step_metrics import StepMetrics
-from klear.kernels.passes import LogprobPasses, Reduce, masked_mean
-from klear.kernels.rollout_batch import RolloutBatch
 
 FINITE_METRICS = (
     "actor/pg_loss",
@@ -78,7 +78,7 @@ class UpdateSettings:
 
     @classmethod
     def from_algorithm(cls, algorithm, temperature: float, max_new_tokens: int, grad_clip: float) -> UpdateSettings:
-        """From an ``algorithm`` section (`klear.config.schema.AlgorithmConfig`) and the three values beside it."""
+        """From an ``algorithm`` section (`klear.schema.AlgorithmConfig`) and the three values beside it."""
         return cls(
             tis_cap=float(algorithm.tis_cap),
             sft_alpha=float(algorithm.sft_alpha),
