@@ -1,7 +1,7 @@
 """Loading, merging and checking run configs, with one-line errors that name the key and what is accepted (and,
 for a misspelt key, objective hyperparameter or reward option, the closest accepted name).
 
-Order of precedence: the stage's dataclass defaults (:mod:`klear.config`), then the YAML file, then ``key=value``
+Order of precedence: the stage's dataclass defaults (:mod:`klear.schema`), then the YAML file, then ``key=value``
 overrides, then ``--objective``. Everything is checked before any model is built, so a typo costs a second,
 not a run.
 """
