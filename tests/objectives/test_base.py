@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from klear.objectives import GPPO, Objective, PolicyObjective, get_objective, gradient_weighted
+from klear.objectives import GPPO, Objective, PolicyObjective, TokenInputs, get_objective, gradient_weighted
 
 
 def test_gradient_weighted_has_value_and_gradient_minus_a_w():
@@ -67,14 +67,16 @@ class ForgetfulGrandchild(Careful):
         super().__init__()
 
 
-def test_an_argument_not_stored_fails_at_construction_naming_class_and_attribute():
+def test_an_argument_not_stored_fails_when_built_or_read_back_naming_class_and_attribute():
     with pytest.raises(TypeError, match=r"^Forgetful\.__init__ must store its constructor argument\(s\) 'sharpness' "):
-        Forgetful()
+        Forgetful().hyperparameters()
     with pytest.raises(TypeError) as error:
         get_objective(f"{__name__}:Forgetful", sharpness=2.0)
     assert "\n" not in str(error.value) and "self.sharpness" in str(error.value)
     with pytest.raises(TypeError, match=r"^ForgetfulGrandchild\.__init__ .* 'offset' as self\.offset"):
-        ForgetfulGrandchild()
+        repr(ForgetfulGrandchild())
+    with pytest.raises(TypeError, match=r"^ForgetfulGrandchild\.__init__ .* 'offset' as self\.offset"):
+        get_objective(f"{__name__}:ForgetfulGrandchild")
 
 
 def test_parents_constructors_do_not_check_before_the_subclass_has_stored_its_arguments():
@@ -93,5 +95,10 @@ def test_the_root_class_has_no_clip_bounds():
     objective = Objective(loss_agg="seq-mean-token-mean")
     assert objective.hyperparameters() == {"loss_agg": "seq-mean-token-mean"}
     assert issubclass(PolicyObjective, Objective) and not hasattr(objective, "eps_high")
-    low, high = objective.clipped(torch.tensor([[0.1, 5.0]]), torch.tensor([[-1.0, 1.0]]))
-    assert not low.any() and not high.any()
+    ratio, advantages, mask = (
+        torch.tensor([[0.1, 5.0]]),
+        torch.tensor([[-1.0, 1.0]]),
+        torch.ones(1, 2, dtype=torch.bool),
+    )
+    band = objective.band(ratio, advantages, TokenInputs.of(ratio.log(), torch.zeros(1, 2), mask))
+    assert not any(mask.any() for mask in (band.below, band.above, *band.clipped()))

@@ -199,8 +199,8 @@ def test_empty_mask(name):
 def test_declarations_and_defaults():
     clip, kl = get_objective("clip-cov"), get_objective("kl-cov")
     for objective in (clip, kl):
-        assert (objective.advantage_linear, objective.batch_statistics) == (False, True)
-        assert (objective.token_level, objective.needs_entropy) == (True, False)
+        assert (objective.traits.advantage_linear, objective.traits.batch_statistics) == (False, True)
+        assert (objective.traits.token_level, objective.traits.needs_entropy) == (True, False)
     assert isinstance(clip, PolicyObjective) and ClipCov.allows_no_lower_bound
     assert isinstance(kl, Objective) and not isinstance(kl, PolicyObjective) and isinstance(kl, KLCov)
     assert clip.hyperparameters() == {

@@ -194,8 +194,8 @@ def test_defaults_and_declarations():
     }
     assert gppo_erc.hyperparameters() == {**dapo_erc.hyperparameters(), "beta_low": 1.0, "beta_high": 1.0}
     for objective in (dapo_erc, gppo_erc):
-        assert objective.needs_entropy and objective.token_level and objective.advantage_linear
-        assert not objective.batch_statistics
+        assert objective.traits.needs_entropy and objective.traits.token_level and objective.traits.advantage_linear
+        assert not objective.traits.batch_statistics
 
 
 def test_the_entropies_are_required():

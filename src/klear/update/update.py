@@ -7,7 +7,7 @@ data-parallel ranks) so that gradient accumulation computes exactly the full min
 Truncated importance sampling (``tis_cap``) corrects for the engine sampling from slightly different numbers
 than the trainer computes (bf16 kernels, vLLM): each token's advantage is scaled by
 ``min(pi_old_trainer / pi_engine, cap)``. That is only right for a token-level objective, whose per-token loss
-and gradient scale with a positive weight on that token's advantage (``Objective.token_level``, checked for every
+and gradient scale with a positive weight on that token's advantage (``Traits.token_level``, checked for every
 registered objective by the contract tests); the config refuses ``tis_cap`` for GSPO, whose sequence ratio
 spreads the weights over the whole sequence.
 
@@ -26,12 +26,12 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from klear.kernels.passes import LogprobPasses, Reduce, masked_mean
+from klear.kernels.rollout_batch import RolloutBatch
 from klear.objectives import aggregate
 from klear.run.stopping import check_finite
 from klear.runtime.optim import clip_grad_norm
 from klear.runtime.step_metrics import StepMetrics
-from klear.kernels.passes import LogprobPasses, Reduce, masked_mean
-from klear.kernels.rollout_batch import RolloutBatch
 
 FINITE_METRICS = (
     "actor/pg_loss",
