@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from klear.objectives import get_objective
+from klear.objectives import Traits, get_objective
 
 pytestmark = pytest.mark.unit
 
@@ -120,9 +120,8 @@ def test_garbage_padding_bf16_and_an_empty_mask(name, padded_batch):
 def test_declarations_follow_the_options():
     for name in ("dppo-tv", "dppo-kl"):
         plain, with_kl = get_objective(name), get_objective(name, kl_tau=1e-3)
-        assert plain.traits.token_level and plain.traits.advantage_linear and not plain.traits.needs_entropy
-        assert not plain.traits.batch_statistics  # the mask is per token: the micro-batch split does not change it
-        assert not with_kl.traits.advantage_linear  # kl_tau * (x - x_old)^2 does not scale with A
+        assert plain.traits == Traits()  # the mask is per token: the micro-batch split does not change it
+        assert with_kl.traits == Traits(advantage_linear=False)  # kl_tau * (x - x_old)^2 does not scale with A
     assert get_objective("dppo-tv").hyperparameters() == {
         "delta_low": 0.15,
         "delta_high": 0.15,

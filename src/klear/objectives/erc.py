@@ -79,14 +79,9 @@ def entropy_diagnostics(mask: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
 
 
 class EntropyRatioClip:
-    """What ERC adds to its base scheme (the class after this one in the bases): two hyperparameters, the band
-    decided once per forward (`prepare`), the base's loss detached outside it, and the band's metrics.
-
-    Args:
-        entropy_eps_low: the band's lower bound is ``1 - entropy_eps_low``, in (0, 1].
-        entropy_eps_high: the band's upper bound is ``1 + entropy_eps_high``, > 0.
-        base: the base scheme's hyperparameters, with its defaults.
-    """
+    """What ERC adds to its base scheme (the class after this one in the bases): ``entropy_eps_low`` and
+    ``entropy_eps_high`` beside the base's hyperparameters (``base``, with its defaults), the band decided once per
+    forward (`prepare`), the base's loss detached outside it, and the band's metrics."""
 
     traits = Traits(needs_entropy=True)
 
@@ -111,6 +106,10 @@ class DAPOERC(EntropyRatioClip, DAPOClip):
     """DAPO clip with entropy ratio clipping: ``L = max(-A*r, -A*clip(r))``, detached where ``rho`` leaves the
     band ``(1 - entropy_eps_low, 1 + entropy_eps_high)`` (the authors' ``grpo_erc``; see the module docstring).
     The other arguments are `DAPOClip`'s; its ``dual_clip``: the authors always run one (c = 10).
+
+    Args:
+        entropy_eps_low: the band's lower bound is ``1 - entropy_eps_low``, in (0, 1].
+        entropy_eps_high: the band's upper bound is ``1 + entropy_eps_high``, > 0.
     """
 
 
@@ -118,4 +117,8 @@ class DAPOERC(EntropyRatioClip, DAPOClip):
 class GPPOERC(EntropyRatioClip, GPPO):
     """GPPO with entropy ratio clipping: GPPO's loss, detached where ``rho`` leaves the band (the authors'
     ``gppo_erc``; see the module docstring). The other arguments are `GPPO`'s.
+
+    Args:
+        entropy_eps_low: the band's lower bound is ``1 - entropy_eps_low``, in (0, 1].
+        entropy_eps_high: the band's upper bound is ``1 + entropy_eps_high``, > 0.
     """
