@@ -222,7 +222,8 @@ class PolicyObjective(Objective):
     """Base of every clipping scheme: :class:`Objective` plus the clip bounds and PPO-style clip metrics.
 
     Args:
-        eps_low: lower clip range, the bound is ``1 - eps_low``; ``None``: no lower bound, where allowed (CISPO).
+        eps_low: lower clip range, the bound is ``1 - eps_low``; ``None`` means no lower bound where the
+            scheme allows it (CISPO).
         eps_high: upper clip range, the bound is ``1 + eps_high``.
     """
 
