@@ -18,11 +18,11 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from klear.run.stopping import check_finite
-from klear.runtime.step_metrics import StepMetrics
+from klear.experience.sampling import step_seed
 from klear.kernels.passes import Reduce
 from klear.kernels.rollout_batch import ScoredGroups, build_rollout_batch, split_rows
-from klear.experience.sampling import step_seed
+from klear.run.stopping import check_finite
+from klear.runtime.step_metrics import StepMetrics
 from klear.update.update import PolicyUpdate
 
 DRAW_SEEDS = 1_000
@@ -105,7 +105,7 @@ class StepUpdate:
             plan.mask_truncated,
         ).to(device)
         if plan.trainer_old_logprobs:
-            entropy = update.objective.needs_entropy  # the old policy's, for the objectives that read it (ERC)
+            entropy = update.objective.traits.needs_entropy  # the old policy's, for the objectives that read it (ERC)
             batch.old_logprobs, measured, batch.old_entropy = update.passes.measured(
                 model, batch, rank, world, reduce, with_entropy=entropy
             )

@@ -7,7 +7,7 @@ data-parallel ranks) so that gradient accumulation computes exactly the full min
 Truncated importance sampling (``tis_cap``) corrects for the engine sampling from slightly different numbers
 than the trainer computes (bf16 kernels, vLLM): each token's advantage is scaled by
 ``min(pi_old_trainer / pi_engine, cap)``. That is only right for a token-level objective, whose per-token loss
-and gradient scale with a positive weight on that token's advantage (``Objective.token_level``, checked for every
+and gradient scale with a positive weight on that token's advantage (``Traits.token_level``, checked for every
 registered objective by the contract tests); the config refuses ``tis_cap`` for GSPO, whose sequence ratio
 spreads the weights over the whole sequence.
 
