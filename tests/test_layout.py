@@ -1,4 +1,5 @@
-"""The package layout: folder = concept, small files, and the training input importing no engine, stage or command."""
+"""The package layout: folder = concept, small files, folders as layers with no import circle, and the training
+input importing no engine, stage or command."""
 
 import ast
 import statistics
@@ -8,6 +9,7 @@ import pytest
 
 PACKAGE = Path(__file__).parents[1] / "src" / "klear"
 FOLDERS = {
+    "schema",
     "config",
     "models",
     "data",
@@ -59,7 +61,17 @@ def test_no_file_is_long():
 def test_training_input_imports_no_engine_stage_or_command(path):
     if path.name == "__main__.py":  # the `python -m klear.data` entry point runs the preparation commands
         return
-    forbidden = ("klear.rollout", "klear.stages", "klear.update", "klear.experience", "klear.kernels", "klear.eval", "klear.prep", "klear.compare", "klear.fit")
+    forbidden = (
+        "klear.rollout",
+        "klear.stages",
+        "klear.update",
+        "klear.experience",
+        "klear.kernels",
+        "klear.eval",
+        "klear.prep",
+        "klear.compare",
+        "klear.fit",
+    )
     bad = sorted(name for name in imported_modules(path) if name.startswith(forbidden))
     assert not bad, f"{path.name} imports {bad}"
 
@@ -75,49 +87,147 @@ def test_tests_mirror_the_package():
 
 
 LAYERS: dict[str, int] = {
-    "klear.__version__": 0,
-    "klear.errors": 0,
-    "klear.registry": 0,
-    "klear.config": 1,  # the schema (klear.config, klear.config.schema)
-    "klear.runtime": 2,
-    "klear.objectives": 3,
-    "klear.rewards": 3,
-    "klear.models": 3,
-    "klear.data": 4,
-    "klear.rollout": 4,
-    "klear.config.load": 5,  # checks names against every registry
-    "klear.config.help": 5,
-    "klear.eval": 6,
-    "klear.run": 6,
-    "klear.kernels": 6,
-    "klear.experience": 7,
-    "klear.update": 7,
-    "klear.stages": 8,
-    "klear.fit": 9,
-    "klear.cli": 9,
-    "klear.prep": 9,
-    "klear.compare": 9,
-    "klear.eval.cli": 9,
-    "klear.eval.__main__": 9,
-    "klear.data.__main__": 9,
+    "errors": 0,
+    "schema": 0,  # the keys of every run config, their defaults and ranges: what every folder reads
+    "registry": 1,
+    "cli": 1,  # what every command does around its main
+    "runtime": 2,
+    "objectives": 3,
+    "rewards": 3,
+    "models": 3,
+    "data": 4,
+    "rollout": 5,
+    "config": 6,  # loading a config checks its names against the registries below
+    "kernels": 6,
+    "run": 7,
+    "eval": 8,
+    "experience": 9,
+    "update": 10,
+    "stages": 11,
+    "fit": 12,
+    "prep": 12,
+    "compare": 12,
 }
-"""Each module's layer, by its longest prefix here: a module imports only from its own layer or below, so the
-building blocks never reach up into what assembles them (the commands at the top, the errors at the bottom)."""
+"""The layer of each folder and top-level module of `klear`, bottom up: a module imports from its own folder or
+from a lower layer, never from a folder beside it or above it, so the building blocks never reach up into what
+assembles them (the commands at the top, the errors and the schema at the bottom). A folder's ``__main__``, what
+``python -m klear.NAME`` runs, is an entry point whatever its folder (``python -m klear.data`` runs `klear.prep`'s
+commands): it sits above every command, which `test_no_module_imports_a_main_module` makes sound, since nothing
+can depend on it."""
+ENTRY_POINTS = max(LAYERS.values()) + 1
+
+
+def module_name(path: Path) -> str:
+    return ".".join(("klear", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+
+
+MODULES = {module_name(path): path for path in sources()}
+
+
+def resolve(name: str) -> str:
+    """The module of the package that an imported name is, or is defined in: ``klear.data.readers.parse_json`` ->
+    ``klear.data.readers``; ``klear.__version__`` -> ``klear``."""
+    while name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports: at the top, inside a function, or for type checking only
+    (``if TYPE_CHECKING:``). A type-checking import is an edge too: the type checker follows it, and the type it
+    names belongs below the module that names it as much as a value does. ``from klear.prep import curate`` is an
+    edge to the submodule ``klear.prep.curate`` alone; ``from klear.rewards import Reward`` to ``klear.rewards``."""
+    graph = {}
+    for name, path in MODULES.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == "klear":
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}"
+                    edges.add(submodule if submodule in MODULES else resolve(node.module))
+            elif isinstance(node, ast.Import):
+                edges.update(resolve(alias.name) for alias in node.names if alias.name.split(".")[0] == "klear")
+        graph[name] = edges - {name, "klear"}
+    return graph
+
+
+def folder(module: str) -> str:
+    """``klear.data.readers`` -> ``data``; ``klear.fit`` -> ``fit``."""
+    return module.split(".")[1]
 
 
 def layer(module: str) -> int:
-    parts = module.split(".")
-    for end in range(len(parts), 0, -1):
-        if ".".join(parts[:end]) in LAYERS:
-            return LAYERS[".".join(parts[:end])]
-    raise AssertionError(f"{module} has no layer in LAYERS")
+    if module.endswith(".__main__"):
+        return ENTRY_POINTS
+    assert folder(module) in LAYERS, f"{module}: its folder {folder(module)!r} has no layer in LAYERS"
+    return LAYERS[folder(module)]
+
+
+def test_layers_are_one_entry_per_folder_and_top_level_module():
+    top_level = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    assert set(LAYERS) == FOLDERS | top_level
 
 
 def test_no_module_imports_from_a_layer_above_its_own():
-    upward = []
-    for path in sources():
-        name = ".".join(("klear", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
-        for imported in imported_modules(path):
-            if imported != "klear" and layer(imported) > layer(name):
-                upward.append(f"{name} ({layer(name)}) imports {imported} ({layer(imported)})")
+    upward = [
+        f"{name} ({layer(name)}) imports {imported} ({layer(imported)})"
+        for name, imports in import_graph().items()
+        for imported in imports
+        if folder(imported) != folder(name) and layer(imported) >= layer(name)
+    ]
     assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_module_imports_a_main_module():
+    importers = sorted(
+        name for name, imports in import_graph().items() if any(m.endswith(".__main__") for m in imports)
+    )
+    assert not importers
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative): each is a set of
+    modules that import each other in a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = stack[stack.index(node) :]
+                del stack[stack.index(node) :]
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_the_cycle_finder_finds_circles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
+    assert sorted(import_cycles(graph)) == [["a", "b", "c"], ["d", "e"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    """No circle of modules importing each other, counting every import (inside functions and for type checking
+    too, `import_graph`): a circle is one concept split across files, or a piece shared by two that belongs
+    below both."""
+    assert import_cycles(import_graph()) == []

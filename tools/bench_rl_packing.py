@@ -111,9 +111,9 @@ def build_batch(settings: dict, vocab: int, prompt_tokens: int, seed: int):
 def run_variant(size: str, variant: str, args: argparse.Namespace) -> dict[str, float]:
     import torch
 
-    from klear.config.schema import AlgorithmConfig, RolloutConfig
     from klear.objectives import get_objective
     from klear.runtime.distributed import Ranks
+    from klear.schema import AlgorithmConfig, RolloutConfig
     from klear.update.update import PolicyUpdate
 
     torch.set_num_threads(args.threads)

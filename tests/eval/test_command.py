@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import klear
+from klear.eval.options import SamplingOptions
 from tests.test_user_errors import klear as run_command
 from tests.test_user_errors import one_line_error
 
@@ -116,3 +117,29 @@ def test_vllm_that_fails_to_import_is_one_line(tmp_path):
     error = one_line_error(result)
     assert error.startswith("error: --engine vllm: the engine cannot be imported (libcudart.so.12: cannot open"), error
     assert "reinstall vLLM (pip install -e '.[vllm]'" in error and "or use --engine hf" in error
+
+
+def sampling_section(*command: str) -> dict[str, str]:
+    """Flag -> its default, from the "sampling and scoring" section of ``python -m COMMAND --help``."""
+    text = run_command(*command, "--help", env={"COLUMNS": "400"}, timeout=60).stdout
+    section = text.split("sampling and scoring:\n", 1)[1].split("\n\n", 2)[1]
+    flags: dict[str, str] = {}
+    for line in section.splitlines():  # a flag's line, or the help of the flag above when the flag is long
+        if line.strip().startswith("--"):
+            flag = line.split()[0]
+            flags[flag] = ""
+        if "(default: " in line:
+            flags[flag] = line.rpartition("(default: ")[2].rstrip(")")
+    return flags
+
+
+@pytest.mark.end_to_end
+def test_eval_and_curate_declare_the_sampling_options_once_with_their_own_defaults():
+    evaluation, curate = sampling_section("klear.eval"), sampling_section("klear.data", "curate")
+    fields = [name for name in SamplingOptions.__dataclass_fields__ if name != "rope_scaling"]
+    assert sorted(evaluation) == sorted(curate) == sorted("--" + name.replace("_", "-") for name in fields)
+    shared = {"--engine": "hf", "--top-k": "0", "--max-new-tokens": "32768", "--seed": "0", "--batch-size": "256"}
+    assert {flag: evaluation[flag] for flag in shared} == {flag: curate[flag] for flag in shared} == shared
+    # each command keeps its own: klear.eval samples as an evaluation does, curate as RL does
+    assert (evaluation["--temperature"], evaluation["--top-p"]) == ("0.6", "0.95")
+    assert (curate["--temperature"], curate["--top-p"]) == ("1.0", "1.0")

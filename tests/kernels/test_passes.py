@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from klear.config import ModelConfig
-from klear.config.schema import AlgorithmConfig, RolloutConfig
 from klear.kernels.passes import plan_micro_batches, split_rows, token_bins
 from klear.kernels.rollout_batch import build_rollout_batch
 from klear.models import load_model
 from klear.objectives import get_objective
 from klear.rollout.engine import Rollout
 from klear.runtime.distributed import Ranks
+from klear.schema import AlgorithmConfig, RolloutConfig
 from klear.update.update import PolicyUpdate
 
 

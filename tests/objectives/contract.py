@@ -11,7 +11,7 @@ from klear.objectives import Objective, TokenInputs, aggregate, get_objective
 
 class UnderTest:
     """A registered objective as the parametrised checks call it: with the per-token entropies it declares it
-    reads (`Objective.needs_entropy`), the same for the current and the old policy unless a test passes its own,
+    reads (`Traits.needs_entropy`), the same for the current and the old policy unless a test passes its own,
     so an entropy-band scheme (ERC) keeps every token in its band and reduces to its base scheme here."""
 
     def __init__(self, objective: Objective) -> None:
@@ -21,7 +21,7 @@ class UnderTest:
         return getattr(self.objective, name)
 
     def __call__(self, logprobs, old_logprobs, advantages, mask, normalizer=None, **inputs):
-        if self.objective.needs_entropy:
+        if self.objective.traits.needs_entropy:
             inputs.setdefault("entropy", entropies(mask.shape))
             inputs.setdefault("old_entropy", entropies(mask.shape))
         return self.objective(logprobs, old_logprobs, advantages, mask, normalizer, **inputs)
@@ -61,8 +61,8 @@ def token_inputs(objective: Objective, ratio: torch.Tensor, advantages: torch.Te
 
 
 def surrogate(objective: Objective, ratio: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """``objective.surrogate`` as its forward calls it (with `TokenInputs` when it takes them)."""
-    return objective._hook("surrogate", ratio, advantages, inputs=token_inputs(objective, ratio, advantages))
+    """The per-token loss as the forward takes it: ``token_loss`` (``surrogate`` unless the scheme reads inputs)."""
+    return objective.token_loss(ratio, advantages, token_inputs(objective, ratio, advantages))
 
 
 def check_contract(objective: Objective, batch: dict[str, torch.Tensor]) -> None:
@@ -86,7 +86,7 @@ def check_contract(objective: Objective, batch: dict[str, torch.Tensor]) -> None
     output.loss.backward()
     plain = on_policy.detach().clone().requires_grad_(True)
     aggregate(-batch["advantages"][:, None] * plain, mask, objective.loss_agg).backward()
-    if objective.batch_statistics:
+    if objective.traits.batch_statistics:
         # A scheme that selects tokens by the batch's statistics (Clip-Cov) may drop some, never distort one.
         kept = torch.isclose(on_policy.grad, plain.grad)
         assert (on_policy.grad[~kept] == 0).all() and kept[mask].any()

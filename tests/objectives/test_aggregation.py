@@ -53,7 +53,7 @@ def micro_batch_grad(objective, data, splits, global_normalizer: bool):
 @pytest.mark.parametrize("name", list_objectives())
 def test_micro_batches_with_global_normalizer_equal_full_batch(name, loss_agg):
     objective = under_test(name, loss_agg=loss_agg)
-    if objective.batch_statistics:  # its docs say by how much its gradient depends on the split
+    if objective.traits.batch_statistics:  # its docs say by how much its gradient depends on the split
         pytest.skip(f"{name} reads statistics of each call's batch (batch_statistics = True)")
     data = batch()
     # seq-mean-token-sum-norm's fixed length must be the same in both; the full batch is MAX_LEN wide.

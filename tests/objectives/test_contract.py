@@ -15,9 +15,9 @@ from tests.objectives.contract import (
 
 def advantage_linear(name: str, **options):
     """The objective, for the checks of linearity in the advantage, which a scheme that declares it is not
-    linear (`Objective.advantage_linear`) is exempt from (and the config refuses it algorithm.tis_cap)."""
+    linear (`Traits.advantage_linear`) is exempt from (and the config refuses it algorithm.tis_cap)."""
     objective = under_test(name, **options)
-    if not objective.advantage_linear:
+    if not objective.traits.advantage_linear:
         pytest.skip(f"{name} declares advantage_linear = False")
     return objective
 
@@ -101,10 +101,10 @@ def test_every_registered_forward_is_linear_in_the_advantages(name, loss_agg, pa
 
 @pytest.mark.parametrize("name", list_objectives())
 def test_every_token_level_objective_scales_each_token_gradient_with_its_weight(name, padded_batch):
-    # A registered objective declares whether it is token-level (`Objective.token_level`); the config refuses
+    # A registered objective declares whether it is token-level (`Traits.token_level`); the config refuses
     # algorithm.tis_cap for one that is not. The declaration is checked both ways.
     objective = advantage_linear(name)
-    if objective.token_level:
+    if objective.traits.token_level:
         check_token_gradient_scales(objective, padded_batch)
     else:
         with pytest.raises(AssertionError):

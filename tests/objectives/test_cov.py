@@ -9,7 +9,7 @@ N = 3, so k = max(floor(2e-4 * 3), 1) = 1 (Clip-Cov) and max(1, floor(3 * 2e-3))
 import pytest
 import torch
 
-from klear.objectives import ClipCov, KLCov, Objective, PolicyObjective, get_objective
+from klear.objectives import ClipCov, KLCov, Objective, PolicyObjective, Traits, get_objective
 
 pytestmark = pytest.mark.unit
 
@@ -199,8 +199,7 @@ def test_empty_mask(name):
 def test_declarations_and_defaults():
     clip, kl = get_objective("clip-cov"), get_objective("kl-cov")
     for objective in (clip, kl):
-        assert (objective.advantage_linear, objective.batch_statistics) == (False, True)
-        assert (objective.token_level, objective.needs_entropy) == (True, False)
+        assert objective.traits == Traits(advantage_linear=False, batch_statistics=True)
     assert isinstance(clip, PolicyObjective) and ClipCov.allows_no_lower_bound
     assert isinstance(kl, Objective) and not isinstance(kl, PolicyObjective) and isinstance(kl, KLCov)
     assert clip.hyperparameters() == {

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from klear.config import ModelConfig
 from klear.models import load_model
-from klear.objectives import Max, Ratio, Sum, get_objective
+from klear.objectives import Max, Ratio, Sum, TokenInputs, get_objective
 from klear.objectives.ppo import PPOClip
 from tests.kernels.test_passes import one_update, rollout_batch
 
@@ -19,7 +19,8 @@ from tests.kernels.test_passes import one_update, rollout_batch
 class Diagnosed(PPOClip):
     """PPO clip plus four diagnostics about the advantages, which the model's numbers do not change."""
 
-    def diagnostics(self, ratio: Tensor, advantages: Tensor, mask: Tensor) -> dict:
+    def diagnostics(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> dict:
+        mask = inputs.mask
         positive = (advantages > 0) & mask
         return {
             "positive_frac": torch.where(positive, 1.0, 0.0).sum() / mask.sum().clamp(min=1),  # a token mean
@@ -30,7 +31,7 @@ class Diagnosed(PPOClip):
 
 
 class Shadowing(PPOClip):
-    def diagnostics(self, ratio: Tensor, advantages: Tensor, mask: Tensor) -> dict:
+    def diagnostics(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> dict:
         return {"ratio_max": Max(ratio.max())}
 
 

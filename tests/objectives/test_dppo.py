@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from klear.objectives import get_objective
+from klear.objectives import Traits, get_objective
 
 pytestmark = pytest.mark.unit
 
@@ -120,9 +120,8 @@ def test_garbage_padding_bf16_and_an_empty_mask(name, padded_batch):
 def test_declarations_follow_the_options():
     for name in ("dppo-tv", "dppo-kl"):
         plain, with_kl = get_objective(name), get_objective(name, kl_tau=1e-3)
-        assert plain.token_level and plain.advantage_linear and not plain.needs_entropy
-        assert not plain.batch_statistics  # the mask is per token: the micro-batch split does not change it
-        assert not with_kl.advantage_linear  # kl_tau * (x - x_old)^2 does not scale with A
+        assert plain.traits == Traits()  # the mask is per token: the micro-batch split does not change it
+        assert with_kl.traits == Traits(advantage_linear=False)  # kl_tau * (x - x_old)^2 does not scale with A
     assert get_objective("dppo-tv").hyperparameters() == {
         "delta_low": 0.15,
         "delta_high": 0.15,
@@ -149,5 +148,8 @@ def test_bad_hyperparameters_are_one_line_errors(name, hyperparameters, message)
 
 
 def test_the_surrogate_alone_refuses_to_guess_the_mask():
-    with pytest.raises(ValueError, match="decides its mask in prepare"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"^DPPOTV computes its loss in token_loss\(ratio, advantages, inputs\): call the objective$",
+    ):
         get_objective("dppo-tv").surrogate(torch.ones(1, 3), torch.ones(1, 3))

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from klear.objectives import LOSS_AGG_MODES, get_objective
+from klear.objectives import LOSS_AGG_MODES, Traits, get_objective
 
 pytestmark = pytest.mark.unit
 
@@ -194,8 +194,7 @@ def test_defaults_and_declarations():
     }
     assert gppo_erc.hyperparameters() == {**dapo_erc.hyperparameters(), "beta_low": 1.0, "beta_high": 1.0}
     for objective in (dapo_erc, gppo_erc):
-        assert objective.needs_entropy and objective.token_level and objective.advantage_linear
-        assert not objective.batch_statistics
+        assert objective.traits == Traits(needs_entropy=True)  # token level, linear in A, per token
 
 
 def test_the_entropies_are_required():

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from klear.objectives import GMPO, get_objective
+from klear.objectives import GMPO, Traits, get_objective
 
 pytestmark = pytest.mark.unit
 
@@ -100,8 +100,7 @@ def test_declarations_and_defaults():
     objective = get_objective("gmpo")
     assert isinstance(objective, GMPO)
     assert objective.hyperparameters() == {"eps_low": 0.4, "eps_high": 0.4, "loss_agg": "seq-mean-token-mean"}
-    assert not objective.token_level and not objective.advantage_linear
-    assert not objective.needs_entropy and not objective.batch_statistics
+    assert objective.traits == Traits(token_level=False, advantage_linear=False)
     # Log-space bounds: eps_low >= 1 is a valid bound (exp(-1.5) = 0.22), unlike PPO's 1 - eps_low.
     assert get_objective("gmpo", eps_low=1.5).eps_low == 1.5
 

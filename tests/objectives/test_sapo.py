@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from klear.objectives import SAPO, get_objective
+from klear.objectives import SAPO, Traits, get_objective
 
 pytestmark = pytest.mark.unit
 
@@ -93,8 +93,7 @@ def test_declarations_and_defaults():
     objective = get_objective("sapo")
     assert isinstance(objective, SAPO)
     assert objective.hyperparameters() == {"tau_pos": 1.0, "tau_neg": 1.05, "loss_agg": "seq-mean-token-mean"}
-    assert objective.token_level and objective.advantage_linear
-    assert not objective.needs_entropy and not objective.batch_statistics
+    assert objective.traits == Traits()
 
 
 @pytest.mark.parametrize(("key", "value"), [("tau_pos", 0.0), ("tau_neg", -1.0), ("tau_pos", float("nan"))])

@@ -3,8 +3,8 @@
 import pytest
 from omegaconf import OmegaConf
 
-from klear.config.schema import RLRunConfig
 from klear.runtime.device import compute_precision, default_precision, policy_on_cuda
+from klear.schema import RLRunConfig
 
 
 def config(**trainer):

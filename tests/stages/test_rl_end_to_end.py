@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from klear.config.load import load_config
 from klear.fit import build_stage, build_trainer, main, prepare_run_dir
 from klear.models import resolve_model_path
-from klear.objectives import list_objectives, objective_class
+from klear.objectives import get_objective, list_objectives
 from klear.rollout.engine import ENGINES
 from klear.rollout.hf import HFEngine
 from tests.runs import RL_SHORT, TIMING, read_metrics
@@ -40,7 +40,7 @@ def initial_weights() -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("objective", list_objectives())
 def test_every_objective_trains(objective, tmp_path):
     # An objective that reads the old policy's entropies (ERC) takes them from the trainer's no-grad pass.
-    old = ["rollout.old_logprobs=trainer"] if objective_class(objective).needs_entropy else []
+    old = ["rollout.old_logprobs=trainer"] if get_objective(objective).traits.needs_entropy else []
     args = ["--config", "configs/rl.yaml", "--objective", objective, f"output_dir={tmp_path}", *SHORT, *old]
     assert main(args) == 0
     rows = read_metrics(tmp_path / "metrics.csv")

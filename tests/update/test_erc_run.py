@@ -12,13 +12,13 @@ import torch
 
 from klear.config import ModelConfig
 from klear.config.load import ConfigError, load_config
-from klear.config.schema import AlgorithmConfig, RolloutConfig
 from klear.fit import main
 from klear.kernels.rollout_batch import ScoredGroups
 from klear.models import load_model
 from klear.objectives import get_objective
 from klear.rollout.engine import Rollout
 from klear.runtime.distributed import Ranks
+from klear.schema import AlgorithmConfig, RolloutConfig
 from klear.update.update import PolicyUpdate
 from tests.runs import RL_SHORT, read_metrics
 

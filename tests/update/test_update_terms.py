@@ -13,12 +13,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from klear.config.schema import AlgorithmConfig, RolloutConfig
 from klear.kernels.logprobs import _LinearHeadScores
 from klear.kernels.passes import LogprobPasses
 from klear.kernels.rollout_batch import RolloutBatch
 from klear.objectives import get_objective
 from klear.runtime.step_metrics import StepMetrics
+from klear.schema import AlgorithmConfig, RolloutConfig
 from klear.update.update import PolicyUpdate, positive_nll
 
 LOGPROBS = [-1.0, -0.5, -2.0]

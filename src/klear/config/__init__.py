@@ -1,9 +1,9 @@
-"""Run configuration: the schema of every key (`klear.config.schema`), loading with validation
-(`klear.config.load`: YAML + dotted overrides, unknown keys and bad values as one-line errors, before any heavy
-import) and the ``--help-config`` table of a config's keys (`klear.config.help`). The schema's dataclasses are
-importable from here: ``from klear.config import RLRunConfig``."""
+"""Run configuration: loading with validation (`klear.config.load`: YAML + dotted overrides, unknown keys, bad
+values and names no registry knows as one-line errors, before any heavy import) and the ``--help-config`` table of
+a config's keys (`klear.config.help`). The schema of every key is `klear.schema`, the bottom layer; its
+dataclasses are importable from here too: ``from klear.config import RLRunConfig``."""
 
-from klear.config.schema import (
+from klear.schema import (
     SCHEMAS,
     AlgorithmConfig,
     EvalConfig,

@@ -1,7 +1,7 @@
 """``--help-config [SECTION]``: every key of a resolved run config with its type, value, default and doc.
 
 The docs are the attribute docstrings written right under each field of the schema's dataclasses
-(:mod:`klear.config.schema`). Python keeps no attribute docstrings at run time, so they are read from the
+(:mod:`klear.schema`). Python keeps no attribute docstrings at run time, so they are read from the
 dataclasses' source with :mod:`ast`; the first sentence is shown, and a field without one shows none. The value
 is the config's (after its YAML and ``key=value`` overrides), the default the stage's dataclass default. The
 free-form ``objective`` section lists the chosen objective's constructor arguments: their defaults from the
@@ -29,7 +29,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from klear.config.load import ConfigError, did_you_mean
-from klear.config.schema import SCHEMAS
+from klear.schema import SCHEMAS
 
 COLUMNS = ("key", "type", "value", "default", "doc")
 MIN_DOC_WIDTH = 40

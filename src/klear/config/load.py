@@ -1,7 +1,7 @@
 """Loading, merging and checking run configs, with one-line errors that name the key and what is accepted (and,
 for a misspelt key, objective hyperparameter or reward option, the closest accepted name).
 
-Order of precedence: the stage's dataclass defaults (:mod:`klear.config`), then the YAML file, then ``key=value``
+Order of precedence: the stage's dataclass defaults (:mod:`klear.schema`), then the YAML file, then ``key=value``
 overrides, then ``--objective``. Everything is checked before any model is built, so a typo costs a second,
 not a run.
 """
@@ -23,8 +23,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from klear.config import SCHEMAS
 from klear.errors import UserError, did_you_mean, first_line
+from klear.schema import SCHEMAS
 
 
 class ConfigError(UserError):
@@ -148,7 +148,7 @@ def check_rl(config: DictConfig) -> None:
         except (ValueError, TypeError, RuntimeError) as error:  # their messages name the component and the values
             raise ConfigError(_first_line(error)) from error
 
-    # The built objective: its declarations (token_level, advantage_linear, needs_entropy) may read its options.
+    # The built objective: its traits (token_level, advantage_linear, needs_entropy) may read its options.
     built = resolve(lambda: _check_call("objective", objective_class(name), objective, name))
     resolve(lambda: _check_call("reward.options", REWARDS.get(config.reward.name), options, config.reward.name))
     resolve(lambda: ADVANTAGES.get(config.algorithm.advantage))
@@ -164,17 +164,17 @@ def check_rl(config: DictConfig) -> None:
         raise ConfigError(f"rollout.group_size must be >= 2 for algorithm.advantage={algorithm.advantage}")
     if algorithm.tis_cap and rollout.old_logprobs != "trainer":
         raise ConfigError("algorithm.tis_cap needs rollout.old_logprobs=trainer (it weights trainer vs engine)")
-    if algorithm.tis_cap and not built.token_level:
+    if algorithm.tis_cap and not built.traits.token_level:
         raise ConfigError(
             f"algorithm.tis_cap = {algorithm.tis_cap} weights each token's advantage, which objective {name!r} "
             "(one ratio per sequence) does not support; set algorithm.tis_cap=0"
         )
-    if algorithm.tis_cap and not built.advantage_linear:
+    if algorithm.tis_cap and not built.traits.advantage_linear:
         raise ConfigError(
             f"algorithm.tis_cap = {algorithm.tis_cap} weights each token's advantage, which objective {name!r} "
             "(not linear in the advantage) does not support; set algorithm.tis_cap=0"
         )
-    if built.needs_entropy and rollout.old_logprobs != "trainer":
+    if built.traits.needs_entropy and rollout.old_logprobs != "trainer":
         raise ConfigError(
             f"objective {name!r} reads the old policy's entropies, which only the trainer's pass computes: set "
             f"rollout.old_logprobs=trainer (it is {rollout.old_logprobs})"

@@ -59,6 +59,8 @@ from klear.data.code_layouts import (
     is_code_contests,
     is_rllm_code,
     is_taco_apps,
+    lcb_func_name,
+    lcb_test,
     rllm_code_row,
     taco_apps_row,
 )
@@ -84,7 +86,6 @@ HUMANEVAL_INSTRUCTION = (
 )
 MBPP_INSTRUCTION = "Write the function, with every import it needs, in one ```python block."
 
-_TEST_TYPES = ("stdin", "functional")
 _STR_PICKLE_OPCODES = frozenset(
     {"PROTO", "FRAME", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
     | {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE", "STOP"}
@@ -170,21 +171,13 @@ def livecodebench_tests(row: dict, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> l
     raw += [("private", test) for test in decode_lcb_tests(row["private_test_cases"], max_bytes)]
     if not raw:
         raise ValueError("no tests: public_test_cases and private_test_cases are both empty")
-    fn_name = _func_name(row) if any(test.get("testtype") == "functional" for _, test in raw) else None
+    fn_name = lcb_func_name(row) if any(test.get("testtype") == "functional" for _, test in raw) else None
     tests, counts = [], {"public": 0, "private": 0}
     for kind, test in raw:
         where = f"{kind} test {counts[kind]}"
         counts[kind] += 1
-        tests.append(_lcb_test(test, fn_name, where))
+        tests.append(lcb_test(test, fn_name, where))
     return tests
-
-
-def livecodebench_test_list(tests: list[dict]) -> list[dict]:
-    """LiveCodeBench tests as rllm stores them (a list of ``{"input", "output", "testtype", "metadata"}``, the
-    function name in the first test's ``metadata.func_name``) in the ``code`` reward's format."""
-    functional = any(test.get("testtype") == "functional" for test in tests)
-    fn_name = _func_name(tests[0]) if functional else None
-    return [_lcb_test(test, fn_name, f"test {index}") for index, test in enumerate(tests)]
 
 
 def decode_lcb_tests(value: Any, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> list[dict]:
@@ -266,35 +259,6 @@ def _mbpp_setup(row: dict) -> str:
     if not isinstance(imports, list) or not all(isinstance(line, str) for line in imports):
         raise ValueError("test_imports is not a list of strings")
     return "\n".join(imports)
-
-
-def _lcb_test(test: dict, fn_name: str | None, where: str) -> dict:
-    kind, given, output = test.get("testtype"), test.get("input"), test.get("output")
-    if kind not in _TEST_TYPES:
-        raise ValueError(f"{where}: testtype {kind!r} is not one of {list(_TEST_TYPES)}")
-    if not isinstance(given, str) or not isinstance(output, str):
-        raise ValueError(f"{where}: 'input' and 'output' must be strings")
-    if kind == "stdin":
-        return {"input": given, "output": output}
-    try:
-        args = [parse_json(line) for line in given.split("\n")]
-        expected = parse_json(output)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{where}: a functional input line or output is not JSON ({error.msg})") from None
-    return {"fn_name": fn_name, "args": args, "expected": expected}
-
-
-def _func_name(row: dict) -> str:
-    metadata = row.get("metadata")
-    if isinstance(metadata, str):
-        try:
-            metadata = parse_json(metadata)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"metadata is not valid JSON ({error.msg})") from None
-    name = metadata.get("func_name") if isinstance(metadata, dict) else None
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"functional tests but metadata has no func_name naming a function (got {name!r})")
-    return name
 
 
 def _inflate(data: bytes, max_bytes: int) -> bytes:

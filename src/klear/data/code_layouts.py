@@ -36,8 +36,7 @@ import contextlib
 import json
 from typing import Any
 
-from klear.data.layouts import decode_json_text
-from klear.data.readers import parse_json
+from klear.data.readers import decode_json_text, parse_json
 
 RLLM_SOURCES = (
     "taco",
@@ -54,6 +53,7 @@ RLLM_SOURCES = (
 RLLM_MAX_TESTS = 32
 """rllm runs at most this many tests of a problem: those with the shortest inputs."""
 _SUITE_KEYS = ("timeout", "max_test_cases")
+_LCB_TEST_TYPES = ("stdin", "functional")
 MAX_TESTS_CHARS = 64 << 20
 """Longest ``tests`` text `literal_tests` parses (Python's literal parser needs many times its input in memory)."""
 CODE_R1_MAX_TESTS = 16
@@ -95,8 +95,6 @@ def _listed(tests: list, rllm: str) -> list[dict[str, Any]] | dict[str, Any]:
         raise ValueError("code tests must be a non-empty list of objects")
     first = tests[0]
     if "testtype" in first:  # LiveCodeBench through rllm
-        from klear.data.code_formats import livecodebench_test_list
-
         converted = livecodebench_test_list(tests)
     elif "type" in first or ("fn_name" in first and "args" not in first):  # PrimeIntellect
         converted = _primeintellect(tests)
@@ -303,3 +301,43 @@ def rllm_shape_source(tests: Any) -> str:
             return "livecodebench"
         return "primeintellect" if "type" in tests[0] else "codeforces"
     raise ValueError(f"tests are a {type(tests).__name__}, not a list of tests or a test layout of rllm's code files")
+
+
+def livecodebench_test_list(tests: list[dict]) -> list[dict]:
+    """LiveCodeBench tests as rllm stores them (a list of ``{"input", "output", "testtype", "metadata"}``, the
+    function name in the first test's ``metadata.func_name``) in the ``code`` reward's format."""
+    functional = any(test.get("testtype") == "functional" for test in tests)
+    fn_name = lcb_func_name(tests[0]) if functional else None
+    return [lcb_test(test, fn_name, f"test {index}") for index, test in enumerate(tests)]
+
+
+def lcb_test(test: dict, fn_name: str | None, where: str) -> dict:
+    """One LiveCodeBench test (``{"input", "output", "testtype"}``) in the ``code`` reward's format: a stdin test as
+    ``{"input", "output"}``, a functional one as ``{"fn_name", "args", "expected"}`` (one JSON value per input line)."""
+    kind, given, output = test.get("testtype"), test.get("input"), test.get("output")
+    if kind not in _LCB_TEST_TYPES:
+        raise ValueError(f"{where}: testtype {kind!r} is not one of {list(_LCB_TEST_TYPES)}")
+    if not isinstance(given, str) or not isinstance(output, str):
+        raise ValueError(f"{where}: 'input' and 'output' must be strings")
+    if kind == "stdin":
+        return {"input": given, "output": output}
+    try:
+        args = [parse_json(line) for line in given.split("\n")]
+        expected = parse_json(output)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where}: a functional input line or output is not JSON ({error.msg})") from None
+    return {"fn_name": fn_name, "args": args, "expected": expected}
+
+
+def lcb_func_name(row: dict) -> str:
+    """The function a LiveCodeBench row's functional tests call: ``metadata.func_name`` (a dict or JSON text)."""
+    metadata = row.get("metadata")
+    if isinstance(metadata, str):
+        try:
+            metadata = parse_json(metadata)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"metadata is not valid JSON ({error.msg})") from None
+    name = metadata.get("func_name") if isinstance(metadata, dict) else None
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"functional tests but metadata has no func_name naming a function (got {name!r})")
+    return name

@@ -33,11 +33,8 @@ chat template as it is: system turns are kept, never flattened into one user str
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
-
-from klear.data.readers import parse_json
 
 _MISSING = object()
 ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
@@ -220,14 +217,3 @@ def prompt_text(prompt: str | list[dict[str, str]]) -> str:
     if isinstance(prompt, str):
         return prompt
     return "\n".join(message["content"] for message in prompt if message["role"] == "user")
-
-
-def decode_json_text(value: Any) -> Any:
-    """``value`` decoded when it is a string holding a JSON list or object (publishers store references so), else
-    ``value`` unchanged. A string that merely looks like one (an interval ``[1, 2)``) is kept."""
-    if isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
-        try:
-            return parse_json(value)
-        except (json.JSONDecodeError, RecursionError):
-            return value
-    return value

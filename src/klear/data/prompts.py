@@ -2,8 +2,8 @@
 
 A prompt is a problem text (one user turn) or a list of chat messages as a data row holds them
 (`klear.data.layouts`: system turns kept). A problem loaded with ``data.truncation: left`` carries the most prompt
-tokens it may keep (`klear.data.problems.Problem.max_prompt_tokens`): `encode_problem` then keeps the last ones, as
-verl's left truncation does.
+tokens it may keep (`klear.data.problems.Problem.max_prompt_tokens`): `klear.data.problems.encode_problem` then
+keeps the last ones, as verl's left truncation does.
 
 A prompt far over the limit is told by its characters, without tokenizing it (`CharBound`): tokenizing a 50 MB row
 takes minutes and gigabytes only to learn that it is too long.
@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-    from klear.data.problems import Problem
 
 
 def encode_prompt(
@@ -39,15 +37,6 @@ def render_prompt(
     if system:
         messages = [{"role": "system", "content": system}, *messages]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
-def encode_problem(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> list[int]:
-    """`encode_prompt` of ``problem.prompt``, cut to its last ``problem.max_prompt_tokens`` tokens when it has a
-    limit (left truncation)."""
-    ids = encode_prompt(tokenizer, problem.prompt)
-    if problem.max_prompt_tokens and len(ids) > problem.max_prompt_tokens:
-        return ids[-problem.max_prompt_tokens :]
-    return ids
 
 
 @dataclass(frozen=True)

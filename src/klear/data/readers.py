@@ -32,6 +32,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from klear.errors import UserError
 
@@ -169,6 +170,17 @@ class _LongInteger:
 
     def __init__(self, digits: str) -> None:
         self.digits = digits.lstrip("-")
+
+
+def decode_json_text(value: Any) -> Any:
+    """``value`` decoded when it is a string holding a JSON list or object (publishers store references so), else
+    ``value`` unchanged. A string that merely looks like one (an interval ``[1, 2)``) is kept."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
+        try:
+            return parse_json(value)
+        except (json.JSONDecodeError, RecursionError):
+            return value
+    return value
 
 
 def _loads(text: str) -> tuple[object, list[_LongInteger]]:

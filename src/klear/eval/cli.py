@@ -49,7 +49,7 @@ from klear.data.readers import parse_json, write_jsonl
 from klear.errors import UserError
 from klear.eval.completions import read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
-from klear.eval.options import SamplingOptions, check_greedy, check_requirements
+from klear.eval.options import SamplingOptions, add_sampling_arguments, check_greedy, check_requirements
 from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
@@ -64,7 +64,6 @@ log = logging.getLogger(__name__)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=cli.prog("eval"), description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help=f"HF model directory or hub name; built-in: {', '.join(BUILTIN_MODELS)}")
     parser.add_argument("--data", required=True, help="jsonl/json/parquet file or HF dataset of problems")
     parser.add_argument(
         "--completions",
@@ -77,32 +76,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--k", type=int, default=1, help="report pass@k (and avg@k) (default: %(default)s)")
     parser.add_argument("--n", type=int, help="samples per problem for the estimators, >= k (default: k)")
-    parser.add_argument("--temperature", type=float, default=0.6, help="0: greedy (default: %(default)s)")
-    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default: %(default)s)")
-    parser.add_argument("--top-k", type=int, default=0, help="0: off (default: %(default)s)")
-    parser.add_argument(
-        "--max-new-tokens", type=int, default=32768, help="response budget; tiny models need ~96 (default: %(default)s)"
-    )
     parser.add_argument("--reward", help="reward name or import path (default: from the fields: math or code)")
     parser.add_argument("--prompt-key", help="field with the prompt text (default: problem / question)")
     parser.add_argument("--reference-key", help="field with the reference (default: answer / tests)")
     parser.add_argument("--limit", type=int, help="evaluate only the first LIMIT problems")
-    parser.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        default=0,
-        help="skip longer prompts; 0: the model's context minus --max-new-tokens (default: %(default)s)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=256, help="sequences sampled together (default: %(default)s)")
-    parser.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
-    parser.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")
-    parser.add_argument(
-        "--threads", type=int, default=0, help="torch CPU threads; 0: chosen by klear from the free cores (default: 0)"
-    )
-    parser.add_argument("--engine", default="hf", help="rollout engine name or import path (default: %(default)s)")
     parser.add_argument("--output", help="output directory (default: outputs/eval/<data file stem>)")
     parser.add_argument("--overwrite", action="store_true", help="replace earlier results in the output directory")
+    add_sampling_arguments(
+        parser,
+        model_help=f"HF model directory or hub name; built-in: {', '.join(BUILTIN_MODELS)}",
+        temperature=0.6,
+        temperature_help="0: greedy",
+        top_p=0.95,
+    )
     return parser.parse_args(argv)
 
 

@@ -19,12 +19,12 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from klear.config import EvalConfig
 from klear.data.problems import Problem
 from klear.eval.metrics import pass_at_k
 from klear.rewards.scorer import ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 from klear.rollout.sample_and_score import sample_and_score
+from klear.schema import EvalConfig
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,10 @@
 Both commands put a model's answers to a problem file through the RL stage's engine and score them with a
 reward: the model, the engine, how it samples, the prompt limit and the reward workers are the same options
 with the same ranges, so they are one frozen `SamplingOptions`, checked by one table (`check`). Each command
-checks its own options (``--k``, ``--n``, ``--chunk``, ...) with `check_requirements` too. Importing this module
-imports neither torch nor transformers: the checks run before either is loaded.
+checks its own options (``--k``, ``--n``, ``--chunk``, ...) with `check_requirements` too. Both declare them with
+`add_sampling_arguments`, each with its own defaults where they differ (``klear.eval`` samples as an evaluation
+does, curate as RL does). Importing this module imports neither torch nor transformers: the checks run before
+either is loaded.
 """
 
 from __future__ import annotations
@@ -72,6 +74,49 @@ class SamplingOptions:
             ("--num-workers", self.num_workers, self.num_workers >= 0, ">= 0"),
             ("--reward-timeout", self.reward_timeout, self.reward_timeout > 0, "> 0"),
         ]
+
+
+def add_sampling_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    model_help: str,
+    model_required: bool = False,
+    temperature: float,
+    temperature_help: str,
+    top_p: float,
+) -> None:
+    """The options of `SamplingOptions` (``--model`` ... ``--reward-timeout``), in one group of ``parser``'s help.
+
+    Args:
+        model_help: what ``--model`` accepts, as the command says it.
+        model_required: whether the command needs a model (``klear.eval`` can score saved completions instead).
+        temperature, temperature_help: the default ``--temperature`` and why it is that.
+        top_p: the default ``--top-p``.
+    """
+    group = parser.add_argument_group("sampling and scoring", "the model, how it samples, and the reward workers")
+    group.add_argument("--model", required=model_required, help=model_help)
+    group.add_argument("--engine", default="hf", help="rollout engine name or import path (default: %(default)s)")
+    group.add_argument(
+        "--temperature", type=float, default=temperature, help=f"{temperature_help} (default: %(default)s)"
+    )
+    group.add_argument("--top-p", type=float, default=top_p, help="nucleus sampling (default: %(default)s)")
+    group.add_argument("--top-k", type=int, default=0, help="0: off (default: %(default)s)")
+    group.add_argument(
+        "--max-new-tokens", type=int, default=32768, help="response budget; tiny models need ~96 (default: %(default)s)"
+    )
+    group.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="skip longer prompts; 0: the model's context minus --max-new-tokens (default: %(default)s)",
+    )
+    group.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    group.add_argument("--batch-size", type=int, default=256, help="sequences sampled together (default: %(default)s)")
+    group.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads; 0: chosen by klear from the free cores (default: 0)"
+    )
+    group.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
+    group.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")
 
 
 def check_requirements(requirements: Sequence[Requirement]) -> None:

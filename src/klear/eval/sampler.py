@@ -17,12 +17,12 @@ import importlib.util
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from klear.config import ModelConfig, RolloutConfig
-from klear.data.problems import Problem
+from klear.data.problems import Problem, encode_problem
 from klear.errors import first_line
 from klear.eval.options import SamplingOptions
 from klear.eval.tasks import EvalError, load_eval_tokenizer
 from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, needed_model_len
+from klear.schema import ModelConfig, RolloutConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -60,7 +60,6 @@ def build_engine(
     Raises:
         EvalError: an unknown engine, a model that cannot be loaded, or settings the engine refuses.
     """
-    from klear.data.prompts import encode_problem
     from klear.models import load_model
     from klear.runtime.device import uses_cuda
 

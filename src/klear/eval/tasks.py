@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from klear.config import ModelConfig
 from klear.config.load import model_path_problem
 from klear.data.problems import ProblemSet, Task, choose_task, load_problems
 from klear.data.readers import read_numbered, warn_bad_rows
 from klear.errors import UserError, first_line
 from klear.rewards import Reward, get_reward
 from klear.rewards.routing import routed_reward
+from klear.schema import ModelConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

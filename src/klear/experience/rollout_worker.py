@@ -175,9 +175,9 @@ class _Service:
         """Mean |log-prob of the loaded weights - the engine's log-prob| over the sampled tokens of the first
         `GAP_ROWS` rollouts of the kept groups (each rank computes its share of the rows; the ranks' sums are
         added)."""
+        from klear.kernels.passes import measured_logprobs
         from klear.kernels.rollout_batch import build_rollout_batch
         from klear.runtime.distributed import Ranks
-        from klear.update.update import measured_logprobs
 
         if not len(scored):
             return None

@@ -2,9 +2,11 @@
 log-probs of one pass.
 
 Everything that reads a rollout batch through a model goes through `LogprobPasses`: the update (log-probs with
-gradient, pass by pass), the trainer's behaviour log-probs before it (``rollout.old_logprobs: trainer``, no
-gradient), the KL reference, and the rollout worker's check of its engine (asynchronous rollouts). The loops over
-the passes are their callers' (`klear.update.update`); this file plans them and computes one.
+gradient, pass by pass, `klear.update.update`), the KL reference, and the no-grad log-probs of every row
+(`measured_logprobs`): the trainer's behaviour log-probs before the update (``rollout.old_logprobs: trainer``) and
+the rollout worker's check of its engine (asynchronous rollouts). ``rollout/logprob_gap``, the mean
+``|trainer log-prob - engine log-prob|`` over the response tokens, is summed by `gap_parts` alone, wherever it is
+measured.
 
 Two plans, chosen by ``algorithm.micro_batch_tokens``:
 
@@ -99,6 +101,38 @@ class LogprobPasses:
             share_prefixes=not self.packed,
             pack=self.packed,
         )
+
+
+@torch.no_grad()
+def measured_logprobs(
+    passes: LogprobPasses, model: nn.Module, batch: RolloutBatch, ranks: Ranks, with_entropy: bool = False
+) -> tuple[Tensor, float, Tensor | None]:
+    """The no-grad log-probs of every row of ``batch`` under ``model`` (each rank computes its micro-batches, the
+    ranks' results are added), ``rollout/logprob_gap`` against the engine's (`gap_parts`, summed over ranks before
+    the quotient), and with ``with_entropy`` the per-token entropies of every row (else ``None``)."""
+    logprobs = torch.zeros_like(batch.engine_logprobs)
+    entropy = torch.zeros_like(logprobs) if with_entropy else None
+    gap = torch.zeros(2, dtype=torch.float64, device=logprobs.device)
+    for plan in passes.plan(batch.lengths, ranks):
+        micro = batch.part(plan.rows, plan.real)
+        values, entropies = passes.logprobs(model, micro, with_entropy=with_entropy)
+        real = plan.real.to(values.device)
+        rows = plan.rows.to(logprobs.device)[plan.real.to(logprobs.device)]
+        logprobs[rows, : values.shape[1]] = values[real]
+        if entropy is not None:
+            entropy[rows, : values.shape[1]] = entropies[real].float()
+        gap += torch.stack(gap_parts(values, micro)).double()
+    if ranks.world > 1:
+        logprobs, gap = ranks.reduce(logprobs, reduce_op="sum"), ranks.reduce(gap, reduce_op="sum")
+        entropy = ranks.reduce(entropy, reduce_op="sum") if entropy is not None else None
+    return logprobs, float(gap[0] / gap[1].clamp(min=1)), entropy
+
+
+def gap_parts(logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
+    """``rollout/logprob_gap`` of a micro-batch's (B, T) ``logprobs`` as two sums over its response tokens: of
+    ``|logprobs - the engine's|``, and of the tokens (their quotient, once summed over micro-batches and ranks)."""
+    difference = torch.where(batch.mask, (logprobs.detach() - batch.engine_logprobs).abs(), 0.0)
+    return difference.sum(), batch.mask.sum().float()
 
 
 def plan_micro_batches(lengths: Tensor, rank: int, world: int, rows: int, tokens: int = 0) -> list[MicroBatch]:

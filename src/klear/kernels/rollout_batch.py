@@ -85,7 +85,7 @@ class RolloutBatch:
     """Rows that hold data; false for the padding of a data-parallel rank's share (see :meth:`part`)."""
     old_entropy: Tensor | None = None
     """The behaviour policy's per-token entropy, from the trainer's no-grad pass, for objectives that read it
-    (`klear.objectives.Objective.needs_entropy`); ``None`` otherwise."""
+    (`klear.objectives.Traits.needs_entropy`); ``None`` otherwise."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from klear.config import ModelConfig
 from klear.models import attention
 from klear.models.tiny import TINY_SIZES, build_tiny
 from klear.runtime import memory, threads
+from klear.schema import ModelConfig
 
 CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
 SHIPPED: dict[str, str] = {

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 from torch import Tensor
 
 from klear.objectives.base import PolicyObjective, gradient_weighted
+from klear.objectives.inputs import Band, TokenInputs
 from klear.objectives.registry import register_objective
 
 
@@ -22,16 +26,15 @@ class CISPO(PolicyObjective):
     """
 
     allows_no_lower_bound = True
-
-    def __init__(self, eps_low: float | None = 0.2, eps_high: float = 0.28, loss_agg: str = "token-mean") -> None:
-        super().__init__(eps_low=eps_low, eps_high=eps_high, loss_agg=loss_agg)
+    defaults: ClassVar = {"eps_high": 0.28}
 
     def surrogate(self, ratio: Tensor, advantages: Tensor) -> Tensor:
         r = ratio.detach()
         low = None if self.eps_low is None else 1.0 - self.eps_low
         return gradient_weighted(r.clamp(min=low, max=1.0 + self.eps_high), ratio, advantages)
 
-    def clipped(self, ratio: Tensor, advantages: Tensor) -> tuple[Tensor, Tensor]:
+    def band(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Band:
+        """PPO's band; the clipped tokens are every token whose weight was clipped, whatever its advantage."""
         high = ratio > 1.0 + self.eps_high
         low = ratio < 1.0 - self.eps_low if self.eps_low is not None else ratio.new_zeros(ratio.shape, dtype=bool)
-        return low, high
+        return dataclasses.replace(super().band(ratio, advantages, inputs), clipped_low=low, clipped_high=high)

@@ -21,8 +21,9 @@ the authors' ``k_percent`` 0.2 is a percentage; verl's ``kl_cov_ratio`` 2e-4 is 
 here are fractions of ``N``. On a small batch the ``max(., 1)`` floor makes ``k = 1``.
 
 The selection reads the batch's statistics, so the accumulated gradient depends on how a step is split into
-micro-batches and ranks (``batch_statistics``; klear keeps verl's per-call scope), and it reads the advantages'
-values, so the loss is not homogeneous in them (``advantage_linear = False``: ``algorithm.tis_cap`` is refused).
+micro-batches and ranks (``Traits.batch_statistics``; klear keeps verl's per-call scope), and it reads the
+advantages' values, so the loss is not homogeneous in them (``Traits.advantage_linear`` False: ``algorithm.tis_cap``
+is refused).
 Both decide in :meth:`prepare`, once per forward; Clip-Cov draws with ``TokenInputs.generator`` (seeded per
 micro-batch by the update), never the global generator, so a resumed run draws the same tokens.
 """
@@ -32,7 +33,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from klear.objectives.base import Objective, PolicyObjective, TokenInputs
+from klear.objectives.base import Objective, PolicyObjective
+from klear.objectives.inputs import TokenInputs, Traits
 from klear.objectives.registry import register_objective
 from klear.runtime.step_metrics import Metric
 
@@ -72,8 +74,7 @@ class ClipCov(PolicyObjective):
     """
 
     allows_no_lower_bound = True
-    advantage_linear = False
-    batch_statistics = True
+    traits = Traits(advantage_linear=False, batch_statistics=True)
 
     def __init__(
         self,
@@ -116,14 +117,14 @@ class ClipCov(PolicyObjective):
             drawn[chosen[:, 0], chosen[:, 1]] = True
         return drawn
 
-    def surrogate(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
+    def token_loss(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
         loss, _ = self._ppo(ratio, advantages)
         return torch.where(inputs.prepared, 0.0, loss)
 
-    def diagnostics(self, ratio: Tensor, advantages: Tensor, mask: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
+    def diagnostics(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
         return {
-            "cov_selected_frac": selected_frac(inputs.prepared, mask),
-            "cov_candidate_frac": selected_frac(self.candidates(ratio, advantages, inputs), mask),
+            "cov_selected_frac": selected_frac(inputs.prepared, inputs.mask),
+            "cov_candidate_frac": selected_frac(self.candidates(ratio, advantages, inputs), inputs.mask),
         }
 
 
@@ -139,8 +140,7 @@ class KLCov(Objective):
         kl_cov_coef: the penalty's coefficient, >= 0.
     """
 
-    advantage_linear = False
-    batch_statistics = True
+    traits = Traits(advantage_linear=False, batch_statistics=True)
 
     def __init__(self, kl_cov_ratio: float = 2e-3, kl_cov_coef: float = 1.0, loss_agg: str = "token-mean") -> None:
         super().__init__(loss_agg=loss_agg)
@@ -161,7 +161,7 @@ class KLCov(Objective):
             selected[chosen[:, 0], chosen[:, 1]] = True
         return selected
 
-    def surrogate(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
+    def token_loss(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
         # |x - x_old| from the unclamped detached log-probs, and its gradient sign(x - x_old) through r / sg(r)
         # (value 1, d/dx 1), so the value is exact where log(r) would round and past the log-ratio clamp.
         diff = inputs.logprobs - inputs.old_logprobs
@@ -169,5 +169,5 @@ class KLCov(Objective):
         penalty = self.kl_cov_coef * (diff.abs() + torch.sign(diff) * through)
         return torch.where(inputs.prepared, -advantages * ratio + penalty, -advantages * ratio)
 
-    def diagnostics(self, ratio: Tensor, advantages: Tensor, mask: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
-        return {"cov_selected_frac": selected_frac(inputs.prepared, mask)}
+    def diagnostics(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
+        return {"cov_selected_frac": selected_frac(inputs.prepared, inputs.mask)}

@@ -32,10 +32,13 @@ is klear's default ``rollout.old_logprobs: engine``.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
-from klear.objectives.base import Objective, TokenInputs, gradient_weighted
+from klear.objectives.base import Objective, gradient_weighted
+from klear.objectives.inputs import Band, TokenInputs, Traits
 from klear.objectives.registry import register_objective
 from klear.runtime.step_metrics import Metric
 
@@ -44,7 +47,8 @@ BINARY_KL_EPS = 1e-8
 
 
 class _DPPO(Objective):
-    """Shared by ``dppo-tv`` and ``dppo-kl``: a subclass defines which tokens leave the region (:meth:`masked`)."""
+    """Shared by ``dppo-tv`` and ``dppo-kl``: a subclass defines which tokens leave the region (:meth:`masked`) and
+    its ``defaults`` for the two deltas."""
 
     def __init__(
         self,
@@ -66,9 +70,12 @@ class _DPPO(Objective):
         self.delta_high = delta_high
         self.ratio_cap = ratio_cap
         self.kl_tau = kl_tau
-        # The kl_tau term does not scale with the advantage, so per-token advantage weights (tis_cap) would not
-        # scale the loss: the config refuses tis_cap for such an instance.
-        self.advantage_linear = kl_tau == 0.0
+
+    @property
+    def traits(self) -> Traits:  # type: ignore[override]
+        """The kl_tau term does not scale with the advantage, so per-token advantage weights (tis_cap) would not
+        scale the loss: the config refuses tis_cap for an instance with ``kl_tau > 0``."""
+        return Traits(advantage_linear=self.kl_tau == 0.0)
 
     def masked(self, probs: Tensor, old_probs: Tensor, inputs: TokenInputs) -> tuple[Tensor, Tensor]:
         """Boolean (B, T): the tokens that left the region downwards (for ``A <= 0``) and upwards (``A > 0``)."""
@@ -80,8 +87,8 @@ class _DPPO(Objective):
         negative = advantages <= 0
         return low & negative & inputs.mask, high & ~negative & inputs.mask
 
-    def surrogate(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs | None = None) -> Tensor:
-        below, above = self._prepared(inputs)
+    def token_loss(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
+        below, above = inputs.prepared
         r = ratio.detach()
         weight = r if self.ratio_cap is None else r.clamp(max=self.ratio_cap)
         loss = gradient_weighted(torch.where(below | above, 0.0, weight), ratio, advantages)
@@ -93,17 +100,16 @@ class _DPPO(Objective):
         log_ratio = inputs.logprobs - inputs.old_logprobs
         return loss + self.kl_tau * log_ratio * (log_ratio + 2.0 * (ratio / r - 1.0))
 
-    def outside_band(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> tuple[Tensor, Tensor]:
-        """The masked tokens, ``A <= 0`` below the region and ``A > 0`` above it."""
-        return self._prepared(inputs)
+    def band(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Band:
+        """The masked tokens, ``A <= 0`` below the region and ``A > 0`` above it: like PPO's clipped ones, they get
+        no gradient."""
+        below, above = inputs.prepared
+        return Band(below=below, above=above)
 
-    def clipped(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> tuple[Tensor, Tensor]:
-        """The masked tokens: like PPO's clipped ones, they get no gradient."""
-        return self._prepared(inputs)
-
-    def diagnostics(self, ratio: Tensor, advantages: Tensor, mask: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
+    def diagnostics(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
         """``dppo_masked_frac``: the token share masked; ``dppo_capped_frac``: kept tokens whose r exceeds C."""
-        below, above = self._prepared(inputs)
+        below, above = inputs.prepared
+        mask = inputs.mask
         count = mask.sum().clamp(min=1).float()
         capped = torch.zeros_like(mask) if self.ratio_cap is None else ratio > self.ratio_cap
         capped = capped & mask & ~(below | above)
@@ -111,12 +117,6 @@ class _DPPO(Objective):
             "dppo_masked_frac": (below | above).sum().float() / count,
             "dppo_capped_frac": capped.sum().float() / count,
         }
-
-    @staticmethod
-    def _prepared(inputs: TokenInputs | None) -> tuple[Tensor, Tensor]:
-        if inputs is None or inputs.prepared is None:
-            raise ValueError("DPPO decides its mask in prepare(): call the objective itself, not surrogate() alone")
-        return inputs.prepared
 
 
 @register_objective("dppo-tv")
@@ -126,15 +126,7 @@ class DPPOTV(_DPPO):
     Defaults 0.15 / 0.15 (verl's DPPO example); prime-rl and SkyRL use 0.2 / 0.2. See the module docstring.
     """
 
-    def __init__(
-        self,
-        delta_low: float = 0.15,
-        delta_high: float = 0.15,
-        ratio_cap: float | None = None,
-        kl_tau: float = 0.0,
-        loss_agg: str = "token-mean",
-    ) -> None:
-        super().__init__(delta_low, delta_high, ratio_cap=ratio_cap, kl_tau=kl_tau, loss_agg=loss_agg)
+    defaults: ClassVar = {"delta_low": 0.15, "delta_high": 0.15}
 
     def masked(self, probs: Tensor, old_probs: Tensor, inputs: TokenInputs) -> tuple[Tensor, Tensor]:
         change = probs - old_probs
@@ -148,15 +140,7 @@ class DPPOKL(_DPPO):
     Defaults 0.05 / 0.05 (verl's DPPO example). See the module docstring.
     """
 
-    def __init__(
-        self,
-        delta_low: float = 0.05,
-        delta_high: float = 0.05,
-        ratio_cap: float | None = None,
-        kl_tau: float = 0.0,
-        loss_agg: str = "token-mean",
-    ) -> None:
-        super().__init__(delta_low, delta_high, ratio_cap=ratio_cap, kl_tau=kl_tau, loss_agg=loss_agg)
+    defaults: ClassVar = {"delta_low": 0.05, "delta_high": 0.05}
 
     def masked(self, probs: Tensor, old_probs: Tensor, inputs: TokenInputs) -> tuple[Tensor, Tensor]:
         rest = torch.log((1.0 - old_probs + BINARY_KL_EPS) / (1.0 - probs + BINARY_KL_EPS))

@@ -21,17 +21,20 @@ GPPO+ERC at 0.2 / 0.2, but klear's ``gppo`` defaults to the Klear-Reasoner paper
 ``beta_low = beta_high = 1``, klear's default. Their recipe also adds the positive-sample NLL (klear's
 ``algorithm.sft_alpha=0.1``), outside the objective.
 
-The old entropy exists only where the trainer computes the old log-probs: the objective declares
-``needs_entropy``, so the config requires ``rollout.old_logprobs: trainer``.
+The old entropy exists only where the trainer computes the old log-probs: the objective's traits say
+``needs_entropy``, so the config requires ``rollout.old_logprobs: trainer``. Each name is its base scheme with
+:class:`EntropyRatioClip` in front: the two band hyperparameters join the base's, whose defaults it keeps.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from klear.objectives.base import TokenInputs
 from klear.objectives.gppo import GPPO
+from klear.objectives.inputs import TokenInputs, Traits
 from klear.objectives.ppo import DAPOClip
 from klear.objectives.registry import register_objective
 from klear.runtime.step_metrics import Metric
@@ -76,46 +79,38 @@ def entropy_diagnostics(mask: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
 
 
 class EntropyRatioClip:
-    """What ERC adds to its base scheme (the class after this one in the bases): the band decided once per forward
-    (`prepare`), the base's surrogate detached outside it, and the band's metrics. The subclass stores
-    ``entropy_eps_low`` and ``entropy_eps_high``."""
+    """What ERC adds to its base scheme (the class after this one in the bases): ``entropy_eps_low`` and
+    ``entropy_eps_high`` beside the base's hyperparameters (``base``, with its defaults), the band decided once per
+    forward (`prepare`), the base's loss detached outside it, and the band's metrics."""
 
-    needs_entropy = True
+    traits = Traits(needs_entropy=True)
+
+    def __init__(self, entropy_eps_low: float = 0.05, entropy_eps_high: float = 0.05, **base: Any) -> None:
+        super().__init__(**base)
+        check_entropy_band(entropy_eps_low, entropy_eps_high)
+        self.entropy_eps_low = entropy_eps_low
+        self.entropy_eps_high = entropy_eps_high
 
     def prepare(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> tuple[Tensor, Tensor]:
         return outside_entropy_band(inputs, self.entropy_eps_low, self.entropy_eps_high)
 
-    def surrogate(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
-        return entropy_clip(super().surrogate(ratio, advantages), inputs)
+    def token_loss(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
+        return entropy_clip(super().token_loss(ratio, advantages, inputs), inputs)
 
-    def diagnostics(self, ratio: Tensor, advantages: Tensor, mask: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
-        return entropy_diagnostics(mask, inputs)
+    def diagnostics(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> dict[str, Metric]:
+        return entropy_diagnostics(inputs.mask, inputs)
 
 
 @register_objective("dapo-erc")
 class DAPOERC(EntropyRatioClip, DAPOClip):
     """DAPO clip with entropy ratio clipping: ``L = max(-A*r, -A*clip(r))``, detached where ``rho`` leaves the
     band ``(1 - entropy_eps_low, 1 + entropy_eps_high)`` (the authors' ``grpo_erc``; see the module docstring).
+    The other arguments are `DAPOClip`'s; its ``dual_clip``: the authors always run one (c = 10).
 
     Args:
         entropy_eps_low: the band's lower bound is ``1 - entropy_eps_low``, in (0, 1].
         entropy_eps_high: the band's upper bound is ``1 + entropy_eps_high``, > 0.
-        dual_clip: as for `PPOClip`; the authors always run one (c = 10).
     """
-
-    def __init__(
-        self,
-        eps_low: float = 0.2,
-        eps_high: float = 0.28,
-        entropy_eps_low: float = 0.05,
-        entropy_eps_high: float = 0.05,
-        dual_clip: float | None = None,
-        loss_agg: str = "token-mean",
-    ) -> None:
-        super().__init__(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, loss_agg=loss_agg)
-        check_entropy_band(entropy_eps_low, entropy_eps_high)
-        self.entropy_eps_low = entropy_eps_low
-        self.entropy_eps_high = entropy_eps_high
 
 
 @register_objective("gppo-erc")
@@ -127,26 +122,3 @@ class GPPOERC(EntropyRatioClip, GPPO):
         entropy_eps_low: the band's lower bound is ``1 - entropy_eps_low``, in (0, 1].
         entropy_eps_high: the band's upper bound is ``1 + entropy_eps_high``, > 0.
     """
-
-    def __init__(
-        self,
-        eps_low: float = 0.2,
-        eps_high: float = 0.28,
-        beta_low: float = 1.0,
-        beta_high: float = 1.0,
-        entropy_eps_low: float = 0.05,
-        entropy_eps_high: float = 0.05,
-        dual_clip: float | None = None,
-        loss_agg: str = "token-mean",
-    ) -> None:
-        super().__init__(
-            eps_low=eps_low,
-            eps_high=eps_high,
-            beta_low=beta_low,
-            beta_high=beta_high,
-            dual_clip=dual_clip,
-            loss_agg=loss_agg,
-        )
-        check_entropy_band(entropy_eps_low, entropy_eps_high)
-        self.entropy_eps_low = entropy_eps_low
-        self.entropy_eps_high = entropy_eps_high

@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from klear.objectives.base import Objective, PolicyObjective, TokenInputs
+from klear.objectives.base import Objective
+from klear.objectives.inputs import Band, TokenInputs, Traits
 from klear.objectives.registry import register_objective
 
 
 @register_objective("gmpo")
-class GMPO(PolicyObjective):
+class GMPO(Objective):
     """GMPO: ``L_seq = -A * exp(mean_t l_t)``, ``l_t = min(log r_t, eps_high)`` if ``A > 0``, else
     ``max(log r_t, -eps_low)``; the loss is the mean of ``L_seq`` over responses.
 
@@ -26,9 +27,12 @@ class GMPO(PolicyObjective):
     responses by definition (verl ignores its ``loss_agg_mode``, TRL and the authors take the mean), so
     ``loss_agg`` must be ``seq-mean-token-mean``, the only mode that gives it. Advantages are one per response:
     per-token advantages must be constant over each response's tokens (verl averages varying ones and clips by
-    each token's sign, which the paper does not define), so ``algorithm.tis_cap`` does not apply (``token_level``
-    and ``advantage_linear`` are False; the loss is linear in each response's advantage). Shipped by verl
-    (``geo_mean``), TRL (experimental ``GMPOTrainer``) and the authors (callsys/GMPO).
+    each token's sign, which the paper does not define), so ``algorithm.tis_cap`` does not apply (its
+    traits' ``token_level`` and ``advantage_linear`` are False; the loss is linear in each response's advantage).
+    Shipped by verl (``geo_mean``), TRL (experimental ``GMPOTrainer``) and the authors (callsys/GMPO).
+
+    Its bounds are in log space, not PPO's ``1 -/+ eps`` (any ``eps_low >= 0`` is a bound), so it subclasses the
+    root class and holds them itself.
 
     Args:
         eps_low: log-space lower clip range of ``A < 0`` tokens: the ratio bound is ``exp(-eps_low)``.
@@ -36,8 +40,7 @@ class GMPO(PolicyObjective):
         loss_agg: ``seq-mean-token-mean`` only.
     """
 
-    token_level = False
-    advantage_linear = False
+    traits = Traits(token_level=False, advantage_linear=False)
 
     def __init__(self, eps_low: float = 0.4, eps_high: float = 0.4, loss_agg: str = "seq-mean-token-mean") -> None:
         for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
@@ -47,9 +50,7 @@ class GMPO(PolicyObjective):
             raise ValueError(
                 f"gmpo's loss is a mean over responses: loss_agg must be 'seq-mean-token-mean', got {loss_agg!r}"
             )
-        # PolicyObjective's own check reads eps_low as a ratio-space range (1 - eps_low > 0); in log space any
-        # eps_low >= 0 is a bound, so the checks above replace it.
-        Objective.__init__(self, loss_agg=loss_agg)
+        super().__init__(loss_agg=loss_agg)
         self.eps_low = eps_low
         self.eps_high = eps_high
 
@@ -64,7 +65,7 @@ class GMPO(PolicyObjective):
                 f"{low[row].item():g} to {high[row].item():g}: pass (B,) advantages"
             )
 
-    def surrogate(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
+    def token_loss(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Tensor:
         # log r is zero at masked positions (the base masks before exp), so the sum runs over response tokens.
         log_ratio = torch.log(ratio)
         clipped = torch.where(advantages > 0, log_ratio.clamp(max=self.eps_high), log_ratio)
@@ -74,10 +75,9 @@ class GMPO(PolicyObjective):
         # Each token carries its response's loss; seq-mean-token-mean then averages it back to one per response.
         return -advantages * geometric_mean
 
-    def outside_band(self, ratio: Tensor, advantages: Tensor) -> tuple[Tensor, Tensor]:
+    def band(self, ratio: Tensor, advantages: Tensor, inputs: TokenInputs) -> Band:
         """``A < 0`` with ``log r < -eps_low`` and ``A > 0`` with ``log r > eps_high``: the tokens the clip drops."""
         log_ratio = torch.log(ratio)
-        return (advantages < 0) & (log_ratio < -self.eps_low), (advantages > 0) & (log_ratio > self.eps_high)
-
-    def clipped(self, ratio: Tensor, advantages: Tensor) -> tuple[Tensor, Tensor]:
-        return self.outside_band(ratio, advantages)
+        return Band(
+            below=(advantages < 0) & (log_ratio < -self.eps_low), above=(advantages > 0) & (log_ratio > self.eps_high)
+        )

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from klear.objectives.base import PolicyObjective
+from klear.objectives.inputs import Traits
 from klear.objectives.ppo import check_dual_clip, ppo_clip_loss
 from klear.objectives.registry import register_objective
 
@@ -23,7 +24,7 @@ class GSPO(PolicyObjective):
     weight changes the shared ratio's gradient for the whole sequence, so ``algorithm.tis_cap`` is refused.
     """
 
-    token_level = False
+    traits = Traits(token_level=False)
 
     def __init__(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
@@ -69,11 +71,4 @@ class DAPOClip(PPOClip):
     KL term. Clipped tokens still get zero gradient, as in PPO.
     """
 
-    def __init__(
-        self,
-        eps_low: float = 0.2,
-        eps_high: float = 0.28,
-        dual_clip: float | None = None,
-        loss_agg: str = "token-mean",
-    ) -> None:
-        super().__init__(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, loss_agg=loss_agg)
+    defaults: ClassVar = {"eps_high": 0.28}

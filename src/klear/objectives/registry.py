@@ -44,7 +44,8 @@ def objective_class(name_or_path: str) -> type[Objective]:
 
 
 def objective_defaults(name_or_path: str) -> dict[str, Any]:
-    """The objective's hyperparameters and their defaults, read from its constructor signature."""
+    """The objective's hyperparameters and their defaults, read from its constructor's signature (its declared one:
+    a class-level ``defaults`` and a parent's arguments forwarded by ``**base`` included)."""
     signature = inspect.signature(objective_class(name_or_path).__init__)
     return {
         name: param.default
@@ -67,8 +68,12 @@ def check_hyperparameters(name_or_path: str, hyperparameters: dict[str, Any]) ->
 def get_objective(name_or_path: str, **hyperparameters: Any) -> Objective:
     """Build the objective registered as ``name_or_path`` (or at an import path) with ``hyperparameters``.
 
-    Every built-in scheme is a :class:`~klear.objectives.base.PolicyObjective`; a user's scheme without clip
-    bounds is an :class:`~klear.objectives.base.Objective`.
+    The result is an :class:`~klear.objectives.base.Objective`: a clipping scheme's is a ``PolicyObjective``
+    (``ppo``, ``gppo``, ``cispo``, ...), a scheme without clip bounds subclasses the root class directly (``sapo``,
+    ``gmpo``, ``kl-cov``, ``dppo-*``, and a user's soft gate). Its hyperparameters are read back once here, so a
+    constructor that did not store one fails at build time, naming it.
     """
     check_hyperparameters(name_or_path, hyperparameters)
-    return objective_class(name_or_path)(**hyperparameters)
+    objective = objective_class(name_or_path)(**hyperparameters)
+    objective.hyperparameters()
+    return objective

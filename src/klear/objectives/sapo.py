@@ -29,7 +29,7 @@ class SAPO(Objective):
     SkyRL ship them); ``seq-mean-token-mean`` (the paper; verl hard-codes it whatever its ``loss_agg_mode``, TRL
     uses it, SkyRL warns otherwise; AReaL uses ``token-mean``). ``A = 0`` takes ``tau_neg`` (it gets no gradient
     either way). Shipped by verl (``sapo``), TRL (``loss_type="sapo"``), AReaL (``use_sapo_loss``) and SkyRL
-    (``sapo``); the authors published no code. No clip bounds: ``outside_band`` and the clip metrics read 0.
+    (``sapo``); the authors published no code. No clip bounds: the band and the clip metrics read 0.
 
     Args:
         tau_pos: temperature of the gate of tokens with ``A > 0``; larger decays faster away from ``r = 1``.

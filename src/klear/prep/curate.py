@@ -46,6 +46,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from klear.data.problems import Problem
 from klear.data.readers import BadRow
+from klear.eval.options import add_sampling_arguments
 from klear.eval.tasks import load_eval_problems
 from klear.prep.curate_settings import DEFAULT_K, CurateSettings, out_dir
 from klear.prep.mixing import PASS_RATE_KEY
@@ -70,7 +71,6 @@ RESULTS, SETTINGS, KEPT, REPORT = "results.jsonl", "settings.json", "kept.jsonl"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="problems: jsonl/json/parquet file or HF dataset")
-    parser.add_argument("--model", required=True, help="HF model directory or hub name; built-in: tiny, tiny-sft")
     parser.add_argument(
         "--out", help="output folder, also the state a rerun continues (default: outputs/curate/<stem>)"
     )
@@ -82,22 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     rule.add_argument("--band", help="pass rates kept, e.g. '(0, 1)' (drops always- and never-solved); '(' excludes")
     parser.add_argument("--k", type=int, help=f"samples per problem (default: {DEFAULT_K})")
-    parser.add_argument(
-        "--threads", type=int, default=0, help="torch CPU threads; 0: chosen by klear from the free cores (default: 0)"
-    )
-    parser.add_argument("--engine", default="hf", help="rollout engine name or import path (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="as RL samples (default: %(default)s)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: %(default)s)")
-    parser.add_argument("--top-k", type=int, default=0, help="0: off (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=32768, help="response budget; tiny models need ~96")
-    parser.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        default=0,
-        help="skip longer prompts; 0: the model's context minus --max-new-tokens",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=256, help="sequences the engine samples together")
     parser.add_argument("--chunk", type=int, default=256, help="problems per engine call and per results write")
     parser.add_argument("--reward", help="reward name or import path (default: from the fields, or the preset's)")
     parser.add_argument(
@@ -109,10 +93,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--prompt-key", help="field with the prompt text (default: problem / question)")
     parser.add_argument("--reference-key", help="field with the reference (default: answer / tests)")
-    parser.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
-    parser.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")
     parser.add_argument("--max-problems", type=int, help="sample at most this many problems now; rerun to go on")
     parser.add_argument("--overwrite", action="store_true", help="discard earlier results in --out")
+    add_sampling_arguments(
+        parser,
+        model_help="HF model directory or hub name; built-in: tiny, tiny-sft",
+        model_required=True,
+        temperature=1.0,
+        temperature_help="as RL samples",
+        top_p=1.0,
+    )
 
 
 def files(args: argparse.Namespace) -> Files:

@@ -29,7 +29,7 @@ from klear.rewards.pool import BatchResult, RewardPool, score_batch
 from klear.rewards.shaping import overlong_penalty
 
 if TYPE_CHECKING:
-    from klear.config import RewardConfig
+    from klear.schema import RewardConfig
 
 
 class Sampled(Protocol):

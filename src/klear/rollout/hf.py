@@ -44,9 +44,9 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, DynamicLayer
 
-from klear.config import ModelConfig, RolloutConfig
 from klear.rollout.engine import Rollout, SamplingParams
 from klear.runtime import memory
+from klear.schema import ModelConfig, RolloutConfig
 
 COMPACT_BELOW = 0.75
 """Finished rows leave the compute batch once at most this fraction of it is still generating."""

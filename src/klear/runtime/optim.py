@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from klear.config import OptimConfig
+from klear.schema import OptimConfig
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:

@@ -25,6 +25,7 @@ from klear.data.problems import Problem, Task, content_digest
 from klear.data.readers import warn_bad_rows
 from klear.data.sft import IGNORE_INDEX, build_sft_examples, file_layout, sft_source
 from klear.eval.in_training import EVAL_DATA_SEED
+from klear.kernels.logprobs import token_logprobs
 from klear.models import load_model, load_tokenizer
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
@@ -36,7 +37,6 @@ from klear.runtime.device import compute_precision, policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
 from klear.stages.base import StageModule, stage_problems
-from klear.kernels.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,14 @@ micro-batches (`LogprobPasses.plan`: rows, or bin-packed by tokens), one forward
 data-parallel ranks) so that gradient accumulation computes exactly the full mini-batch gradient.
 
 ``rollout/logprob_gap``, the mean ``|trainer log-prob - engine log-prob|`` over the response tokens, is measured once
-per step, always by `gap_parts`: the rollouts' own when they come measured (the rollout worker's, which calls
-`measured_logprobs`), else by the trainer's no-grad pass, else by the first update's forward, whose weights are
-still those that sampled.
+per step, always by `klear.kernels.passes.gap_parts`: the rollouts' own when they come measured (the rollout
+worker's, which calls `measured_logprobs` too), else by the trainer's no-grad pass, else by the first update's
+forward, whose weights are still those that sampled.
 
 Truncated importance sampling (``tis_cap``) corrects for the engine sampling from slightly different numbers
 than the trainer computes (bf16 kernels, vLLM): each token's advantage is scaled by
 ``min(pi_old_trainer / pi_engine, cap)``. That is only right for a token-level objective, whose per-token loss
-and gradient scale with a positive weight on that token's advantage (``Objective.token_level``, checked for every
+and gradient scale with a positive weight on that token's advantage (``Traits.token_level``, checked for every
 registered objective by the contract tests); the config refuses ``tis_cap`` for GSPO, whose sequence ratio
 spreads the weights over the whole sequence.
 
@@ -38,15 +38,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from klear.config.schema import AlgorithmConfig, RolloutConfig
 from klear.experience.sampling import step_seed
-from klear.kernels.passes import LogprobPasses, split_rows
+from klear.kernels.passes import LogprobPasses, gap_parts, measured_logprobs, split_rows
 from klear.kernels.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch
 from klear.objectives import aggregate
 from klear.run.stopping import check_finite
 from klear.runtime.distributed import Ranks
 from klear.runtime.optim import clip_grad_norm
 from klear.runtime.step_metrics import StepMetrics, StepResult
+from klear.schema import AlgorithmConfig, RolloutConfig
 
 FINITE_METRICS = (
     "actor/pg_loss",
@@ -131,7 +131,7 @@ class PolicyUpdate:
             algorithm.mask_truncated,
         ).to(device)
         if self.rollout.old_logprobs == "trainer":
-            entropy = self.objective.needs_entropy  # the old policy's, for the objectives that read it (ERC)
+            entropy = self.objective.traits.needs_entropy  # the old policy's, for the objectives that read it (ERC)
             batch.old_logprobs, measured, batch.old_entropy = measured_logprobs(
                 self.passes, model, batch, ranks, with_entropy=entropy
             )
@@ -267,38 +267,6 @@ class PolicyUpdate:
         if self.algorithm.kl_estimator == "k1":
             return -log_ratio
         return torch.exp(log_ratio) - log_ratio - 1.0
-
-
-@torch.no_grad()
-def measured_logprobs(
-    passes: LogprobPasses, model: nn.Module, batch: RolloutBatch, ranks: Ranks, with_entropy: bool = False
-) -> tuple[Tensor, float, Tensor | None]:
-    """The no-grad log-probs of every row of ``batch`` under ``model`` (each rank computes its micro-batches, the
-    ranks' results are added), ``rollout/logprob_gap`` against the engine's (`gap_parts`, summed over ranks before
-    the quotient), and with ``with_entropy`` the per-token entropies of every row (else ``None``)."""
-    logprobs = torch.zeros_like(batch.engine_logprobs)
-    entropy = torch.zeros_like(logprobs) if with_entropy else None
-    gap = torch.zeros(2, dtype=torch.float64, device=logprobs.device)
-    for plan in passes.plan(batch.lengths, ranks):
-        micro = batch.part(plan.rows, plan.real)
-        values, entropies = passes.logprobs(model, micro, with_entropy=with_entropy)
-        real = plan.real.to(values.device)
-        rows = plan.rows.to(logprobs.device)[plan.real.to(logprobs.device)]
-        logprobs[rows, : values.shape[1]] = values[real]
-        if entropy is not None:
-            entropy[rows, : values.shape[1]] = entropies[real].float()
-        gap += torch.stack(gap_parts(values, micro)).double()
-    if ranks.world > 1:
-        logprobs, gap = ranks.reduce(logprobs, reduce_op="sum"), ranks.reduce(gap, reduce_op="sum")
-        entropy = ranks.reduce(entropy, reduce_op="sum") if entropy is not None else None
-    return logprobs, float(gap[0] / gap[1].clamp(min=1)), entropy
-
-
-def gap_parts(logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
-    """``rollout/logprob_gap`` of a micro-batch's (B, T) ``logprobs`` as two sums over its response tokens: of
-    ``|logprobs - the engine's|``, and of the tokens (their quotient, once summed over micro-batches and ranks)."""
-    difference = torch.where(batch.mask, (logprobs.detach() - batch.engine_logprobs).abs(), 0.0)
-    return difference.sum(), batch.mask.sum().float()
 
 
 def rows_of_groups(groups: Tensor, group_size: int) -> Tensor:

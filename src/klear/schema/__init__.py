@@ -1,0 +1,49 @@
+"""The schema of every run config key: one dataclass per section (`klear.schema.sections`), with each default
+and its accepted values (``choice``, ``at_least``, ``positive``, ``within``) declared once, right under the field.
+
+The bottom layer that every folder reads: it imports nothing of klear. Loading a YAML file and overrides into it,
+and checking names against the registries, is `klear.config.load`, which sits above what it checks."""
+
+from klear.schema.sections import (
+    SCHEMAS,
+    AlgorithmConfig,
+    EvalConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+    Range,
+    RewardConfig,
+    RLDataConfig,
+    RLRunConfig,
+    RolloutConfig,
+    SFTDataConfig,
+    SFTRunConfig,
+    TrainerConfig,
+    VLLMConfig,
+    at_least,
+    choice,
+    positive,
+    within,
+)
+
+__all__ = [
+    "SCHEMAS",
+    "AlgorithmConfig",
+    "EvalConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RLDataConfig",
+    "RLRunConfig",
+    "Range",
+    "RewardConfig",
+    "RolloutConfig",
+    "SFTDataConfig",
+    "SFTRunConfig",
+    "TrainerConfig",
+    "VLLMConfig",
+    "at_least",
+    "choice",
+    "positive",
+    "within",
+]
