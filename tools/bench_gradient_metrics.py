@@ -33,11 +33,11 @@ from bench_rl_packing import DEFAULT_ROWS, build_batch, build_model
 
 def main() -> None:
     import torch
-    from omegaconf import OmegaConf
 
-    from klear.config.schema import AlgorithmConfig
     from klear.objectives import get_objective
-    from klear.update.update import PolicyUpdate, UpdateSettings
+    from klear.runtime.distributed import Ranks
+    from klear.schema import AlgorithmConfig, RolloutConfig
+    from klear.update.update import PolicyUpdate
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objective", default="gppo", help="a registered objective")
@@ -60,9 +60,10 @@ def main() -> None:
     settings = {"prompts": args.prompts, "group": args.group, "median": args.median}
     model = build_model("qwen3-0.6b", layers).to(device)
     batch = build_batch(settings, model.config.vocab_size, 96, seed=0).to(device)
-    algorithm = OmegaConf.structured(AlgorithmConfig(micro_batch_size=DEFAULT_ROWS))
+    algorithm = AlgorithmConfig(micro_batch_size=DEFAULT_ROWS)
+    rollout = RolloutConfig(temperature=1.0, max_new_tokens=10 * settings["median"])
     objective = get_objective(args.objective)
-    update = PolicyUpdate(objective, UpdateSettings.from_algorithm(algorithm, 1.0, 10 * settings["median"], 0.0))
+    update = PolicyUpdate(objective, algorithm, rollout, seed=0, grad_clip=0.0, pad_token_id=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the same weights for every update
     second_pass: list[float] = []
     measured = objective._gradient_metrics
@@ -84,7 +85,7 @@ def main() -> None:
         second_pass.clear()
         sync()
         started = clock()
-        update.step(model, batch, optimizer, lambda loss: loss.backward(), lambda t, op: t, world=1)
+        update.step(model, batch, optimizer, lambda loss: loss.backward(), Ranks())
         sync()
         return clock() - started, sum(second_pass)
 
