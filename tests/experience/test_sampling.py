@@ -1,17 +1,15 @@
 """`StepSampler` and `SyncRollouts` built from the schema's dataclasses (no DictConfig) on the random tiny model's hf
 engine: a step keeps the groups with reward variance, is a function of the seed and the step, refills from fresh
-prompts when the filter drops groups; and the imports of `klear.experience` run one way."""
+prompts when the filter drops groups."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from klear.config import AlgorithmConfig, ModelConfig, RolloutConfig
 from klear.config.load import load_config
 from klear.data.problems import Problem
 from klear.data.synthetic import generate_problems
@@ -20,6 +18,7 @@ from klear.experience.sampling import StepSampler, SyncRollouts
 from klear.models import load_model, load_tokenizer
 from klear.rewards import RewardScorer
 from klear.rollout.hf import HFEngine
+from klear.schema import AlgorithmConfig, ModelConfig, RolloutConfig
 from tests.runs import RL_SHORT
 from tests.stages import even_length
 
@@ -81,23 +80,3 @@ def test_sync_rollouts_are_built_from_the_loaded_config_as_dataclasses(engine):
     assert len(scored) <= 4 and metrics["timing/rollout_s"] > 0
     with pytest.raises(RolloutsError, match="the evaluation of version 3 was never requested"):
         rollouts.take_eval(3)
-
-
-def test_the_imports_of_the_experience_package_run_one_way():
-    """No module of ``klear.experience`` imports one that imports it back, at the top or inside a function."""
-    folder = ROOT / "src" / "klear" / "experience"
-    graph = {}
-    for path in sorted(folder.glob("*.py")):
-        names = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("klear.experience."):
-                names.add(node.module.rsplit(".", 1)[1])
-        graph[path.stem] = names
-    assert graph["rollouts"] == set() and graph["sampling"] == {"rollouts"}
-
-    def reaches(start: str, target: str, seen: frozenset = frozenset()) -> bool:
-        return any(
-            name == target or (name not in seen and reaches(name, target, seen | {name})) for name in graph[start]
-        )
-
-    assert [name for name in graph if reaches(name, name)] == []

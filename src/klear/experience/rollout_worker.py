@@ -38,7 +38,7 @@ import torch
 from klear.runtime import threads
 
 if TYPE_CHECKING:
-    from klear.config.schema import RLRunConfig
+    from klear.schema import RLRunConfig
 
 GAP_ROWS = 32
 """``rollout/logprob_gap`` is measured on the first this-many rollouts of a step (a forward pass of its own)."""
@@ -92,10 +92,10 @@ def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
 class _Service:
     def __init__(self, spec: WorkerSpec, weights) -> None:
         from klear.experience.sampling import SyncRollouts
+        from klear.kernels.passes import LogprobPasses
         from klear.models import load_model
         from klear.rollout.hf import HFEngine
         from klear.runtime.device import compute_precision
-        from klear.update.update import UpdateSettings
 
         config = spec.config
         if spec.world > 1:
@@ -123,7 +123,12 @@ class _Service:
         # The hf engine samples from self.model itself; any other engine holds weights of its own, and self.model
         # (loaded with the same versions) is what its log-probs are checked against.
         self.engine_is_model = isinstance(engine, HFEngine) and engine.model is self.model
-        self.passes = UpdateSettings.from_config(config).passes()
+        # The trainer's passes (`klear.update.update.UpdateSettings.passes`): at the sampling temperature, planned as
+        # the update plans its micro-batches.
+        algorithm = config.algorithm
+        self.passes = LogprobPasses(
+            config.rollout.temperature, algorithm.micro_batch_size, algorithm.micro_batch_tokens
+        )
         self.version = -1
 
     def serve(self, commands, results, free) -> None:

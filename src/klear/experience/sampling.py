@@ -6,7 +6,7 @@
 rollouts are a function of the run's seed, the step, its prompts and the weights that sample them, wherever they
 are computed. `SyncRollouts.build` is the one place where a run's tokenizer, reward, scorer, engine and step
 sampler are put together, for the trainer and for the worker alike; it reads the run's config as the schema's
-dataclasses (`klear.config.schema.RLRunConfig`, ``OmegaConf.to_object`` of the loaded config).
+dataclasses (`klear.schema.RLRunConfig`, ``OmegaConf.to_object`` of the loaded config).
 
 Data parallel: each rank samples and scores its contiguous share of the step's prompts and the ranks exchange
 their scored rollouts (`klear.rollout.sample_and_score`, which seeds each prompt's samples by its index in the
@@ -39,7 +39,7 @@ from klear.runtime import memory
 from klear.runtime.device import compute_precision
 
 if TYPE_CHECKING:
-    from klear.config.schema import AlgorithmConfig, EvalConfig, RLRunConfig, RolloutConfig
+    from klear.schema import AlgorithmConfig, EvalConfig, RLRunConfig, RolloutConfig
 
 
 class SyncRollouts:
