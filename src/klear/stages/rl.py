@@ -41,9 +41,13 @@ from transformers import PreTrainedTokenizerBase
 from klear.data.batches import ResumableBatches
 from klear.data.problems import Problem, Task
 from klear.eval.in_training import EVAL_DATA_SEED
+from klear.experience.async_rollouts import start_async_rollouts
+from klear.experience.rollouts import Rollouts
+from klear.experience.sampling import start_sync_rollouts
+from klear.kernels.rollout_batch import ScoredGroups
 from klear.models import load_model, load_tokenizer
 from klear.objectives import get_objective
-from klear.objectives.advantages import compute_advantages
+from klear.objectives.advantages import Advantages
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rollout.engine import needed_model_len
@@ -53,8 +57,6 @@ from klear.runtime import memory
 from klear.runtime.device import policy_on_cuda
 from klear.runtime.strategies import full_tensors
 from klear.stages.base import StageModule, stage_problems
-from klear.kernels.rollout_batch import ScoredGroups
-from klear.experience.rollouts import Rollouts, start_rollouts
 from klear.update.step_update import StepPlan, StepUpdate
 from klear.update.update import PolicyUpdate, UpdateSettings
 
@@ -96,11 +98,12 @@ class RLModule(StageModule):
         )
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if config.algorithm.kl_coef else None
         policy_update = PolicyUpdate(self.objective, UpdateSettings.from_config(config), reference=self.reference)
+        self.advantages = Advantages(config.algorithm.advantage)
         self.updates = StepUpdate(policy_update, StepPlan.from_config(config), tokenizer.pad_token_id)
         self.train_problems = train_problems
         self.eval_problems = eval_problems
         self.rollouts: Rollouts | None = None
-        """The step's rollouts and evaluations (`klear.experience.rollouts.start_rollouts`), from ``on_fit_start``."""
+        """The step's rollouts and evaluations (`klear.experience.rollouts.Rollouts`), from ``on_fit_start``."""
         self.max_model_len = max_model_len
         self.step_problems = step_problems
         self.restored_rollouts: dict | None = None
@@ -120,7 +123,8 @@ class RLModule(StageModule):
 
     def on_fit_start(self) -> None:
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
-        self.rollouts = start_rollouts(self)
+        start = start_async_rollouts if self.config.rollout.max_staleness > 0 else start_sync_rollouts
+        self.rollouts = start(self)
 
     def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
         """A step's batch is a list of problems (text and references): nothing to move to the device."""
@@ -138,7 +142,7 @@ class RLModule(StageModule):
         self._warn_if_starved(batch_idx, len(scored), self.config.rollout.prompts_per_step)
         if len(scored):
             timer = time.perf_counter()
-            advantages = compute_advantages(self.config.algorithm.advantage, scored.shaped)
+            advantages = self.advantages(scored.shaped)
             metrics.update(self._update(scored, advantages, batch_idx, gap=metrics.get("rollout/logprob_gap")))
             metrics["timing/update_s"] = time.perf_counter() - timer
         if self.eval_due(batch_idx):  # asked for in on_train_batch_start
