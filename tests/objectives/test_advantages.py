@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from klear.objectives.advantages import ADVANTAGES, compute_advantages, zero_variance
+from klear.objectives.advantages import ADVANTAGES, Advantages, compute_advantages, zero_variance
 
 # Two groups of 4: [1, 0, 0, 1] (mean 0.5, unbiased std 0.5774) and [1, 1, 1, 1] (all right).
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
@@ -41,3 +41,14 @@ def test_registry_and_errors():
         compute_advantages("ppo", REWARDS)
     with pytest.raises(ValueError, match="n >= 2"):
         compute_advantages("grpo", torch.ones(3, 1))
+
+
+def test_an_estimator_is_looked_up_once_when_built_and_computes_in_float32():
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+        Advantages("ppo")  # at construction, before any step
+    rloo = Advantages("rloo")
+    assert rloo.estimator is ADVANTAGES.get("rloo")
+    advantages = rloo(REWARDS.to(torch.float64))
+    assert advantages.dtype == torch.float32
+    torch.testing.assert_close(advantages, compute_advantages("rloo", REWARDS))
+    assert Advantages("klear.objectives.advantages:dr_grpo").estimator is ADVANTAGES.get("dr_grpo")

@@ -160,6 +160,7 @@ def test_a_raising_reward_gives_the_same_result_in_this_process_and_in_workers()
     )
     assert in_process == expected
     assert score_batch(Flaky(), completions, ["a"] * 7, num_workers=2, timeout=5.0, failure_reward=-1.0) == expected
+    assert Flaky().score_batch(completions, ["a"] * 7, failure_reward=-1.0) == expected  # what RewardScorer calls
     with RewardPool(Flaky(), num_workers=1, timeout=5.0, failure_reward=-1.0) as pool:
         assert pool.score(completions, ["a"] * 7) == expected
 

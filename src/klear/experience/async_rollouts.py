@@ -36,12 +36,13 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from omegaconf import OmegaConf
 
-from klear.rollout.shared_weights import SharedWeights
-from klear.runtime import threads as cpu_threads
-from klear.kernels.rollout_batch import ScoredGroups
 from klear.experience.rollout_worker import WorkerSpec, worker_main
 from klear.experience.rollouts import RolloutsError
+from klear.kernels.rollout_batch import ScoredGroups
+from klear.rollout.shared_weights import SharedWeights
+from klear.runtime import threads as cpu_threads
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ def start_async_rollouts(module) -> AsyncRollouts:
             max(1, threads - worker_threads), cpu_threads.usable_cores(), "the trainer's half beside the rollout worker"
         )
     spec = WorkerSpec(
-        config=config,
+        config=OmegaConf.to_object(config),
         train_problems=module.train_problems,
         eval_problems=module.eval_problems,
         max_model_len=module.max_model_len,

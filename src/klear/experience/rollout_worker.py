@@ -5,7 +5,7 @@ order, answering each on the results queue:
 
 - ``("weights", version)``: load the version the trainer wrote into the shared buffer
   (:class:`~klear.rollout.shared_weights.SharedWeights`), then give the buffer back (the ``free`` semaphore);
-- ``("rollout", step, problems)``: the step's rollouts (:class:`~klear.experience.rollouts.SyncRollouts`) from the
+- ``("rollout", step, problems)``: the step's rollouts (:class:`~klear.experience.sampling.SyncRollouts`) from the
   weights loaded last, with ``rollout/logprob_gap`` measured against exactly those weights (a teacher-forced
   forward of the worker's policy copy, the trainer's own log-prob code, on the first `GAP_ROWS` rollouts: a check
   of the engine, not a statistic), ``rollout/staleness`` (the step minus
@@ -31,11 +31,14 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from klear.runtime import threads
+
+if TYPE_CHECKING:
+    from klear.schema import RLRunConfig
 
 GAP_ROWS = 32
 """``rollout/logprob_gap`` is measured on the first this-many rollouts of a step (a forward pass of its own)."""
@@ -47,8 +50,8 @@ PARENT_POLL_S = 1.0
 class WorkerSpec:
     """What a worker needs to build its engine, sampler and scorer."""
 
-    config: Any
-    """The run's config (a DictConfig)."""
+    config: RLRunConfig
+    """The run's config, as the schema's dataclasses (picklable)."""
     train_problems: list
     eval_problems: list
     max_model_len: int | None = None
@@ -88,7 +91,7 @@ def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
 
 class _Service:
     def __init__(self, spec: WorkerSpec, weights) -> None:
-        from klear.experience.rollouts import SyncRollouts
+        from klear.experience.sampling import SyncRollouts
         from klear.kernels.passes import LogprobPasses
         from klear.models import load_model
         from klear.rollout.hf import HFEngine
@@ -120,6 +123,8 @@ class _Service:
         # The hf engine samples from self.model itself; any other engine holds weights of its own, and self.model
         # (loaded with the same versions) is what its log-probs are checked against.
         self.engine_is_model = isinstance(engine, HFEngine) and engine.model is self.model
+        # The trainer's passes (`klear.kernels.passes.LogprobPasses`): at the sampling temperature, planned as the
+        # update plans its micro-batches.
         algorithm = config.algorithm
         self.passes = LogprobPasses(
             config.rollout.temperature, algorithm.micro_batch_size, algorithm.micro_batch_tokens

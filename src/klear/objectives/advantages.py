@@ -53,6 +53,19 @@ def _check(rewards: Tensor, minimum: int) -> None:
         raise ValueError(f"rewards must be (groups, n) with n >= {minimum}, got {tuple(rewards.shape)}")
 
 
+class Advantages:
+    """The estimator registered as ``name`` (or at an import path), looked up once: a run resolves it when it is
+    built, and each step calls it without a registry lookup. Calling it gives the advantages of a (G, n) table of
+    rewards, float32."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.estimator = ADVANTAGES.get(name)
+
+    def __call__(self, rewards: Tensor) -> Tensor:
+        return self.estimator(rewards.to(torch.float32))
+
+
 def compute_advantages(name: str, rewards: Tensor) -> Tensor:
-    """Advantages of the estimator registered as ``name`` (or at an import path), float32."""
-    return ADVANTAGES.get(name)(rewards.to(torch.float32))
+    """Advantages of the estimator registered as ``name`` (or at an import path), float32 (`Advantages`)."""
+    return Advantages(name)(rewards)

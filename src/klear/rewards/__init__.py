@@ -33,6 +33,7 @@ process; they report timeouts and checker failures through `Reward.evaluate` / `
 from klear.rewards import code_reward, math_reward  # noqa: F401  (registers "code" and "math")
 from klear.rewards.base import (
     CORRECT_SCORE,
+    BatchResult,
     FunctionReward,
     Reward,
     RewardOutcome,
@@ -44,7 +45,7 @@ from klear.rewards.base import (
 )
 from klear.rewards.code_reward import CodeReward
 from klear.rewards.math_reward import MathReward
-from klear.rewards.pool import BatchResult, RewardPool, batch_rewards, score_batch
+from klear.rewards.pool import RewardPool, batch_rewards, score_batch
 from klear.rewards.sandbox import Isolation, SandboxLimits, detect_isolation
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rewards.shaping import OverlongPenalty, ThinkFormat, overlong_penalty

@@ -23,10 +23,11 @@ misspelt option fails with its name instead of being ignored.
 from __future__ import annotations
 
 import inspect
+import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from klear.registry import Registry
@@ -68,6 +69,47 @@ class RewardOutcome:
             raise ValueError(f"a reward outcome with status {self.status!r} cannot be correct")
         else:
             object.__setattr__(self, "correct", bool(self.correct))
+
+
+Settled = tuple[str, float, bool, str]
+"""An item's (status, score, correct, reason) once scored (`settle`)."""
+
+
+def settle(outcome: RewardOutcome, failure_reward: float) -> Settled:
+    """An item's (status, score, correct, reason): a score that is NaN, inf or not a number is an error scored
+    ``failure_reward``; only an item whose status stays ``"ok"`` can be correct. Every batch is settled here, in
+    this process (`Reward.score_batch`) and in a `klear.rewards.RewardPool` worker alike."""
+    score = _number(outcome.score)
+    valid = score is not None and math.isfinite(score)
+    status = outcome.status if valid or outcome.status != "ok" else "error"
+    correct = bool(outcome.correct) and valid and status == "ok"
+    return status, (score if valid else failure_reward), correct, outcome.reason if valid else ""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Scores in input order, how many items timed out or failed, each item's status and whether it is correct
+    (the reward's `RewardOutcome.correct`; never for an item that timed out or failed), and each item's
+    `RewardOutcome.reason` ("" where the reward gives none or the pool stopped it; not compared: a diagnostic)."""
+
+    scores: list[float]
+    timeouts: int
+    errors: int
+    statuses: list[str] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list, compare=False)
+
+    @classmethod
+    def of(cls, settled: Sequence[Settled]) -> BatchResult:
+        """The result of items settled in input order."""
+        statuses = [status for status, _, _, _ in settled]
+        scores = [score for _, score, _, _ in settled]
+        correct = [flag for _, _, flag, _ in settled]
+        reasons = [reason for _, _, _, reason in settled]
+        return cls(scores, statuses.count("timeout"), statuses.count("error"), statuses, correct, reasons)
+
+    def metrics(self, prefix: str = "reward/") -> dict[str, float]:
+        return {f"{prefix}timeouts": float(self.timeouts), f"{prefix}errors": float(self.errors)}
 
 
 class Reward:
@@ -120,6 +162,15 @@ class Reward:
         """
         pairs = _pairs(completions, references)
         return [self._evaluate_item(completion, reference, failure_reward) for completion, reference in pairs]
+
+    def score_batch(
+        self, completions: Sequence[object], references: Sequence[Any], failure_reward: float = 0.0
+    ) -> BatchResult:
+        """`evaluate_batch` in this process, each outcome settled (`settle`): what `klear.rewards.score_batch` gives
+        with no workers. A pair whose scoring raises or returns NaN, inf or a non-number scores ``failure_reward``
+        with status ``"error"``; a timeout or an error is never correct."""
+        outcomes = self.evaluate_batch(completions, references, failure_reward=failure_reward)
+        return BatchResult.of([settle(outcome, failure_reward) for outcome in outcomes])
 
     def _evaluate_item(self, completion: object, reference: Any, failure_reward: float | None) -> RewardOutcome:
         try:

@@ -9,9 +9,10 @@
 
 or, for a one-off batch, ``batch_rewards("code", completions, tests, num_workers=8, timeout=60.0)``.
 `score_batch` is the one entry point for callers that may or may not want workers: with ``num_workers > 0``
-it is `batch_rewards`; with 0 it scores in this process. Both score through `Reward.evaluate_batch` (a plain
-function is wrapped by `as_reward`; the code reward runs its threads there) and settle every outcome the same way
-(`_settle`), so an exception, a NaN or a non-number gives the same score, status and count either way.
+it is `batch_rewards`; with 0 it scores in this process (`Reward.score_batch`). Both score through
+`Reward.evaluate_batch` (a plain function is wrapped by `as_reward`; the code reward runs its threads there) and
+settle every outcome the same way (`klear.rewards.base.settle`), so an exception, a NaN or a non-number gives the
+same score, status and count either way.
 The pool's ``timeout`` should exceed the reward's own (math: ``timeout`` + 1 s; code: its ``total_timeout``,
 by default 3 x the per-test ``timeout``, + ~10 s): the reward's own limit then fires first and the worker
 survives. The pool's is wall-clock time and the code reward's CPU time, so on a busy machine leave more room.
@@ -34,7 +35,6 @@ rewards start their helpers with ``subprocess``, which is allowed).
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing
 import signal
 import threading
@@ -42,44 +42,13 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from klear.rewards.base import Reward, RewardFn, RewardOutcome, _number, as_reward
+from klear.rewards.base import BatchResult, Reward, RewardFn, Settled, as_reward, settle
 
 _STARTUP_TIMEOUT = 120.0  # importing torch/sympy in a fresh process on a loaded machine
 _MAX_STARTUP_DEATHS = 3  # consecutive workers killed while starting before the pool gives up
-
-
-Settled = tuple[str, float, bool, str]
-"""An item's (status, score, correct, reason) once scored."""
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    """Scores in input order, how many items timed out or failed, each item's status and whether it is correct
-    (the reward's `RewardOutcome.correct`; never for an item that timed out or failed), and each item's
-    `RewardOutcome.reason` ("" where the reward gives none or the pool stopped it; not compared: a diagnostic)."""
-
-    scores: list[float]
-    timeouts: int
-    errors: int
-    statuses: list[str] = field(default_factory=list)
-    correct: list[bool] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list, compare=False)
-
-    @classmethod
-    def of(cls, settled: Sequence[Settled]) -> BatchResult:
-        """The result of items settled in input order."""
-        statuses = [status for status, _, _, _ in settled]
-        scores = [score for _, score, _, _ in settled]
-        correct = [flag for _, _, flag, _ in settled]
-        reasons = [reason for _, _, _, reason in settled]
-        return cls(scores, statuses.count("timeout"), statuses.count("error"), statuses, correct, reasons)
-
-    def metrics(self, prefix: str = "reward/") -> dict[str, float]:
-        return {f"{prefix}timeouts": float(self.timeouts), f"{prefix}errors": float(self.errors)}
 
 
 class RewardPool:
@@ -239,18 +208,7 @@ def score_batch(
         raise ValueError(f"num_workers must be >= 0 (0: score in this process), got {num_workers}")
     if num_workers:
         return batch_rewards(reward, completions, references, num_workers, timeout, failure_reward)
-    outcomes = as_reward(reward).evaluate_batch(completions, references, failure_reward=failure_reward)
-    return BatchResult.of([_settle(outcome, failure_reward) for outcome in outcomes])
-
-
-def _settle(outcome: RewardOutcome, failure_reward: float) -> Settled:
-    """An item's (status, score, correct, reason): a score that is NaN, inf or not a number is an error scored
-    ``failure_reward``; only an item whose status stays ``"ok"`` can be correct."""
-    score = _number(outcome.score)
-    valid = score is not None and math.isfinite(score)
-    status = outcome.status if valid or outcome.status != "ok" else "error"
-    correct = bool(outcome.correct) and valid and status == "ok"
-    return status, (score if valid else failure_reward), correct, outcome.reason if valid else ""
+    return as_reward(reward).score_batch(completions, references, failure_reward)
 
 
 class _Worker:
@@ -312,4 +270,4 @@ def _work(connection: Connection, reward: Reward, failure_reward: float) -> None
         item, completion, reference = message
         # As `score_batch` in the parent: `evaluate_batch` turns an exception into an "error" outcome.
         (outcome,) = reward.evaluate_batch([completion], [reference], failure_reward=failure_reward)
-        connection.send((item, *_settle(outcome, failure_reward)))
+        connection.send((item, *settle(outcome, failure_reward)))

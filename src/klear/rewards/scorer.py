@@ -7,8 +7,9 @@ reward's failure value *and counted* (``reward/timeouts``, ``reward/errors``), n
 correct. Correctness is the reward's own verdict (`klear.rewards.RewardOutcome.correct`), not a threshold on the
 score, so a reward configured with other score values (``correct=0.5``) still says which samples are right. With
 ``num_workers > 0`` the checks run in a :class:`RewardPool`, whose per-item deadline is enforced from outside the
-worker; with 0 they run here (`klear.rewards.score_batch`), where the built-in rewards still enforce their own
-timeouts (math checks in a killable process, code in the sandbox, its programs run in parallel threads by default).
+worker; with 0 they run here (`Reward.score_batch`, what `klear.rewards.score_batch` runs without workers), where
+the built-in rewards still enforce their own timeouts (math checks in a killable process, code in the sandbox, its
+programs run in parallel threads by default).
 
 Plain Python: neither torch nor the config loader is imported, so reward worker processes and the commands' early
 checks do not pay for them; the trainer turns the lists into tensors (`klear.experience.sampling`). Raw scores are the
@@ -24,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from klear.rewards.base import Reward, as_reward, get_reward
-from klear.rewards.pool import BatchResult, RewardPool, score_batch
+from klear.rewards.base import BatchResult, Reward, as_reward, get_reward
+from klear.rewards.pool import RewardPool
 from klear.rewards.shaping import overlong_penalty
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ class RewardScorer:
                 self._pool = RewardPool(self.reward, num_workers=self.num_workers, timeout=self.timeout)
             return self._pool.score(completions, references)
         # In this process; a reward that parallelises its own batches (code: the sandboxes) does so.
-        return score_batch(self.reward, completions, references)
+        return self.reward.score_batch(completions, references)
 
     def close(self) -> None:
         if self._pool is not None:

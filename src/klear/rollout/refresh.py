@@ -27,7 +27,7 @@ class RolloutRefresh(L.Callback):
     Lightning runs it before `~klear.run.checkpoints.StepCheckpoint` saves the step.
 
     The module must expose ``rollouts`` (with ``push(named_tensors)`` and ``close()``: a synchronous run's engine
-    behind `klear.experience.rollouts.SyncRollouts`, which wakes it and loads the weights in place, or a rollout
+    behind `klear.experience.sampling.SyncRollouts`, which wakes it and loads the weights in place, or a rollout
     worker), ``policy_tensors()`` (an iterator of ``(hf_name, tensor)``) and ``step_metrics`` (the metrics of its
     last step).
     """

@@ -41,10 +41,12 @@ from transformers import PreTrainedTokenizerBase
 from klear.data.batches import ResumableBatches
 from klear.data.problems import Problem, Task
 from klear.eval.in_training import EVAL_DATA_SEED
-from klear.experience.rollouts import Rollouts, start_rollouts
+from klear.experience.async_rollouts import start_async_rollouts
+from klear.experience.rollouts import Rollouts
+from klear.experience.sampling import start_sync_rollouts
 from klear.models import load_model, load_tokenizer
 from klear.objectives import get_objective
-from klear.objectives.advantages import compute_advantages
+from klear.objectives.advantages import Advantages
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rollout.engine import needed_model_len
@@ -103,10 +105,11 @@ class RLModule(StageModule):
             pad_token_id=tokenizer.pad_token_id,
             reference=self.reference,
         )
+        self.advantages = Advantages(config.algorithm.advantage)
         self.train_problems = train_problems
         self.eval_problems = eval_problems
         self.rollouts: Rollouts | None = None
-        """The step's rollouts and evaluations (`klear.experience.rollouts.start_rollouts`), from ``on_fit_start``."""
+        """The step's rollouts and evaluations (`klear.experience.rollouts.Rollouts`), from ``on_fit_start``."""
         self.max_model_len = max_model_len
         self.step_problems = step_problems
         self.restored_rollouts: dict | None = None
@@ -126,7 +129,8 @@ class RLModule(StageModule):
 
     def on_fit_start(self) -> None:
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
-        self.rollouts = start_rollouts(self)
+        start = start_async_rollouts if self.config.rollout.max_staleness > 0 else start_sync_rollouts
+        self.rollouts = start(self)
 
     def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
         """A step's batch is a list of problems (text and references): nothing to move to the device."""
@@ -144,7 +148,7 @@ class RLModule(StageModule):
         self._warn_if_starved(batch_idx, len(scored.groups), self.config.rollout.prompts_per_step)
         if scored.groups:
             timer = time.perf_counter()
-            advantages = compute_advantages(self.config.algorithm.advantage, scored.shaped)
+            advantages = self.advantages(scored.shaped)
             # The rollouts' own gap when they come measured (asynchronous rollouts, against the weights that
             # sampled them, older than these); else the update measures it.
             gap = metrics.get("rollout/logprob_gap")
