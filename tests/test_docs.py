@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.end_to_end  # runs the docs' snippets in subprocesses
+
 ROOT = Path(__file__).parents[1]
 PAGES = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))]
 LINKED = [*PAGES, "CONTRIBUTING.md"]

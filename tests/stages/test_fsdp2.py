@@ -13,6 +13,8 @@ import pytest
 from klear.fit import main
 from tests.runs import assert_same_metrics, assert_same_weights, fit_in_subprocess, read_metrics
 
+pytestmark = pytest.mark.end_to_end  # runs two ranks of the CLI in subprocesses
+
 RL = [
     "--config",
     "configs/rl.yaml",
