@@ -10,6 +10,7 @@ from __future__ import annotations
 import _posixsubprocess
 import multiprocessing.process
 import os
+import subprocess
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,10 +35,12 @@ class ProcessStartInUnitTest(RuntimeError):
     """A unit test started a process: it belongs to the end-to-end tier."""
 
 
-# Every way a test starts a process ends in one of these: subprocess and multiprocessing's spawn and forkserver in
-# fork_exec (or posix_spawn), the fork start method, pty and os.spawn* in fork or forkpty, os.system in itself.
-# multiprocessing's start() comes first, so a worker pool fails before it pickles anything.
+# Every way a test starts a process goes through one of these: subprocess (asyncio's and os.popen too) in
+# Popen._execute_child, multiprocessing's spawn and forkserver in fork_exec, the fork start method, pty and os.spawn*
+# in fork or forkpty, os.system in itself. multiprocessing's start() comes first, so a worker pool fails before it
+# pickles anything.
 ENTRY_POINTS: list[tuple[object, str, str]] = [
+    (subprocess.Popen, "_execute_child", "a subprocess"),
     (_posixsubprocess, "fork_exec", "a subprocess"),
     (os, "posix_spawn", "a subprocess (os.posix_spawn)"),
     (os, "posix_spawnp", "a subprocess (os.posix_spawnp)"),
