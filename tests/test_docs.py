@@ -514,7 +514,13 @@ PLANS = [block for block in ALL_BLOCKS if block.runnable and isinstance(_entry(b
 
 
 def _id(block: Block) -> str:
+    """Where ``block`` is, for messages."""
     return f"{block.page}:{block.line}"
+
+
+def _test_id(block: Block) -> str:
+    """A test id that stays while the page changes around ``block``: its page and its key."""
+    return f"{block.page}:{entry_key(block)[1]}"
 
 
 # ------------------------------------------------------------------------------------------------------ the table
@@ -591,7 +597,7 @@ def _commands(text: str) -> list[list[str]]:
     return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
 
 
-@pytest.mark.parametrize("block", RUNS, ids=_id)
+@pytest.mark.parametrize("block", RUNS, ids=_test_id)
 def test_runnable_blocks_run(block, tmp_path):
     entry = _entry(block)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -619,7 +625,7 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str
     return result.stdout
 
 
-@pytest.mark.parametrize("block", PLANS, ids=_id)
+@pytest.mark.parametrize("block", PLANS, ids=_test_id)
 def test_long_compare_commands_plan_their_runs(block):
     from klear.compare.cli import parse_args, plan
 
