@@ -15,10 +15,10 @@ from klear.config import ModelConfig
 from klear.config.load import ConfigError, load_config
 from klear.config.schema import AlgorithmConfig
 from klear.fit import main
-from klear.kernels.rollout_batch import ScoredGroups
 from klear.models import load_model
 from klear.objectives import get_objective
 from klear.rollout.engine import Rollout
+from klear.kernels.rollout_batch import ScoredGroups
 from klear.update.step_update import StepPlan, StepUpdate
 from klear.update.update import PolicyUpdate, UpdateSettings
 from tests.runs import RL_SHORT, read_metrics
