@@ -9,10 +9,13 @@ import json
 import os
 import typing
 
+import pytest
 from omegaconf import OmegaConf
 
 from klear.config import SCHEMAS
 from tests.test_user_errors import RL_QUICK, klear, one_interpreter_errors, one_line_error
+
+pytestmark = pytest.mark.end_to_end  # runs the commands with bad input in subprocesses
 
 HUGE = "9" * 5000
 """An integer of more digits than Python converts (4300)."""

@@ -17,6 +17,8 @@ import klear
 from tests.runs import read_metrics
 from tests.test_commands import SHORT_RL, evals, run_outputs
 
+pytestmark = pytest.mark.end_to_end  # runs the installed `klear` script and `python -m` in subprocesses
+
 ROOT = Path(__file__).parents[1]
 SCRIPT = shutil.which("klear", path=str(Path(sys.executable).parent)) or shutil.which("klear")
 

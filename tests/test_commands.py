@@ -15,6 +15,8 @@ import pytest
 
 from tests.runs import read_metrics
 
+pytestmark = pytest.mark.end_to_end  # runs every documented command in a subprocess
+
 SHORT_RL = ["trainer.max_steps=2", "trainer.checkpoint_every_n_steps=1", "eval.num_prompts=16", "eval.samples=2"]
 """A two-step RL run with a smaller held-out set: the command's config otherwise as shipped."""
 

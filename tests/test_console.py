@@ -8,7 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.runs import RL_SHORT, read_metrics
+
+pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in subprocesses
 
 NOISE = (
     "Tip:",  # Lightning's logger advertisement

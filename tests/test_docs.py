@@ -1,8 +1,10 @@
 """Every fenced block and every relative link of README.md and docs/*.md.
 
 A ``bash`` or ``python`` block is something a user may copy and run, so `SNIPPETS` says how each one is exercised,
-keyed by its page and a start of its first line (without a trailing ``  # comment``; the longest matching key
-wins):
+keyed by its page and a start of the line that names it, its first command (the first line that is not blank or a
+comment, without a trailing ``  # comment``; in python the first statement that is not an import, a class by its
+``class`` line): what the block does, not where it stands or how the prose around it is worded. The longest
+matching key wins:
 
 - `Covered`: tests under ``tests/`` that run it (``path::test_name``, checked to exist) or the CI script that does;
 - `Run`: run here — python in a subprocess after a ``setup`` that defines the names it uses and before a ``check``
@@ -13,8 +15,11 @@ wins):
   data set, TRL's own venv), with the tests that run its CPU counterpart.
 
 Blocks in other languages (``text`` for terminal output, ``yaml``) are shown, not run, and every block must name
-its language. A new runnable block, or one whose first line changed, fails
+its language. A new runnable block, or one whose first command changed, fails
 `test_every_runnable_block_is_in_the_table` with the entry to add; an entry whose block is gone fails it too.
+
+Lists in the README that the code defines are checked against it: the objective table (the table after the
+``<!-- One row per name of list_objectives() ... -->`` marker) holds every registered objective, once.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.end_to_end  # runs the docs' snippets in subprocesses
 
 ROOT = Path(__file__).parents[1]
 PAGES = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))]
@@ -137,17 +144,18 @@ FSDP2_ON_CPU = (
 )
 OBJECTIVE_EXAMPLES = ("tests/objectives/test_docs_examples.py::test_example_runs_and_keeps_the_contract",)
 
+README_TESTS = ("README.md", 'pip install torch==2.13.0 && pip install -e ".[dev,data]"')
+"""The README's install-and-test block, which `.ci/run` follows."""
+
 SNIPPETS: dict[tuple[str, str], Covered | Run | Plan | NotOnCPU] = {
     # README.md
     ("README.md", "pip install torch==2.13.0"): Covered(
         (".ci/run", "tests/test_commands.py::test_the_main_command_rl_with_gppo"),
         ".ci/run installs the same way in a fresh venv (checked by test_ci_installs_and_tests_as_the_readme_says)",
     ),
-    ("README.md", 'pip install torch==2.13.0 && pip install -e ".[dev,data]"'): Covered(
-        (".ci/run",), "the README's test command is .ci/run's last line"
-    ),
+    README_TESTS: Covered((".ci/run",), "the README's test command is .ci/run's last line"),
     ("README.md", "python -m klear.fit --config configs/sft.yaml"): Covered(EMBEDDED_RUNS, "full length: -m slow"),
-    ("README.md", "from klear.objectives import get_objective, list_objectives"): Run(
+    ("README.md", 'objective = get_objective("gppo"'): Run(
         setup=OBJECTIVE_INPUTS,
         check="""
 assert {"clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "approx_kl"} <= set(out.metrics), out.metrics
@@ -155,7 +163,7 @@ assert logprobs.grad[0, 3:].abs().sum() == 0 and logprobs.grad[0, :3].abs().sum(
 assert "gppo" in list_objectives()
 """,
     ),
-    ("README.md", "import torch"): Covered(OBJECTIVE_EXAMPLES),
+    ("README.md", "class SoftClip(PolicyObjective):"): Covered(OBJECTIVE_EXAMPLES),
     # docs/compare.md
     ("docs/compare.md", "python -m klear.compare --config configs/rl.yaml"): Covered(
         ("tests/test_commands.py::test_compare_command", "tests/compare/test_compare.py::test_files_and_every_run"),
@@ -239,13 +247,13 @@ assert "gppo" in list_objectives()
             "tests/eval/test_sampler.py::test_rope_scaling_reaches_the_model_and_its_context",
         ),
     ),
-    ("docs/evaluation.md", "from klear.data.code_formats import code_rows"): Covered(
+    ("docs/evaluation.md", 'numbered, bad = read_numbered("HumanEval.jsonl")'): Covered(
         ("tests/test_commands.py::test_the_readme_snippet_turning_humaneval_rows_into_klear_rows",),
         "on a one-row HumanEval.jsonl",
     ),
     # docs/objectives.md
-    ("docs/objectives.md", "import torch"): Covered(OBJECTIVE_EXAMPLES),
-    ("docs/objectives.md", "from klear.objectives import Max, PPOClip"): Covered(
+    ("docs/objectives.md", "class SoftClip(PolicyObjective):"): Covered(OBJECTIVE_EXAMPLES),
+    ("docs/objectives.md", "class PPOWithTails(PPOClip):"): Covered(
         (
             *OBJECTIVE_EXAMPLES,
             "tests/objectives/test_docs_examples.py::test_the_diagnostic_example_declares_its_reductions",
@@ -327,7 +335,7 @@ assert "gppo" in list_objectives()
     ): Plan(60),
     ("docs/results.md", "python -m klear.compare --config configs/rl.yaml --objectives ppo,cispo,gppo"): Plan(15),
     # docs/rewards.md
-    ("docs/rewards.md", "from klear.rewards import RewardPool, get_reward, score_batch"): Run(
+    ("docs/rewards.md", 'math = get_reward("math")'): Run(
         setup=CODE_COMPLETIONS,
         check="""
 assert math("<think>7 + 5 = 12</think> \\\\boxed{12}", "12") == 1.0 and math("\\\\boxed{13}", "12") == 0.0
@@ -364,7 +372,9 @@ assert torch.allclose(logprobs.grad, whole.grad, atol=1e-7), (logprobs.grad, who
     ("docs/scale-out.md", "torchrun --nnodes=$N"): NotOnCPU(
         "several GPU nodes and Qwen3-8B (a downloaded model)", FSDP2_ON_CPU
     ),
-    ("docs/scale-out.md", "#!/bin/bash"): NotOnCPU("a SLURM cluster of GPU nodes and Qwen3-8B", FSDP2_ON_CPU),
+    ("docs/scale-out.md", "srun python -m klear.fit --config configs/rl_qwen3_8b.yaml"): NotOnCPU(
+        "a SLURM cluster of GPU nodes and Qwen3-8B", FSDP2_ON_CPU
+    ),
     ("docs/scale-out.md", 'pip install -e ".[dev,vllm]"'): NotOnCPU(
         "the CUDA build of vLLM needs a GPU",
         (
@@ -407,13 +417,29 @@ class Block:
 
     @property
     def first_line(self) -> str:
-        """The first non-blank line, without a trailing ``  # comment``."""
-        first = next((line for line in self.text.splitlines() if line.strip()), "")
+        """The line that names the block (its first command), without a trailing ``  # comment``: the first line
+        that is not blank or a comment, in python from the first statement that is not an import (formatters
+        reorder imports, and a changed snippet changes them first)."""
+        lines = self.text.splitlines()
+        if self.language in {"python", "py"}:
+            lines = lines[_first_statement(self.text) :]
+        first = next((line for line in lines if line.strip() and not line.lstrip().startswith("#")), "")
         return re.split(r"\s{2,}#", first.strip())[0].rstrip()
 
     @property
     def runnable(self) -> bool:
         return self.language in RUNNABLE
+
+
+def _first_statement(text: str) -> int:
+    """The 0-based line of the first statement of python ``text`` that is not an import (a decorated class or
+    function by its ``class`` or ``def`` line); 0 when there is none or the text does not parse."""
+    try:
+        body = ast.parse(text).body
+    except SyntaxError:
+        return 0
+    node = next((node for node in body if not isinstance(node, (ast.Import, ast.ImportFrom))), None)
+    return 0 if node is None else node.lineno - 1
 
 
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
@@ -452,17 +478,21 @@ def prose(page: str) -> list[tuple[int, str]]:
     return [(number, line) for number, line, fence in _lines(page) if fence is None]
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading's text: links by their text, lower case, punctuation (backticks included)
+    dropped, spaces to hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
 def anchors(page: str) -> set[str]:
-    """GitHub's anchors of ``page``'s headings: lower case, punctuation (backticks included) dropped, spaces to
-    hyphens, ``-1``, ``-2`` ... for repeated headings."""
+    """GitHub's anchors of ``page``'s headings, ``-1``, ``-2`` ... for repeated headings."""
     counts: dict[str, int] = {}
     for _, line in prose(page):
         heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if heading:
-            text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1))
-            slug = re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
-            counts[slug] = counts.get(slug, 0) + 1
-    return {slug + (f"-{i}" if i else "") for slug, count in counts.items() for i in range(count)}
+            counts[slug(heading.group(1))] = counts.get(slug(heading.group(1)), 0) + 1
+    return {name + (f"-{i}" if i else "") for name, count in counts.items() for i in range(count)}
 
 
 ALL_BLOCKS = [block for page in PAGES for block in blocks(page)]
@@ -484,7 +514,13 @@ PLANS = [block for block in ALL_BLOCKS if block.runnable and isinstance(_entry(b
 
 
 def _id(block: Block) -> str:
+    """Where ``block`` is, for messages."""
     return f"{block.page}:{block.line}"
+
+
+def _test_id(block: Block) -> str:
+    """A test id that stays while the page changes around ``block``: its page and its key."""
+    return f"{block.page}:{entry_key(block)[1]}"
 
 
 # ------------------------------------------------------------------------------------------------------ the table
@@ -543,9 +579,9 @@ def test_the_table_names_tests_that_exist():
 def test_ci_installs_and_tests_as_the_readme_says():
     """The two README commands users and .ci/run rely on: torch pinned first, then the package, then pytest."""
     ci = (ROOT / ".ci/run").read_text()
-    readme = {block.first_line: block.text for block in blocks("README.md")}
-    install_and_test = readme['pip install torch==2.13.0 && pip install -e ".[dev,data]"'].splitlines()
-    assert install_and_test[1].split("#")[0].strip() == "python -m pytest"
+    (install_and_test,) = [block.text for block in blocks("README.md") if entry_key(block) == README_TESTS]
+    commands = [" ".join(words) for words in _commands(install_and_test)]
+    assert commands[-1] == "python -m pytest", commands
     assert re.search(r"^pip install (--quiet )?torch==2\.13\.0$", ci, re.M), "`.ci/run` installs the pinned torch"
     extras = re.search(r'^pip install (?:--quiet )?-e "\.\[([\w,-]+)\]"$', ci, re.M)
     assert extras and {"dev", "data"} <= set(extras.group(1).split(",")), "`.ci/run` installs the dev and data extras"
@@ -561,7 +597,7 @@ def _commands(text: str) -> list[list[str]]:
     return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
 
 
-@pytest.mark.parametrize("block", RUNS, ids=_id)
+@pytest.mark.parametrize("block", RUNS, ids=_test_id)
 def test_runnable_blocks_run(block, tmp_path):
     entry = _entry(block)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -589,7 +625,7 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str
     return result.stdout
 
 
-@pytest.mark.parametrize("block", PLANS, ids=_id)
+@pytest.mark.parametrize("block", PLANS, ids=_test_id)
 def test_long_compare_commands_plan_their_runs(block):
     from klear.compare.cli import parse_args, plan
 
@@ -625,10 +661,57 @@ def test_relative_links_resolve():
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
-def test_anchor_slugs_follow_github():
-    """The slug rule on headings of these pages, worked out by hand."""
-    slugs = anchors("docs/performance.md")
-    assert "sft-padding-and-packing-toolsbench_sft_paddingpy" in slugs
-    assert "klear-vs-trls-grpotrainer-toolsbench_rl_steppy" in slugs
-    assert "klear-vs-trls-sfttrainer-toolsbench_sft_steppy" in slugs
-    assert "soft-vs-hard-code-reward-the-papers-fig-3" in anchors("docs/results.md")
+def test_anchor_slugs_follow_github(tmp_path, monkeypatch):
+    """The slug rule on headings of the kinds the pages use (code, apostrophes, parentheses, links), worked out by
+    hand, and a repeated heading's numbered anchors."""
+    assert (
+        slug("SFT padding and packing: `tools/bench_sft_padding.py`")
+        == "sft-padding-and-packing-toolsbench_sft_paddingpy"
+    )
+    assert (
+        slug("klear vs TRL's GRPOTrainer: `tools/bench_rl_step.py`") == "klear-vs-trls-grpotrainer-toolsbench_rl_steppy"
+    )
+    assert slug("Soft vs hard code reward (the paper's Fig. 3)") == "soft-vs-hard-code-reward-the-papers-fig-3"
+    assert slug("The [RL](rl.md) step, `max_staleness = 0`") == "the-rl-step-max_staleness--0"
+    (tmp_path / "page.md").write_text("# A\n\n## Notes\n\n```text\n# not a heading\n```\n\n### Notes\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert anchors("page.md") == {"a", "notes", "notes-1"}
+
+
+# ------------------------------------------------------------------------------------- lists the code defines
+
+
+OBJECTIVE_TABLE = "<!-- One row per name of list_objectives()"
+"""The marker before the README's objective table."""
+
+
+def marked_table(page: str, marker: str) -> list[list[str]]:
+    """The cells of the rows of the table that follows the line starting with ``marker`` in ``page`` (header and
+    separator rows left out)."""
+    lines = [line for _, line in prose(page)]
+    starts = [i for i, line in enumerate(lines) if line.startswith(marker)]
+    assert len(starts) == 1, f"{page}: {len(starts)} lines start with {marker!r}, not one"
+    rows = []
+    for line in lines[starts[0] + 1 :]:
+        if not line.strip() and not rows:
+            continue
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    assert len(rows) > 2, f"{page}: no table after {marker!r}"
+    return rows[2:]
+
+
+def test_the_readme_objective_table_names_every_registered_objective_once():
+    from klear.objectives import get_objective, list_objectives
+
+    names = [name for row in marked_table("README.md", OBJECTIVE_TABLE) for name in re.findall(r"`([^`]+)`", row[0])]
+    assert sorted(names) == sorted(list_objectives()), "README.md's objective table against list_objectives()"
+    readme = (ROOT / "README.md").read_text()
+    hyperparameters = {key for name in names for key in get_objective(name).hyperparameters()}
+    unnamed = [
+        key
+        for key in sorted(hyperparameters)
+        if f"`{key}`" not in readme and f"`{key.rsplit('_', 1)[0]}_*`" not in readme
+    ]
+    assert not unnamed, f"objective hyperparameters README.md does not name: {unnamed}"

@@ -14,6 +14,8 @@ import pytest
 
 from tests.runs import RL_SHORT, read_metrics
 
+pytestmark = pytest.mark.end_to_end  # runs the commands with bad input in subprocesses
+
 RL_QUICK = [*RL_SHORT, "trainer.max_steps=2", "eval.every_n_steps=0"]
 
 

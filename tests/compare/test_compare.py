@@ -15,6 +15,8 @@ from klear.objectives import PolicyObjective
 from tests.test_user_errors import klear as run_command
 from tests.test_user_errors import one_line_error
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.compare` main() (whole training runs)
+
 SHORT = [
     "model.path=tiny",
     "reward.name=tests.stages:even_length",

@@ -10,6 +10,8 @@ from omegaconf import OmegaConf
 
 from klear.config.load import ConfigError, load_config
 
+pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in a subprocess
+
 CONFIGS = sorted(str(path) for path in (Path(__file__).parents[2] / "configs").rglob("*.yaml"))
 
 

@@ -16,6 +16,8 @@ from klear.config.load import ConfigError, load_config
 from klear.objectives import GPPO
 from tests.config.test_config import CONFIGS
 
+pytestmark = pytest.mark.end_to_end  # runs `--help-config` in a subprocess
+
 GPPO_OWN = ("beta_low", "beta_high", "dual_clip")
 """GPPO's hyperparameters beyond PolicyObjective's."""
 

@@ -13,6 +13,8 @@ import pytest
 
 from tests.test_user_errors import klear, one_line_error, write_rows
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.fit` main() and a subprocess
+
 RUNS = """
 import contextlib, io, json, sys
 from pathlib import Path

@@ -175,6 +175,7 @@ def test_lcb_functional_row_tests_and_prompt():
     assert json.loads(json.dumps(row)) == row  # a klear row is plain JSON
 
 
+@pytest.mark.end_to_end  # the code reward runs each program in a sandbox subprocess
 def test_lcb_converted_tests_score_with_the_code_reward(reward):
     stdin = livecodebench_row(lcb_stdin_row())["answer"]
     assert reward(fenced("a, b = map(int, input().split())\nprint(a + b)"), stdin) == 1.0
@@ -223,6 +224,7 @@ class _Shell:
         return (os.system, (self.command,))
 
 
+@pytest.mark.end_to_end  # the live payload runs `true` in a shell
 def test_a_pickle_that_runs_code_is_refused_and_never_run(tmp_path):
     marker = tmp_path / f"pwned-{uuid.uuid4().hex}"
     payload = base64.b64encode(zlib.compress(pickle.dumps(_Shell(f"touch {marker}")))).decode()
@@ -295,6 +297,7 @@ def test_mbpp_row():
         mbpp_row({**mbpp(), "test_list": []})
 
 
+@pytest.mark.end_to_end  # the code reward runs each program in a sandbox subprocess
 @needs_code_tests
 def test_humaneval_tests_score_with_the_code_reward(reward):
     tests = humaneval_row(humaneval())["answer"]
@@ -302,6 +305,7 @@ def test_humaneval_tests_score_with_the_code_reward(reward):
     assert reward(fenced(HUMANEVAL_PROMPT + "    return False\n"), tests) < 1.0
 
 
+@pytest.mark.end_to_end  # the code reward runs each program in a sandbox subprocess
 @needs_code_tests
 def test_mbpp_tests_score_with_the_code_reward(reward):
     tests = mbpp_row(mbpp())["answer"]

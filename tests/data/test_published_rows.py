@@ -14,6 +14,8 @@ from klear.prep.rowfiles import row_text
 from klear.rewards.routing import Routed, routed_reward, unrouted
 from tests.published import PUBLISHED, require
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.eval` main()
+
 FIXTURES = PUBLISHED / "fixtures"
 
 

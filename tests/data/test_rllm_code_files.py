@@ -18,6 +18,8 @@ from tests.published import PUBLISHED, require
 from tests.runs import read_metrics
 from tests.test_commands import klear
 
+pytestmark = pytest.mark.end_to_end  # runs programs in the sandbox, `klear.data show` and `klear.eval` in subprocesses
+
 ROOT = Path(__file__).parents[2]
 
 LEETCODE_CHECK = (

@@ -29,6 +29,7 @@ def test_a_problem_by_hand():
         assert test["output"] == f"{x}\n"
 
 
+@pytest.mark.end_to_end  # the code reward runs each program in a sandbox subprocess
 def test_reference_programs_pass_their_tests_and_labelled_output_fails_them():
     records = generate_code_problems(16, seed=0)
     code = get_reward("code", timeout=2.0)

@@ -14,6 +14,8 @@ from klear.eval.options import SamplingOptions
 from tests.test_user_errors import klear as run_command
 from tests.test_user_errors import one_line_error
 
+pytestmark = pytest.mark.end_to_end  # runs `python -m klear.eval` in subprocesses
+
 HEAVY = ("torch", "transformers", "lightning", "vllm")
 """Packages whose import takes seconds: none of them before the checks that need no model."""
 PROFILE = {"PYTHONPROFILEIMPORTTIME": "1"}

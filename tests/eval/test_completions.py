@@ -14,6 +14,8 @@ from klear.data.synthetic_code import generate_code_problems
 from klear.eval.cli import main
 from klear.prep.cli import verl_row
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.eval` main() and `python -m klear.eval` in a subprocess
+
 
 def mixed_rows() -> list[dict]:
     """Two math and two code problems of the built-in tasks as Klear-Reasoner training rows, interleaved."""

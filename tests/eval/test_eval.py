@@ -15,6 +15,8 @@ from klear.eval.metrics import pass_at_k, problem_record, reported_ks, summarize
 from klear.rewards import MathReward, get_reward
 from klear.rollout.engine import Rollout
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.eval` main()
+
 # ------------------------------------------------------------------------------------------ pass@k estimator
 
 

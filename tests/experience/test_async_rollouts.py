@@ -24,6 +24,8 @@ from klear.fit import build_stage, build_trainer, main, prepare_run_dir
 from tests.runs import RL_SHORT, TIMING, assert_same_metrics, fit_in_subprocess, read_metrics
 from tests.stages.test_fsdp2 import RL as RL_RANKS
 
+pytestmark = pytest.mark.end_to_end  # runs the CLI in subprocesses and rollout worker processes
+
 GOLDEN = Path(__file__).parent / "golden" / "rl_sync_metrics.csv"
 """``metrics.csv`` of ``SHORT`` written by the synchronous step before asynchronous rollouts existed, one thread
 (``fit_in_subprocess``). Regenerate it only when the synchronous step changes on purpose."""

@@ -43,6 +43,7 @@ def test_shipped_checkpoint_matches_the_code(name):
     assert shipped.get_vocab() == built.get_vocab() and shipped.chat_template == built.chat_template
 
 
+@pytest.mark.end_to_end  # scores through the math checker and the sandbox, subprocesses
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_shipped_checkpoint_solves_held_out_problems(name):
     folder = CHECKPOINTS_DIR / name

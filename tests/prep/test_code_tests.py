@@ -24,6 +24,8 @@ from klear.prep import code_tests
 from klear.prep.code_tests import as_completion
 from klear.rewards import CodeReward, RewardOutcome
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.data` main()
+
 FIXTURE = str(Path(__file__).parent / "fixtures" / "code_tests.jsonl")
 
 

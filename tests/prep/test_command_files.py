@@ -20,6 +20,8 @@ from klear.data.synthetic_code import generate_code_problems
 from klear.prep.cli import verl_row
 from tests.test_user_errors import klear, one_line_error
 
+pytestmark = pytest.mark.end_to_end  # runs `python -m klear.data` in subprocesses
+
 
 @pytest.fixture
 def rows(tmp_path: Path) -> tuple[Path, Path]:

@@ -25,6 +25,8 @@ from klear.data.synthetic import generate_problems, plain_solution
 from klear.prep.pass_rates import PRESETS, Band
 from klear.prep.rowfiles import CommandError
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.data` main() and a subprocess
+
 BASE = [
     *("curate", "--model", "tiny-sft", "--band", "(0, 1)", "--k", "4", "--max-new-tokens", "96"),
     *("--chunk", "8", "--reward-option", "fallbacks=[answer_is]"),

@@ -10,6 +10,8 @@ from klear.data.synthetic import split_of
 from klear.prep.mixing import MixSpec, Source, build_mix
 from klear.prep.rowfiles import row_text, write_rows
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.data` main()
+
 
 def test_read_numbered_counts_lines_and_positions(tmp_path):
     path = tmp_path / "rows.jsonl"

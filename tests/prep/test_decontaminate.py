@@ -26,6 +26,8 @@ from klear.data.__main__ import main
 from klear.prep.decontaminate import find_overlap, index_eval
 from klear.prep.ngrams import jaccard, ngrams, normalise, symbols, words
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.data` main()
+
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAIN = str(FIXTURES / "decontam_train.jsonl")
 EVAL_MATH = str(FIXTURES / "decontam_eval_math.jsonl")

@@ -19,6 +19,8 @@ import pytest
 
 from klear.data.__main__ import main
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.data` main()
+
 FIXTURE = str(Path(__file__).parent / "fixtures" / "dedup.jsonl")
 
 

@@ -21,6 +21,8 @@ from klear.prep.mixing import (
 )
 from klear.rewards import MathReward, RewardOutcome, get_reward
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.data` main()
+
 
 def row(id_: str, pass_rate: float | None = None, correct: bool | None = None, answer: str | None = None) -> dict:
     out = {"id": id_, "prompt": f"q{id_}", "response": "so \\boxed{4}"}

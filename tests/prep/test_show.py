@@ -16,6 +16,8 @@ from tests.test_commands import klear
 from tests.test_user_errors import klear as klear_failing
 from tests.test_user_errors import one_line_error
 
+pytestmark = pytest.mark.end_to_end  # runs `python -m klear.data show` in subprocesses
+
 ROOT = Path(__file__).parents[2]
 
 

@@ -12,6 +12,8 @@ from klear.rewards import RewardOutcome, get_reward
 from klear.rewards.code_reward import available_cpus
 from klear.rewards.sandbox import WALL_FACTOR
 
+pytestmark = pytest.mark.end_to_end  # runs programs in sandbox subprocesses, in a worker pool
+
 BURNER = "```python\nwhile True:\n    pass\n```"
 SLEEPER = "```python\nimport time\ntime.sleep(3600)\n```"
 SIXTEEN = [{"input": str(i), "output": str(i)} for i in range(16)]

@@ -8,6 +8,8 @@ import pytest
 from klear.rewards import CodeReward, get_reward
 from klear.rewards.code_reward import parse_tests
 
+pytestmark = pytest.mark.end_to_end  # runs programs in sandbox subprocesses
+
 HUMANEVAL_CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\ncheck(add)"
 HUMANEVAL = [{"code": HUMANEVAL_CHECK}]
 MBPP = [{"code": f"assert square({x}) == {x * x}"} for x in (0, 1, 2, 3)]

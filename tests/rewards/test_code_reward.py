@@ -9,6 +9,8 @@ import pytest
 from klear.rewards import CodeReward, get_reward
 from klear.rewards.code_reward import parse_tests
 
+pytestmark = pytest.mark.end_to_end  # runs programs in sandbox subprocesses
+
 ADD_STDIO = [
     {"input": "1 2\n", "output": "3\n"},
     {"input": "10 20", "output": "30"},

@@ -17,6 +17,8 @@ from klear.rewards.code_prelude import BASE_PRELUDE, LEETCODE_PRELUDE
 from klear.rewards.code_tests import parse_suite, parse_tests
 from klear.rewards.sandbox import Isolation, run_sandboxed
 
+pytestmark = pytest.mark.end_to_end  # runs programs and pytest files in sandbox subprocesses
+
 ADD = "def add(a, b):\n    return a + b"
 SUB = "def add(a, b):\n    return a - b"
 PYTEST_FILE = """\

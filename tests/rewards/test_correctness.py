@@ -52,6 +52,7 @@ def test_the_outcome_defaults_to_the_convention_of_plain_functions() -> None:
         RewardOutcome(1.0, "timeout", correct=True)
 
 
+@pytest.mark.end_to_end  # the math checker runs in a subprocess
 @pytest.mark.parametrize(
     ("completion", "score", "correct"),
     [
@@ -69,6 +70,7 @@ def test_math_is_correct_on_an_equivalent_answer_whatever_its_scores(completion,
     assert (outcome.score, outcome.status, outcome.correct) == (score, "ok", correct)
 
 
+@pytest.mark.end_to_end  # the math checker runs in a subprocess
 def test_math_is_correct_through_the_checker_and_not_after_a_timeout() -> None:
     math = get_reward("math", correct=0.5, timeout=1.0)
     assert math.evaluate("\\boxed{\\sqrt{2}}", "\\frac{2}{\\sqrt{2}}").correct is True  # needs math-verify
@@ -76,6 +78,7 @@ def test_math_is_correct_through_the_checker_and_not_after_a_timeout() -> None:
     assert (timed_out.status, timed_out.correct) == ("timeout", False)
 
 
+@pytest.mark.end_to_end  # the code reward runs each program in a sandbox subprocess
 def test_code_is_correct_when_every_test_passes() -> None:
     code = get_reward("code", timeout=2.0)
     assert code.evaluate(DOUBLE, TESTS) == RewardOutcome(1.0, "ok", "2/2 passed (passed: 2)", True, "passed")

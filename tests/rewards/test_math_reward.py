@@ -6,6 +6,8 @@ import pytest
 
 from klear.rewards import MathReward, get_reward
 
+pytestmark = pytest.mark.end_to_end  # scores through the math checker, a subprocess
+
 # (answer the model boxed, reference, mathematically equal?)
 MATH_PAIRS = [
     # fractions, decimals, percent

@@ -11,6 +11,8 @@ import pytest
 
 from klear.rewards import MathReward, get_reward
 
+pytestmark = pytest.mark.end_to_end  # starts a multiprocessing pool
+
 TIMEOUT = 1.0
 MARGIN = 1.5  # process start-up, pipes and a loaded CI machine
 

@@ -12,6 +12,8 @@ import pytest
 
 from klear.rewards import BatchResult, Reward, RewardOutcome, RewardPool, batch_rewards, get_reward, score_batch
 
+pytestmark = pytest.mark.end_to_end  # starts reward worker processes
+
 
 def misbehaving(completion: str, reference: str) -> float:
     """A plain reward function (picklable: module level) that does what ``completion`` says."""

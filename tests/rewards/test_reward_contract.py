@@ -58,6 +58,7 @@ def test_bad_math_references_are_rejected_in_one_line(math: MathReward, referenc
         math("\\boxed{1}", reference)  # scoring refuses it too: it is never scored
 
 
+@pytest.mark.end_to_end  # the math checker runs in a subprocess
 def test_an_empty_box_never_matches(math: MathReward) -> None:
     """Scoring "\\boxed{}" against an empty reference used to give 1.0: a free reward for saying nothing."""
     with pytest.raises(ValueError, match="holds no answer"):
@@ -127,6 +128,7 @@ def test_code_scores_non_text_as_the_empty_completion(code: CodeReward, completi
     )
 
 
+@pytest.mark.end_to_end  # the math checker and the sandbox run in subprocesses
 def test_bytes_are_decoded(math: MathReward, code: CodeReward) -> None:
     assert math.evaluate(b"\\boxed{42}", "42").score == 1.0
     assert math.evaluate(b"\xff\xfe \\boxed{42}", "42").score == 1.0  # undecodable bytes are replaced

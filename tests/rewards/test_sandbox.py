@@ -10,6 +10,8 @@ import pytest
 from klear.rewards import SandboxLimits, detect_isolation, sandbox
 from klear.rewards.sandbox import run_sandboxed
 
+pytestmark = pytest.mark.end_to_end  # starts sandbox subprocesses
+
 PRINT_UID = "import os\nprint(os.getuid())"
 
 

@@ -19,6 +19,8 @@ import pytest
 from klear.rewards import CodeReward, detect_isolation, get_reward
 from klear.rewards.sandbox import WALL_FACTOR
 
+pytestmark = pytest.mark.end_to_end  # runs hostile programs that fork in the sandbox
+
 TIMEOUT = 1.0
 STARTUP = 2.0  # Python start-up and namespace set-up on a loaded machine
 NAMESPACES = detect_isolation().mode == "namespaces"

@@ -25,6 +25,7 @@ def rollouts() -> list[Rollout]:
     ]
 
 
+@pytest.mark.end_to_end  # the math checker, in this process and in a worker process
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_score_gives_raw_shaped_correct_and_counts(num_workers: int) -> None:
     options = {"correct": 0.5, "wrong": -0.5, "timeout": 1.0}
@@ -73,6 +74,7 @@ def test_shaped_scores_are_the_float32_sum_the_trainer_computed() -> None:
         scorer.score_texts(["x"], ["r"])
 
 
+@pytest.mark.end_to_end  # a fresh interpreter for what the import loads
 def test_importing_the_scorer_imports_neither_torch_nor_omegaconf() -> None:
     code = "import sys, klear.rewards, klear.rewards.scorer; print(sorted({'torch', 'omegaconf'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

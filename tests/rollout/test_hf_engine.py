@@ -9,6 +9,8 @@ from klear.models import load_model, load_tokenizer
 from klear.rollout.engine import SamplingParams
 from klear.rollout.hf import HFEngine, _BufferLayer, _pick
 
+pytestmark = pytest.mark.end_to_end  # runs two gloo ranks in a subprocess
+
 PROBLEMS = ["Start with 3. Add 4.", "Start with 12. Multiply by 2, then subtract 5.", "Start with 9.", "Start with 1."]
 
 

@@ -26,6 +26,8 @@ pytest.importorskip("vllm")
 from klear.rollout.vllm_engine import VLLMEngine  # after the skip: it imports vllm
 from tests.runs import RL_SHORT, read_metrics
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.fit` main() (whole training runs)
+
 TOL = 1e-4  # float32 on both sides: the engines agree to ~1e-6
 
 

@@ -14,6 +14,8 @@ from klear.run.directory import checkpoint_problem
 from klear.run.stopping import EXIT_DIVERGED
 from tests.runs import RL_SHORT, read_metrics
 
+pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` until it diverges, in subprocesses (two ranks too)
+
 SFT_SHORT = [
     "trainer.max_steps=6",
     "trainer.checkpoint_every_n_steps=1",

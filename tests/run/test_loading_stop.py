@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from klear.config.load import load_config, save_config
 from klear.run.directory import RunDir
 from klear.run.loading_stop import EXIT_INTERRUPTED, EXIT_SIGTERM
 from tests.run.test_resume_checks import digests
+
+pytestmark = pytest.mark.end_to_end  # signals `python -m klear.fit` in subprocesses while they load
 
 LOADING = "INFO klear.stages.sft: data.train: synthetic: "
 """The log line before the training examples are tokenized (seconds for the 25,600 of configs/sft.yaml)."""

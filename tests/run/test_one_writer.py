@@ -18,12 +18,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from klear.data.readers import write_jsonl
 from klear.data.synthetic import generate_problems
 from tests.compare.test_compare import SHORT as COMPARE_SHORT
 from tests.run.test_resume_checks import fake_run
 from tests.runs import RL_SHORT, read_metrics
 from tests.test_user_errors import RL_QUICK, klear, one_line_error
+
+pytestmark = pytest.mark.end_to_end  # runs two commands on one output in subprocesses, and kills one
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 FIT = [sys.executable, "-m", "klear.fit", "--config", "configs/rl.yaml", *RL_SHORT]

@@ -6,7 +6,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.runs import RL_SHORT, read_metrics
+
+pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in a subprocess
 
 RUN = [
     *RL_SHORT,

@@ -4,10 +4,14 @@ interrupted, missing metrics, no rows, a row cut short), the figure's panels, an
 import csv
 import json
 
+import pytest
+
 from klear.config.load import load_config
 from klear.fit import main
 from klear.run.report import read_metrics, steps_logged, write_run_report
 from tests.runs import RL_SHORT
+
+pytestmark = pytest.mark.end_to_end  # runs `klear.fit` main() (a training run)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

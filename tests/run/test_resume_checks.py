@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from klear.config.load import load_config, save_config
 from klear.run.directory import RunDir, checkpoint_problem
+
+pytestmark = pytest.mark.end_to_end  # resumes runs in subprocesses
 
 ARGS = ["--config", "configs/rl.yaml", "model.path=tiny", "reward.name=tests.stages:even_length"]
 

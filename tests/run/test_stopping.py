@@ -17,6 +17,8 @@ from klear.run.directory import checkpoint_problem
 from klear.run.stopping import EXIT_SIGTERM, SignalStop
 from tests.runs import RL_SHORT, read_metrics
 
+pytestmark = pytest.mark.end_to_end  # stops real runs started in subprocesses
+
 LONG = [*RL_SHORT, "trainer.max_steps=200", "trainer.checkpoint_every_n_steps=1"]
 """A run far longer than the test, with a checkpoint every step."""
 

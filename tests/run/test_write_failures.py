@@ -15,6 +15,8 @@ import pytest
 from klear.run.directory import checkpoint_problem, with_path, write_failure, written
 from tests.runs import RL_SHORT
 
+pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in subprocesses, on one and two ranks
+
 LIMIT = 32 * 1024
 """Bytes a file may have: config.yaml, metrics.csv and report.md fit, a checkpoint of the tiny model (2 MB) and
 curves.png do not."""

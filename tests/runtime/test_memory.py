@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.end_to_end  # measures memory in fresh subprocesses
+
 ROOT = Path(__file__).parents[2]
 
 MODEL = """

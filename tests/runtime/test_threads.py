@@ -13,6 +13,8 @@ import torch
 from klear.runtime import threads
 from tests.test_user_errors import klear, one_line_error
 
+pytestmark = pytest.mark.end_to_end  # starts a busy process and the commands in subprocesses
+
 
 @pytest.fixture
 def fresh(monkeypatch):

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.runtime import vocab_shard_ranks
+
+pytestmark = pytest.mark.end_to_end  # runs two gloo ranks in a subprocess
 
 
 def test_two_ranks_streaming_vocabulary_blocks_match_the_whole_model(tmp_path):

@@ -12,6 +12,8 @@ import pytest
 
 from tests.runs import RL_SHORT, TIMING, read_metrics
 
+pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in subprocesses
+
 SFT_SHORT = [
     "trainer.max_steps=2",
     "trainer.checkpoint_every_n_steps=100",

@@ -7,6 +7,8 @@ import pytest
 
 from klear.fit import main
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.fit` main() (whole training runs)
+
 
 def evals(path) -> list[float]:
     with (path / "metrics.csv").open(newline="") as file:

@@ -11,33 +11,26 @@ import re
 import pytest
 
 from klear.fit import main
-from tests.runs import assert_same_metrics, assert_same_weights, fit_in_subprocess, read_metrics
+from tests.runs import RL_SHORT, assert_same_metrics, assert_same_weights, fit_in_subprocess, read_metrics
+
+pytestmark = pytest.mark.end_to_end  # runs two ranks of the CLI in subprocesses
 
 RL = [
     "--config",
     "configs/rl.yaml",
-    "model.path=tiny",
-    "reward.name=tests.stages:even_length",
+    *RL_SHORT,
     # 3 prompts over 2 ranks: uneven shares, so the padding of a rank's share is exercised.
     "rollout.prompts_per_step=3",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=12",
     "rollout.old_logprobs=trainer",
     "algorithm.mini_batch_prompts=3",
     "algorithm.micro_batch_size=4",
     "algorithm.epochs=2",
     "algorithm.sft_alpha=0.1",
     "algorithm.kl_coef=0.01",
-    "trainer.progress_bar=false",
-    "trainer.checkpoint_every_n_steps=2",
     "eval.num_prompts=5",
-    "eval.max_new_tokens=8",
-    "eval.every_n_steps=2",
-    "data.num_train=32",
     "data.num_eval=5",
-    "optim.lr=1e-3",
-    "optim.warmup_steps=0",
 ]
+"""``RL_SHORT`` (later overrides win), with uneven shares over two ranks and every part of the loss in play."""
 SFT = [
     "--config",
     "configs/sft.yaml",

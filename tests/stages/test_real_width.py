@@ -5,11 +5,14 @@ head at a real vocabulary, packed rows and the export of a model of real width."
 
 import json
 
+import pytest
 import torch
 from safetensors import safe_open
 
 from klear.models.tiny import QWEN3_0_6B, build_tiny
 from tests.runs import fit_in_subprocess, read_metrics
+
+pytestmark = pytest.mark.end_to_end  # runs the CLI in a subprocess
 
 
 def test_rl_step_at_real_width_and_vocabulary_with_a_token_budget(tmp_path):

@@ -16,6 +16,8 @@ from klear.rollout.engine import ENGINES
 from klear.rollout.hf import HFEngine
 from tests.runs import RL_SHORT, TIMING, read_metrics
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.fit` main() and a subprocess
+
 SHORT = RL_SHORT
 REQUIRED = [
     "reward/mean",

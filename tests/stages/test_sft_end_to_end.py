@@ -17,6 +17,8 @@ from klear.models.loading import load_tokenizer, resolve_model_path
 from tests.data.chat_templates import QWEN3_STYLE
 from tests.runs import read_metrics
 
+pytestmark = pytest.mark.end_to_end  # runs `klear.fit` main() (whole training runs)
+
 SHORT = [
     "trainer.max_steps=6",
     "trainer.checkpoint_every_n_steps=3",

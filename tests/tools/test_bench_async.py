@@ -4,7 +4,11 @@ two), their table, the steady-state bound and the summary line of ratios to the 
 import subprocess
 import sys
 
+import pytest
+
 from tests.tools import TOOLS
+
+pytestmark = pytest.mark.end_to_end  # runs a benchmark script in a subprocess
 
 
 def test_the_benchmark_prints_its_table_and_ratios():

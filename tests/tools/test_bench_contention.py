@@ -10,6 +10,8 @@ import pytest
 
 from tests.tools import TOOLS
 
+pytestmark = pytest.mark.end_to_end  # runs a benchmark script in a subprocess
+
 
 @pytest.mark.slow  # three runs; the thread policy itself is tested in tests/runtime/test_threads.py
 def test_the_benchmark_prints_its_runs_and_ends_with_the_ratio():

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.end_to_end  # runs a benchmark script in a subprocess
+
 TOOL = Path(__file__).parents[2] / "tools" / "bench_memory.py"
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.tools import TOOLS
 
+pytestmark = pytest.mark.end_to_end  # runs a benchmark script in subprocesses
+
 
 @pytest.mark.slow  # four fresh processes; the repeatability itself is tested in tests/runtime/test_reproducible.py
 def test_the_benchmark_prints_both_modes_and_the_strict_one_repeats_across_thread_counts():

@@ -10,6 +10,8 @@ import torch
 
 from tests.tools import TOOLS, load_tool
 
+pytestmark = pytest.mark.end_to_end  # runs a benchmark script in a subprocess
+
 TOOL = TOOLS / "bench_rl_packing.py"
 
 

@@ -12,6 +12,8 @@ from klear.data.sft import tokenize_conversation
 from klear.models.tokenizer import build_tokenizer
 from tests.tools import TOOLS, load_tool
 
+pytestmark = pytest.mark.end_to_end  # runs a benchmark script in a subprocess (which starts klear's side in another)
+
 TOOL = TOOLS / "bench_sft_step.py"
 NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
 

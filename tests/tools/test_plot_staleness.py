@@ -4,7 +4,11 @@ import csv
 import subprocess
 import sys
 
+import pytest
+
 from tests.tools import TOOLS, load_tool
+
+pytestmark = pytest.mark.end_to_end  # runs a plotting script in a subprocess
 
 FIELDS = ["label", "objective", "seed", "step", "reward/mean", "objective/approx_kl", "actor/entropy", "eval/accuracy"]
 

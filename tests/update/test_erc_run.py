@@ -25,6 +25,7 @@ from tests.runs import RL_SHORT, read_metrics
 ENTROPY_METRICS = ["objective/entropy_clip_frac_low", "objective/entropy_clip_frac_high"]
 
 
+@pytest.mark.end_to_end  # a short RL run through `klear.fit` main()
 @pytest.mark.slow  # test_rl_end_to_end.py::test_every_objective_trains[dapo-erc] runs it in the default tier
 def test_a_short_dapo_erc_run_logs_its_entropy_band(tmp_path):
     overrides = [*RL_SHORT, "trainer.max_steps=2", "eval.every_n_steps=0", "rollout.old_logprobs=trainer"]
@@ -38,6 +39,7 @@ def test_a_short_dapo_erc_run_logs_its_entropy_band(tmp_path):
         assert float(row["actor/grad_norm"]) > 0
 
 
+@pytest.mark.end_to_end  # the command in a fresh interpreter
 def test_erc_without_the_trainers_old_logprobs_is_one_line_before_heavy_imports():
     # `python -m klear.fit --config configs/rl.yaml --objective dapo-erc`, run as a module in a fresh interpreter
     # that then reports which heavy libraries the refusal imported.
