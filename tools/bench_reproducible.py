@@ -32,9 +32,9 @@ def work(shape: str, repeats: int) -> dict[str, object]:
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
+    from klear.kernels.logprobs import token_logprobs
     from klear.models import attention
     from klear.models.tiny import QWEN3_0_6B, TINY_SIZES
-    from klear.kernels.logprobs import token_logprobs
 
     torch.manual_seed(0)
     sizes = {**TINY_SIZES, "vocab_size": 512} if shape == "tiny" else {**QWEN3_0_6B, "num_hidden_layers": 4}

@@ -102,8 +102,8 @@ def check_packed(directory: str) -> None:
     import importlib.util
 
     from klear.config import ModelConfig
-    from klear.models import load_model
     from klear.kernels.logprobs import token_logprobs
+    from klear.models import load_model
 
     implementations = ["sdpa"] + (["flash_attention_2"] if importlib.util.find_spec("flash_attn") else [])
     lengths = torch.tensor([700, 90, 2100, 350])

@@ -37,7 +37,9 @@ def gradient_weights(name: str, ratios: torch.Tensor, advantage: float, **overri
     logprobs = (old + ratios.log()[:, None]).requires_grad_(True)
     mask = torch.ones_like(logprobs, dtype=torch.bool)
     advantages = torch.full((len(ratios),), advantage)
-    entropy = {"entropy": torch.ones_like(old), "old_entropy": torch.ones_like(old)} if objective.traits.needs_entropy else {}
+    entropy = (
+        {"entropy": torch.ones_like(old), "old_entropy": torch.ones_like(old)} if objective.traits.needs_entropy else {}
+    )
     # A normaliser of 1 over one-token rows: every aggregation gives each token its own gradient.
     output = objective(logprobs, old, advantages, mask, normalizer=1.0, **entropy)
     output.loss.backward()

@@ -6,10 +6,10 @@ import transformers.integrations.sdpa_attention as sdpa_attention
 
 from klear.config import ModelConfig
 from klear.data.prompts import encode_prompt
+from klear.kernels.logprobs import token_logprobs
 from klear.models import attention, load_model, load_tokenizer
 from klear.rollout.engine import SamplingParams
 from klear.rollout.hf import HFEngine
-from klear.kernels.logprobs import token_logprobs
 
 PROBLEMS = ["Start with 3. Add 4.", "Start with 12. Multiply by 2, then subtract 5.", "Start with 9."]
 

@@ -21,9 +21,9 @@ from omegaconf import OmegaConf
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM, Qwen3Config
 
+from klear.kernels.logprobs import token_logprobs
 from klear.runtime import vocab_shards
 from klear.runtime.strategies import shard_model
-from klear.kernels.logprobs import token_logprobs
 
 WORLD = 2
 TRAINER = {"fsdp_reshard_after_forward": True, "fsdp_mixed_precision": False, "fsdp_cpu_offload": False}
