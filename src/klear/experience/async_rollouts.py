@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
-from omegaconf import OmegaConf
 
 from klear.experience.rollout_worker import WorkerSpec, worker_main
 from klear.experience.rollouts import RolloutsError
@@ -266,7 +265,7 @@ def start_async_rollouts(module) -> AsyncRollouts:
             max(1, threads - worker_threads), cpu_threads.usable_cores(), "the trainer's half beside the rollout worker"
         )
     spec = WorkerSpec(
-        config=OmegaConf.to_object(config),
+        config=config,
         train_problems=module.train_problems,
         eval_problems=module.eval_problems,
         max_model_len=module.max_model_len,

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from klear.data.problems import Problem
@@ -154,7 +153,7 @@ def start_sync_rollouts(module) -> SyncRollouts:
     """The synchronous rollouts of ``module`` (an ``RLModule`` in ``on_fit_start``, its policy on its device), over
     its policy, tokenizer and reward, stopping at its agreement points."""
     rollouts = SyncRollouts.build(
-        OmegaConf.to_object(module.config),
+        module.config,
         module.model,
         module.train_problems,
         module.eval_problems,

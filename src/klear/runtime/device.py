@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
+from klear.schema import RLRunConfig, SFTRunConfig
+
 
 def uses_cuda(accelerator: str = "auto") -> bool:
     """Whether ``trainer.accelerator`` means a CUDA GPU: ``gpu`` yes, ``cpu`` no, ``auto`` when one is visible."""
@@ -19,13 +21,13 @@ def uses_cuda(accelerator: str = "auto") -> bool:
     return accelerator == "auto" and torch.cuda.is_available()
 
 
-def policy_on_cuda(config: DictConfig) -> bool:
+def policy_on_cuda(config: RLRunConfig | SFTRunConfig | DictConfig) -> bool:
     """Whether the policy loads with the CUDA dtype (``model.dtype: auto`` -> bfloat16): on a GPU, except under
     ``fsdp2``, whose sharded parameters stay float32 master weights."""
     return uses_cuda(config.trainer.accelerator) and config.trainer.strategy != "fsdp2"
 
 
-def default_precision(config: DictConfig) -> str:
+def default_precision(config: RLRunConfig | SFTRunConfig | DictConfig) -> str:
     """``trainer.precision: auto``: bf16-mixed on a GPU (fsdp2 mixes precision through its own policy, so
     32-true there), 32-true on a CPU."""
     if config.trainer.precision != "auto":
@@ -33,7 +35,7 @@ def default_precision(config: DictConfig) -> str:
     return "bf16-mixed" if policy_on_cuda(config) else "32-true"
 
 
-def compute_precision(config: DictConfig) -> str:
+def compute_precision(config: RLRunConfig | SFTRunConfig | DictConfig) -> str:
     """The precision the policy computes in, which the rollout engine samples in (``rollout.vllm.dtype: auto``):
     the trainer's, except under ``fsdp2`` on a GPU with ``trainer.fsdp_mixed_precision``, which computes in
     bfloat16 behind the trainer's ``32-true`` (an engine in float32 would hold twice the memory and sample from

@@ -26,9 +26,10 @@ from torch import nn
 from klear.runtime import memory
 from klear.runtime.distributed import agree_on_failure
 from klear.runtime.vocab_shards import shard_vocabulary
+from klear.schema import RLRunConfig, SFTRunConfig
 
 
-def build_strategy(config: DictConfig):
+def build_strategy(config: RLRunConfig | SFTRunConfig | DictConfig):
     """``auto``: Lightning's choice for one device; ``ddp``: DistributedDataParallel; ``fsdp2``: see above."""
     trainer = config.trainer
     if trainer.strategy == "ddp":
@@ -42,11 +43,11 @@ def build_strategy(config: DictConfig):
     return "auto"
 
 
-def uses_fsdp2(config: DictConfig) -> bool:
+def uses_fsdp2(config: RLRunConfig | SFTRunConfig | DictConfig) -> bool:
     return config.trainer.strategy == "fsdp2"
 
 
-def shard_model(model: nn.Module, mesh, config: DictConfig) -> nn.Module:
+def shard_model(model: nn.Module, mesh, config: RLRunConfig | SFTRunConfig | DictConfig) -> nn.Module:
     """``fully_shard`` each decoder layer, then the root (final norm, anything else outside the layers), over
     ``mesh``; the input embedding and the output head are sharded by vocabulary rows and streamed in blocks instead
     (`klear.runtime.vocab_shards`), so no rank ever holds one of those (V, H) matrices or its gradient whole (unless

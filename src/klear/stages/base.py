@@ -16,7 +16,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
@@ -32,6 +31,7 @@ from klear.run.stopping import agreement_point
 from klear.runtime import memory
 from klear.runtime.optim import build_optimizer, build_scheduler
 from klear.runtime.strategies import export_hf, shard_model, uses_fsdp2
+from klear.schema import RLRunConfig, SFTRunConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 class StageModule(L.LightningModule):
     """Base of the stages' LightningModules (see the module docstring)."""
 
-    def __init__(self, config: DictConfig) -> None:
+    def __init__(self, config: RLRunConfig | SFTRunConfig) -> None:
+        """``config``: the run's config as the schema's dataclass (`klear.schema`), read from the loaded YAML once, by
+        the stage's ``build``."""
         super().__init__()
         self.automatic_optimization = False
         self.config = config
@@ -127,7 +129,7 @@ class StageModule(L.LightningModule):
 
 
 def stage_problems(
-    config: DictConfig,
+    config: RLRunConfig | SFTRunConfig,
     split: str,
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
@@ -142,7 +144,7 @@ def stage_problems(
     ``max_new_tokens``, so no kept prompt can overflow generation.
     """
     data = config.data
-    limit = data.get("max_prompt_tokens", 0)
+    limit = getattr(data, "max_prompt_tokens", 0)
     if not limit:
         try:
             limit = prompt_budget(config.model, max_new_tokens)
@@ -150,11 +152,11 @@ def stage_problems(
             key = "rollout.max_new_tokens" if split == "train" else "eval.max_new_tokens"
             raise ConfigError(f"{key} = {max_new_tokens}: {error}") from None
     problems = load_problems(
-        data[split],
+        getattr(data, split),
         task,
         reward,
         split=split,
-        num=data[f"num_{split}"],
+        num=getattr(data, f"num_{split}"),
         seed=seed,
         levels=data.levels,
         prompt_length=lambda prompt: len(encode_prompt(tokenizer, prompt)),
@@ -163,8 +165,12 @@ def stage_problems(
         truncation=data.truncation if config.stage == "rl" else "skip",  # SFT's data.truncation cuts its examples
     )
     problems.log(f"data.{split}")
-    warn_bad_rows(problems.bad, {data[split]: problems.rows})
+    warn_bad_rows(problems.bad, {getattr(data, split): problems.rows})
     log.info(
-        "data.%s: %d problems from %s (%d rows skipped)", split, len(problems.problems), data[split], len(problems.bad)
+        "data.%s: %d problems from %s (%d rows skipped)",
+        split,
+        len(problems.problems),
+        getattr(data, split),
+        len(problems.bad),
     )
     return problems

@@ -27,6 +27,7 @@ metrics are summed over all of them: N ranks make the update one process would m
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -56,6 +57,7 @@ from klear.runtime import memory
 from klear.runtime.device import policy_on_cuda
 from klear.runtime.distributed import Ranks
 from klear.runtime.strategies import full_tensors
+from klear.schema import RLRunConfig
 from klear.stages.base import StageModule, stage_problems
 from klear.update.update import PolicyUpdate
 
@@ -70,7 +72,7 @@ class RLModule(StageModule):
 
     def __init__(
         self,
-        config: DictConfig,
+        config: RLRunConfig,
         train_problems: list[Problem],
         eval_problems: list[Problem],
         tokenizer: PreTrainedTokenizerBase,
@@ -82,10 +84,10 @@ class RLModule(StageModule):
         ``step_problems``: the prompts of step ``n`` (the run's batches), which asynchronous rollouts sample ahead;
         ``reward``: the run's reward, which scores the rollouts and the evaluation."""
         super().__init__(config)
-        objective = OmegaConf.to_container(config.objective)
+        objective = dict(config.objective)
         self.objective = get_objective(objective.pop("name"), **objective)
         self.save_hyperparameters(
-            {"config": OmegaConf.to_container(config, resolve=True), "objective_class": _class_path(self.objective)}
+            {"config": dataclasses.asdict(config), "objective_class": _class_path(self.objective)}
         )
         self.tokenizer = tokenizer
         self.reward = reward
@@ -98,8 +100,8 @@ class RLModule(StageModule):
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if config.algorithm.kl_coef else None
         self.update = PolicyUpdate(
             self.objective,
-            OmegaConf.to_object(config.algorithm),
-            OmegaConf.to_object(config.rollout),
+            config.algorithm,
+            config.rollout,
             seed=config.seed,
             grad_clip=config.optim.grad_clip,
             pad_token_id=tokenizer.pad_token_id,
@@ -236,7 +238,9 @@ def _class_path(objective: torch.nn.Module) -> str:
 
 def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatches]:
     """The RL module and its resumable prompt batches. Every data row is checked here, before any training: a bad
-    one is skipped by file and line (and listed in ``data_report.json``), a source with no usable row stops."""
+    one is skipped by file and line (and listed in ``data_report.json``), a source with no usable row stops. The
+    loaded config becomes the schema's `RLRunConfig` here, once: everything below reads that."""
+    config = OmegaConf.to_object(config)
     data, tokenizer = config.data, load_tokenizer(config.model)
     task = Task(config.reward.name, data.prompt_key, data.reference_key)
     reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)

@@ -11,6 +11,7 @@ Each step's row of ``metrics.csv`` holds ``train/loss`` and, on evaluation steps
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -18,7 +19,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
-from klear.config import RolloutConfig
 from klear.data.batches import ResumableBatches
 from klear.data.packing import collate, plan_batches
 from klear.data.problems import Problem, Task, content_digest
@@ -36,6 +36,7 @@ from klear.run.stopping import check_finite
 from klear.runtime.device import compute_precision, policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
+from klear.schema import RolloutConfig, SFTRunConfig
 from klear.stages.base import StageModule, stage_problems
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,10 @@ class SFTModule(StageModule):
     """Supervised fine-tuning of ``config.model`` on tokenized chat examples."""
 
     def __init__(
-        self, config: DictConfig, eval_problems: list[Problem], tokenizer: PreTrainedTokenizerBase, reward: Reward
+        self, config: SFTRunConfig, eval_problems: list[Problem], tokenizer: PreTrainedTokenizerBase, reward: Reward
     ) -> None:
         super().__init__(config)
-        self.save_hyperparameters({"config": OmegaConf.to_container(config, resolve=True)})
+        self.save_hyperparameters({"config": dataclasses.asdict(config)})
         self.tokenizer = tokenizer
         self.model = load_model(
             config.model,
@@ -163,10 +164,12 @@ def _micro_batches(batch: dict[str, torch.Tensor], targets: torch.Tensor, size: 
 
 def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatches]:
     """The SFT module and its resumable batches. Every row is checked here, before any training: a row that is not
-    a conversation is skipped by file and line (and listed in ``data_report.json``); no usable row stops the run."""
+    a conversation is skipped by file and line (and listed in ``data_report.json``); no usable row stops the run.
+    The loaded config becomes the schema's `SFTRunConfig` here, once: everything below reads that."""
+    config = OmegaConf.to_object(config)
     data, tokenizer = config.data, load_tokenizer(config.model)
     lines, rows, bad = sft_source(data.train, data.num_train, config.seed, data.levels, data.plain_fraction)
-    layout = file_layout(rows, data.train, data)
+    layout = file_layout(rows, data.train, vars(data))
     log.info("data.train: %s: %s", data.train, layout.summary())
     examples, stats = build_sft_examples(
         rows,
