@@ -703,10 +703,12 @@ def marked_table(page: str, marker: str) -> list[list[str]]:
 
 
 def test_the_readme_objective_table_names_every_registered_objective_once():
-    from klear.objectives import get_objective, list_objectives
+    from klear.objectives import get_objective, list_objectives, objective_class
 
     names = [name for row in marked_table("README.md", OBJECTIVE_TABLE) for name in re.findall(r"`([^`]+)`", row[0])]
-    assert sorted(names) == sorted(list_objectives()), "README.md's objective table against list_objectives()"
+    # The built-in ones: other tests of this process may have registered objectives of their own.
+    shipped = [name for name in list_objectives() if objective_class(name).__module__.startswith("klear.")]
+    assert sorted(names) == sorted(shipped), "README.md's objective table against list_objectives()"
     readme = (ROOT / "README.md").read_text()
     hyperparameters = {key for name in names for key in get_objective(name).hyperparameters()}
     unnamed = [
