@@ -137,13 +137,14 @@ def stage_problems(
     seed: int,
     max_new_tokens: int,
 ) -> ProblemSet:
-    """The checked problems of ``config.data[split]`` (``train`` or ``eval``), skipped rows warned about.
+    """The checked problems of ``config.data.<split>`` (``train`` or ``eval``), skipped rows warned about.
 
     Prompts longer than ``data.max_prompt_tokens`` are handled by ``data.truncation`` (RL; skipped in SFT's
     evaluation); when that is 0 (or the stage has no such key), the limit is what the model's context leaves after
     ``max_new_tokens``, so no kept prompt can overflow generation.
     """
     data = config.data
+    source = getattr(data, split)  # data.train or data.eval
     limit = getattr(data, "max_prompt_tokens", 0)
     if not limit:
         try:
@@ -152,7 +153,7 @@ def stage_problems(
             key = "rollout.max_new_tokens" if split == "train" else "eval.max_new_tokens"
             raise ConfigError(f"{key} = {max_new_tokens}: {error}") from None
     problems = load_problems(
-        getattr(data, split),
+        source,
         task,
         reward,
         split=split,
@@ -165,12 +166,6 @@ def stage_problems(
         truncation=data.truncation if config.stage == "rl" else "skip",  # SFT's data.truncation cuts its examples
     )
     problems.log(f"data.{split}")
-    warn_bad_rows(problems.bad, {getattr(data, split): problems.rows})
-    log.info(
-        "data.%s: %d problems from %s (%d rows skipped)",
-        split,
-        len(problems.problems),
-        getattr(data, split),
-        len(problems.bad),
-    )
+    warn_bad_rows(problems.bad, {source: problems.rows})
+    log.info("data.%s: %d problems from %s (%d rows skipped)", split, len(problems.problems), source, len(problems.bad))
     return problems
