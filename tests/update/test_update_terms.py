@@ -125,7 +125,7 @@ def test_the_per_token_kl_is_zero_outside_the_mask(estimator, expected):
     logprobs = torch.tensor([LOGPROBS], requires_grad=True)
     update = GivenLogprobs(logprobs, None, torch.tensor([REFERENCE]), kl_coef=0.5, kl_estimator=estimator)
     batch = micro([LOGPROBS], [LOGPROBS], [0.0], [False], mask=[[True, True, False]])
-    kl = update._kl(batch, logprobs)
+    kl = update._kl(POLICY, batch, logprobs)
     assert torch.allclose(kl, torch.tensor([expected]), atol=1e-6)
     (grad,) = torch.autograd.grad(kl.sum(), logprobs)
     # k1: d/dlogp = 1 on scored tokens; k3: 1 - exp(ref - logp) = [0.181269, 0]; nothing on the masked one.

@@ -117,7 +117,14 @@ def _rows(schema: type, values: dict, defaults: dict, prefix: str) -> list[KeyHe
     for field in dataclasses.fields(schema):
         key = f"{prefix}{field.name}"
         nested = _section_type(schema, field.name)
-        if nested is not None:
+        if nested is not None and type(None) in typing.get_args(_hints(schema)[field.name]):
+            # A section that may be null (model.lora): its own row, then its keys as they are once it is set.
+            value, default = values[field.name], defaults[field.name]
+            doc = docs.get(field.name, "")
+            rows.append(KeyHelp(key, "section or null", show(value), show(default), doc))
+            unset = OmegaConf.to_container(OmegaConf.structured(nested), resolve=True)
+            rows += _rows(nested, value or unset, default or unset, prefix=f"{key}.")
+        elif nested is not None:
             rows += _rows(nested, values[field.name], defaults[field.name], prefix=f"{key}.")
         elif not prefix and field.name == "objective":
             rows += _objective_rows(values[field.name], defaults[field.name], docs.get(field.name, ""))
@@ -250,7 +257,8 @@ def _type_name(annotation: Any) -> str:
 def _section_type(schema: type, name: str) -> type | None:
     """The dataclass of field ``name`` of ``schema`` when that field is a section, else None."""
     hint = _hints(schema)[name]
-    return hint if dataclasses.is_dataclass(hint) else None
+    kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)] or [hint]  # X | None: X
+    return kinds[0] if len(kinds) == 1 and dataclasses.is_dataclass(kinds[0]) else None
 
 
 @functools.cache

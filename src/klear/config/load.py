@@ -118,6 +118,7 @@ def check_config(config: DictConfig) -> None:
     _check_levels(config.data)
     _check_synthetic_rewards(config)
     _check_rope_scaling(config.model.rope_scaling)
+    _check_lora(config.model.lora)
     problem = model_path_problem(config.model.path)
     if problem:
         raise ConfigError(f"model.path = {config.model.path!r}: {problem}")
@@ -260,7 +261,7 @@ def _check_fields(node: Any, schema: type, prefix: str) -> None:
             kind = "an integer" if field.type in (int, "int") else "a number" if finite else "a finite number"
             why = f" ({field.metadata['why']})" if "why" in field.metadata and finite else ""
             raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {kind} {field.metadata['range']}{why}")
-        if field.name in sections:
+        if field.name in sections and value is not None:  # None: a section that may be null (model.lora)
             _check_fields(value, sections[field.name], prefix=f"{key}.")
 
 
@@ -271,6 +272,8 @@ def _check_shapes(layer: dict, schema: type, prefix: str) -> None:
     for name, value in layer.items():
         key = f"{prefix}{name}"
         if name in sections:
+            if value is None and _nullable(hints[name]):
+                continue
             if not isinstance(value, dict):
                 example = dataclasses.fields(sections[name])[0].name
                 raise ConfigError(
@@ -283,6 +286,26 @@ def _check_shapes(layer: dict, schema: type, prefix: str) -> None:
         if items and Ellipsis not in items and isinstance(value, list) and len(value) != len(items):
             kinds = "numbers" if all(item is float for item in items) else "values"
             raise ConfigError(f"{key} = {value!r} is not accepted; accepted: a list of {len(items)} {kinds}")
+
+
+def _check_lora(lora: DictConfig | None) -> None:
+    """``model.lora`` needs PEFT, target modules, and an ``adapter`` that is a PEFT adapter folder; the target
+    modules are checked against the model's layers by `klear.run.preflight`."""
+    if lora is None:
+        return
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError("model.lora needs the peft package: pip install -e '.[lora]'")
+    if not lora.target_modules:
+        raise ConfigError("model.lora.target_modules = [] is not accepted; accepted: layer names, or [all-linear]")
+    if lora.adapter and not (Path(lora.adapter) / "adapter_config.json").is_file():
+        raise ConfigError(
+            f"model.lora.adapter = {lora.adapter!r} is not a PEFT adapter folder (no adapter_config.json there); "
+            "give the adapter/ folder of a LoRA run"
+        )
+
+
+def _nullable(hint: Any) -> bool:
+    return type(None) in typing.get_args(hint)
 
 
 def _check_levels(data: DictConfig) -> None:
@@ -401,9 +424,14 @@ def _type_name(hint: Any) -> str:
 
 
 def _sections(schema: type) -> dict[str, type]:
-    """Field name -> dataclass type, for the fields of ``schema`` that are config sections."""
-    hints = typing.get_type_hints(schema)
-    return {name: hint for name, hint in hints.items() if dataclasses.is_dataclass(hint)}
+    """Field name -> dataclass type, for the fields of ``schema`` that are config sections (``model.lora``, a
+    section that may be null, included)."""
+    sections = {}
+    for name, hint in typing.get_type_hints(schema).items():
+        kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)] or [hint]
+        if len(kinds) == 1 and dataclasses.is_dataclass(kinds[0]):
+            sections[name] = kinds[0]
+    return sections
 
 
 def _explain(error: OmegaConfBaseException, stage: str) -> str:

@@ -30,6 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from klear.models import attention
+from klear.models.lora import adapter_base, adapter_config, merge_adapter
 from klear.models.tiny import TINY_SIZES, build_tiny
 from klear.runtime import memory, threads
 from klear.schema import ModelConfig
@@ -60,6 +61,9 @@ def resolve_model_path(path: str) -> str:
                 f"rebuild it with: python tools/build_tiny_sft.py --name {path}"
             )
         return str(folder)
+    base = adapter_base(path)
+    if base is not None:  # a PEFT adapter folder: its base model's config, tokenizer and weights, adapters merged
+        return resolve_model_path(base)
     if path == "tiny":
         # Keyed by the sizes, so a change of the built-in sizes never reuses a stale build.
         digest = hashlib.sha256(json.dumps(TINY_SIZES, sort_keys=True).encode()).hexdigest()[:10]
@@ -125,11 +129,18 @@ def load_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(config: ModelConfig, on_cuda: bool = False, cpu_threads: int = 0, processes: int = 1) -> PreTrainedModel:
+def load_model(
+    config: ModelConfig, on_cuda: bool = False, cpu_threads: int = 0, processes: int = 1, adapter: str | None = None
+) -> PreTrainedModel:
     """The causal LM of ``config.path`` in the configured dtype, in train mode. Every command loads its model here,
     so this is where torch's CPU threads are chosen, by the model's size (`klear.runtime.threads`; ``cpu_threads``:
     ``trainer.cpu_threads`` or ``--threads``, 0 = chosen by klear; ``processes``: the run's processes on this
-    machine, ``trainer.devices``, which share its cores)."""
+    machine, ``trainer.devices``, which share its cores).
+
+    A PEFT adapter folder as ``config.path`` (a LoRA run's ``adapter/``) loads the base model its
+    ``adapter_config.json`` names with the adapters merged; ``adapter`` merges that folder's adapters into the model
+    of ``config.path`` (an adapter given with its base). ``model.lora`` is applied by the stages
+    (`klear.models.lora.with_lora`), not here."""
     with memory.phase("load"):
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model_path(config.path),
@@ -137,6 +148,9 @@ def load_model(config: ModelConfig, on_cuda: bool = False, cpu_threads: int = 0,
             dtype=model_dtype(config, on_cuda),
             attn_implementation=attention.NAME if config.attn_implementation == "sdpa" else config.attn_implementation,
         )
+    adapter = adapter or (config.path if adapter_config(config.path) is not None else None)
+    if adapter is not None:
+        model = merge_adapter(model, adapter)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False

@@ -23,6 +23,8 @@ from klear.registry import Registry
 if TYPE_CHECKING:  # only for annotations: the data commands should not pay torch's import
     from torch import Tensor
 
+    from klear.schema import RolloutConfig
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -118,3 +120,10 @@ def _lazy(path: str) -> EngineFactory:
 
 ENGINES.register("hf")(_lazy("klear.rollout.hf:build_hf_engine"))
 ENGINES.register("vllm")(_lazy("klear.rollout.vllm_engine:build_vllm_engine"))
+
+
+def engine_holds_copy(rollout: RolloutConfig) -> bool:
+    """Whether the run's engine samples from weights of its own, which each refresh loads (``vllm``, any engine of
+    a rollout worker), rather than from the training policy's own modules (the ``hf`` engine of synchronous
+    rollouts)."""
+    return rollout.engine != "hf" or rollout.max_staleness > 0

@@ -49,6 +49,8 @@ class RunDir:
         self.metrics = self.root / "metrics.csv"
         self.checkpoints = self.root / "checkpoints"
         self.hf = self.root / "hf"
+        self.adapter = self.root / "adapter"
+        """A LoRA run's adapters, in PEFT's format (``hf`` holds the merged model)."""
         self.lock: FolderLock | None = None
         """The lock this process holds on the directory (``klear.fit``'s first process), released at the end."""
 

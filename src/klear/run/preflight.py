@@ -4,6 +4,8 @@ leaves no ``config.yaml`` behind and says why in one line.
 
 - ``trainer.accelerator=gpu`` needs a CUDA GPU that torch sees (torch is imported for that question only);
 - ``model.attn_implementation=flash_attention_2`` needs the flash-attn package and a GPU;
+- ``model.lora.target_modules`` must name linear layers the model has (its architecture is built on the meta
+  device: nothing is allocated or read but its config);
 - ``trainer.num_nodes > 1`` needs a launcher that starts the other nodes' processes and tells this one where the
   first node is: without one, the rendezvous waits for nodes that never come, without a word. The launchers are
   the ones Lightning's cluster environments detect (`lightning.fabric.plugins.environments`): SLURM's ``srun``,
@@ -63,6 +65,12 @@ def check_machine(config: DictConfig) -> None:
             )
         if trainer.accelerator == "cpu":
             raise ConfigError("model.attn_implementation=flash_attention_2 runs on GPUs; on a CPU use sdpa")
+    if config.model.lora is not None:
+        from klear.models.lora import target_problem
+
+        problem = target_problem(config.model)
+        if problem:
+            raise ConfigError(problem)
     if trainer.num_nodes > 1 and launcher() is None:
         raise ConfigError(
             f"trainer.num_nodes = {trainer.num_nodes}, but no multi-node launcher started this process, so it would "

@@ -14,10 +14,13 @@ one gathered tensor at a time, so no rank ever holds the whole state dict beside
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -96,15 +99,14 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def full_tensors(model: nn.Module):
     """``(name, whole tensor)`` of every parameter; under FSDP2 each is gathered in turn (a collective: every
     rank iterates in the same order), so at most one whole parameter exists beyond the shards at a time."""
-    from torch.distributed.tensor import DTensor
-
     for name, parameter in model.named_parameters():
-        yield name, parameter.full_tensor() if isinstance(parameter, DTensor) else parameter.detach()
+        yield name, whole_tensor(parameter)
 
 
-def export_hf(module, directory) -> None:
+def export_hf(module, directory, write: Callable[[Any, Path, bool], None] | None = None) -> None:
     """Save ``module.model`` and ``module.tokenizer`` as a Hugging Face checkpoint in ``directory`` (rank 0 writes
-    it; under FSDP2 every rank must call this, since the shards are gathered).
+    it; under FSDP2 every rank must call this, since the shards are gathered). ``write(module, folder, rank_zero)``
+    replaces how the folder is written (a LoRA policy's merged model and adapters: `klear.models.lora`).
 
     A whole model is written by ``save_pretrained`` from the parameters' own memory (safetensors writes from the
     tensors' pointers), with no copy. A sharded one is streamed by :func:`_save_sharded`, unless the model stores
@@ -123,7 +125,7 @@ def export_hf(module, directory) -> None:
     if trainer.is_global_zero:
         shutil.rmtree(staging, ignore_errors=True)  # the leftover of an export that was killed
     try:
-        _write_hf(module, staging, trainer.is_global_zero)
+        (write or _write_hf)(module, staging, trainer.is_global_zero)
         if trainer.is_global_zero:
             _replace_folder(staging, directory)
     except Exception as error:
@@ -144,7 +146,10 @@ def _write_hf(module, directory: Path, rank_zero: bool) -> None:
         if rank_zero:
             model.save_pretrained(directory)
     elif _saved_as_held(model):
-        _save_sharded(model, directory, rank_zero)
+        state = _saved_state(model)
+        shapes = {name: (tensor.shape, tensor.dtype) for name, tensor in state.items()}
+        tensors = ((name, whole_tensor(tensor)) for name, tensor in state.items())
+        save_streamed(model, directory, rank_zero, shapes, tensors)
     else:
         # Gathered tied weights are separate copies that save_pretrained cannot see are one: keep the source only.
         state = _without_tied(model, full_state_dict(model))
@@ -152,6 +157,13 @@ def _write_hf(module, directory: Path, rank_zero: bool) -> None:
             model.save_pretrained(directory, state_dict=state)
     if rank_zero:
         module.tokenizer.save_pretrained(directory)
+
+
+def whole_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor whole: gathered when it is an FSDP2 shard (a collective every rank calls), else detached."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
 
 
 def _replace_folder(new: Path, old: Path) -> None:
@@ -222,19 +234,23 @@ def _saved_as_held(model: nn.Module) -> bool:
     return saved.keys() == held.keys() and all(saved[name].shape == held[name].shape for name in held)
 
 
-def _save_sharded(model: nn.Module, directory: Path, rank_zero: bool) -> None:
-    """``model.safetensors`` of a sharded ``model``, streamed: the header comes from the tensors' global shapes,
-    then each tensor is gathered (a collective, in the same order on every rank), written by rank 0 and freed, so
-    at most one whole tensor exists beyond the shards. ``save_pretrained`` with no tensors writes the rest (config,
-    generation config) exactly as for a whole model; its empty weights file is then replaced."""
-    from torch.distributed.tensor import DTensor
-
-    state = _saved_state(model)
+def save_streamed(
+    owner: nn.Module,
+    directory: Path,
+    rank_zero: bool,
+    shapes: dict[str, tuple[torch.Size, torch.dtype]],
+    tensors: Iterator[tuple[str, torch.Tensor]],
+) -> None:
+    """``model.safetensors`` streamed from ``tensors`` (whole tensors, in the order of ``shapes``, which gives the
+    header: names, global shapes and dtypes): each tensor is written by rank 0 and freed, so at most one whole tensor
+    exists beyond the shards (a sharded model's tensors are gathered as ``tensors`` is iterated: a collective, in the
+    same order on every rank). ``owner.save_pretrained`` with no tensors writes the rest (config, generation config)
+    exactly as for a whole model; its empty weights file is then replaced."""
     header: dict[str, dict] = {}
     offset = 0
-    for name, tensor in state.items():
-        size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape)}
+    for name, (shape, dtype) in shapes.items():
+        size = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape)}
         header[name]["data_offsets"] = [offset, offset + size]
         offset += size
     header["__metadata__"] = {"format": "pt"}
@@ -242,14 +258,14 @@ def _save_sharded(model: nn.Module, directory: Path, rank_zero: bool) -> None:
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
     written, file = _FirstFailure(), None  # rank 0 keeps taking part in every gather after a failed write
     if rank_zero:
-        written(lambda: model.save_pretrained(directory, state_dict={}))
+        written(lambda: owner.save_pretrained(directory, state_dict={}))
         file = written(lambda: open(directory / "model.safetensors", "wb"))  # noqa: SIM115 (closed below)
     try:
         if file is not None:
             written(file.write, len(encoded).to_bytes(8, "little") + encoded)
-        for name in list(state):
-            tensor = state.pop(name)
-            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        for name, whole in tensors:
+            if name not in header:
+                raise ValueError(f"tensor {name!r} is not in the header of the streamed export")
             if file is not None:
                 written(file.write, whole.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
             del whole

@@ -64,6 +64,30 @@ def within(default: Any, low: float, high: float, open_low: bool = False, open_h
 
 
 @dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA) trained in place of the model's weights, built with Hugging Face PEFT (the ``lora``
+    extra): the base weights stay frozen, with no gradient and no optimizer state; the KL reference is the base
+    model with the adapters switched off (no second copy). Names as PEFT's ``LoraConfig`` (``alpha`` is its
+    ``lora_alpha``, ``dropout`` its ``lora_dropout``); see docs/lora.md."""
+
+    r: int = at_least(16, 1)
+    """The adapters' rank."""
+    alpha: float = positive(32.0)
+    """The scaling numerator: an adapter's update is multiplied by ``alpha / r``."""
+    dropout: float = within(0.0, 0, 1, open_high=True)
+    """Dropout on the adapters' input (0 keeps a step's forward passes deterministic given the seed)."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """The linear layers that get adapters, by name (``q_proj``, ``down_proj``, ...); ``all-linear``: every linear
+    layer of the decoder (not the output head)."""
+    modules_to_save: list[str] = field(default_factory=list)
+    """Modules trained whole beside the adapters (e.g. ``lm_head``), saved with them."""
+    adapter: str = ""
+    """A PEFT adapter folder to start from (``adapter/`` of an earlier run), trained further; its own
+    ``adapter_config.json`` then sets the rank, ``alpha`` and the target modules. Empty: fresh adapters (B = 0, so
+    the first step starts from the base model exactly)."""
+
+
+@dataclass
 class ModelConfig:
     path: str = "tiny"
     """A Hugging Face model directory or hub name; ``tiny``: the built-in tiny Qwen3 (built locally from a seed);
@@ -79,6 +103,9 @@ class ModelConfig:
     """Replaces the model config's ``rope_scaling`` (for both engines), e.g. ``{rope_type: yarn, factor: 2.5,
     original_max_position_embeddings: 32768}`` to run Qwen3 past its 32K context as the paper's 64K evaluation
     does; ``max_position_embeddings`` becomes ``factor`` x the original. Empty: the model's own."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of the whole model (``model.lora.r=8`` turns it on with the defaults below);
+    null: full fine-tuning."""
 
 
 @dataclass

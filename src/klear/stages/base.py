@@ -25,6 +25,7 @@ from klear.data.prompts import char_bound, encode_prompt
 from klear.data.readers import warn_bad_rows
 from klear.eval.in_training import evaluate
 from klear.models import prompt_budget
+from klear.models.lora import is_lora, trainable_names, write_adapter, write_merged
 from klear.rollout.engine import RolloutEngine
 from klear.run.directory import RunDir
 from klear.run.stopping import agreement_point
@@ -56,7 +57,10 @@ class StageModule(L.LightningModule):
         return [self.model]
 
     def configure_model(self) -> None:
-        """``fsdp2``: shard :meth:`sharded_models` over the data-parallel mesh."""
+        """``fsdp2``: shard :meth:`sharded_models` over the data-parallel mesh. A LoRA policy's checkpoints hold its
+        trainable parameters only (:meth:`on_save_checkpoint`), so loading one leaves the frozen base as
+        ``model.path`` gave it."""
+        self.strict_loading = not is_lora(self.model)
         memory.mark("setup")
         if uses_fsdp2(self.config) and self.device_mesh is not None:
             for model in self.sharded_models():
@@ -94,7 +98,22 @@ class StageModule(L.LightningModule):
 
     def on_train_end(self) -> None:
         self._log_step(self.run_eval(), step=self.config.trainer.max_steps)
-        export_hf(self, RunDir(self.config.output_dir).hf)
+        run_dir = RunDir(self.config.output_dir)
+        if is_lora(self.model):  # hf/: the merged model, loadable by transformers alone; adapter/: PEFT's format
+            export_hf(self, run_dir.hf, write=write_merged)
+            export_hf(self, run_dir.adapter, write=write_adapter)
+        else:
+            export_hf(self, run_dir.hf)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """A LoRA policy's checkpoint holds the adapters (and ``modules_to_save``) and their optimizer state, not the
+        frozen base weights, which ``model.path`` gives again on resume."""
+        if is_lora(self.model):
+            trainable = {f"model.{name}" for name in trainable_names(self.model)}
+            frozen = {f"model.{name}" for name, _ in self.model.named_parameters()} - trainable
+            checkpoint["state_dict"] = {
+                key: value for key, value in checkpoint["state_dict"].items() if key not in frozen
+            }
 
     def eval_engine(self) -> RolloutEngine:
         """The engine that samples the evaluation, holding the current weights."""

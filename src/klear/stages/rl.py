@@ -46,11 +46,12 @@ from klear.experience.async_rollouts import start_async_rollouts
 from klear.experience.rollouts import Rollouts
 from klear.experience.sampling import start_sync_rollouts
 from klear.models import load_model, load_tokenizer
+from klear.models.lora import is_lora, merged_tensors, with_lora
 from klear.objectives import get_objective
 from klear.objectives.advantages import Advantages
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
-from klear.rollout.engine import needed_model_len
+from klear.rollout.engine import engine_holds_copy, needed_model_len
 from klear.rollout.refresh import RolloutRefresh
 from klear.run.directory import RunDir
 from klear.runtime import memory
@@ -91,13 +92,17 @@ class RLModule(StageModule):
         )
         self.tokenizer = tokenizer
         self.reward = reward
-        self.model = load_model(
+        policy = load_model(
             config.model,
             on_cuda=policy_on_cuda(config),
             cpu_threads=config.trainer.cpu_threads,
             processes=config.trainer.devices,
         )
-        self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if config.algorithm.kl_coef else None
+        self.model = with_lora(policy, config.model.lora, config.seed)
+        # The KL reference: a frozen copy of the policy; with LoRA, the base model itself, adapters off for that
+        # forward (`klear.models.lora.reference_policy`), so no second copy.
+        copied = config.algorithm.kl_coef and config.model.lora is None
+        self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if copied else None
         self.update = PolicyUpdate(
             self.objective,
             config.algorithm,
@@ -132,6 +137,9 @@ class RLModule(StageModule):
     def on_fit_start(self) -> None:
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
         start = start_async_rollouts if self.config.rollout.max_staleness > 0 else start_sync_rollouts
+        if is_lora(self.model):
+            how = "merged weights (W + alpha/r BA)" if engine_holds_copy(self.config.rollout) else "nothing: it samples"
+            log.info("LoRA: the %s engine is refreshed with %s the adapted policy", self.config.rollout.engine, how)
         self.rollouts = start(self)
 
     def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
@@ -139,7 +147,12 @@ class RLModule(StageModule):
         return batch
 
     def policy_tensors(self):
-        """``(hf_name, full tensor)`` of every policy parameter, for the engine refresh."""
+        """``(hf_name, full tensor)`` of every policy parameter, for the engine refresh. A LoRA policy's engine is
+        refreshed with the merged weights under the base model's names when it holds a model of its own (``vllm``,
+        or the rollout worker's copy); the ``hf`` engine of synchronous rollouts samples the adapted policy itself,
+        so nothing is merged for it."""
+        if is_lora(self.model) and engine_holds_copy(self.config.rollout):
+            return merged_tensors(self.model)
         return full_tensors(self.model)
 
     # ---------------------------------------------------------------------------------------------- step
@@ -224,6 +237,7 @@ class RLModule(StageModule):
             self.rollouts.close()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         in_flight = self.rollouts.in_flight() if self.rollouts is not None else None
         if in_flight is not None:
             checkpoint["async_rollouts"] = in_flight

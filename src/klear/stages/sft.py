@@ -27,6 +27,7 @@ from klear.data.sft import IGNORE_INDEX, build_sft_examples, file_layout, sft_so
 from klear.eval.in_training import EVAL_DATA_SEED
 from klear.kernels.logprobs import token_logprobs
 from klear.models import load_model, load_tokenizer
+from klear.models.lora import with_lora
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
@@ -58,11 +59,15 @@ class SFTModule(StageModule):
         super().__init__(config)
         self.save_hyperparameters({"config": dataclasses.asdict(config)})
         self.tokenizer = tokenizer
-        self.model = load_model(
-            config.model,
-            on_cuda=policy_on_cuda(config),
-            cpu_threads=config.trainer.cpu_threads,
-            processes=config.trainer.devices,
+        self.model = with_lora(
+            load_model(
+                config.model,
+                on_cuda=policy_on_cuda(config),
+                cpu_threads=config.trainer.cpu_threads,
+                processes=config.trainer.devices,
+            ),
+            config.model.lora,
+            config.seed,
         )
         self.eval_problems = eval_problems
         self.scorer = RewardScorer(reward)  # the evaluation's reward (eval.reward)

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from klear.experience.sampling import step_seed
 from klear.kernels.passes import LogprobPasses, gap_parts, measured_logprobs, split_rows
 from klear.kernels.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch
+from klear.models.lora import reference_policy
 from klear.objectives import aggregate
 from klear.run.stopping import check_finite
 from klear.runtime.distributed import Ranks
@@ -74,7 +75,8 @@ class PolicyUpdate:
         seed: the run's seed, of the mini-batch orders and the objective's draws.
         grad_clip: gradient-norm clip (``optim.grad_clip``; 0: off).
         pad_token_id: the tokenizer's padding token, for the training tensors.
-        reference: the frozen reference policy of the KL term (``None`` when ``kl_coef`` is 0).
+        reference: the frozen reference policy of the KL term (``None`` when ``kl_coef`` is 0, or when the policy
+            has LoRA adapters: the reference is then its base model, adapters off).
     """
 
     def __init__(
@@ -252,17 +254,18 @@ class PolicyUpdate:
             loss = loss + algorithm.sft_alpha * nll
             metrics.add("actor/sft_loss", nll)
         if algorithm.kl_coef:
-            kl = self._kl(micro, logprobs)
+            kl = self._kl(model, micro, logprobs)
             loss = loss + algorithm.kl_coef * aggregate(kl, mask, mode, normalizer)
             metrics.add("actor/kl", masked_mean(kl.detach(), mask) * weight)
         if algorithm.entropy_coef:
             loss = loss - algorithm.entropy_coef * aggregate(entropy, mask, mode, normalizer)
         return loss
 
-    def _kl(self, micro: RolloutBatch, logprobs: Tensor) -> Tensor:
-        """Per-token KL(policy || reference) estimate: k1 = log(pi / ref), k3 = ref/pi - log(ref/pi) - 1."""
-        with torch.no_grad():
-            reference, _ = self.passes.logprobs(self.reference, micro)
+    def _kl(self, model: nn.Module, micro: RolloutBatch, logprobs: Tensor) -> Tensor:
+        """Per-token KL(policy || reference) estimate: k1 = log(pi / ref), k3 = ref/pi - log(ref/pi) - 1. The
+        reference is the frozen copy, or a LoRA policy's base model, its adapters off (`reference_policy`)."""
+        with torch.no_grad(), reference_policy(model, self.reference) as reference_model:
+            reference, _ = self.passes.logprobs(reference_model, micro)
         log_ratio = torch.where(micro.mask, reference - logprobs, 0.0)
         if self.algorithm.kl_estimator == "k1":
             return -log_ratio
