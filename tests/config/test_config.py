@@ -90,7 +90,7 @@ def test_cli_error_is_one_line_and_exit_code_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: unknown config key 'model.pth'; accepted keys of section 'model': path, dtype, "
-        "gradient_checkpointing, attn_implementation, rope_scaling; did you mean 'model.path'?"
+        "gradient_checkpointing, attn_implementation, rope_scaling, lora; did you mean 'model.path'?"
     ]
     assert not (tmp_path / "config.yaml").exists()  # nothing was started
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from klear.runtime.strategies import save_streamed, whole_tensor
-from klear.schema import LoraConfig, ModelConfig
+from klear.schema import LoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 """The file that makes a folder a PEFT adapter."""
@@ -59,19 +59,18 @@ def with_lora(model: nn.Module, lora: LoraConfig | None, seed: int) -> nn.Module
         return get_peft_model(model, settings)
 
 
-def target_problem(config: ModelConfig) -> str | None:
-    """What is wrong with ``model.lora.target_modules`` for the model of ``config``, in one line naming the key and
-    the linear layers the model has; None when each named module is a linear layer of it (PEFT matches a name
-    against the end of a module's dotted name). The model is built on the meta device: nothing is allocated."""
+def target_problem(lora: LoraConfig, model_config) -> str | None:
+    """What is wrong with ``model.lora.target_modules`` for the model of the transformers config ``model_config``,
+    in one line naming the key and the linear layers the model has; None when each named module is a linear layer
+    of it (PEFT matches a name against the end of a module's dotted name). The model is built on the meta device:
+    nothing is allocated."""
     from transformers import AutoModelForCausalLM
 
-    from klear.models.loading import hf_config
-
-    targets = list(config.lora.target_modules)
-    if targets == ["all-linear"] or config.lora.adapter:
+    targets = list(lora.target_modules)
+    if targets == ["all-linear"] or lora.adapter:
         return None
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config(config))
+        model = AutoModelForCausalLM.from_config(model_config)
     linear = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     leaves = sorted({name.rpartition(".")[2] for name in linear})
     for target in targets:

@@ -66,9 +66,10 @@ def check_machine(config: DictConfig) -> None:
         if trainer.accelerator == "cpu":
             raise ConfigError("model.attn_implementation=flash_attention_2 runs on GPUs; on a CPU use sdpa")
     if config.model.lora is not None:
+        from klear.models import hf_config
         from klear.models.lora import target_problem
 
-        problem = target_problem(config.model)
+        problem = target_problem(config.model.lora, hf_config(config.model))
         if problem:
             raise ConfigError(problem)
     if trainer.num_nodes > 1 and launcher() is None:
