@@ -116,7 +116,8 @@ def test_a_section_or_a_key_or_an_error_listing_the_sections():
         f"rollout.vllm.{field.name}" for field in dataclasses.fields(VLLMConfig)
     }
     assert [row.key for row in key_help(config, "rollout.top_p")] == ["rollout.top_p"]
-    with pytest.raises(ConfigError, match=r"'algoritm' is no section .*; sections: model, model.lora, data, objective, rollout"):
+    sections = "sections: model, model.lora, data, objective, rollout"
+    with pytest.raises(ConfigError, match=rf"'algoritm' is no section .*; {sections}"):
         key_help(config, "algoritm")
     with pytest.raises(ConfigError, match="did you mean 'algorithm'"):
         key_help(config, "algoritm")
