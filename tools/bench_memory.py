@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,27 +102,37 @@ def _build_model(directory: Path, layers: int) -> None:
     (directory / "parameters.txt").write_text(str(count))
 
 
-def run(name: str, model_dir: Path, work: Path, mmap_threshold: int = 0) -> list[RankMemory]:
-    """Run ``name`` (``rl``, ``sft``, ``rl-fsdp2``, ``sft-fsdp2``) through ``python -m klear.fit``; its processes'
-    memory, rank 0 first. ``mmap_threshold`` > 0: glibc serves blocks from that size up by ``mmap`` and returns them
-    when freed (``MALLOC_MMAP_THRESHOLD_``), instead of keeping freed blocks in its heaps."""
+def run(
+    name: str, model_dir: Path, work: Path, mmap_threshold: int = 0, overrides: Sequence[str] = (), label: str = ""
+) -> list[RankMemory]:
+    """Run ``name`` (``rl``, ``sft``, ``rl-fsdp2``, ``sft-fsdp2``) through ``python -m klear.fit``, with ``overrides``
+    (``key=value``) after its own settings, in ``work / (label or name)``; its processes' memory, rank 0 first.
+    ``mmap_threshold`` > 0: glibc serves blocks from that size up by ``mmap`` and returns them when freed
+    (``MALLOC_MMAP_THRESHOLD_``), instead of keeping freed blocks in its heaps."""
     stage, _, strategy = name.partition("-")
-    timeline = work / f"timeline-{name}"
+    label = label or name
+    timeline = work / f"timeline-{label}"
     for old in timeline.glob("*.tsv") if timeline.exists() else []:
         old.unlink()
     arguments = [a.format(steps=STEPS[stage]) for a in STAGES[stage]]
-    arguments += [f"model.path={model_dir}", f"output_dir={work / name}", *(FSDP2 if strategy else [])]
+    arguments += [f"model.path={model_dir}", f"output_dir={work / label}", *(FSDP2 if strategy else []), *overrides]
     env = {**os.environ, "KLEAR_MEMORY_TIMELINE": str(timeline)}
     if mmap_threshold:
         env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
-    command = [sys.executable, "-m", "klear.fit", *arguments, "--overwrite"]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    fit(arguments, env)
     ranks = sorted((read_timeline(path) for path in timeline.glob("*.tsv")), key=lambda rank: rank.rank)
     if len(ranks) != (2 if strategy else 1):
         raise RuntimeError(f"{name}: expected a timeline per rank in {timeline}, found {len(ranks)}")
     return ranks
+
+
+def fit(arguments: Sequence[str], env: dict[str, str] | None = None) -> None:
+    """``python -m klear.fit ARGUMENTS --overwrite`` from the repository root; raises with the end of its output when
+    it fails."""
+    command = [sys.executable, "-m", "klear.fit", *arguments, "--overwrite"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
 
 
 def read_timeline(path: Path) -> RankMemory:
