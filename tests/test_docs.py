@@ -280,6 +280,13 @@ assert "gppo" in list_objectives()
     ("docs/performance.md", "python tools/bench_memory.py"): Covered(
         ("tests/tools/test_bench_memory.py::test_memory_peaks_against_the_state",)
     ),
+    ("docs/performance.md", "python tools/bench_lora.py"): Covered(
+        (
+            "tests/tools/test_bench_lora.py::test_the_benchmark_prints_its_runs_and_ratios",
+            "tests/tools/test_bench_lora.py::test_the_8b_adapter_count_is_pefts",
+        ),
+        "one layer of the 0.6B shape and 2 timed steps there",
+    ),
     ("docs/performance.md", "python tools/bench_rl_packing.py"): Covered(
         (
             "tests/tools/test_bench_rl_packing.py::test_the_benchmark_prints_its_ratios",

@@ -30,30 +30,40 @@ def test_the_benchmark_prints_its_runs_and_ratios(tmp_path):
     command = [sys.executable, str(TOOLS / "bench_lora.py"), "--layers", "1", "--time-layers", "1", "--steps", "2"]
     result = subprocess.run([*command, "--work", str(tmp_path)], capture_output=True, text=True, timeout=3 * 3600)
     assert result.returncode == 0, result.stderr[-3000:]
-    runs = {m["name"] + (m["kl"] or ""): m for m in MEMORY.finditer(result.stdout)}
-    assert set(runs) == {f"{name}{kl}" for name in ("full", "lora r=32", "lora r=1") for kl in ("", ", kl")}
+    assert_memory_lines(result.stdout)
+    assert_time_lines(result.stdout)
+
+
+def assert_memory_lines(output: str) -> None:
+    """The six memory runs of one layer of the Qwen3-0.6B shape and their ratios, as LoRA makes them."""
+    runs = {m["name"] + (m["kl"] or ""): m for m in MEMORY.finditer(output)}
+    assert set(runs) == {f"{name}{kl}" for name in ("full", "lora r=32", "lora r=1") for kl in ("", ", kl")}, output
     peak = {name: float(m["peak"]) for name, m in runs.items()}
     checkpoint = {name: float(m["checkpoint"]) for name, m in runs.items()}
-    weights = 171e6 * 4 / 1e9  # one layer of the shape: 171M float32 parameters, mostly the tied embedding
+    weights = 171e6 * 4 / 1e9  # GB: one layer of the shape, 171M float32 parameters, mostly the tied embedding
     for kl in ("", ", kl"):
         # Full fine-tuning's checkpoint holds the weights and AdamW's two moments; LoRA's the adapters alone.
         assert checkpoint[f"full{kl}"] > 2.5 * weights * 1000
         assert checkpoint[f"lora r=1{kl}"] < checkpoint[f"lora r=32{kl}"] < 0.02 * checkpoint[f"full{kl}"]
         # No gradients nor AdamW moments for the frozen weights: at least their size below full fine-tuning.
         for rank in ("lora r=32", "lora r=1"):
-            assert peak[f"{rank}{kl}"] < peak[f"full{kl}"] - weights
+            assert peak[f"{rank}{kl}"] < peak[f"full{kl}"] - weights, output
     # The KL term: full fine-tuning loads a frozen copy of the policy, LoRA switches its adapters off instead.
-    assert peak["full, kl"] - peak["full"] > 0.7 * weights
-    assert peak["lora r=32, kl"] - peak["lora r=32"] < 0.3 * weights
-    lines = result.stdout.strip().splitlines()
-    memory_summary = next(line for line in lines if line.startswith("bench_lora memory: "))
-    ratios = [float(x) for x in re.findall(r"peak ([\d.]+)x", memory_summary)]
-    assert len(ratios) == 4 and all(0.1 < ratio < 1 for ratio in ratios), memory_summary
-    timed = {(m["shape"], m["variant"]) for m in TIME.finditer(result.stdout)}
+    assert peak["full, kl"] - peak["full"] > 0.7 * weights, output
+    assert peak["lora r=32, kl"] - peak["lora r=32"] < 0.3 * weights, output
+    summary = next(line for line in output.splitlines() if line.startswith("bench_lora memory: "))
+    ratios = [float(x) for x in re.findall(r"peak ([\d.]+)x", summary)]
+    assert len(ratios) == 4 and all(0.1 < ratio < 1 for ratio in ratios), summary
+
+
+def assert_time_lines(output: str) -> None:
+    """A timed run of each variant at each shape, and the ratios as the last line."""
+    timed = {(m["shape"], m["variant"]) for m in TIME.finditer(output)}
     assert timed == {(shape, variant) for shape in ("tiny", "qwen3-0.6b") for variant in ("full", "lora r=32")}
-    assert lines[-1].startswith("bench_lora time: LoRA r=32 / full fine-tuning, ")
-    steps = [float(x) for x in re.findall(r"(?:update|step) ([\d.]+)x", lines[-1])]
-    assert len(steps) == 4 and all(0.2 < ratio < 5 for ratio in steps), lines[-1]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("bench_lora time: LoRA r=32 / full fine-tuning, "), last
+    steps = [float(x) for x in re.findall(r"(?:update|step) ([\d.]+)x", last)]
+    assert len(steps) == 4 and all(0.2 < ratio < 5 for ratio in steps), last
 
 
 def test_the_8b_adapter_count_is_pefts():
