@@ -14,8 +14,9 @@ Step time (``--parts time``): LoRA r=32 against full fine-tuning on the embedded
 tiny-sft model, 16 prompts x 8 samples of up to 96 tokens) and on ``--time-layers`` (4) layers of the Qwen3-0.6B
 shape with `bench_memory`'s RL settings, ``--steps`` steps each at one CPU thread (``trainer.cpu_threads=1``, so the
 two runs of a pair compute alike whatever the machine's load). The times are the runs' own metrics: the median over
-the steps of ``timing/update_s`` (the policy update) and of ``timing/rollout_s + timing/update_s`` (the step). The
-last line gives LoRA's ratios to full fine-tuning.
+the steps of ``timing/update_s`` (the policy update) and of ``timing/rollout_s + timing/update_s`` (the step); and
+the CPU seconds of each run's whole process (start-up and evaluations included), which a loaded machine stretches
+far less than wall times. The last line gives LoRA's ratios to full fine-tuning.
 
     python tools/bench_lora.py [--parts memory,time] [--layers 28] [--time-layers 4] [--steps 6]
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import resource
 import statistics
 import sys
 import tempfile
@@ -117,23 +119,38 @@ def step_time(layers: int, steps: int, work: Path) -> None:
     build_model(model_dir, layers)
     timed = [f"trainer.max_steps={steps}", "trainer.cpu_threads=1"]
     shapes = {"tiny": "tiny-sft, configs/rl.yaml", "qwen3-0.6b": f"Qwen3-0.6B shape, {layers} layers"}
-    times: dict[tuple[str, str], tuple[float, float]] = {}
+    times: dict[tuple[str, str], tuple[float, float, float]] = {}
     for shape, what in shapes.items():
         for variant in TIME_VARIANTS:
             output = work / f"time-{shape}-{folder(variant, False)}"
             overrides = [*VARIANTS[variant], *timed]
+            before = children_cpu_seconds()
             if shape == "tiny":
                 fit([*TINY, *overrides, f"output_dir={output}"])
             else:
                 run("rl", model_dir / "model", work, overrides=overrides, label=output.name)
-            times[shape, variant] = update, step = step_times(output)
-            print(f"{shape} ({what}) {variant}: update {update:.3f} s, step {step:.3f} s (medians of {steps} steps)")
+            cpu = children_cpu_seconds() - before
+            times[shape, variant] = (*step_times(output), cpu)
+            update, step, _ = times[shape, variant]
+            print(
+                f"{shape} ({what}) {variant}: update {update:.3f} s, step {step:.3f} s (medians of {steps} steps), "
+                f"run CPU {cpu:.1f} s",
+                flush=True,
+            )
     ratios = "; ".join(
         f"{shape} update {times[shape, 'lora r=32'][0] / times[shape, 'full'][0]:.2f}x, "
-        f"step {times[shape, 'lora r=32'][1] / times[shape, 'full'][1]:.2f}x"
+        f"step {times[shape, 'lora r=32'][1] / times[shape, 'full'][1]:.2f}x, "
+        f"run CPU {times[shape, 'lora r=32'][2] / times[shape, 'full'][2]:.2f}x"
         for shape in shapes
     )
     print(f"bench_lora time: LoRA r=32 / full fine-tuning, median timing/update_s and rollout + update: {ratios}")
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's finished children: a run's whole CPU time, which the machine's
+    load hardly changes, where its wall times grow with it."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
