@@ -110,9 +110,7 @@ class StageModule(L.LightningModule):
         frozen base weights, which ``model.path`` gives again on resume."""
         if is_lora(self.model):
             trainable = {f"model.{name}" for name in trainable_names(self.model)}
-            # Every name of a tied weight (a tied output head is listed once, under the embedding's name, otherwise).
-            names = self.model.named_parameters(remove_duplicate=False)
-            frozen = {f"model.{name}" for name, _ in names} - trainable
+            frozen = {f"model.{name}" for name, _ in self.model.named_parameters()} - trainable
             checkpoint["state_dict"] = {
                 key: value for key, value in checkpoint["state_dict"].items() if key not in frozen
             }
