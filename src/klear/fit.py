@@ -318,6 +318,8 @@ def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 
             counts = ", ".join(f"{count} of {report[name]['rows']} {name} rows" for name, count in skipped.items())
             lines.append(f"skipped {counts} (each by file and line in {run_dir.data_report})")
     model = f"model: {run_dir.hf}; " if (run_dir.hf / "config.json").is_file() else ""
+    if model and (run_dir.adapter / "adapter_config.json").is_file():  # a LoRA run: hf/ is the merged model
+        model = f"model: {run_dir.hf} (merged), adapter: {run_dir.adapter}; "
     lines.append(f"{model}metrics: {run_dir.metrics}; report: {run_dir.root / 'report.md'} (curves.png)")
     if resume and run_dir.last_checkpoint is not None:
         lines.append(f"nothing is lost: {run_dir.last_checkpoint} is kept; resume with: {resume}")

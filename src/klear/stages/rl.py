@@ -100,9 +100,11 @@ class RLModule(StageModule):
         )
         self.model = with_lora(policy, config.model.lora, config.seed)
         # The KL reference: a frozen copy of the policy; with LoRA, the base model itself, adapters off for that
-        # forward (`klear.models.lora.reference_policy`), so no second copy.
+        # forward (`klear.update.update`), so no second copy.
         copied = config.algorithm.kl_coef and config.model.lora is None
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if copied else None
+        self.refresh_merged = is_lora(self.model) and engine_holds_copy(config.rollout)
+        """Whether the engine gets the LoRA policy's merged weights (see `policy_tensors`)."""
         self.update = PolicyUpdate(
             self.objective,
             config.algorithm,
@@ -138,7 +140,7 @@ class RLModule(StageModule):
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
         start = start_async_rollouts if self.config.rollout.max_staleness > 0 else start_sync_rollouts
         if is_lora(self.model):
-            how = "merged weights (W + alpha/r BA)" if engine_holds_copy(self.config.rollout) else "nothing: it samples"
+            how = "merged weights (W + alpha/r BA)" if self.refresh_merged else "nothing: it samples"
             log.info("LoRA: the %s engine is refreshed with %s the adapted policy", self.config.rollout.engine, how)
         self.rollouts = start(self)
 
@@ -151,7 +153,7 @@ class RLModule(StageModule):
         refreshed with the merged weights under the base model's names when it holds a model of its own (``vllm``,
         or the rollout worker's copy); the ``hf`` engine of synchronous rollouts samples the adapted policy itself,
         so nothing is merged for it."""
-        if is_lora(self.model) and engine_holds_copy(self.config.rollout):
+        if self.refresh_merged:
             return merged_tensors(self.model)
         return full_tensors(self.model)
 
