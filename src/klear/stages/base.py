@@ -24,6 +24,7 @@ from klear.data.problems import ProblemSet, Task, load_problems
 from klear.data.prompts import char_bound, encode_prompt
 from klear.data.readers import warn_bad_rows
 from klear.eval.in_training import evaluate
+from klear.experience.sampling import step_seed
 from klear.models import prompt_budget
 from klear.models.lora import is_lora, trainable_names, write_adapter, write_merged
 from klear.rollout.engine import RolloutEngine
@@ -35,6 +36,9 @@ from klear.runtime.strategies import export_hf, shard_model, uses_fsdp2
 from klear.schema import RLRunConfig, SFTRunConfig
 
 log = logging.getLogger(__name__)
+
+DROPOUT_SEEDS = 2_000
+"""Rank ``r`` seeds a step's dropout with ``step_seed(seed, step, DROPOUT_SEEDS + r)`` (`StageModule.seed_dropout`)."""
 
 
 class StageModule(L.LightningModule):
@@ -51,6 +55,15 @@ class StageModule(L.LightningModule):
         self._eval_metrics: dict[str, float] = {}
         self.agreement: Callable[[], None] | None = None
         """The fit's agreement point on SIGTERM (`klear.run.stopping.agreement_point`), found once as it starts."""
+
+    def seed_dropout(self, step: int) -> None:
+        """With ``model.lora.dropout`` > 0, seed torch's global generator, which dropout draws from, by the run's
+        seed, the step and the rank, as the step starts: a seeded run repeats, and a resumed one draws what the
+        uninterrupted run drew. Nothing else of a step reads that generator (the engines and objectives draw from
+        generators of their own), so without dropout it is left alone."""
+        lora = self.config.model.lora
+        if lora is not None and lora.dropout > 0:
+            torch.manual_seed(step_seed(self.config.seed, step, DROPOUT_SEEDS + self.global_rank))
 
     def sharded_models(self) -> list[nn.Module]:
         """The models ``fsdp2`` shards: the policy, and whatever else a stage runs forward passes of."""
