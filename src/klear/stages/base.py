@@ -53,6 +53,9 @@ class StageModule(L.LightningModule):
         self.step_metrics: dict[str, float] = {}
         """The metrics of the last logged step (the engine refresh reads ``rollout/logprob_gap`` there)."""
         self._eval_metrics: dict[str, float] = {}
+        lora = config.model.lora
+        self.dropout_seeded = lora is not None and lora.dropout > 0
+        """Whether each step seeds dropout (:meth:`seed_dropout`)."""
         self.agreement: Callable[[], None] | None = None
         """The fit's agreement point on SIGTERM (`klear.run.stopping.agreement_point`), found once as it starts."""
 
@@ -60,10 +63,8 @@ class StageModule(L.LightningModule):
         """With ``model.lora.dropout`` > 0, seed torch's global generator, which dropout draws from, by the run's
         seed, the step and the rank, as the step starts: a seeded run repeats, and a resumed one draws what the
         uninterrupted run drew. Nothing else of a step reads that generator (the engines and objectives draw from
-        generators of their own), so without dropout it is left alone."""
-        lora = self.config.model.lora
-        if lora is not None and lora.dropout > 0:
-            torch.manual_seed(step_seed(self.config.seed, step, DROPOUT_SEEDS + self.global_rank))
+        generators of their own), so without dropout (``dropout_seeded``) it is left alone."""
+        torch.manual_seed(step_seed(self.config.seed, step, DROPOUT_SEEDS + self.global_rank))
 
     def sharded_models(self) -> list[nn.Module]:
         """The models ``fsdp2`` shards: the policy, and whatever else a stage runs forward passes of."""

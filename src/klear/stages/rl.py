@@ -162,7 +162,8 @@ class RLModule(StageModule):
     def training_step(self, problems: list[Problem], batch_idx: int) -> None:
         scored, metrics = self.rollouts.take(batch_idx, problems)
         self.stop_point()  # between the generation and the update
-        self.seed_dropout(batch_idx)
+        if self.dropout_seeded:
+            self.seed_dropout(batch_idx)
         self._warn_if_starved(batch_idx, len(scored.groups), self.config.rollout.prompts_per_step)
         if scored.groups:
             timer = time.perf_counter()
