@@ -124,7 +124,8 @@ class StageModule(L.LightningModule):
         frozen base weights, which ``model.path`` gives again on resume."""
         if is_lora(self.model):
             trainable = {f"model.{name}" for name in trainable_names(self.model)}
-            frozen = {f"model.{name}" for name, _ in self.model.named_parameters()} - trainable
+            named = self.model.named_parameters(remove_duplicate=False)  # a tied head is a frozen key of its own
+            frozen = {f"model.{name}" for name, _ in named} - trainable
             checkpoint["state_dict"] = {
                 key: value for key, value in checkpoint["state_dict"].items() if key not in frozen
             }
