@@ -104,7 +104,8 @@ class RLModule(StageModule):
         copied = config.algorithm.kl_coef and config.model.lora is None
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if copied else None
         self.refresh_merged = is_lora(self.model) and engine_holds_copy(config.rollout)
-        """Whether the engine gets the LoRA policy's merged weights (see `policy_tensors`)."""
+        """Whether the engine gets the LoRA policy's merged weights, or its adapters alone where the vLLM engine serves
+        them (see `policy_tensors`)."""
         self.update = PolicyUpdate(
             self.objective,
             config.algorithm,
