@@ -46,7 +46,7 @@ from klear.experience.async_rollouts import start_async_rollouts
 from klear.experience.rollouts import Rollouts
 from klear.experience.sampling import start_sync_rollouts
 from klear.models import load_model, load_tokenizer
-from klear.models.lora import is_lora, merged_tensors, with_lora
+from klear.models.lora import adapter_state, is_lora, merged_tensors, with_lora
 from klear.objectives import get_objective
 from klear.objectives.advantages import Advantages
 from klear.rewards import Reward
@@ -104,7 +104,8 @@ class RLModule(StageModule):
         copied = config.algorithm.kl_coef and config.model.lora is None
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if copied else None
         self.refresh_merged = is_lora(self.model) and engine_holds_copy(config.rollout)
-        """Whether the engine gets the LoRA policy's merged weights (see `policy_tensors`)."""
+        """Whether the engine gets the LoRA policy's merged weights, or its adapters alone where the vLLM engine serves
+        them (see `policy_tensors`)."""
         self.update = PolicyUpdate(
             self.objective,
             config.algorithm,
@@ -139,9 +140,11 @@ class RLModule(StageModule):
     def on_fit_start(self) -> None:
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
         start = start_async_rollouts if self.config.rollout.max_staleness > 0 else start_sync_rollouts
-        if is_lora(self.model):
-            how = "merged weights (W + alpha/r BA)" if self.refresh_merged else "nothing: it samples"
-            log.info("LoRA: the %s engine is refreshed with %s the adapted policy", self.config.rollout.engine, how)
+        rollout = self.config.rollout
+        if is_lora(self.model) and (rollout.engine != "vllm" or rollout.max_staleness > 0):  # vLLM's says its own
+            how = "the merged weights W + alpha/r BA" if self.refresh_merged else "nothing: it samples the policy"
+            where = "rollout worker's " if rollout.max_staleness > 0 else ""
+            log.info("LoRA: the %s%s engine is refreshed with %s", where, rollout.engine, how)
         self.rollouts = start(self)
 
     def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
@@ -151,9 +154,13 @@ class RLModule(StageModule):
     def policy_tensors(self):
         """``(hf_name, full tensor)`` of every policy parameter, for the engine refresh. A LoRA policy's engine is
         refreshed with the merged weights under the base model's names when it holds a model of its own (``vllm``,
-        or the rollout worker's copy); the ``hf`` engine of synchronous rollouts samples the adapted policy itself,
+        or the rollout worker's copy), or with the adapter tensors alone when it serves them (``vllm``,
+        `klear.rollout.vllm_adapters`); the ``hf`` engine of synchronous rollouts samples the adapted policy itself,
         so nothing is merged for it."""
         if self.refresh_merged:
+            # Only a synchronous run's engine (`SyncRollouts.engine`) can serve adapters; a rollout worker has none.
+            if getattr(getattr(self.rollouts, "engine", None), "adapters", None) is not None:
+                return iter(adapter_state(self.model).items())
             return merged_tensors(self.model)
         return full_tensors(self.model)
 
