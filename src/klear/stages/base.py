@@ -107,10 +107,11 @@ class StageModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """A LoRA policy's checkpoint holds the adapters (and ``modules_to_save``) and their optimizer state, not the
-        frozen base weights, which ``model.path`` gives again on resume."""
+        frozen base weights, which ``model.path`` gives again on resume (a tied head under its own name too)."""
         if is_lora(self.model):
             trainable = {f"model.{name}" for name in trainable_names(self.model)}
-            frozen = {f"model.{name}" for name, _ in self.model.named_parameters()} - trainable
+            names = self.model.named_parameters(remove_duplicate=False)
+            frozen = {f"model.{name}" for name, _ in names} - trainable
             checkpoint["state_dict"] = {
                 key: value for key, value in checkpoint["state_dict"].items() if key not in frozen
             }
