@@ -3,13 +3,18 @@ model, RL and SFT: a run stopped after 2 steps and continued with ``--resume`` g
 one, its checkpoints hold the adapters alone, ``hf/`` loads with transformers alone and computes what PeftModel
 computes from ``adapter/`` over the base model."""
 
+import json
+
 import pytest
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from klear.compare.cli import parse_args, plan
 from klear.models import resolve_model_path
+from tests.compare.test_compare import SHORT as COMPARE_SHORT
 from tests.runs import RL_SHORT, assert_same_metrics, fit_in_subprocess, read_metrics
+from tests.test_user_errors import klear
 
 pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in subprocesses
 
@@ -92,3 +97,37 @@ def test_sft_with_lora_resumes_exactly_and_exports_both_folders(tmp_path):
     assert_lora_run(straight, resumed, first)
     losses = [float(row["train/loss"]) for row in read_metrics(straight / "metrics.csv")[:4]]
     assert losses[-1] < losses[0], losses
+
+
+VARIANTS = [
+    "--variants",
+    "full:model.lora=null",
+    "--variants",
+    "r8:model.lora.r=8,model.lora.target_modules=[q_proj,v_proj]",
+]
+
+
+def test_compare_takes_lora_variants_with_list_values():
+    # A comma inside a list value belongs to the value: the r8 variant has two overrides, not three.
+    args = parse_args(["--config", "configs/rl.yaml", "--objectives", "gppo", "--seeds", "0", *VARIANTS])
+    _, runs = plan(args)
+    assert [(run.label, run.overrides) for run in runs] == [
+        ("gppo+full", ["model.lora=null"]),
+        ("gppo+r8", ["model.lora.r=8", "model.lora.target_modules=[q_proj,v_proj]"]),
+    ]
+
+
+@pytest.mark.slow  # four short runs, one at a time on two cores
+def test_compare_lora_against_full_fine_tuning_head_to_head(tmp_path):
+    args = ["--config", "configs/rl.yaml", "--objectives", "gppo", "--seeds", "0,1", *VARIANTS, "--jobs", "2"]
+    result = klear(
+        "klear.compare", *args, *COMPARE_SHORT, "trainer.max_steps=1", f"output_dir={tmp_path}", timeout=1200
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| gppo+full | 2 |" in table and "| gppo+r8 | 2 |" in table, table
+    for seed in (0, 1):
+        full, lora = tmp_path / "runs" / f"gppo+full-seed{seed}", tmp_path / "runs" / f"gppo+r8-seed{seed}"
+        assert (full / "hf").is_dir() and not (full / "adapter").exists()
+        config = json.loads((lora / "adapter" / "adapter_config.json").read_text())
+        assert (config["r"], sorted(config["target_modules"])) == (8, ["q_proj", "v_proj"])
