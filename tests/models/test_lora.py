@@ -128,6 +128,7 @@ def test_adapter_folders_are_recognised_by_their_adapter_config(tmp_path, tiny):
     # A saved adapter folder loads as a model: the base with the adapters merged, the adapted policy's logits.
     loaded = load_model(ModelConfig(path=str(tmp_path / "adapter"))).eval()
     assert not is_lora(loaded)
+    assert all(parameter.requires_grad for parameter in loaded.parameters())  # a model to fine-tune, as any other
     torch.testing.assert_close(logits(loaded), logits(model), rtol=1e-5, atol=1e-5)
     given = load_model(ModelConfig(path="tiny"), adapter=str(tmp_path / "adapter")).eval()
     torch.testing.assert_close(logits(given), logits(loaded), rtol=0, atol=0)
