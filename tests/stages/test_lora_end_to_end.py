@@ -59,6 +59,7 @@ def assert_lora_run(straight, resumed, first) -> None:
     assert len(state) == len(saved)  # AdamW's moments for the adapters alone
     # hf/: the merged model, read by transformers alone; adapter/: PEFT's format over the base model.
     for run in (straight, resumed):
+        assert not (run / "hf" / "adapter_config.json").exists()  # a plain transformers model, no PEFT needed
         merged = AutoModelForCausalLM.from_pretrained(run / "hf").eval()
         base = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny")).eval()
         adapted = PeftModel.from_pretrained(base, run / "adapter").eval()
