@@ -78,6 +78,7 @@ def adapter_folder(tmp_path: Path, base: str) -> str:
         ("missing-given-base", "error: --base {gone}: no model directory there (a folder with config.json)"),
         ("base-with-completions", "error: --base goes with --model ADAPTER_FOLDER (the adapter/ folder of a LoRA run)"),
     ],
+    ids=["base-without-adapter", "missing-base", "missing-given-base", "base-with-completions"],
 )
 def test_adapter_arguments_that_cannot_work_are_one_line_before_torch(tmp_path, case, message):
     gone = str(tmp_path / "gone")
