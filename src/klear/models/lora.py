@@ -204,7 +204,8 @@ def adapter_base(path: str | Path) -> str | None:
 
 
 def merge_adapter(model: nn.Module, path: str | Path) -> nn.Module:
-    """``model`` with the adapters of the folder ``path`` merged into its weights (a plain transformers model)."""
+    """``model`` with the adapters of the folder ``path`` merged into its weights (a plain transformers model), every
+    weight trainable again as a loaded model's is (PEFT froze the base for the adapters)."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    return PeftModel.from_pretrained(model, str(path)).merge_and_unload().requires_grad_(True)
