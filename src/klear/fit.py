@@ -393,8 +393,17 @@ def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callb
 
 
 def _changed_keys(old: DictConfig, new: DictConfig) -> set[str]:
+    """The dotted keys whose values differ. A key the old config does not hold (written by a klear that did not
+    have it yet) differs only when its new value is not the default, which the old run ran with."""
+    from klear.schema import SCHEMAS
+
     a, b = _flatten(old), _flatten(new)
-    return {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+    defaults = _flatten(OmegaConf.structured(SCHEMAS[new.stage]))
+    return {
+        key
+        for key in a.keys() | b.keys()
+        if a.get(key) != b.get(key) and not (key not in a and key in defaults and b.get(key) == defaults[key])
+    }
 
 
 def _flatten(config: DictConfig) -> dict[str, object]:

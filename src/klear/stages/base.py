@@ -119,6 +119,17 @@ class StageModule(L.LightningModule):
         else:
             export_hf(self, run_dir.hf)
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A LoRA checkpoint loads without the frozen base (``strict_loading`` is off for it), so a trainable tensor
+        it lacks (a damaged or foreign file) is an error here rather than an adapter silently left at its start. A
+        sharded (fsdp2) checkpoint is checked as it loads (`klear.runtime.strategies`)."""
+        if is_lora(self.model) and "state_dict" in checkpoint:
+            missing = sorted(
+                {f"model.{name}" for name in trainable_names(self.model)} - checkpoint["state_dict"].keys()
+            )
+            if missing:
+                raise RuntimeError(f"the checkpoint lacks {missing[0]!r} ({len(missing)} trainable tensors missing)")
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """A LoRA policy's checkpoint holds the adapters (and ``modules_to_save``) and their optimizer state, not the
         frozen base weights, which ``model.path`` gives again on resume."""

@@ -254,6 +254,7 @@ class RLModule(StageModule):
             checkpoint["async_rollouts"] = in_flight
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         self.restored_rollouts = checkpoint.get("async_rollouts")
 
 
