@@ -144,7 +144,7 @@ FSDP2_ON_CPU = (
 )
 OBJECTIVE_EXAMPLES = ("tests/objectives/test_docs_examples.py::test_example_runs_and_keeps_the_contract",)
 
-README_TESTS = ("README.md", 'pip install torch==2.13.0 && pip install -e ".[dev,data]"')
+README_TESTS = ("README.md", 'pip install torch==2.13.0 && pip install -e ".[dev,data,lora]"')
 """The README's install-and-test block, which `.ci/run` follows."""
 
 SNIPPETS: dict[tuple[str, str], Covered | Run | Plan | NotOnCPU] = {
@@ -168,6 +168,26 @@ assert "gppo" in list_objectives()
     ("docs/compare.md", "python -m klear.compare --config configs/rl.yaml"): Covered(
         ("tests/test_commands.py::test_compare_command", "tests/compare/test_compare.py::test_files_and_every_run"),
         "a synopsis: [...] are optional",
+    ),
+    # docs/lora.md
+    ("docs/lora.md", "python -m klear.fit --config configs/rl.yaml --objective gppo model.lora.r=8"): Covered(
+        ("tests/stages/test_lora_end_to_end.py::test_rl_with_lora_resumes_exactly_and_exports_both_folders",),
+        "shortened, with the --resume of the block's second line",
+    ),
+    ("docs/lora.md", "python -m klear.fit --config configs/sft.yaml model.lora.r=8"): Covered(
+        ("tests/stages/test_lora_end_to_end.py::test_sft_with_lora_resumes_exactly_and_exports_both_folders",),
+    ),
+    ("docs/lora.md", "merged = AutoModelForCausalLM.from_pretrained"): Covered(
+        ("tests/stages/test_lora_end_to_end.py::test_rl_with_lora_resumes_exactly_and_exports_both_folders",),
+    ),
+    ("docs/lora.md", "python -m klear.eval --model outputs/rl/hf"): Covered(
+        (
+            "tests/eval/test_adapters.py::test_eval_takes_the_merged_folder_the_adapter_folder_and_an_adapter_with_its_base",
+        ),
+    ),
+    ("docs/lora.md", "python -m klear.compare --config configs/rl.yaml --objectives gppo"): Plan(
+        runs=12,
+        tests=("tests/stages/test_lora_end_to_end.py::test_compare_lora_against_full_fine_tuning_head_to_head",),
     ),
     # docs/configuration.md
     ("docs/configuration.md", "python -m klear.fit --config configs/rl.yaml [--objective NAME]"): Covered(

@@ -318,6 +318,8 @@ def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 
             counts = ", ".join(f"{count} of {report[name]['rows']} {name} rows" for name, count in skipped.items())
             lines.append(f"skipped {counts} (each by file and line in {run_dir.data_report})")
     model = f"model: {run_dir.hf}; " if (run_dir.hf / "config.json").is_file() else ""
+    if model and (run_dir.adapter / "adapter_config.json").is_file():  # a LoRA run: hf/ is the merged model
+        model = f"model: {run_dir.hf} (merged), adapter: {run_dir.adapter}; "
     lines.append(f"{model}metrics: {run_dir.metrics}; report: {run_dir.root / 'report.md'} (curves.png)")
     if resume and run_dir.last_checkpoint is not None:
         lines.append(f"nothing is lost: {run_dir.last_checkpoint} is kept; resume with: {resume}")
@@ -391,8 +393,17 @@ def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callb
 
 
 def _changed_keys(old: DictConfig, new: DictConfig) -> set[str]:
+    """The dotted keys whose values differ. A key the old config does not hold (written by a klear that did not
+    have it yet) differs only when its new value is not the default, which the old run ran with."""
+    from klear.schema import SCHEMAS
+
     a, b = _flatten(old), _flatten(new)
-    return {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+    defaults = _flatten(OmegaConf.structured(SCHEMAS[new.stage]))
+    return {
+        key
+        for key in a.keys() | b.keys()
+        if a.get(key) != b.get(key) and not (key not in a and key in defaults and b.get(key) == defaults[key])
+    }
 
 
 def _flatten(config: DictConfig) -> dict[str, object]:

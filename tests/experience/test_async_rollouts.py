@@ -220,3 +220,18 @@ def test_two_sharded_ranks_match_one_process_and_resume_exactly_after_kill_9(tmp
     assert_no_process_left(tag)
     fit_in_subprocess([*sharded, f"output_dir={killed}", "--resume"])
     assert_same_metrics(straight, killed, rel=1e-5)
+
+
+def test_a_lora_policy_reaches_the_rollout_worker_merged(tmp_path):
+    """With ``model.lora`` the worker's copy of the base model receives the merged weights ``W + alpha/r BA`` of every
+    version through the shared buffer (names and shapes of the base model's); its engine samples them with the
+    gap at the full fine-tuning level. Three steps: the third samples a version whose adapters were trained."""
+    lora = ["model.lora.r=8", "optim.lr=1e-2", "trainer.max_steps=3", "rollout.max_staleness=1"]
+    log = fit_in_subprocess([*SHORT, *lora, f"output_dir={tmp_path}"])
+    assert log.count("LoRA: the rollout worker's hf engine is refreshed with the merged weights W + alpha/r BA") == 1
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert [float(row["rollout/staleness"]) for row in rows[:3]] == [0.0, 1.0, 1.0]
+    gaps = [float(row["rollout/logprob_gap"]) for row in rows[:3]]
+    assert max(gaps) < 1e-4, gaps
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()

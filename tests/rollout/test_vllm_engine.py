@@ -24,7 +24,7 @@ from klear.rollout.vllm_sizing import CONTEXT, EXPLICIT, NEEDED, engine_model_le
 pytest.importorskip("vllm")
 
 from klear.rollout.vllm_engine import VLLMEngine  # after the skip: it imports vllm
-from tests.runs import RL_SHORT, read_metrics
+from tests.runs import RL_SHORT, fit_in_subprocess, read_metrics
 
 pytestmark = pytest.mark.end_to_end  # runs `klear.fit` main() (whole training runs)
 
@@ -333,3 +333,109 @@ def test_rope_scaling_reaches_the_engine_as_the_trainer_has_it():
     prompts = [encode_prompt(tokenizer, "Start with 3. Add 4, then multiply by 2.")]
     rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=40, temperature=1.0, n=2, seed=1))
     assert gap(policy, rollouts) < TOL < gap(plain, rollouts)
+
+
+LORA = ["--config", "configs/rl.yaml", *SHORT, "model.lora.r=8", "optim.lr=1e-2", "trainer.max_steps=2"]
+MERGED = "LoRA: the vllm engine is refreshed with the merged weights W + alpha/r BA: "
+
+
+def test_rl_with_lora_refreshes_vllm_with_the_merged_weights(tmp_path):
+    """``model.lora``: every refresh loads ``W + alpha/r BA`` under the base model's names, and the engine samples
+    the adapted policy at the full fine-tuning gap after every refresh (step 1 samples adapters trained by step 0)."""
+    log = fit_in_subprocess([*LORA, f"output_dir={tmp_path}"])
+    assert log.count(f"{MERGED}rollout.vllm.lora_adapters is false") == 1
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert float(rows[0]["actor/updates"]) >= 1
+    gaps = [float(row["rollout/logprob_gap"]) for row in rows[:2]]
+    assert max(gaps) < TOL, gaps
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_rl_with_lora_adapters_served_by_vllm(tmp_path):
+    """``rollout.vllm.lora_adapters``: each refresh loads the trained adapters as vLLM's next adapter version, at the
+    same gap."""
+    log = fit_in_subprocess([*LORA, "rollout.vllm.lora_adapters=true", f"output_dir={tmp_path}"])
+    assert log.count("LoRA: the vllm engine serves the adapters themselves, a new version each refresh") == 1
+    gaps = [float(row["rollout/logprob_gap"]) for row in read_metrics(tmp_path / "metrics.csv")[:2]]
+    assert max(gaps) < TOL, gaps
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_lora_modules_to_save_are_no_vllm_adapter(tmp_path):
+    """Whole modules trained beside the adapters (``modules_to_save``) are no vLLM adapter: the merged weights are
+    loaded even with ``rollout.vllm.lora_adapters``, at the same gap, and the line says why."""
+    args = [*LORA, "rollout.vllm.lora_adapters=true", "model.lora.modules_to_save=[norm]", f"output_dir={tmp_path}"]
+    log = fit_in_subprocess(args)
+    assert log.count(f"{MERGED}model.lora.modules_to_save trains whole modules, which a vLLM adapter cannot carry") == 1
+    gaps = [float(row["rollout/logprob_gap"]) for row in read_metrics(tmp_path / "metrics.csv")[:2]]
+    assert max(gaps) < TOL, gaps
+
+
+@pytest.fixture(scope="module")
+def lora_setup(setup):
+    """An engine serving the adapters of a LoRA policy over the tiny-sft checkpoint (B drawn non-zero)."""
+    from klear.models.lora import with_lora
+    from klear.schema import LoraConfig
+
+    _, _, tokenizer, prompts = setup
+    overrides = ["model.path=tiny-sft", "rollout.engine=vllm", "model.lora.r=8", "rollout.vllm.lora_adapters=true"]
+    config = load_config("configs/rl.yaml", overrides)
+    policy = with_lora(load_model(config.model).eval(), LoraConfig(r=8), seed=0)
+    engine = ENGINES.get("vllm")(policy, tokenizer, model=config.model, rollout=config.rollout, seed=config.seed)
+    return engine, policy.eval(), prompts
+
+
+def trained(policy, generator: torch.Generator) -> None:
+    """Move every adapter tensor (as an update would), in place."""
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_" in name:
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+
+
+@pytest.mark.slow
+def test_adapter_versions_sample_the_adapted_policy(lora_setup):
+    from klear.models.lora import adapter_state
+
+    engine, policy, prompts = lora_setup
+    assert engine.adapters is not None
+    generator = torch.Generator().manual_seed(0)
+    sampling = SamplingParams(max_new_tokens=40, n=2, seed=5)
+    for version in (1, 2):
+        trained(policy, generator)
+        if version == 2:  # the engine still serves version 1: visibly off
+            assert gap(policy, engine.generate(prompts, sampling)) > 1e-2
+        state = torch.get_rng_state()
+        engine.update_weights(adapter_state(policy).items())
+        assert torch.equal(state, torch.get_rng_state())
+        assert engine.llm.llm_engine.list_loras() == {version}  # the previous version removed
+        assert [path.name for path in engine.adapters.root.iterdir()] == [f"version-{version}"]
+        for temperature, top_p, top_k in [(1.0, 1.0, 0), (0.7, 0.8, 0), (1.4, 1.0, 5)]:
+            tempered = SamplingParams(max_new_tokens=40, temperature=temperature, top_p=top_p, top_k=top_k, n=2, seed=1)
+            assert gap(policy, engine.generate(prompts, tempered), temperature) < TOL
+    first, again = engine.generate(prompts, sampling), engine.generate(prompts, sampling)
+    assert [r.response_ids for r in first] == [r.response_ids for r in again]
+    alone = engine.generate(prompts[1:], SamplingParams(max_new_tokens=40, n=2, seed=6))
+    assert [r.response_ids for r in first[2:]] == [r.response_ids for r in alone]
+
+
+@pytest.mark.slow
+def test_bad_adapter_updates_are_errors_and_keep_the_served_version(lora_setup):
+    from klear.models.lora import adapter_state
+
+    engine, policy, prompts = lora_setup
+    engine.update_weights(adapter_state(policy).items())
+    served = engine.adapters.request
+    tensors = list(adapter_state(policy).items())
+    with pytest.raises(KeyError, match=r"'model\.norm\.weight' is not an adapter tensor"):
+        engine.update_weights([*tensors[:2], ("model.norm.weight", torch.zeros(64))])
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights([(tensors[0][0], torch.zeros(2, 2))])
+    with pytest.raises(ValueError, match="missing"):
+        engine.update_weights(tensors[:-1])
+    assert engine.adapters.request == served
+    assert engine.llm.llm_engine.list_loras() == {served.lora_int_id}
+    assert gap(policy, engine.generate(prompts, SamplingParams(max_new_tokens=24, n=2, seed=9))) < TOL

@@ -143,8 +143,18 @@ def _launch(config: str, run: Run, env: dict[str, str]) -> subprocess.Popen:
 
 
 def _parse_variant(text: str) -> tuple[str, list[str]]:
+    """``label:key=value,key=value`` -> the label and its overrides; a comma inside brackets or braces belongs to a
+    list or mapping value (``model.lora.target_modules=[q_proj,v_proj]``)."""
     label, _, assignments = text.partition(":")
-    overrides = [item for item in assignments.split(",") if item]
+    overrides, item, depth = [], "", 0
+    for char in assignments:
+        depth += (char in "[{") - (char in "]}")
+        if char == "," and depth == 0:
+            overrides.append(item)
+            item = ""
+        else:
+            item += char
+    overrides = [value for value in [*overrides, item] if value]
     if not label or not overrides or any("=" not in item for item in overrides):
         raise ConfigError(f"--variants {text!r} must look like label:key=value[,key=value]")
     return _slug(label), overrides

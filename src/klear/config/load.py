@@ -325,10 +325,13 @@ BUILTIN_MODELS = ("tiny", "tiny-sft", "tiny-sft-code", "tiny-sft-testbed")
 
 def model_path_problem(path: str) -> str | None:
     """Why ``path`` cannot be a model, when it can only be a local path (hub names are ``name`` or ``org/name``)
-    and holds no model directory; None when it may be one (a hub name is only checked when it is loaded)."""
+    and holds no model directory; None when it may be one (a hub name is only checked when it is loaded). A PEFT
+    adapter folder (a LoRA run's ``adapter/``) is a model when the base model it names is one."""
     if path in BUILTIN_MODELS:
         return None
     local = Path(path).expanduser()
+    if is_adapter_folder(path):
+        return _adapter_base_problem(local / ADAPTER_CONFIG)
     looks_local = local.exists() or path.startswith(("/", ".", "~")) or path.count("/") > 1
     if looks_local and not (local / "config.json").is_file():
         return (
@@ -346,6 +349,29 @@ def model_path_problem(path: str) -> str | None:
                 'add it (e.g. "model_type": "qwen3"), or give the folder of a saved model'
             )
     return None
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""The file that makes a folder a PEFT adapter folder (`klear.models.lora` loads it)."""
+
+
+def is_adapter_folder(path: str) -> bool:
+    """Whether ``path`` is a PEFT adapter folder: a folder with an ``adapter_config.json``."""
+    return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
+
+
+def _adapter_base_problem(file: Path) -> str | None:
+    """Why the adapter folder of ``file`` (its ``adapter_config.json``) cannot be loaded over the base model it
+    names (``base_model_name_or_path``); None when that base may be a model."""
+    try:
+        fields = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"{file} cannot be read as JSON ({_first_line(error)})"
+    base = fields.get("base_model_name_or_path") if isinstance(fields, dict) else None
+    if not isinstance(base, str) or not base:
+        return f"{file} names no base model (base_model_name_or_path)"
+    problem = model_path_problem(base)
+    return f"the base model {base} that {file} names: {problem}" if problem else None
 
 
 def _check_synthetic_rewards(config: DictConfig) -> None:

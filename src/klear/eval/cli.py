@@ -9,6 +9,10 @@ sample's text, score, correctness, reward status, length and finish reason, with
 one, such as the code reward's ``wrong_answer`` or ``timeout``, and the problem's correct count, avg and pass@k),
 ``summary.json`` and ``summary.md``; the summary table is also printed.
 
+``--model`` takes what a LoRA run writes too (``model.lora``, docs/lora.md): its ``hf/`` folder (the merged model)
+as any model, and its ``adapter/`` folder over the base model its ``adapter_config.json`` names, or over
+``--base PATH`` when that model is elsewhere (the adapters are merged into the base before sampling).
+
 The kind of data decides the reward unless ``--reward`` names one (a registered name or
 ``package.module:Attribute``): rows with ``problem`` and an ``answer`` text are math, scored on the final
 ``\\boxed{}`` answer (a JSON number as answer is read as its text); rows whose ``answer`` (or ``tests``, with the
@@ -82,9 +86,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, help="evaluate only the first LIMIT problems")
     parser.add_argument("--output", help="output directory (default: outputs/eval/<data file stem>)")
     parser.add_argument("--overwrite", action="store_true", help="replace earlier results in the output directory")
+    parser.add_argument(
+        "--base",
+        help="the base model of the adapter folder given as --model (default: the one its adapter_config.json names)",
+    )
     add_sampling_arguments(
         parser,
-        model_help=f"HF model directory or hub name; built-in: {', '.join(BUILTIN_MODELS)}",
+        model_help=(
+            "HF model directory or hub name, or a LoRA run's adapter/ folder (over its base model, or --base); "
+            f"built-in: {', '.join(BUILTIN_MODELS)}"
+        ),
         temperature=0.6,
         temperature_help="0: greedy",
         top_p=0.95,
@@ -110,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             max_new_tokens=options.max_new_tokens,
             max_prompt_tokens=options.max_prompt_tokens,
             rope_scaling=options.rope_scaling,
+            base=args.base,
         )
         chosen = problems.problems[: args.limit]
         n = args.k if args.n is None else args.n
@@ -124,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     layout = problems.layout.describe() if problems.layout is not None else {}
     summary = {
         "model": args.model,
+        "base": args.base,
         "completions": args.completions,
         "data": args.data,
         "reward": task.reward,
@@ -179,6 +192,8 @@ def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
             *options.requirements(),
         ]
     )
+    if args.base is not None and args.model is None:
+        raise EvalError("--base goes with --model ADAPTER_FOLDER (the adapter/ folder of a LoRA run); give both")
     if args.completions is not None:
         if args.model is not None:
             raise EvalError("--model and --completions exclude each other: sample with a model, or score saved ones")
@@ -187,7 +202,7 @@ def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
         raise EvalError("give --model PATH to sample answers, or --completions GEN.jsonl to score saved ones")
     check_greedy(options, n, "use --k 1 without --n")
     check_engine(options.engine)
-    check_model_path(args.model)
+    check_model_path(args.model, args.base)
 
 
 def run(

@@ -35,6 +35,8 @@ class SamplingOptions:
         threads: torch CPU threads (0: chosen by klear).
         num_workers, reward_timeout: reward worker processes (0: score in this process) and their deadline.
         rope_scaling: the model's rope scaling (``klear.eval --rope-scaling``; None: the checkpoint's).
+        base: the base model of the adapter folder ``model`` (``klear.eval --base``; None: the one its
+            ``adapter_config.json`` names, or ``model`` is a whole model).
     """
 
     model: str | None
@@ -50,12 +52,14 @@ class SamplingOptions:
     num_workers: int
     reward_timeout: float
     rope_scaling: dict[str, Any] | None = None
+    base: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SamplingOptions:
-        """The options of a parsed command line; a command without ``--rope-scaling`` has None."""
-        values = {field.name: getattr(args, field.name) for field in fields(cls) if field.name != "rope_scaling"}
-        return cls(**values, rope_scaling=vars(args).get("rope_scaling"))
+        """The options of a parsed command line; a command without ``--rope-scaling`` or ``--base`` has None."""
+        own = ("rope_scaling", "base")  # klear.eval's alone
+        values = {field.name: getattr(args, field.name) for field in fields(cls) if field.name not in own}
+        return cls(**values, **{name: vars(args).get(name) for name in own})
 
     def requirements(self) -> list[Requirement]:
         return [

@@ -51,6 +51,8 @@ def build_engine(
 ) -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
     """The engine ``options.engine`` over the model ``options.model``, and its tokenizer.
 
+    ``options.base`` (``--base``), when set, is the model loaded, with the adapters of the adapter folder
+    ``options.model`` merged into it (`klear.models.load_model`'s ``adapter``); its tokenizer is the one used.
     ``options.rope_scaling`` (``--rope-scaling``), when set, replaces the model's rope scaling in both engines. The
     engine gets ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` and ``batch_size`` of ``options`` as its
     rollout options and ``options.seed`` as its seed. Given the ``problems`` it will sample, it also gets their
@@ -67,10 +69,11 @@ def build_engine(
         raise EvalError("give --model PATH to sample answers")
     factory = check_engine(options.engine)
     on_cuda = uses_cuda("auto")
-    model_config = ModelConfig(path=options.model, rope_scaling=options.rope_scaling or {})
-    tokenizer = load_eval_tokenizer(options.model)
+    source, adapter = (options.base, options.model) if options.base else (options.model, None)
+    model_config = ModelConfig(path=source, rope_scaling=options.rope_scaling or {})
+    tokenizer = load_eval_tokenizer(source, "--base" if adapter else "--model")
     try:
-        model = load_model(model_config, on_cuda=on_cuda, cpu_threads=options.threads)
+        model = load_model(model_config, on_cuda=on_cuda, cpu_threads=options.threads, adapter=adapter)
     except (OSError, ValueError) as error:  # unrecognised model type, broken weights
         raise EvalError(f"--model {options.model}: {first_line(error)}") from error
     rollout = RolloutConfig(

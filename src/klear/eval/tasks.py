@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from klear.config.load import model_path_problem
+from klear.config.load import is_adapter_folder, model_path_problem
 from klear.data.problems import ProblemSet, Task, choose_task, load_problems
 from klear.data.readers import read_numbered, warn_bad_rows
 from klear.errors import UserError, first_line
@@ -45,6 +45,7 @@ def load_eval_problems(
     max_prompt_tokens: int = 0,
     rope_scaling: dict[str, Any] | None = None,
     reward_options: dict[str, Any] | None = None,
+    base: str | None = None,
 ) -> tuple[ProblemSet, Task, Reward]:
     """The checked problems of ``data`` (``--data``; bad rows skipped by file and line), their task and reward.
 
@@ -52,6 +53,7 @@ def load_eval_problems(
         reward, prompt_key, reference_key: ``--reward``, ``--prompt-key``, ``--reference-key`` (None: from the
             fields of the first row), with ``reward_options`` the reward's options.
         model: ``--model``, whose tokenizer measures the prompts (None: no prompt-length check).
+        base: ``--base``, the base model of the adapter folder ``model``, whose tokenizer and context count then.
         max_new_tokens, max_prompt_tokens, rope_scaling: prompts longer than ``max_prompt_tokens`` are skipped (0:
             the model's context, stretched by ``rope_scaling``, minus ``max_new_tokens``).
 
@@ -64,8 +66,10 @@ def load_eval_problems(
     built = build_reward(task.reward, reward_options or {}, route=task.route)
     prompt_length, limit = None, 0
     if model is not None:
-        limit = max_prompt_tokens or _prompt_budget(model, max_new_tokens, rope_scaling)
-        tokenizer = load_eval_tokenizer(model)
+        check_model_path(model, base)
+        source, option = (base, "--base") if base else (model, "--model")
+        limit = max_prompt_tokens or _prompt_budget(source, max_new_tokens, rope_scaling, option)
+        tokenizer = load_eval_tokenizer(source, option)
         from klear.data.prompts import encode_prompt  # transformers: once a model is loaded anyway
 
         def prompt_length(prompt: Any) -> int:
@@ -86,37 +90,58 @@ def build_reward(name: str, options: dict[str, Any], route: bool = False) -> Rew
         raise EvalError(f"--reward {name}: {first_line(error)}") from error
 
 
-def load_eval_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of the model at ``path`` (``--model``); `EvalError` when there is none."""
+def load_eval_tokenizer(path: str, option: str = "--model") -> PreTrainedTokenizerBase:
+    """The tokenizer of the model at ``path`` (``option``: ``--model``, or ``--base`` for an adapter's base model);
+    `EvalError` when there is none."""
     from klear.models import load_tokenizer
 
     try:
-        check_model_path(path)
+        _check_path(path, option)
         return load_tokenizer(ModelConfig(path=path))
     except (OSError, ValueError) as error:  # unknown hub name, missing tiny-sft checkpoint
-        raise EvalError(f"--model {path}: {first_line(error)}") from error
+        raise EvalError(f"{option} {path}: {first_line(error)}") from error
 
 
-def check_model_path(path: str) -> None:
+def check_model_path(path: str, base: str | None = None) -> None:
     """``--model`` must be a model directory where it can only be a local path, with a config.json that says which
-    model it is (`model_path_problem`): checked before transformers is imported, and named as ``--model``."""
+    model it is (`model_path_problem`), or a PEFT adapter folder (a LoRA run's ``adapter/``) over a base model: the
+    one its ``adapter_config.json`` names, or ``base`` (``--base``), which needs an adapter folder. Checked before
+    transformers is imported, and named as ``--model`` or ``--base``."""
+    if base is None:
+        problem = model_path_problem(path)
+        if problem and is_adapter_folder(path):
+            raise EvalError(f"--model {path}: {problem}; give the base model with --base PATH")
+        if problem:
+            raise EvalError(f"--model {path}: {problem}")
+        return
+    if not is_adapter_folder(path):
+        raise EvalError(
+            f"--base {base} goes with an adapter folder, and --model {path} is none (no adapter_config.json there); "
+            "give the adapter/ folder of a LoRA run, or drop --base"
+        )
+    _check_path(base, "--base")
+
+
+def _check_path(path: str, option: str) -> None:
     problem = model_path_problem(path)
     if problem:
-        raise EvalError(f"--model {path}: {problem}")
+        raise EvalError(f"{option} {path}: {problem}")
 
 
-def _prompt_budget(path: str, max_new_tokens: int, rope_scaling: dict[str, Any] | None = None) -> int:
+def _prompt_budget(
+    path: str, max_new_tokens: int, rope_scaling: dict[str, Any] | None = None, option: str = "--model"
+) -> int:
     from klear.models import model_context, prompt_budget
 
-    check_model_path(path)
+    _check_path(path, option)
     config = ModelConfig(path=path, rope_scaling=rope_scaling or {})
     try:  # first the model's context alone: transformers raises ValueError for a config it cannot read, too
         model_context(config)
     except (OSError, ValueError) as error:  # an unknown model_type, a hub name that cannot be fetched
-        raise EvalError(f"--model {path}: {first_line(error)}") from error
+        raise EvalError(f"{option} {path}: {first_line(error)}") from error
     except AttributeError as error:  # a config without max_position_embeddings
         raise EvalError(
-            f"--model {path}: its config gives no context length ({first_line(error)}); give --max-prompt-tokens N"
+            f"{option} {path}: its config gives no context length ({first_line(error)}); give --max-prompt-tokens N"
         ) from error
     try:
         return prompt_budget(config, max_new_tokens)

@@ -5,8 +5,8 @@ optimizer state: `klear.runtime.optim` takes trainable parameters only), and eac
 ``W x + (alpha / r) B A x``. What the rest of a run needs of such a policy is here, for a whole or an FSDP2-sharded
 model alike:
 
-- the KL reference is the base model itself, the adapters switched off for that forward (:func:`reference_policy`,
-  PEFT's ``disable_adapter``): no second copy of the weights;
+- the KL reference is the base model itself, the adapters switched off for that forward (PEFT's
+  ``disable_adapter``, in `klear.update.update`): no second copy of the weights;
 - an engine that holds a model of its own (vLLM, the rollout worker's) is refreshed with the merged weights under
   the base model's names (:func:`merged_tensors`, ``W + (alpha / r) B A``, one layer gathered at a time);
 - the run's outputs: ``hf/`` holds the merged model (loadable by transformers alone) and ``adapter/`` the adapters in
@@ -19,7 +19,6 @@ model alike:
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,19 +84,6 @@ def target_problem(lora: LoraConfig, model_config) -> str | None:
 def is_lora(model: nn.Module) -> bool:
     """Whether ``model`` is a policy with adapters (:func:`with_lora`)."""
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
-
-
-@contextlib.contextmanager
-def reference_policy(policy: nn.Module, reference: nn.Module | None) -> Iterator[nn.Module]:
-    """The model of the KL reference: ``reference`` (a frozen copy of the policy) when there is one, else the
-    adapted ``policy`` with its adapters off for the duration: the base model, from the same weights."""
-    if reference is not None:
-        yield reference
-        return
-    if not is_lora(policy):
-        raise ValueError("a KL term needs a reference: a frozen copy of the policy, or a policy with adapters")
-    with policy.disable_adapter():
-        yield policy
 
 
 def trainable_names(model: nn.Module) -> set[str]:
@@ -218,7 +204,8 @@ def adapter_base(path: str | Path) -> str | None:
 
 
 def merge_adapter(model: nn.Module, path: str | Path) -> nn.Module:
-    """``model`` with the adapters of the folder ``path`` merged into its weights (a plain transformers model)."""
+    """``model`` with the adapters of the folder ``path`` merged into its weights (a plain transformers model), every
+    weight trainable again as a loaded model's is (PEFT froze the base for the adapters)."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    return PeftModel.from_pretrained(model, str(path)).merge_and_unload().requires_grad_(True)

@@ -61,8 +61,10 @@ def in_process_engine() -> Iterator[None]:
 
 def set_logits_scale(model: nn.Module, scale: float) -> None:
     """Multiply the logits of ``model`` (a vLLM model) by ``scale`` inside its ``LogitsProcessor``: how the engine
-    applies a temperature so that vLLM's raw log-probs are the tempered ones."""
+    applies a temperature so that vLLM's raw log-probs are the tempered ones. With LoRA on, vLLM wraps the processor
+    (``LogitsProcessorWithLoRA``), which reads the scale of the one it wraps."""
     processor = model.logits_processor
+    processor = getattr(processor, "base_layer", processor)
     if not isinstance(processor, LogitsProcessor):
         raise TypeError(f"{type(processor).__name__} is not vLLM's LogitsProcessor: cannot apply the temperature")
     processor.scale = scale

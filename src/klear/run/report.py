@@ -226,6 +226,10 @@ def _accuracy(rows: list[dict[str, float]]) -> list[str]:
 
 def _settings(config: DictConfig) -> list[tuple[str, object]]:
     common = [("model.path", config.model.path), ("stage", config.stage), ("seed", config.seed)]
+    lora = config.model.get("lora")
+    if lora is not None:  # what LoRA trains: its rank, scale and layers
+        targets = ",".join(lora.target_modules)
+        common.insert(1, ("model.lora", f"r={lora.r}, alpha={lora.alpha:g}, target_modules={targets}"))
     if config.stage == "sft":
         data = config.data
         return [
@@ -285,6 +289,8 @@ def _files(output_dir: Path, curves: bool) -> list[str]:
     ]
     links = [f"[{name}]({name})" for name, present in files if present]
     model = "[hf/](hf/) (the final model)" if (output_dir / "hf").is_dir() else "no `hf/` (written when a run ends)"
+    if (output_dir / "adapter").is_dir():
+        model += ", [adapter/](adapter/) (its LoRA adapters; hf/ is merged)"
     return ["## Files", "", f"{', '.join(links)}; {model}."]
 
 

@@ -40,10 +40,58 @@ def build_strategy(config: RLRunConfig | SFTRunConfig | DictConfig):
 
         return DDPStrategy(find_unused_parameters=False)
     if trainer.strategy == "fsdp2":
-        from lightning.pytorch.strategies import ModelParallelStrategy
-
-        return ModelParallelStrategy(data_parallel_size=trainer.devices * trainer.num_nodes, tensor_parallel_size=1)
+        return _model_parallel(data_parallel_size=trainer.devices * trainer.num_nodes, tensor_parallel_size=1)
     return "auto"
+
+
+def _model_parallel(**options):
+    """Lightning's ``ModelParallelStrategy`` whose sharded checkpoints may lack the module's frozen parameters when
+    the module loads non-strictly (``strict_loading = False``: a LoRA policy, whose checkpoints hold its trainable
+    parameters only). Lightning's own load asks the checkpoint for every key of the module's state dict."""
+    from lightning.fabric.strategies.fsdp import _distributed_checkpoint_load, _is_sharded_checkpoint
+    from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    class ModelParallel(ModelParallelStrategy):
+        def load_checkpoint(self, checkpoint_path, weights_only=None):
+            module = self.lightning_module
+            path = Path(self.broadcast(checkpoint_path))
+            if module.strict_loading or not _is_sharded_checkpoint(path):
+                return super().load_checkpoint(path, weights_only=weights_only)
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+                get_optimizer_state_dict,
+                set_optimizer_state_dict,
+            )
+
+            state = {"state_dict": _held_state(get_model_state_dict(self.model), module, path)}
+            _distributed_checkpoint_load(state, path)
+            self.model.load_state_dict(state["state_dict"], strict=False)
+            for index, optimizer in enumerate(self.optimizers):
+                key = f"optimizer_{index}"
+                state = {key: get_optimizer_state_dict(self.model, optimizer)}
+                _distributed_checkpoint_load(state, path)
+                options = StateDictOptions(cpu_offload=True)
+                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=state[key], options=options)
+            return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
+
+    return ModelParallel(**options)
+
+
+def _held_state(state: dict[str, torch.Tensor], module: nn.Module, path: Path) -> dict[str, torch.Tensor]:
+    """The entries of ``module``'s state dict ``state`` that the sharded checkpoint ``path`` holds; every entry it
+    lacks must be one of ``module``'s frozen parameters (they keep the values the module was built with), else a
+    ``RuntimeError`` names the first one missing."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    paths = FileSystemReader(path).read_metadata().planner_data.values()  # ("state_dict", key) of each module entry
+    held = {entry[1] for entry in paths if len(entry) > 1 and entry[0] == "state_dict"}
+    frozen = {name for name, tensor in module.named_parameters(remove_duplicate=False) if not tensor.requires_grad}
+    missing = sorted(state.keys() - held - frozen)
+    if missing:
+        raise RuntimeError(f"checkpoint {path} lacks {missing[0]!r} ({len(missing)} trainable tensors missing)")
+    return {key: value for key, value in state.items() if key in held}
 
 
 def uses_fsdp2(config: RLRunConfig | SFTRunConfig | DictConfig) -> bool:

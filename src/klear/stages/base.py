@@ -24,6 +24,7 @@ from klear.data.problems import ProblemSet, Task, load_problems
 from klear.data.prompts import char_bound, encode_prompt
 from klear.data.readers import warn_bad_rows
 from klear.eval.in_training import evaluate
+from klear.experience.sampling import step_seed
 from klear.models import prompt_budget
 from klear.models.lora import is_lora, trainable_names, write_adapter, write_merged
 from klear.rollout.engine import RolloutEngine
@@ -35,6 +36,9 @@ from klear.runtime.strategies import export_hf, shard_model, uses_fsdp2
 from klear.schema import RLRunConfig, SFTRunConfig
 
 log = logging.getLogger(__name__)
+
+DROPOUT_SEEDS = 2_000
+"""Rank ``r`` seeds a step's dropout with ``step_seed(seed, step, DROPOUT_SEEDS + r)`` (`StageModule.seed_dropout`)."""
 
 
 class StageModule(L.LightningModule):
@@ -49,8 +53,18 @@ class StageModule(L.LightningModule):
         self.step_metrics: dict[str, float] = {}
         """The metrics of the last logged step (the engine refresh reads ``rollout/logprob_gap`` there)."""
         self._eval_metrics: dict[str, float] = {}
+        lora = config.model.lora
+        self.dropout_seeded = lora is not None and lora.dropout > 0
+        """Whether each step seeds dropout (:meth:`seed_dropout`)."""
         self.agreement: Callable[[], None] | None = None
         """The fit's agreement point on SIGTERM (`klear.run.stopping.agreement_point`), found once as it starts."""
+
+    def seed_dropout(self, step: int) -> None:
+        """With ``model.lora.dropout`` > 0, seed torch's global generator, which dropout draws from, by the run's
+        seed, the step and the rank, as the step starts: a seeded run repeats, and a resumed one draws what the
+        uninterrupted run drew. Nothing else of a step reads that generator (the engines and objectives draw from
+        generators of their own), so without dropout (``dropout_seeded``) it is left alone."""
+        torch.manual_seed(step_seed(self.config.seed, step, DROPOUT_SEEDS + self.global_rank))
 
     def sharded_models(self) -> list[nn.Module]:
         """The models ``fsdp2`` shards: the policy, and whatever else a stage runs forward passes of."""
@@ -105,12 +119,24 @@ class StageModule(L.LightningModule):
         else:
             export_hf(self, run_dir.hf)
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A LoRA checkpoint loads without the frozen base (``strict_loading`` is off for it), so a trainable tensor
+        it lacks (a damaged or foreign file) is an error here rather than an adapter silently left at its start. A
+        sharded (fsdp2) checkpoint is checked as it loads (`klear.runtime.strategies`)."""
+        if is_lora(self.model) and "state_dict" in checkpoint:
+            missing = sorted(
+                {f"model.{name}" for name in trainable_names(self.model)} - checkpoint["state_dict"].keys()
+            )
+            if missing:
+                raise RuntimeError(f"the checkpoint lacks {missing[0]!r} ({len(missing)} trainable tensors missing)")
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """A LoRA policy's checkpoint holds the adapters (and ``modules_to_save``) and their optimizer state, not the
         frozen base weights, which ``model.path`` gives again on resume."""
         if is_lora(self.model):
             trainable = {f"model.{name}" for name in trainable_names(self.model)}
-            frozen = {f"model.{name}" for name, _ in self.model.named_parameters()} - trainable
+            named = self.model.named_parameters(remove_duplicate=False)  # a tied head is a frozen key of its own
+            frozen = {f"model.{name}" for name, _ in named} - trainable
             checkpoint["state_dict"] = {
                 key: value for key, value in checkpoint["state_dict"].items() if key not in frozen
             }

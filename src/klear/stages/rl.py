@@ -46,7 +46,7 @@ from klear.experience.async_rollouts import start_async_rollouts
 from klear.experience.rollouts import Rollouts
 from klear.experience.sampling import start_sync_rollouts
 from klear.models import load_model, load_tokenizer
-from klear.models.lora import is_lora, merged_tensors, with_lora
+from klear.models.lora import adapter_state, is_lora, merged_tensors, with_lora
 from klear.objectives import get_objective
 from klear.objectives.advantages import Advantages
 from klear.rewards import Reward
@@ -100,9 +100,12 @@ class RLModule(StageModule):
         )
         self.model = with_lora(policy, config.model.lora, config.seed)
         # The KL reference: a frozen copy of the policy; with LoRA, the base model itself, adapters off for that
-        # forward (`klear.models.lora.reference_policy`), so no second copy.
+        # forward (`klear.update.update`), so no second copy.
         copied = config.algorithm.kl_coef and config.model.lora is None
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if copied else None
+        self.refresh_merged = is_lora(self.model) and engine_holds_copy(config.rollout)
+        """Whether the engine gets the LoRA policy's merged weights, or its adapters alone where the vLLM engine serves
+        them (see `policy_tensors`)."""
         self.update = PolicyUpdate(
             self.objective,
             config.algorithm,
@@ -137,9 +140,11 @@ class RLModule(StageModule):
     def on_fit_start(self) -> None:
         # Here, not in __init__ or setup: the policy is now on its device (and sharded, under FSDP2).
         start = start_async_rollouts if self.config.rollout.max_staleness > 0 else start_sync_rollouts
-        if is_lora(self.model):
-            how = "merged weights (W + alpha/r BA)" if engine_holds_copy(self.config.rollout) else "nothing: it samples"
-            log.info("LoRA: the %s engine is refreshed with %s the adapted policy", self.config.rollout.engine, how)
+        rollout = self.config.rollout
+        if is_lora(self.model) and (rollout.engine != "vllm" or rollout.max_staleness > 0):  # vLLM's says its own
+            how = "the merged weights W + alpha/r BA" if self.refresh_merged else "nothing: it samples the policy"
+            where = "rollout worker's " if rollout.max_staleness > 0 else ""
+            log.info("LoRA: the %s%s engine is refreshed with %s", where, rollout.engine, how)
         self.rollouts = start(self)
 
     def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
@@ -149,9 +154,13 @@ class RLModule(StageModule):
     def policy_tensors(self):
         """``(hf_name, full tensor)`` of every policy parameter, for the engine refresh. A LoRA policy's engine is
         refreshed with the merged weights under the base model's names when it holds a model of its own (``vllm``,
-        or the rollout worker's copy); the ``hf`` engine of synchronous rollouts samples the adapted policy itself,
+        or the rollout worker's copy), or with the adapter tensors alone when it serves them (``vllm``,
+        `klear.rollout.vllm_adapters`); the ``hf`` engine of synchronous rollouts samples the adapted policy itself,
         so nothing is merged for it."""
-        if is_lora(self.model) and engine_holds_copy(self.config.rollout):
+        if self.refresh_merged:
+            # Only a synchronous run's engine (`SyncRollouts.engine`) can serve adapters; a rollout worker has none.
+            if getattr(getattr(self.rollouts, "engine", None), "adapters", None) is not None:
+                return iter(adapter_state(self.model).items())
             return merged_tensors(self.model)
         return full_tensors(self.model)
 
@@ -160,6 +169,8 @@ class RLModule(StageModule):
     def training_step(self, problems: list[Problem], batch_idx: int) -> None:
         scored, metrics = self.rollouts.take(batch_idx, problems)
         self.stop_point()  # between the generation and the update
+        if self.dropout_seeded:
+            self.seed_dropout(batch_idx)
         self._warn_if_starved(batch_idx, len(scored.groups), self.config.rollout.prompts_per_step)
         if scored.groups:
             timer = time.perf_counter()
@@ -243,6 +254,7 @@ class RLModule(StageModule):
             checkpoint["async_rollouts"] = in_flight
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         self.restored_rollouts = checkpoint.get("async_rollouts")
 
 

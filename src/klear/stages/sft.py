@@ -77,6 +77,8 @@ class SFTModule(StageModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         started = time.perf_counter()
+        if self.dropout_seeded:
+            self.seed_dropout(batch_idx)
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         # Every rank receives the step's batch and trains on its share of the rows (see klear.runtime.distributed).
         rows, real = padded_share(torch.arange(batch["input_ids"].shape[0]), self.global_rank, self.trainer.world_size)

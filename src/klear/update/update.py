@@ -41,7 +41,6 @@ from torch import Tensor, nn
 from klear.experience.sampling import step_seed
 from klear.kernels.passes import LogprobPasses, gap_parts, measured_logprobs, split_rows
 from klear.kernels.rollout_batch import RolloutBatch, ScoredGroups, build_rollout_batch
-from klear.models.lora import reference_policy
 from klear.objectives import aggregate
 from klear.run.stopping import check_finite
 from klear.runtime.distributed import Ranks
@@ -263,9 +262,13 @@ class PolicyUpdate:
 
     def _kl(self, model: nn.Module, micro: RolloutBatch, logprobs: Tensor) -> Tensor:
         """Per-token KL(policy || reference) estimate: k1 = log(pi / ref), k3 = ref/pi - log(ref/pi) - 1. The
-        reference is the frozen copy, or a LoRA policy's base model, its adapters off (`reference_policy`)."""
-        with torch.no_grad(), reference_policy(model, self.reference) as reference_model:
-            reference, _ = self.passes.logprobs(reference_model, micro)
+        reference is the frozen copy, or a LoRA policy's base model, its adapters off."""
+        with torch.no_grad():
+            if self.reference is not None:
+                reference, _ = self.passes.logprobs(self.reference, micro)
+            else:  # a LoRA policy (`klear.models.lora`): its base model, the adapters off for this pass (PEFT's)
+                with model.disable_adapter():
+                    reference, _ = self.passes.logprobs(model, micro)
         log_ratio = torch.where(micro.mask, reference - logprobs, 0.0)
         if self.algorithm.kl_estimator == "k1":
             return -log_ratio
