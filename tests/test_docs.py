@@ -352,8 +352,8 @@ assert "gppo" in list_objectives()
     ("docs/results.md", "python -m klear.compare --config configs/ablations/filtering.yaml"): Plan(16),
     ("docs/results.md", "python -m klear.compare --config configs/ablations/sft_alpha.yaml"): Plan(32),
     ("docs/results.md", "python -m klear.compare --config configs/ablations/code_reward.yaml"): Plan(16),
-    ("docs/results.md", "python -m klear.compare --config configs/ablations/lora.yaml"): Plan(12),
-    ("docs/results.md", "python -m klear.compare --config configs/ablations/lora.yaml --seeds 0-3"): Plan(8),
+    ("docs/results.md", "python -m klear.compare --config configs/ablations/lora.yaml"): Plan(24),
+    ("docs/results.md", "python -m klear.compare --config configs/ablations/lora.yaml --seeds 0-7"): Plan(16),
     (
         "docs/results.md",
         "python -m klear.compare --config configs/rl.yaml --objectives ppo,dapo,cispo,gppo --seeds 0,1,2 ",
