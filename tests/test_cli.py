@@ -159,7 +159,7 @@ def test_help_config_of_an_unknown_section_lists_the_sections():
     result = klear_command("fit", "--config", "configs/rl.yaml", "--help-config", "rolout")
     assert result.returncode == 2 and result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
-    assert "'rolout'" in line and "sections: model, data, objective, rollout, rollout.vllm, reward" in line
+    assert "'rolout'" in line and "sections: model, model.lora, data, objective, rollout, rollout.vllm, reward" in line
     assert line.endswith("did you mean 'rollout'?")
 
 
