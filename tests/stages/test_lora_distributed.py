@@ -17,28 +17,15 @@ from transformers import AutoModelForCausalLM
 from klear.fit import main
 from klear.models.lora import adapter_base
 from tests.runs import RL_SHORT, assert_same_metrics, assert_same_weights, fit_in_subprocess
+from tests.stages.test_fsdp2 import SFT as FSDP2_SFT
 
 pytestmark = pytest.mark.end_to_end  # runs two ranks of the CLI in subprocesses
 
 LORA = ["model.lora.r=8", "trainer.checkpoint_every_n_steps=2"]
 RL = ["--config", "configs/rl.yaml", *RL_SHORT, "algorithm.kl_coef=0.01", *LORA]
 """``RL_SHORT`` with adapters and a KL term (its reference: the base model, adapters off)."""
-SFT = [
-    "--config",
-    "configs/sft.yaml",
-    "trainer.progress_bar=false",
-    "data.num_train=64",
-    "data.batch_size=7",
-    "data.micro_batch_size=2",
-    "data.num_eval=5",
-    "eval.num_prompts=5",
-    "eval.max_new_tokens=12",
-    "eval.every_n_steps=2",
-    "optim.lr=3e-3",
-    "optim.warmup_steps=1",
-    "optim.schedule=constant",  # a cosine schedule spans max_steps, which the resume changes
-    *LORA,
-]
+SFT = [*FSDP2_SFT, "optim.schedule=constant", *LORA]  # constant: a cosine schedule spans max_steps, which
+# the resume changes; every run passes its own trainer.max_steps, which wins over FSDP2_SFT's
 FSDP2 = ["trainer.strategy=fsdp2", "trainer.devices=2"]
 DDP = ["trainer.strategy=ddp", "trainer.devices=2"]
 TOKENS = torch.randint(3, 250, (2, 20), generator=torch.Generator().manual_seed(0))

@@ -14,24 +14,15 @@ from klear.compare.cli import parse_args, plan
 from klear.models import resolve_model_path
 from tests.compare.test_compare import SHORT as COMPARE_SHORT
 from tests.runs import RL_SHORT, assert_same_metrics, fit_in_subprocess, read_metrics
+from tests.stages.test_determinism import SFT_SHORT as DETERMINISM_SFT
 from tests.test_user_errors import klear
 
 pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in subprocesses
 
 LORA = ["model.lora.r=8", "optim.schedule=constant"]  # constant: a run extended to 4 steps has a 4-step schedule
-SFT_SHORT = [
-    "trainer.checkpoint_every_n_steps=2",
-    "trainer.progress_bar=false",
-    "data.num_train=32",
-    "data.batch_size=8",
-    "data.micro_batch_size=3",
-    "data.num_eval=4",
-    "eval.num_prompts=4",
-    "eval.max_new_tokens=16",
-    "eval.every_n_steps=2",
-    "optim.lr=3e-3",
-    "optim.warmup_steps=0",
-]
+SFT_SHORT = [*DETERMINISM_SFT, "trainer.checkpoint_every_n_steps=2", "optim.lr=3e-3", "optim.warmup_steps=0"]
+"""The determinism tests' short SFT run (later overrides win; every run passes its own trainer.max_steps), saved every
+two steps and trained fast enough to move."""
 COMMANDS = {
     "rl": ["--config", "configs/rl.yaml", "--objective", "gppo", *RL_SHORT],
     "sft": ["--config", "configs/sft.yaml", *SFT_SHORT],
