@@ -12,6 +12,7 @@ to ``OUT/diffs.json``.
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -124,8 +125,12 @@ def main(out: Path) -> None:
     if rank == 0:
         worst = {key: max(d[key] for d in gathered) for key in diffs}
         (out / "diffs.json").write_text(json.dumps(worst))
+    dist.barrier()  # no rank tears its gloo pairs down while the other still writes or sends
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    # The results are on disk. Interpreter teardown is not under test here, and a gloo thread aborted it once
+    # under load (SIGABRT, "terminate called without an active exception"): leave without it.
+    os._exit(0)
