@@ -193,6 +193,7 @@ def test_compare_command(tmp_path):
     assert "| ppo |" in (tmp_path / "comparison.md").read_text()
 
 
+@pytest.mark.slow  # four runs; the default run keeps docs/compare.md's command
 def test_a_two_seed_compare_on_the_testbed(tmp_path):
     """docs/results.md's objectives study, shortened: configs/ablations/objectives.yaml from tiny-sft-testbed with
     two seeds given as a range, verdicts against a chosen baseline, and the band diagnostics in every run."""

@@ -80,6 +80,7 @@ def test_ctrl_c_stops_with_a_summary_a_report_and_the_resume_command(tmp_path):
     assert Path(output / "hf" / "config.json").is_file()
 
 
+@pytest.mark.slow  # the default run keeps the console of the main command
 def test_quiet_leaves_the_summary_and_verbose_adds_the_per_step_facts(tmp_path):
     quiet = fit(
         "--config", "configs/rl.yaml", f"output_dir={tmp_path / 'q'}", *RL_SHORT, "trainer.progress_bar=true", "-q"

@@ -45,6 +45,7 @@ def evaluate(data: Path, output: Path, *model: str) -> tuple[list[dict], dict]:
     return records, json.loads((output / "summary.json").read_text())
 
 
+@pytest.mark.slow  # the default run keeps LoRA's exports and PEFT loading its adapter folder
 def test_eval_takes_the_merged_folder_the_adapter_folder_and_an_adapter_with_its_base(lora_run, tmp_path):
     problems = generate_problems(6, split="eval", seed=0, levels=[1, 2])
     data = write_jsonl([{"problem": p["problem"], "answer": p["answer"]} for p in problems], tmp_path / "a.jsonl")

@@ -133,7 +133,8 @@ def run_until(args: list[str], output: Path, rows: int, env: dict) -> subprocess
     raise AssertionError(f"the run ended before {rows} rows: {process.returncode}")
 
 
-@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2])
+@pytest.mark.slow  # three runs and a kill; the default run keeps the worker's death, Ctrl-C and the seeded repeat
+@pytest.mark.parametrize("k", [1, 2])
 def test_kill_9_and_resume_equals_an_uninterrupted_run(k, tmp_path):
     args = [*SHORT, f"rollout.max_staleness={k}", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=1"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -202,7 +203,7 @@ def test_two_ddp_ranks_with_async_rollouts_match_one_process(tmp_path):
     assert float(read_metrics(two / "metrics.csv")[2]["rollout/staleness"]) == 1.0
 
 
-@pytest.mark.slow  # long; the default tier keeps the kill -9 resume of one process and the checkpoint itself
+@pytest.mark.slow  # long; the default tier keeps one process's asynchronous runs, its seeded repeat and Ctrl-C
 def test_two_sharded_ranks_match_one_process_and_resume_exactly_after_kill_9(tmp_path):
     """Two FSDP2 ranks two steps stale give one process's metrics; killed (both ranks and their workers, as a node
     failure would) and resumed, the uninterrupted run's. FSDP2 restores a checkpoint only after ``on_fit_start``: the
@@ -222,6 +223,7 @@ def test_two_sharded_ranks_match_one_process_and_resume_exactly_after_kill_9(tmp
     assert_same_metrics(straight, killed, rel=1e-5)
 
 
+@pytest.mark.slow  # the merged refresh itself is in the default run through the vllm engine
 def test_a_lora_policy_reaches_the_rollout_worker_merged(tmp_path):
     """With ``model.lora`` the worker's copy of the base model receives the merged weights ``W + alpha/r BA`` of every
     version through the shared buffer (names and shapes of the base model's); its engine samples them with the

@@ -45,7 +45,8 @@ def one_process(tmp_path_factory):
 
 
 # ddp with the vLLM engine stays in the default suite through the asynchronous test below.
-@pytest.mark.parametrize("strategy", ["fsdp2", pytest.param("ddp", marks=pytest.mark.slow)])
+@pytest.mark.slow  # two ranks of vLLM engines; the default run keeps one process's engine and two hf ranks
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
 def test_two_ranks_with_an_engine_each_match_one_process(one_process, tmp_path, strategy):
     fit_in_subprocess([*RL, f"trainer.strategy={strategy}", "trainer.devices=2", f"output_dir={tmp_path}"])
     two = read_metrics(tmp_path / "metrics.csv")
@@ -76,6 +77,7 @@ def async_one_process(tmp_path_factory):
     return output
 
 
+@pytest.mark.slow  # the default run keeps asynchronous rollouts with the hf engine
 def test_async_rollouts_with_the_vllm_engine(async_one_process, tmp_path):
     """The vLLM engine in the rollout worker process, one step ahead: its log-probs agree with the weights that
     sampled (the worker's copy, loaded from the same push), and two ranks' workers (their own gloo group, vLLM's

@@ -67,6 +67,7 @@ def test_sft_that_diverges_stops_at_the_step_with_its_last_checkpoint(tmp_path):
     assert "**Status:** stopped at step 1: train/grad_norm is nan" in (output / "report.md").read_text()
 
 
+@pytest.mark.slow  # the default run keeps SFT's divergence and the check itself
 def test_rl_that_diverges_on_two_ranks_stops_both_at_the_same_update_before_sampling_again(tmp_path):
     """The main command's divergence (it used to log NaN metrics, then die sampling from the NaN policy), on two
     DDP ranks: each stops at the update whose reduced metrics are not finite, with one line from rank 0."""
@@ -102,7 +103,7 @@ def test_check_finite_names_the_first_metric_that_is_not_finite():
         raise AssertionError("a NaN passed the check")
 
 
-@pytest.mark.slow  # a second RL divergence; the default run keeps SFT's and two ranks'
+@pytest.mark.slow  # a second RL divergence; the default run keeps SFT's and the check itself
 def test_rl_whose_last_update_of_a_step_breaks_the_weights_stops_at_the_next_steps_update(tmp_path):
     """One update per step: step 0's update (lr 1e6) leaves finite weights whose logits are not, so step 1 samples
     from a distribution that is not finite. The hf engine does not fail on it (it used to: `index 261 is out of

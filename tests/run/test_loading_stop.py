@@ -65,6 +65,7 @@ def test_sigterm_while_loading_a_new_run_leaves_no_folder(tmp_path):
     assert not (tmp_path / "new").exists()  # nor the folder above it, which the start made too
 
 
+@pytest.mark.slow  # the default run keeps SIGTERM while loading, over a new and an existing run
 def test_ctrl_c_while_loading_into_an_existing_folder_leaves_it_as_it_was(tmp_path):
     output = tmp_path / "sft"
     output.mkdir()

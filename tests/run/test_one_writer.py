@@ -137,6 +137,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_told_one_thing_that_works(t
     assert [row["step"] for row in read_metrics(run.metrics)] == ["0", "1", "2"]
 
 
+@pytest.mark.slow  # the default run keeps the other refusals of a fit
 def test_a_start_refused_by_the_model_context_leaves_the_folder_as_it_found_it(tmp_path):
     too_long = "rollout.max_new_tokens=100000"
     message = "error: rollout.max_new_tokens = 100000: 100000 new tokens leave no room for a prompt in the model's"
@@ -149,6 +150,7 @@ def test_a_start_refused_by_the_model_context_leaves_the_folder_as_it_found_it(t
     assert files(old.root) == before  # --overwrite replaced nothing: the start was refused
 
 
+@pytest.mark.slow  # the same lock as a fit's, which the default run checks
 def test_a_second_comparison_in_one_output_dir_is_refused_and_a_killed_one_taken_over(tmp_path):
     out = tmp_path / "compare"
     args = ["--config", "configs/rl.yaml", "--objectives", "ppo", *COMPARE_SHORT, f"output_dir={out}"]
@@ -174,6 +176,7 @@ def test_a_second_comparison_in_one_output_dir_is_refused_and_a_killed_one_taken
     assert (out / "comparison.csv").is_file() and not lock.exists()
 
 
+@pytest.mark.slow  # the same lock as a fit's, which the default run checks
 def test_a_data_command_writing_the_same_output_is_refused_and_a_killed_one_taken_over(tmp_path):
     data = write_jsonl(generate_problems(4, split="train", seed=0, levels=[1]), tmp_path / "p.jsonl")
     out = tmp_path / "curated"

@@ -60,6 +60,7 @@ def rl_one_process(tmp_path_factory):
     return output
 
 
+@pytest.mark.slow  # the default run keeps RL on two fsdp2 ranks and SFT in one process
 def test_sft_on_two_ranks_matches_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     assert main([*SFT, f"output_dir={one}"]) == 0
@@ -89,6 +90,7 @@ def test_rl_on_two_ranks_matches_one_process(rl_one_process, tmp_path):
     assert any(float(row["actor/grad_norm"]) > 0 for row in rows[:4])
 
 
+@pytest.mark.slow  # the default run keeps the token budget in one process and at real width
 def test_rl_token_budget_on_two_ranks_matches_row_micro_batches_in_one_process(rl_one_process, tmp_path):
     # ~50-token rows in passes of at most 120 tokens, packed without padding, dealt to 2 ranks with equal pass
     # counts: the same updates as one process's padded 4-row micro-batches.

@@ -69,6 +69,7 @@ def sharded_checkpoint_keys(checkpoint: Path) -> tuple[set[str], set[str]]:
     return module, optimized
 
 
+@pytest.mark.slow  # three runs on two ranks; the default run keeps LoRA's exact resume in one process
 def test_rl_lora_on_two_fsdp2_ranks_resumed_equals_one_uninterrupted_process(tmp_path):
     one, two = resumed_on_two_ranks(RL, FSDP2, tmp_path)
     (checkpoint,) = (two / "checkpoints").glob("step-*.ckpt")

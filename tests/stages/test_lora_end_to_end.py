@@ -84,6 +84,7 @@ def test_rl_with_lora_resumes_exactly_and_exports_both_folders(tmp_path, kl):
         assert any(float(row["actor/kl"]) > 0 for row in rows[1:]), [row["actor/kl"] for row in rows]
 
 
+@pytest.mark.slow  # the default run keeps LoRA's RL run, resume and exports
 def test_sft_with_lora_resumes_exactly_and_exports_both_folders(tmp_path):
     straight, resumed, first = straight_and_resumed(tmp_path, COMMANDS["sft"])
     assert_lora_run(straight, resumed, first)

@@ -11,6 +11,7 @@ from tests.tools import TOOLS
 pytestmark = pytest.mark.end_to_end  # runs a benchmark script in a subprocess
 
 
+@pytest.mark.slow  # a benchmark, run whole
 def test_the_benchmark_prints_its_table_and_ratios():
     shorter = ["trainer.max_steps=2", "eval.num_prompts=8", "eval.samples=2", "trainer.checkpoint_every_n_steps=0"]
     result = subprocess.run(

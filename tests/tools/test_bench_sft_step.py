@@ -42,6 +42,7 @@ def test_a_packed_row_splits_into_its_conversations_first_label_ignored(tool):
     assert tool.documents_digest(docs[::-1]) == digest  # a multiset: the packing order does not matter
 
 
+@pytest.mark.slow  # a benchmark, run whole
 def test_klear_only_run_prints_lines_that_parse():
     result = subprocess.run(
         [sys.executable, str(TOOL), "--klear-only", "--steps", "2", "--warmup", "1", "--batch-rows", "2"],
