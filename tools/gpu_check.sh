@@ -8,7 +8,8 @@
 #    rows on CUDA, and runs the vLLM engine on it: refresh time, tokens/s, trainer-engine log-prob gap before and
 #    after a refresh, sleep/wake;
 # 2. short RL runs through the CLI with FSDP2 on CUDA (the embedding and head sharded by vocabulary rows): the hf
-#    engine (rows, then a token budget), the vllm engine; each asserts a trainer-engine gap below 0.05;
+#    engine (rows, then a token budget), the vllm engine, and the vllm engine serving a LoRA policy's adapters (the
+#    GPU's default); each asserts a trainer-engine gap below 0.05;
 # 3. asynchronous rollouts (rollout.max_staleness=1) with the vllm engine in its worker process, on the training GPU
 #    and, when there are two GPUs, on a GPU of its own (rollout.worker_devices=[1]); each asserts the staleness
 #    schedule, a gap below 0.05 against the weights that sampled, and the trainer's and engine's idle times.
@@ -49,6 +50,12 @@ step python -m klear.fit "${short[@]}" algorithm.micro_batch_tokens=2048 output_
 if python -c "import vllm" 2>/dev/null; then
     step python -m klear.fit "${short[@]}" rollout.engine=vllm output_dir="$work/rl-fsdp2-vllm" \
         && step summary "$work/rl-fsdp2-vllm/metrics.csv"
+    # LoRA: on GPU the engine serves the adapters themselves, a new version after every wake-up; a large learning
+    # rate moves them far from the base, so an engine that dropped them across sleep and wake shows a large gap.
+    step python -m klear.fit "${short[@]}" rollout.engine=vllm model.lora.r=8 optim.lr=1e-2 \
+        output_dir="$work/rl-fsdp2-vllm-lora" 2> >(tee "$work/rl-fsdp2-vllm-lora.log" >&2) \
+        && step grep -q "the vllm engine serves the adapters themselves" "$work/rl-fsdp2-vllm-lora.log" \
+        && step summary "$work/rl-fsdp2-vllm-lora/metrics.csv"
 fi
 async_asserts() {  # an asynchronous run's metrics.csv: the schedule, the gap, the idle times logged
     python - "$1" <<'EOF'
