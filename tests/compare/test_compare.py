@@ -100,6 +100,7 @@ def test_rerun_skips_finished_runs(comparison, capsys):
     assert {path: path.stat().st_mtime for path in output.glob("runs/*/metrics.csv")} == before
 
 
+@pytest.mark.slow  # the default run keeps a comparison whose every run fails (tests/test_user_errors.py)
 def test_a_failed_run_is_reported_and_the_others_kept(tmp_path, capsys):
     objectives = f"dapo,{__name__}:Broken"
     args = ["--config", "configs/rl.yaml", "--objectives", objectives, "--seeds", "0", f"output_dir={tmp_path}"]

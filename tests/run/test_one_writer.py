@@ -86,6 +86,7 @@ def test_two_fits_started_together_one_runs_and_the_other_names_it(tmp_path):
     assert not (out / ".klear.lock").exists()  # released at the end of the run
 
 
+@pytest.mark.slow  # the default run keeps two fits started together; test_folder_lock.py the takeover of a stale hold
 def test_resume_and_overwrite_of_a_live_run_are_refused_then_a_killed_holder_is_taken_over(tmp_path):
     out = tmp_path / "run"
     args = [*FIT, f"output_dir={out}"]

@@ -154,6 +154,7 @@ def stop_inside_step(args: list[str], output: Path) -> tuple[subprocess.Popen, s
     return process, stdout, "".join(seen) + stderr, time.monotonic() - signalled
 
 
+@pytest.mark.slow  # the default run keeps the same stop on two ranks, which asserts the same discarded step
 def test_sigterm_inside_a_step_stops_at_its_next_update_and_discards_it(tmp_path):
     """A step longer than the grace would end in the forced exit if the ranks agreed only between steps: they
     agree between its updates too, so the stop comes within one update, the step in progress is discarded (no

