@@ -7,8 +7,8 @@ import pytest
 
 from klear.config import ModelConfig
 from klear.data.layouts import chat_messages, detect_layout, get_path, has_path, prompt_text
-from klear.data.problems import Task, encode_problem, load_problems
-from klear.data.prompts import encode_prompt
+from klear.data.problems import Task, load_problems
+from klear.data.prompts import encode_problem, encode_prompt
 from klear.data.readers import DataError, read_numbered
 from klear.models import load_tokenizer
 from klear.rewards import get_reward

@@ -43,13 +43,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from klear.data.layouts import Layout, detect_layout, get_path
-from klear.data.prompts import CharBound, encode_prompt
+from klear.data.prompts import CharBound
 from klear.data.readers import BadRow, DataError, decode_json_text, read_numbered
 from klear.data.synthetic import generate_problems
 from klear.errors import first_line
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -408,12 +408,3 @@ def content_digest(items: Any) -> str:
     """A short sha256 of ``items`` as JSON (keys sorted): the same content gives the same digest."""
     text = json.dumps(items, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def encode_problem(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> list[int]:
-    """`encode_prompt` of ``problem.prompt``, cut to its last ``problem.max_prompt_tokens`` tokens when it has a
-    limit (left truncation)."""
-    ids = encode_prompt(tokenizer, problem.prompt)
-    if problem.max_prompt_tokens and len(ids) > problem.max_prompt_tokens:
-        return ids[-problem.max_prompt_tokens :]
-    return ids

@@ -2,8 +2,8 @@
 
 A prompt is a problem text (one user turn) or a list of chat messages as a data row holds them
 (`klear.data.layouts`: system turns kept). A problem loaded with ``data.truncation: left`` carries the most prompt
-tokens it may keep (`klear.data.problems.Problem.max_prompt_tokens`): `klear.data.problems.encode_problem` then
-keeps the last ones, as verl's left truncation does.
+tokens it may keep (`klear.data.problems.Problem.max_prompt_tokens`): `encode_problem` then keeps the last ones,
+as verl's left truncation does.
 
 A prompt far over the limit is told by its characters, without tokenizing it (`CharBound`): tokenizing a 50 MB row
 takes minutes and gigabytes only to learn that it is too long.
@@ -27,6 +27,15 @@ def encode_prompt(
     """Token ids of ``[system], user: prompt`` (or of the messages ``prompt``) with the assistant's generation
     prompt appended."""
     return tokenizer(render_prompt(tokenizer, prompt, system), add_special_tokens=False)["input_ids"]
+
+
+def encode_problem(tokenizer: PreTrainedTokenizerBase, problem: Any) -> list[int]:
+    """`encode_prompt` of ``problem.prompt`` (a `klear.data.problems.Problem`), cut to its last
+    ``problem.max_prompt_tokens`` tokens when it has a limit (left truncation): the ids a problem is sampled from."""
+    ids = encode_prompt(tokenizer, problem.prompt)
+    if problem.max_prompt_tokens and len(ids) > problem.max_prompt_tokens:
+        return ids[-problem.max_prompt_tokens :]
+    return ids
 
 
 def render_prompt(

@@ -17,7 +17,8 @@ import importlib.util
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from klear.data.problems import Problem, encode_problem
+from klear.data.problems import Problem
+from klear.data.prompts import encode_problem
 from klear.errors import first_line
 from klear.eval.options import SamplingOptions
 from klear.eval.tasks import EvalError, load_eval_tokenizer

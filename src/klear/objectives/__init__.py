@@ -13,14 +13,13 @@ how it reduces over a step. Formulas, the gradient table and the extension rules
 from klear.objectives.aggregation import LOSS_AGG_MODES, aggregate, loss_normalizer
 from klear.objectives.base import Objective, PolicyObjective, gradient_weighted
 from klear.objectives.cispo import CISPO
+from klear.objectives.contract import MAX_LOG_RATIO, Band, ObjectiveOutput, TokenInputs, Traits
 from klear.objectives.cov import ClipCov, KLCov
 from klear.objectives.dppo import DPPOKL, DPPOTV
 from klear.objectives.erc import DAPOERC, GPPOERC
 from klear.objectives.gmpo import GMPO
 from klear.objectives.gppo import GPPO
 from klear.objectives.gspo import GSPO
-from klear.objectives.inputs import MAX_LOG_RATIO, Band, TokenInputs, Traits
-from klear.objectives.outputs import ObjectiveOutput
 from klear.objectives.ppo import DAPOClip, PPOClip
 from klear.objectives.registry import (
     OBJECTIVES,

@@ -25,9 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from klear.objectives.aggregation import aggregate, check_loss_agg, loss_normalizer
+from klear.objectives.contract import Band, ObjectiveOutput, TokenInputs, Traits, expand_advantages, masked_log_ratio
 from klear.objectives.declared import declare, stored_hyperparameters
-from klear.objectives.inputs import Band, TokenInputs, Traits, expand_advantages, masked_log_ratio
-from klear.objectives.outputs import ObjectiveOutput, shared_metrics
 from klear.runtime.step_metrics import Metric, Ratio
 
 
@@ -172,7 +171,7 @@ class Objective(nn.Module):
         loss = aggregate(self.token_loss(ratio, advantages, inputs), mask, self.loss_agg, normalizer)
         log_ratio, ratio = log_ratio.detach(), ratio.detach()
         band = self.band(ratio, advantages, inputs)
-        metrics = shared_metrics(log_ratio, ratio, mask, band)
+        metrics = band.metrics(log_ratio, ratio, mask)
         metrics.update(self._gradient_metrics(log_ratio, advantages, normalizer, band, inputs))
         own = self.diagnostics(ratio, advantages, inputs)
         if shadowed := sorted(own.keys() & metrics.keys()):

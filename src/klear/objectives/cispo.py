@@ -8,7 +8,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from klear.objectives.base import PolicyObjective, gradient_weighted
-from klear.objectives.inputs import Band, TokenInputs
+from klear.objectives.contract import Band, TokenInputs
 from klear.objectives.registry import register_objective
 
 

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from klear.objectives.base import Objective, PolicyObjective
-from klear.objectives.inputs import TokenInputs, Traits
+from klear.objectives.contract import TokenInputs, Traits
 from klear.objectives.registry import register_objective
 from klear.runtime.step_metrics import Metric
 

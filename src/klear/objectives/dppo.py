@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from klear.objectives.base import Objective, gradient_weighted
-from klear.objectives.inputs import Band, TokenInputs, Traits
+from klear.objectives.contract import Band, TokenInputs, Traits
 from klear.objectives.registry import register_objective
 from klear.runtime.step_metrics import Metric
 

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from klear.objectives.contract import TokenInputs, Traits
 from klear.objectives.gppo import GPPO
-from klear.objectives.inputs import TokenInputs, Traits
 from klear.objectives.ppo import DAPOClip
 from klear.objectives.registry import register_objective
 from klear.runtime.step_metrics import Metric

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from klear.objectives.base import Objective
-from klear.objectives.inputs import Band, TokenInputs, Traits
+from klear.objectives.contract import Band, TokenInputs, Traits
 from klear.objectives.registry import register_objective
 
 

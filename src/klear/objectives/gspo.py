@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from klear.objectives.base import PolicyObjective
-from klear.objectives.inputs import Traits
+from klear.objectives.contract import Traits
 from klear.objectives.ppo import check_dual_clip, ppo_clip_loss
 from klear.objectives.registry import register_objective
 

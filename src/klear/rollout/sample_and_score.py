@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from klear.data.problems import Problem, encode_problem
+from klear.data.problems import Problem
+from klear.data.prompts import encode_problem
 from klear.rewards.routing import seeded_reference
 from klear.rewards.scorer import ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams

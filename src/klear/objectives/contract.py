@@ -1,17 +1,21 @@
-"""What a scheme is given beside the ratio and the advantages, what it declares, and what its band hook returns.
+"""What passes between the update and a scheme: what it is given, what it declares, what its band hook and its
+forward return.
 
 :class:`TokenInputs` carries one forward's per-token tensors to the hooks that read them, :class:`Traits` is a
-scheme's one declaration of what the update must give it or may not do with it, and :class:`Band` says which
-tokens left its trust region, for the metrics.
+scheme's one declaration of what the update must give it or may not do with it, :class:`Band` says which tokens
+left its trust region, and :class:`ObjectiveOutput` is what a forward returns: the loss and the metrics, among them
+the ones every objective logs whatever its scheme (`Band.metrics`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from klear.runtime.step_metrics import Max, Metric
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,27 @@ class Band:
         """The tokens counted as clipped at the low and the high bound."""
         low = self.below if self.clipped_low is None else self.clipped_low
         return low, self.above if self.clipped_high is None else self.clipped_high
+
+    def metrics(self, log_ratio: Tensor, ratio: Tensor, mask: Tensor) -> dict[str, Metric]:
+        """The metrics every objective logs whatever its scheme: the clip and band fractions (from this band), the
+        ratio's mean and maximum and the k3 KL estimate, over the valid tokens of (B, T) ``log_ratio`` / ``ratio``
+        (detached) and the bool ``mask``."""
+        count = mask.sum().clamp(min=1).float()
+
+        def token_mean(values: Tensor) -> Tensor:
+            return torch.where(mask, values.float(), 0.0).sum() / count
+
+        low, high = self.clipped()
+        return {
+            "clip_frac_low": token_mean(low),
+            "clip_frac_high": token_mean(high),
+            "below_band_neg": token_mean(self.below),
+            "above_band_pos": token_mean(self.above),
+            "ratio_mean": token_mean(ratio),
+            "ratio_max": Max(torch.where(mask, ratio, 0.0).max() if mask.any() else ratio.new_zeros(())),
+            # k3 estimator of KL(old || new): (r - 1) - log r, non-negative per token.
+            "approx_kl": token_mean(ratio - 1.0 - log_ratio),
+        }
 
 
 @dataclass(frozen=True)
@@ -153,3 +178,13 @@ def masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Te
     """
     diff = torch.where(mask, logprobs.float() - old_logprobs.float(), 0.0)
     return diff + (diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO) - diff).detach()
+
+
+@dataclass
+class ObjectiveOutput:
+    """What an objective returns: the scalar loss to backpropagate and detached scalar metrics, each saying how it
+    reduces over a step (``klear.runtime.step_metrics.Metric``): a plain tensor is a token mean, ``Sum``, ``Max`` and
+    ``Ratio`` the rest (``float()`` of any of them is this batch's value)."""
+
+    loss: Tensor
+    metrics: dict[str, Metric] = field(default_factory=dict)
