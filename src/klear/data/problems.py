@@ -40,16 +40,13 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from klear.data.layouts import Layout, detect_layout, get_path
 from klear.data.prompts import CharBound
 from klear.data.readers import BadRow, DataError, decode_json_text, read_numbered
 from klear.data.synthetic import generate_problems
 from klear.errors import first_line
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
