@@ -7,7 +7,7 @@ stay apart). Near duplicates are opt-in (``--near``): the Jaccard similarity of 
 
 - ``jaccard``: every earlier kept problem sharing an n-gram is a candidate (an inverted index). Exact, but a
   gram common to many problems makes it quadratic: fine up to some ten thousand problems.
-- ``minhash``: MinHash signatures in an LSH index (the ``datasketch`` library) propose the candidates in near
+- ``minhash``: MinHash signatures in a banded LSH index (`klear.prep.minhash`) propose the candidates in near
   constant time per problem; it can miss a pair whose similarity sits close to the threshold, never invents
   one. For 100k problems and more.
 
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from klear.data.readers import read_numbered, warn_bad_rows
+from klear.prep.minhash import MinHashIndex
 from klear.prep.ngrams import jaccard, ngrams, normalise, symbols
 from klear.prep.options import at_least, in_unit_interval
 from klear.prep.paths import Files
@@ -77,28 +78,17 @@ class _NearFinder:
     def __init__(self, method: str, threshold: float, num_perm: int) -> None:
         self.threshold = threshold
         self.grams: dict[int, set[str]] = {}
-        self.method = method
-        if method == "minhash":
-            try:
-                from datasketch import MinHash, MinHashLSH
-            except ImportError:
-                raise CommandError(
-                    "--near minhash needs datasketch: pip install datasketch (or pip install 'klear[data]')"
-                ) from None
-            self._new_minhash = MinHash
-            self.num_perm = num_perm
-            self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
-        else:
-            self.postings: dict[str, list[int]] = {}
+        self.index = MinHashIndex(threshold, num_perm) if method == "minhash" else None
+        self.postings: dict[str, list[int]] = {}
 
     def match_or_add(self, line: int, grams: set[str]) -> tuple[int, float] | None:
         """``(line, similarity)`` of the most similar kept problem at or above the threshold (earliest on ties);
         when there is none, the problem is kept: added to the index, and None returned."""
         if not grams:
             return None
-        signature = self._signature(grams) if self.method == "minhash" else None
+        signature = self.index.signature(grams) if self.index is not None else None
         if signature is not None:
-            candidates = {int(key) for key in self.lsh.query(signature)}
+            candidates = self.index.candidates(signature)
         else:
             candidates = {kept for gram in grams for kept in self.postings.get(gram, ())}
         best = None
@@ -109,16 +99,11 @@ class _NearFinder:
         if best is None:
             self.grams[line] = grams
             if signature is not None:
-                self.lsh.insert(str(line), signature)
+                self.index.add(line, signature)
             else:
                 for gram in grams:
                     self.postings.setdefault(gram, []).append(line)
         return best
-
-    def _signature(self, grams: set[str]):
-        signature = self._new_minhash(num_perm=self.num_perm, seed=1)
-        signature.update_batch([gram.encode("utf-8") for gram in grams])
-        return signature
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
