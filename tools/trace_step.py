@@ -36,7 +36,8 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# This checkout's package before any installed one: the trace counts frames by their path under it.
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 PACKAGE = str(ROOT / "src" / "klear") + os.sep
 TRACED_STEP = 1
 DOC = ROOT / "docs" / "architecture.md"
