@@ -6,6 +6,7 @@ README.md and docs/embedded.md are the ``slow`` tests; tests/test_docs.py maps e
 that runs it.)"""
 
 import csv
+import gzip
 import json
 import subprocess
 import sys
@@ -241,7 +242,7 @@ def test_the_readme_snippet_turning_humaneval_rows_into_klear_rows(tmp_path, mon
         "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n",
         "entry_point": "add",
     }
-    (tmp_path / "HumanEval.jsonl").write_text(json.dumps(row) + "\n" + "not json\n")
+    (tmp_path / "HumanEval.jsonl.gz").write_bytes(gzip.compress((json.dumps(row) + "\n" + "not json\n").encode()))
     monkeypatch.chdir(tmp_path)
     exec(compile(snippet, "docs/evaluation.md", "exec"), {})
     (converted,) = [json.loads(line) for line in (tmp_path / "data" / "humaneval.klear.jsonl").read_text().splitlines()]

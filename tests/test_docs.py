@@ -267,9 +267,9 @@ assert "gppo" in list_objectives()
             "tests/eval/test_sampler.py::test_rope_scaling_reaches_the_model_and_its_context",
         ),
     ),
-    ("docs/evaluation.md", 'numbered, bad = read_numbered("HumanEval.jsonl")'): Covered(
+    ("docs/evaluation.md", 'numbered, bad = read_numbered("HumanEval.jsonl.gz")'): Covered(
         ("tests/test_commands.py::test_the_readme_snippet_turning_humaneval_rows_into_klear_rows",),
-        "on a one-row HumanEval.jsonl",
+        "on a one-row HumanEval.jsonl.gz",
     ),
     # docs/objectives.md
     ("docs/objectives.md", "class SoftClip(PolicyObjective):"): Covered(OBJECTIVE_EXAMPLES),

@@ -50,7 +50,16 @@ def one_line_error(result: subprocess.CompletedProcess, code: int = 2) -> str:
         (["reward.options.timeout=abc"], "reward.options.timeout = 'abc' is not accepted; accepted: a number"),
         (["data.levels=[9]"], "data.levels = [9] is not accepted; accepted: a list of 1, 2, 3, 4"),
         (["rollout.group_size=1"], "rollout.group_size must be >= 2"),
-        (["data.train=synthetic-code"], "data.train=synthetic-code is checked by the code reward, not math"),
+        (
+            ["data.train=synthetic-code"],
+            "data.train=synthetic-code is checked by the code reward, not math; set reward.name=code, or "
+            "data.train=synthetic (or a file of math problems)",
+        ),
+        (
+            ["reward.name=code", "data.train=synthetic-code"],
+            "data.eval=synthetic is checked by the math reward, not code; set reward.name=math, or "
+            "data.eval=synthetic-code (or a file of code problems)",
+        ),
     ],
 )
 def test_bad_values_are_one_line_naming_the_key_before_heavy_imports(overrides, message):

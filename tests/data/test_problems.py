@@ -147,3 +147,20 @@ def test_a_prompt_too_long_by_its_characters_is_never_tokenized_whole(tmp_path):
     cut = load("left").problems[1]  # its last 520 characters (what 40 tokens can spell), then its last 40 tokens
     assert cut.prompt == "x" * 520 and cut.max_prompt_tokens == 40
     assert max(measured) == 520  # the 5 MB text never reached the tokenizer
+
+
+def test_code_rows_under_the_math_reward_name_the_reward_their_layout_implies(tmp_path):
+    row = {
+        "task_id": "HumanEval/0",
+        "prompt": 'def add(a, b):\n    """Return a + b."""\n',
+        "canonical_solution": "    return a + b\n",
+        "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
+        "entry_point": "add",
+    }
+    path = tmp_path / "HumanEval.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataError) as error:
+        load_problems(str(path), Task("math"), get_reward("math"))
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{path}: no usable problem in 1 rows (read as layout humaneval")
+    assert message.endswith("; humaneval rows are code problems, for reward.name=code (configs/rl_code.yaml)")

@@ -1,11 +1,21 @@
-"""read_rows / write_jsonl: every format, broken rows reported by line and skipped, one-line errors."""
+"""read_rows / write_jsonl: every format (compressed too), broken rows reported by line and skipped, one-line errors."""
 
+import gzip
 import json
 import logging
 
 import pytest
 
-from klear.data.readers import MAX_ROW_WARNINGS, DataError, read_rows, write_jsonl
+from klear.data.readers import (
+    MAX_ROW_WARNINGS,
+    DataError,
+    data_stem,
+    data_suffix,
+    open_data,
+    read_numbered,
+    read_rows,
+    write_jsonl,
+)
 
 ROWS = [{"prompt": "1+1", "response": "2"}, {"prompt": "é 数学", "response": "🙂", "n": 3}]
 
@@ -118,3 +128,71 @@ def test_folder_with_a_file_suffix(tmp_path):
     (tmp_path / "dir.jsonl").mkdir()  # exists, has the suffix, but is a folder datasets did not write
     with pytest.raises(DataError, match=r"dir\.jsonl: a folder that save_to_disk did not write"):
         read_rows(tmp_path / "dir.jsonl")
+
+
+COMPRESSED = {".gz": b"\x1f\x8b", ".bz2": b"BZh", ".xz": b"\xfd7zXZ\x00"}
+"""Each compression suffix and the magic bytes its files start with."""
+
+
+def compressed(path, content: bytes):
+    with open_data(path, "wb") as file:
+        file.write(content)
+    return path
+
+
+@pytest.mark.parametrize("suffix", sorted(COMPRESSED))
+def test_a_compressed_file_reads_as_the_file_inside_it(tmp_path, suffix):
+    path = write_jsonl(ROWS, tmp_path / f"rows.jsonl{suffix}")
+    assert path.read_bytes().startswith(COMPRESSED[suffix])  # written compressed, as its name says
+    assert read_rows(path) == ROWS
+    # Lines are numbered as in the decompressed text: blank lines count, a bad row is named by its line.
+    packed = compressed(tmp_path / f"mixed.jsonl{suffix}", b'{"a": 1}\n\n{oops\n{"b": 2}\n')
+    rows, bad = read_numbered(packed)
+    assert rows == [(1, {"a": 1}), (4, {"b": 2})]
+    assert [(row.path, row.line) for row in bad] == [(str(packed), 3)]
+    assert read_rows(compressed(tmp_path / f"rows.json{suffix}", json.dumps(ROWS).encode())) == ROWS
+
+
+def test_a_gzip_output_is_the_same_bytes_each_time(tmp_path):
+    first = write_jsonl(ROWS, tmp_path / "a" / "rows.jsonl.gz").read_bytes()
+    second = write_jsonl(ROWS, tmp_path / "b" / "other.jsonl.gz").read_bytes()
+    assert first == second  # no file name or time in the header
+    assert gzip.decompress(first).decode() == "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in ROWS)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("cut.jsonl.gz", None, r"cut\.jsonl\.gz: not a whole gzip stream \(.*\) after line \d+: damaged or cut short"),
+        ("plain.jsonl.gz", b'{"a": 1}\n', r"plain\.jsonl\.gz: not a whole gzip stream \(Not a gzipped file"),
+        ("noise.json.xz", b"\x00" * 64, r"noise\.json\.xz: not a whole xz stream"),
+        ("noise.jsonl.bz2", b"BZh9" + b"\x00" * 64, r"noise\.jsonl\.bz2: not a whole bzip2 stream"),
+    ],
+)
+def test_a_damaged_or_cut_compressed_file_is_one_line_and_nothing_read(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is None:  # a download cut short: the first part of a gzip file of many lines
+        whole = write_jsonl([{"n": i, "text": f"row {i} " * 20} for i in range(400)], tmp_path / "whole.jsonl.gz")
+        content = whole.read_bytes()[: whole.stat().st_size // 2]
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=message) as error:
+        read_rows(path)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["rows.parquet.gz", "rows.csv.gz", "rows.gz"])
+def test_only_jsonl_and_json_are_read_compressed(tmp_path, name):
+    (tmp_path / name).write_bytes(gzip.compress(b"a,b\n"))
+    with pytest.raises(DataError, match=r"not a readable data input; accepted inputs: .*\.jsonl\.gz"):
+        read_rows(tmp_path / name)
+
+
+def test_suffixes_and_stems_see_through_the_compression():
+    assert [data_suffix(name) for name in ("a.jsonl.gz", "a.JSON.XZ", "a.jsonl", "a.parquet.gz", "a")] == [
+        ".jsonl",
+        ".json",
+        ".jsonl",
+        ".parquet.gz",
+        "",
+    ]
+    assert [data_stem(name) for name in ("aime24.jsonl.gz", "d/aime24.jsonl", "org/name")] == ["aime24"] * 2 + ["name"]

@@ -4,6 +4,7 @@ usable row. Each stops with one ``error:`` line naming the file or option (exit 
 for byte as they were. Also: ``filter-tests`` reads klear's own code rows (tests in ``answer``, or verl's
 ``reward_model.ground_truth``) as training does, and writes the rows it keeps as they were."""
 
+import gzip
 import json
 import os
 import resource
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from klear.data.__main__ import main
-from klear.data.readers import write_jsonl
+from klear.data.readers import read_rows, write_jsonl
 from klear.data.synthetic import generate_problems
 from klear.data.synthetic_code import generate_code_problems
 from klear.prep.cli import verl_row
@@ -217,3 +218,20 @@ def test_an_output_the_disk_cannot_hold_is_one_line_and_leaves_the_previous_file
         f"error: file too large writing {out}; raise the file size limit (ulimit -f) or set --out to another filesystem"
     )
     assert out.read_text() == '{"before": 1}\n' and [path.name for path in out.parent.iterdir()] == ["kept.jsonl"]
+
+
+def test_a_compressed_input_is_read_and_a_compressed_out_written(rows, tmp_path):
+    """``--data t.jsonl.gz`` reads as the file inside it (the bad row named by its line there); ``--out kept.jsonl.gz``
+    is written gzipped, as its name says, and read back; the report is named by the data stem, ``kept.report.json``."""
+    train, _ = rows
+    lines = train.read_text().splitlines()
+    packed = tmp_path / "t.jsonl.gz"
+    packed.write_bytes(gzip.compress(("\n".join([*lines[:3], "{broken", *lines[3:]]) + "\n").encode()))
+    out = tmp_path / "kept.jsonl.gz"
+    result = klear("klear.data", "dedup", "--data", str(packed), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("dedup: kept 18 of 21 rows, removed 2 exact duplicates, skipped 1 bad rows"), result
+    assert out.read_bytes()[:2] == b"\x1f\x8b"
+    assert read_rows(out) == [json.loads(line) for line in lines[:18]]
+    report = json.loads((tmp_path / "kept.report.json").read_text())
+    assert [(bad["path"], bad["line"]) for bad in report["bad_rows"]] == [(str(packed), 4)]

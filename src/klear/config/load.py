@@ -380,12 +380,13 @@ def _check_synthetic_rewards(config: DictConfig) -> None:
 
     reward_key = "reward.name" if config.stage == "rl" else "eval.reward"
     reward = config.reward.name if config.stage == "rl" else config.eval.reward
+    task_of = {checked_by: task for task, checked_by in SYNTHETIC_REWARDS.items()}
     for key in ("train", "eval") if config.stage == "rl" else ("eval",):
         wanted = SYNTHETIC_REWARDS.get(config.data[key])
         if wanted and reward in SYNTHETIC_REWARDS.values() and reward != wanted:
             raise ConfigError(
-                f"data.{key}={config.data[key]} is checked by the {wanted} reward, not {reward}; "
-                f"set {reward_key}={wanted}"
+                f"data.{key}={config.data[key]} is checked by the {wanted} reward, not {reward}; set "
+                f"{reward_key}={wanted}, or data.{key}={task_of[reward]} (or a file of {reward} problems)"
             )
 
 

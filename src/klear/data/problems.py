@@ -243,9 +243,13 @@ def load_problems(
         problems.append(Problem(prompt, reference, line, row, origin, keep))
     bad.sort(key=lambda row: row.line)  # file order: rows the reader refused and rows refused here
     if not problems:
+        hint = ""
+        if layout.reward and layout.reward != task.reward:  # HumanEval rows under a math run
+            hint = f"; {layout.name} rows are {layout.reward} problems, for reward.name={layout.reward}"
+            hint += " (configs/rl_code.yaml)" if layout.reward == "code" else ""
         raise DataError(
             f"{source}: no usable problem in {len(bad)} rows (read as {layout.summary()}; each needs a prompt and a "
-            f"reference the {task.reward} reward accepts){_first(bad)}"
+            f"reference the {task.reward} reward accepts){_first(bad)}{hint}"
         )
     warnings = reader.prose_warnings()
     if cut:

@@ -7,6 +7,12 @@ JSON object per line), ``.json`` (one list of objects), ``.parquet`` (through py
 ``datasets`` name or a folder written by ``Dataset.save_to_disk``. pyarrow and datasets are imported only when
 such an input is read, so the core install does not need them.
 
+A ``.jsonl`` or ``.json`` file may be compressed as publishers ship it (``HumanEval.jsonl.gz``): gzip, bzip2 or xz,
+told by its last suffix (`COMPRESSIONS`, the standard library's decompressors) and read as the file inside it, lines
+numbered as in the decompressed text. A compressed stream that is damaged or cut short (an interrupted download) is
+a `DataError` naming the file and the last whole line, never a partial read. `write_jsonl` compresses the same way
+when the name it writes to ends in one of these suffixes, so a command's ``--out rows.jsonl.gz`` is read back.
+
 What was simplified, and why: every input is read into memory as a list of dicts. The SFT and RL sets this
 project trains on (tens to a few hundred thousand rows) fit comfortably, and a list makes shuffling, packing and
 mixing plain Python; streaming would be the next step for corpora that do not fit.
@@ -25,23 +31,32 @@ one line naming it and the accepted formats.
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
 import logging
+import lzma
 import os
 import sys
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from klear.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 ACCEPTED_FORMATS = (
-    ".jsonl (one JSON object per line), .json (a list of objects), .parquet, "
-    "or a Hugging Face datasets name or save_to_disk folder"
+    ".jsonl (one JSON object per line), .json (a list of objects), either of them gzip, bzip2 or xz compressed "
+    "(.jsonl.gz, .json.bz2, .jsonl.xz, ...), .parquet, or a Hugging Face datasets name or save_to_disk folder"
 )
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}
+"""The compressed inputs read (and outputs written) by their last suffix, and the name of each compression."""
+_DECOMPRESSION_ERRORS = (EOFError, zlib.error, lzma.LZMAError)
+"""What a damaged or truncated stream raises besides an ``OSError`` (gzip's ``BadGzipFile``, bz2's invalid data)."""
 MAX_ROW_WARNINGS = 10
 """Broken rows warned about one by one per file; the rest are only counted in the summary warning."""
 _DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
@@ -95,7 +110,7 @@ def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tupl
         return kept[1]
     if local.is_dir():
         return _numbered(_read_datasets(text, local, split))
-    suffix = local.suffix.lower()
+    suffix = data_suffix(local)
     if suffix in (".jsonl", ".json", ".parquet"):
         if split is not None:
             raise DataError(f"{text}: split={split!r} only applies to a Hugging Face dataset, not to a {suffix} file")
@@ -122,6 +137,54 @@ def keep_read(path: str | Path, split: str | None = None) -> tuple[list[tuple[in
 
 _KEPT: dict[tuple[str, str | None], tuple[tuple[int, int] | None, tuple]] = {}
 """``(input, split)`` -> (its `_signature` when kept, the rows read): what `keep_read` keeps for the next read."""
+
+
+def data_suffix(path: str | Path) -> str:
+    """The format suffix of a data file, lower-case: ``.jsonl`` for ``rows.jsonl`` and for ``rows.jsonl.gz`` (a
+    compressed ``.jsonl`` or ``.json`` reads as the file inside it); both suffixes of another compressed file
+    (``.parquet.gz``, not an accepted input); ``""`` when there is none."""
+    path = Path(path)
+    outer = path.suffix.lower()
+    if outer not in COMPRESSIONS:
+        return outer
+    inner = Path(path.stem).suffix.lower()
+    return inner if inner in (".jsonl", ".json") else inner + outer
+
+
+def data_stem(path: str | Path) -> str:
+    """A data file's name without its format and compression suffixes: ``aime24`` for ``aime24.jsonl.gz``."""
+    path = Path(path)
+    if path.suffix.lower() in COMPRESSIONS:
+        path = Path(path.stem)
+    return path.stem
+
+
+@contextmanager
+def open_data(path: str | Path, mode: str = "rb") -> Iterator[IO[bytes]]:
+    """``path`` opened in binary ``mode`` (``"rb"`` or ``"wb"``), through the compression its last suffix names
+    (`COMPRESSIONS`), else as it is; closed on leaving. A gzip file is written without a name or time in its header,
+    so the same rows give the same bytes."""
+    path = Path(path)
+    compression = COMPRESSIONS.get(path.suffix.lower())
+    with path.open(mode) as raw:
+        if compression is None:
+            yield raw
+        elif compression == "gzip":
+            with gzip.GzipFile(filename="", mode=mode, fileobj=raw, mtime=0) as file:
+                yield file
+        else:
+            with (bz2.BZ2File if compression == "bzip2" else lzma.LZMAFile)(raw, mode) as file:
+                yield file
+
+
+def read_data_bytes(path: str | Path) -> bytes:
+    """The whole (decompressed) content of the data file ``path``; `DataError` (one line) when it cannot be read or
+    its compressed stream is damaged."""
+    try:
+        with open_data(path) as file:
+            return file.read()
+    except (OSError, *_DECOMPRESSION_ERRORS) as error:
+        raise _read_error(Path(path), error) from None
 
 
 def _signature(local: Path) -> tuple[int, int] | None:
@@ -211,19 +274,21 @@ def _long_in(value: object) -> _LongInteger | None:
 
 
 def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
-    """Write one JSON object per line (UTF-8, non-ASCII kept as is), creating parent folders; returns the path."""
+    """Write one JSON object per line (UTF-8, non-ASCII kept as is), creating parent folders, compressed when the
+    name ends in one of `COMPRESSIONS`' suffixes; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    with open_data(path, "wb") as f:
         for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
     return path
 
 
 def _read_jsonl(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadRow]]:
     rows, bad = [], []
+    number = 0
     try:
-        with path.open("rb") as f:
+        with open_data(path) as f:
             for number, raw in enumerate(f, start=1):
                 if not raw.strip():
                     continue
@@ -240,17 +305,15 @@ def _read_jsonl(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[Bad
                     rows.append((number, row))
                 else:
                     bad.append(BadRow(name, number, f"a JSON {type(row).__name__}, not an object"))
-    except OSError as error:
-        raise _unreadable(path, error) from None
+    except (OSError, *_DECOMPRESSION_ERRORS) as error:
+        raise _read_error(path, error, number) from None
     return rows, bad
 
 
 def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadRow]]:
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_data_bytes(path).decode("utf-8-sig")
         data, long = _read_json_text(text)
-    except OSError as error:
-        raise _unreadable(path, error) from None
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except json.JSONDecodeError as error:
@@ -331,6 +394,19 @@ def _read_datasets(name: str, folder: Path | None, split: str | None) -> list[di
     elif split is not None:
         raise DataError(f"{name}: a single dataset without splits; drop split={split!r}")
     return loaded.to_list()
+
+
+def _read_error(path: Path, error: BaseException, lines: int = 0) -> DataError:
+    """The one-line error of an input that could not be read: the file itself (missing, a folder, a disk error: an
+    ``OSError`` with an errno), or a compressed stream that is not whole, with how many lines (of a jsonl file) came
+    before the break."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return _unreadable(path, error)
+    where = f" after line {lines}" if lines else ""
+    return DataError(
+        f"{path}: not a whole {COMPRESSIONS.get(path.suffix.lower(), 'compressed')} stream "
+        f"({str(error) or type(error).__name__}){where}: damaged or cut short, so none of it is used"
+    )
 
 
 def _unreadable(path: Path, error: OSError) -> DataError:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from klear import cli
 from klear.config.load import BUILTIN_MODELS
 from klear.data.problems import Problem
-from klear.data.readers import parse_json, write_jsonl
+from klear.data.readers import data_stem, parse_json, write_jsonl
 from klear.errors import UserError
 from klear.eval.completions import read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
@@ -68,7 +68,9 @@ log = logging.getLogger(__name__)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=cli.prog("eval"), description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="jsonl/json/parquet file or HF dataset of problems")
+    parser.add_argument(
+        "--data", required=True, help="jsonl/json/parquet file (.gz/.bz2/.xz too) or HF dataset of problems"
+    )
     parser.add_argument(
         "--completions",
         help='score saved generations instead of sampling: a jsonl with one {"completions": [...]} per data row',
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     options = SamplingOptions.from_args(args)
     try:
         check_args(args, options)
-        output = Path(args.output or Path("outputs") / "eval" / Path(args.data).stem)
+        output = Path(args.output or Path("outputs") / "eval" / data_stem(args.data))
         if (output / "results.jsonl").exists() and not args.overwrite:
             raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
         problems, task, reward = load_eval_problems(

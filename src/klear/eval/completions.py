@@ -1,21 +1,21 @@
 """Saved generations for ``python -m klear.eval --completions GEN.jsonl``: completions made elsewhere, scored here.
 
-``GEN.jsonl`` has one line per row of the ``--data`` file, in the same order (blank lines are not rows in either),
-each a JSON object whose ``completions`` field is the list of that problem's completions (other fields are
-ignored, so a previous ``klear.eval`` run's ``results.jsonl`` does not fit, but a released evaluation dump
-reshaped to one line per problem does). Every line must hold the same number of completions, at least ``--k``.
-A completion that is not text is model output like any other: the reward scores it as the empty completion. What
-is wrong with the file itself (a missing file, a line that is not such an object, a count that does not match
-the data) is an `EvalError` naming the file and line.
+``GEN.jsonl`` (or compressed, ``GEN.jsonl.gz``, as every data file may be: `klear.data.readers`) has one line per
+row of the ``--data`` file, in the same order (blank lines are not rows in either), each a JSON object whose
+``completions`` field is the list of that problem's completions (other fields are ignored, so a previous
+``klear.eval`` run's ``results.jsonl`` does not fit, but a released evaluation dump reshaped to one line per problem
+does). Every line must hold the same number of completions, at least ``--k``. A completion that is not text is
+model output like any other: the reward scores it as the empty completion. What is wrong with the file itself (a
+missing file, a damaged compressed stream, a line that is not such an object, a count that does not match the data)
+is an `EvalError` naming the file and line.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from klear.data.problems import ProblemSet
-from klear.data.readers import parse_json
+from klear.data.readers import DataError, parse_json, read_data_bytes
 from klear.eval.tasks import EvalError
 
 
@@ -46,9 +46,9 @@ def read_completions(path: str, problems: ProblemSet, k: int) -> list[list[objec
 def _lines(path: str) -> list[tuple[int, list[object]]]:
     """``(line number, completions)`` of every non-blank line of ``path``."""
     try:
-        raw = Path(path).read_bytes().decode("utf-8-sig")
-    except OSError as error:
-        raise EvalError(f"--completions {path}: cannot read ({error.strerror or error})") from None
+        raw = read_data_bytes(path).decode("utf-8-sig")
+    except DataError as error:  # names the file: missing, unreadable, a damaged compressed stream
+        raise EvalError(f"--completions {error}") from None
     except UnicodeDecodeError:
         raise EvalError(f"--completions {path}: not UTF-8 text") from None
     out = []

@@ -44,7 +44,7 @@ COMMANDS = {
 
 
 def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="output .jsonl")
+    parser.add_argument("--out", required=True, help="output .jsonl (.jsonl.gz, .bz2, .xz: compressed)")
     parser.add_argument(
         "--task",
         choices=("math", "code"),

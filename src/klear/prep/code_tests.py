@@ -149,7 +149,9 @@ def check_solutions(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="code problems: jsonl/json/parquet file or HF dataset")
+    parser.add_argument(
+        "--data", required=True, help="code problems: jsonl/json/parquet file (.gz/.bz2/.xz too) or HF dataset"
+    )
     parser.add_argument("--out", required=True, help="rows kept (.jsonl); the report goes to <stem>.report.json")
     parser.add_argument(
         "--tests-key",

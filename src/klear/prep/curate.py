@@ -70,7 +70,9 @@ RESULTS, SETTINGS, KEPT, REPORT = "results.jsonl", "settings.json", "kept.jsonl"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="problems: jsonl/json/parquet file or HF dataset")
+    parser.add_argument(
+        "--data", required=True, help="problems: jsonl/json/parquet file (.gz/.bz2/.xz too) or HF dataset"
+    )
     parser.add_argument(
         "--out", help="output folder, also the state a rerun continues (default: outputs/curate/<stem>)"
     )

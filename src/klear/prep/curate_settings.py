@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from klear.data.problems import Task
+from klear.data.readers import data_stem
 from klear.eval.options import SamplingOptions, check_greedy, check_requirements
 from klear.prep.pass_rates import PRESETS, Band
 from klear.prep.rowfiles import CommandError
@@ -29,7 +30,7 @@ SAMPLING_KEYS = (
 
 def out_dir(args: argparse.Namespace) -> Path:
     """``--out``, else ``outputs/curate/<data stem>``."""
-    return Path(args.out or Path("outputs") / "curate" / Path(args.data).stem)
+    return Path(args.out or Path("outputs") / "curate" / data_stem(args.data))
 
 
 @dataclass(frozen=True)

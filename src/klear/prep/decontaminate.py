@@ -74,7 +74,9 @@ def decontaminate(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="training rows: jsonl/json/parquet file or HF dataset")
+    parser.add_argument(
+        "--data", required=True, help="training rows: jsonl/json/parquet file (.gz/.bz2/.xz too) or HF dataset"
+    )
     parser.add_argument("--eval", required=True, nargs="+", help="one or more evaluation files to protect")
     parser.add_argument("--out", required=True, help="clean rows (.jsonl); the report goes to <stem>.report.json")
     parser.add_argument("--n", type=at_least(1), default=DEFAULT_N, help="n-gram size in words (default: %(default)s)")

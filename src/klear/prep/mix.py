@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from klear.data.readers import data_stem
 from klear.prep.mixing import MixSpec, Source, build_mix, load_spec, spec_from_dict
 from klear.prep.options import at_least
 from klear.prep.paths import Files
@@ -83,8 +84,7 @@ def read_sources(args: argparse.Namespace) -> tuple[MixSpec | None, list[Source]
 
 def report_file(out: str | Path) -> Path:
     """The report of the mix written to ``out``: ``<out stem>.report.md`` beside it."""
-    out = Path(out)
-    return out.with_name(f"{out.stem}.report.md")
+    return Path(out).with_name(f"{data_stem(out)}.report.md")
 
 
 def files(args: argparse.Namespace) -> Files:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from klear.data.layouts import detect_layout, get_path, prompt_text, read_prompt
-from klear.data.readers import BadRow, DataError, write_jsonl
+from klear.data.readers import BadRow, DataError, data_stem, write_jsonl
 from klear.errors import UserError
 from klear.run.directory import written
 
@@ -117,8 +117,7 @@ def write_json(data: object, path: str | Path) -> Path:
 
 def report_path(out: str | Path) -> Path:
     """Where a command writing ``out`` puts its report: ``<out stem>.report.json`` beside it."""
-    out = Path(out)
-    return out.with_name(f"{out.stem}.report.json")
+    return Path(out).with_name(f"{data_stem(out)}.report.json")
 
 
 def _replace(path: Path, write) -> Path:

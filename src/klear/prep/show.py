@@ -40,7 +40,11 @@ OPEN, CLOSE = "⟦", "⟧"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="rows: jsonl/json/parquet file or HF dataset, or a built-in task")
+    parser.add_argument(
+        "file",
+        metavar="FILE",
+        help="rows: jsonl/json/parquet file (.gz/.bz2/.xz too) or HF dataset, or a built-in task",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as klear.fit takes them")
     parser.add_argument(
         "--config", help="the run's config (its stage, model, data keys); default: the stage's defaults"

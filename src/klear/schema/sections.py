@@ -185,9 +185,10 @@ class EvalConfig:
 class SFTDataConfig:
     train: str = "synthetic"
     """``synthetic`` (the built-in arithmetic task), ``synthetic-code`` (the built-in programming task) or a
-    jsonl/json/parquet file or Hugging Face dataset of SFT rows in any published layout (``messages``, ShareGPT
-    ``conversations``, TRL's ``text`` and ``prompt``/``completion``, s1K, LIMO, OpenMathReasoning, Llama-Nemotron,
-    ``input``/``output``, Alpaca, ...), detected from its first row (docs/data-formats.md#sft-layouts)."""
+    jsonl/json/parquet file (jsonl/json also .gz, .bz2, .xz) or Hugging Face dataset of SFT rows in any published
+    layout (``messages``, ShareGPT ``conversations``, TRL's ``text`` and ``prompt``/``completion``, s1K, LIMO,
+    OpenMathReasoning, Llama-Nemotron, ``input``/``output``, Alpaca, ...), detected from its first row
+    (docs/data-formats.md#sft-layouts)."""
     eval: str = "synthetic"
     """Held-out problems with ``problem`` and ``answer`` fields, ``synthetic`` or ``synthetic-code``; checked by
     ``eval.reward``."""
@@ -248,10 +249,10 @@ class SFTRunConfig:
 class RLDataConfig:
     train: str = "synthetic"
     """``synthetic`` (the built-in arithmetic task), ``synthetic-code`` (the built-in programming task), or a
-    jsonl/json/parquet file or Hugging Face dataset of problems with a reference, in any published layout (klear's
-    ``problem``/``answer``, verl's ``prompt``/``reward_model``/``data_source``, Klear's benchmarks, GSM8K, MATH,
-    LiveCodeBench, ...; docs/data-formats.md), detected from the first row. Rows the reward cannot check, or whose
-    prompt is too long, are skipped by file and line and counted."""
+    jsonl/json/parquet file (jsonl/json also .gz, .bz2, .xz) or Hugging Face dataset of problems with a reference, in
+    any published layout (klear's ``problem``/``answer``, verl's ``prompt``/``reward_model``/``data_source``, Klear's
+    benchmarks, GSM8K, MATH, LiveCodeBench, ...; docs/data-formats.md), detected from the first row. Rows the reward
+    cannot check, or whose prompt is too long, are skipped by file and line and counted."""
     eval: str = "synthetic"
     """Held-out problems scored by ``eval/accuracy``: ``synthetic``, ``synthetic-code`` or a file, as ``train``."""
     prompt_key: str = ""

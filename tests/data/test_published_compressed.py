@@ -1,0 +1,56 @@
+"""The publishers' compressed files read as they ship (``../shared/published``: ``HumanEval.jsonl.gz`` is OpenAI's own
+file byte for byte, ``LeetCodeDataset-v0.3.1-test.jsonl.gz`` ships gzipped too), with no unpacking step: every row the
+standard library's gzip and json parse, in the same order and with the same line numbers, and the code sets in the
+layout they are recognised as; ``klear.eval`` scores HumanEval's own canonical solutions all right from the file as
+published."""
+
+import gzip
+import json
+
+import pytest
+
+from klear.data.problems import Task, load_problems
+from klear.data.readers import read_numbered, write_jsonl
+from klear.rewards.routing import routed_reward
+from tests.published import PUBLISHED, require
+from tests.test_user_errors import klear
+
+FILES = sorted([*(PUBLISHED / "math").glob("*.gz"), *(PUBLISHED / "rl").glob("*.gz")])
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f"{path.parent.name}/{path.name}" for path in FILES])
+def test_every_published_compressed_file_reads_whole(path):
+    text = gzip.decompress(path.read_bytes()).decode("utf-8-sig")
+    if path.name.endswith(".jsonl.gz"):
+        expected = [(number, json.loads(line)) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    else:
+        expected = list(enumerate(json.loads(text), 1))
+    expected = [(number, {"turns": row} if isinstance(row, list) else row) for number, row in expected]
+    assert read_numbered(path) == (expected, [])
+
+
+@pytest.mark.end_to_end  # the code reward checks each row's tests in its sandbox process
+@pytest.mark.parametrize(
+    ("name", "layout", "rows"),
+    [
+        ("math/HumanEval.jsonl.gz", "humaneval", 164),
+        ("rl/leetcodedataset_v0.3.1_test_head20.jsonl.gz", "leetcodedataset", 20),
+    ],
+)
+def test_the_code_sets_load_as_shipped(name, layout, rows):
+    loaded = load_problems(str(require(PUBLISHED / name)), Task("code"), routed_reward("code"))
+    assert (loaded.layout.name, len(loaded.problems), loaded.bad) == (layout, rows, [])
+
+
+@pytest.mark.end_to_end  # runs `python -m klear.eval` in a subprocess
+def test_klear_eval_scores_humaneval_as_published(tmp_path):
+    """The canonical solutions, saved gzipped as generations, score avg@1 1.0 on the 164 problems of OpenAI's file."""
+    data = require(PUBLISHED / "math" / "HumanEval.jsonl.gz")
+    rows = [json.loads(line) for line in gzip.decompress(data.read_bytes()).splitlines()]
+    solutions = [{"completions": [f"```python\n{row['prompt']}{row['canonical_solution']}```"]} for row in rows]
+    gen = write_jsonl(solutions, tmp_path / "gen.jsonl.gz")
+    output = tmp_path / "out"
+    result = klear("klear.eval", "--data", str(data), "--completions", str(gen), "--k", "1", "--output", str(output))
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((output / "summary.json").read_text())
+    assert (summary["problems"], summary["k"], summary["avg@k"]) == (164, 1, 1.0), summary
