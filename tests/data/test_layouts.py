@@ -25,6 +25,12 @@ def write(path, rows):
     [
         ({"problem": "p", "answer": "1"}, "klear", "problem", "answer"),
         ({"question": "p", "answer": "x #### 1"}, "gsm8k", "question", "answer"),
+        (  # an evaluation harness's outputs over GSM8K: its extracted ground truth, not the rationale
+            {"question": "p", "answer": "x #### 1", "gt": "1", "code": ["a"], "pred": ["1"], "score": [True]},
+            "math-eval-harness",
+            "question",
+            "gt",
+        ),
         ({"problem": "p", "solution": "so \\boxed{1}"}, "math-solution", "problem", "solution"),
         (
             {"messages": [{"role": "user", "content": "p"}], "meta": {"answer": "1"}},

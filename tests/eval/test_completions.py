@@ -140,3 +140,40 @@ def test_results_the_disk_cannot_hold_are_one_line_after_the_table(tmp_path):
     ]
     assert "pass@" in result.stdout  # the numbers are shown all the same
     assert list(output.iterdir()) == []
+
+
+def harness_row(idx: int, question: str, gt: str, code: list, score: list | None) -> dict:
+    """A line of Qwen2.5-Math's evaluation harness output (`evaluation/math_eval.py`'s fields): the problem, its
+    extracted ground truth, the samples in ``code``, the harness's extracted answers and its grader's verdicts."""
+    row = {"idx": idx, "question": question, "gt_cot": "", "gt": gt, "code": code, "pred": ["?"] * len(code)}
+    return {**row, "score": score} if score is not None else row
+
+
+def test_an_evaluation_harness_output_is_its_own_data_and_completions_and_its_verdicts_are_compared(tmp_path, capsys):
+    rows = [
+        harness_row(0, "What is 6 times 7?", "42", ["so \\boxed{42}", "\\boxed{41}"], [True, False]),
+        # the harness's grader said no to a right answer written with a thousands separator; klear reads 10000
+        harness_row(1, "What is 100 squared?", "10000", ["\\boxed{10{,}000}", "\\boxed{10000}"], [False, True]),
+        harness_row(2, "What is 2 + 2?", "4", ["\\boxed{5}", "no box: 4"], [True, False]),  # a grader too kind
+    ]
+    dump = write_jsonl(rows, tmp_path / "math_cot.jsonl.gz")
+    output = tmp_path / "out"
+    assert main(["--data", str(dump), "--completions", str(dump), "--k", "2", "--output", str(output)]) == 0
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["layout"]["name"] == "math-eval-harness" and summary["layout"]["reference"] == "gt"
+    assert summary["avg@k"] == pytest.approx(3 / 6)
+    assert summary["saved_verdicts"] == {
+        "field": "score",
+        "samples": 6,
+        "agree": 4,
+        "disagree": [
+            {"line": 2, "sample": 0, "klear": True, "saved": False},
+            {"line": 3, "sample": 0, "klear": False, "saved": True},
+        ],
+    }
+    assert "| agreement with the file's verdicts (`score`) | 4 of 6 samples (66.7%" in capsys.readouterr().out
+    # Without the verdicts on every line there is nothing to compare: no row, no key.
+    rows[1] = harness_row(1, "What is 100 squared?", "10000", ["\\boxed{10000}", "\\boxed{1}"], None)
+    partial = write_jsonl(rows, tmp_path / "partial.jsonl")
+    assert main(["--data", str(partial), "--completions", str(partial), "--output", str(tmp_path / "p")]) == 0
+    assert "saved_verdicts" not in json.loads((tmp_path / "p" / "summary.json").read_text())

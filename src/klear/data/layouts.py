@@ -16,6 +16,9 @@ prompt, reference and source through it. The layouts, in the order they are trie
 - ``klear-benchmark``: Klear-Reasoner's benchmark files (``aime24.qs.jsonl``): ``messages`` and ``meta.answer``,
   or ``meta.solution`` where ``meta`` has no answer (``aime25.qs.jsonl``).
 - ``messages``: ``messages`` and ``answer`` (Klear's ``HMMT-202502.jsonl``).
+- ``math-eval-harness``: the outputs of Qwen2.5-Math's evaluation harness (and the harnesses built on it):
+  ``question``, the extracted ground truth ``gt``, the samples in ``code`` (with the harness's ``pred`` and
+  ``score``): ``klear.eval --data FILE --completions FILE`` re-scores them (`klear.eval.completions`).
 - ``gsm8k``: ``question`` and a rationale ``answer`` ending in ``#### N`` (the math reward reads ``N``).
 - ``math-solution``: MATH rows with ``problem`` and ``solution`` but no ``answer``: the reference is the
   solution, whose last ``\\boxed{}`` the math reward takes as the answer.
@@ -138,6 +141,9 @@ def _detect(row: dict) -> Layout | None:
             return Layout("klear-benchmark", "messages", reference, source, ability)
         if "answer" in row:
             return Layout("messages", "messages", "answer", source, ability)
+    if isinstance(row.get("question"), str) and "gt" in row and isinstance(row.get("code"), list):
+        note = "an evaluation harness's outputs: its samples are in 'code' (klear.eval --completions this file)"
+        return Layout("math-eval-harness", "question", "gt", source, ability, note=note)
     if isinstance(row.get("question"), str) and isinstance(row.get("answer"), str) and "####" in row["answer"]:
         return Layout("gsm8k", "question", "answer", source, ability, note="the answer after '####' is the reference")
     if "problem" in row and "answer" not in row and isinstance(row.get("solution"), str):

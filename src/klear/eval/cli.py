@@ -51,7 +51,7 @@ from klear.config.load import BUILTIN_MODELS
 from klear.data.problems import Problem
 from klear.data.readers import data_stem, parse_json, write_jsonl
 from klear.errors import UserError
-from klear.eval.completions import read_completions
+from klear.eval.completions import agreement, read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
 from klear.eval.options import SamplingOptions, add_sampling_arguments, check_greedy, check_requirements
 from klear.eval.sampler import build_engine, check_engine
@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--completions",
-        help='score saved generations instead of sampling: a jsonl with one {"completions": [...]} per data row',
+        help='score saved generations instead of sampling: a jsonl with one {"completions": [...]} per data row '
+        "(or an evaluation harness's output, samples in 'code', its verdicts in 'score' compared)",
     )
     parser.add_argument(
         "--rope-scaling",
@@ -128,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         chosen = problems.problems[: args.limit]
         n = args.k if args.n is None else args.n
         if args.completions is not None:
-            saved = read_completions(args.completions, problems, args.k)[: args.limit]
-            n = len(saved[0])
+            saved = read_completions(args.completions, problems, args.k).limit(args.limit)
+            n = len(saved.completions[0])
         else:
             engine, tokenizer = build_engine(options, chosen)
     except UserError as error:
@@ -159,12 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     scorer = RewardScorer(reward, num_workers=options.num_workers, timeout=options.reward_timeout)
     try:
         if args.completions is not None:
-            records, timing = score_saved(chosen, saved, scorer, args.k, options.seed)
+            records, timing = score_saved(chosen, saved.completions, scorer, args.k, options.seed)
         else:
             records, timing = run(engine, tokenizer, chosen, scorer, args.k, n, options)
     finally:
         scorer.close()
     summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
+    if args.completions is not None and (compared := agreement(saved, records)) is not None:
+        summary["saved_verdicts"] = compared  # the file's own grader against klear's reward
     from klear.runtime.threads import recorded  # torch: imported by the engine or the scorer already
 
     summary["cpu_threads"] = recorded()  # None when no model was loaded here (--completions)

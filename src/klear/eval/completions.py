@@ -2,24 +2,60 @@
 
 ``GEN.jsonl`` (or compressed, ``GEN.jsonl.gz``, as every data file may be: `klear.data.readers`) has one line per
 row of the ``--data`` file, in the same order (blank lines are not rows in either), each a JSON object whose
-``completions`` field is the list of that problem's completions (other fields are ignored, so a previous
-``klear.eval`` run's ``results.jsonl`` does not fit, but a released evaluation dump reshaped to one line per problem
-does). Every line must hold the same number of completions, at least ``--k``. A completion that is not text is
-model output like any other: the reward scores it as the empty completion. What is wrong with the file itself (a
-missing file, a damaged compressed stream, a line that is not such an object, a count that does not match the data)
-is an `EvalError` naming the file and line.
+``completions`` field is the list of that problem's completions, or whose ``code`` field is, as Qwen2.5-Math's
+evaluation harness writes its outputs (`FIELDS`: such a file is its own ``--data`` too, layout
+``math-eval-harness``). Other fields are ignored, so a previous ``klear.eval`` run's ``results.jsonl`` does not
+fit, but a released evaluation dump reshaped to one line per problem does. Every line must hold the same number of
+completions, at least ``--k``. A completion that is not text is model output like any other: the reward scores it
+as the empty completion. What is wrong with the file itself (a missing file, a damaged compressed stream, a line
+that is not such an object, a count that does not match the data) is an `EvalError` naming the file and line.
+
+When every line also holds the file's own verdict of each completion (`VERDICTS`: the harness's grader writes
+``score``, a list of booleans as long as the completions), they are kept (`SavedCompletions.verdicts`), and
+`agreement` compares them with klear's: how often the two verifiers agree, and where they do not.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from klear.data.problems import ProblemSet
 from klear.data.readers import DataError, parse_json, read_data_bytes
 from klear.eval.tasks import EvalError
 
+FIELDS = ("completions", "code")
+"""Where a line keeps its completions, the first present: klear's ``completions``, or ``code``, where
+Qwen2.5-Math's evaluation harness (and the harnesses built on it) keeps each problem's samples."""
+VERDICTS = "score"
+"""Where a line keeps the file's own verdict of each completion (the harness's grader: true or false)."""
 
-def read_completions(path: str, problems: ProblemSet, k: int) -> list[list[object]]:
+
+@dataclass(frozen=True)
+class SavedCompletions:
+    """The completions of each chosen problem, in its order, and the file's own verdicts of them.
+
+    Args:
+        completions: per problem, its completions.
+        lines: per problem, the line of ``GEN.jsonl`` they come from.
+        field: the field they were read from (`FIELDS`).
+        verdicts: per problem, the file's verdict of each completion (`VERDICTS`), when every line has them.
+    """
+
+    completions: list[list[object]]
+    lines: list[int]
+    field: str
+    verdicts: list[list[bool]] | None = None
+
+    def limit(self, count: int | None) -> SavedCompletions:
+        """The first ``count`` problems' (all of them for None)."""
+        verdicts = self.verdicts[:count] if self.verdicts is not None else None
+        return SavedCompletions(self.completions[:count], self.lines[:count], self.field, verdicts)
+
+
+def read_completions(path: str, problems: ProblemSet, k: int) -> SavedCompletions:
     """The completions of each problem of ``problems``, in its order, from the lines of ``path`` that match the data
     rows (usable or skipped) one to one."""
     rows = sorted([problem.line for problem in problems.problems] + [row.line for row in problems.bad])
@@ -31,20 +67,50 @@ def read_completions(path: str, problems: ProblemSet, k: int) -> list[list[objec
         )
     position = {line: index for index, line in enumerate(rows)}
     chosen = [lines[position[problem.line]] for problem in problems.problems]
-    first_line, first = chosen[0]
-    for number, completions in chosen:
-        if len(completions) != len(first):
+    first = chosen[0]
+    for line in chosen:
+        if len(line.completions) != len(first.completions):
             raise EvalError(
-                f"--completions {path}:{number}: {len(completions)} completions, but line {first_line} has "
-                f"{len(first)}; every problem needs the same number"
+                f"--completions {path}:{line.number}: {len(line.completions)} completions, but line {first.number} "
+                f"has {len(first.completions)}; every problem needs the same number"
             )
-    if len(first) < k:
-        raise EvalError(f"--completions {path}: {len(first)} completions per problem, fewer than --k {k}")
-    return [completions for _, completions in chosen]
+    if len(first.completions) < k:
+        raise EvalError(f"--completions {path}: {len(first.completions)} completions per problem, fewer than --k {k}")
+    verdicts = [line.verdicts for line in chosen]
+    return SavedCompletions(
+        [line.completions for line in chosen],
+        [line.number for line in chosen],
+        first.field,
+        verdicts if all(v is not None for v in verdicts) else None,  # type: ignore[arg-type]
+    )
 
 
-def _lines(path: str) -> list[tuple[int, list[object]]]:
-    """``(line number, completions)`` of every non-blank line of ``path``."""
+def agreement(saved: SavedCompletions, records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """How klear's verdicts (``records``, one per problem of ``saved``, from `klear.eval.metrics.problem_record`)
+    agree with the file's own (None when it has none): the samples compared, how many agree, and each one that does
+    not, by its line of the file, its index there and both verdicts."""
+    if saved.verdicts is None:
+        return None
+    differ = [
+        {"line": line, "sample": index, "klear": sample["correct"], "saved": verdict}
+        for line, record, verdicts in zip(saved.lines, records, saved.verdicts, strict=True)
+        for index, (sample, verdict) in enumerate(zip(record["samples"], verdicts, strict=True))
+        if sample["correct"] != verdict
+    ]
+    samples = sum(len(verdicts) for verdicts in saved.verdicts)
+    return {"field": VERDICTS, "samples": samples, "agree": samples - len(differ), "disagree": differ}
+
+
+@dataclass(frozen=True)
+class _Line:
+    number: int
+    completions: list[object]
+    field: str
+    verdicts: list[bool] | None
+
+
+def _lines(path: str) -> list[_Line]:
+    """Every non-blank line of ``path``: its number, completions, their field and the verdicts it holds."""
     try:
         raw = read_data_bytes(path).decode("utf-8-sig")
     except DataError as error:  # names the file: missing, unreadable, a damaged compressed stream
@@ -59,10 +125,17 @@ def _lines(path: str) -> list[tuple[int, list[object]]]:
             value = parse_json(text)
         except json.JSONDecodeError as error:
             raise EvalError(f"--completions {path}:{number}: not valid JSON ({error.msg})") from None
-        completions = value.get("completions") if isinstance(value, dict) else None
+        field = next((name for name in FIELDS if isinstance(value, dict) and name in value), FIELDS[0])
+        completions = value.get(field) if isinstance(value, dict) else None
         if not isinstance(completions, list) or not completions:
             raise EvalError(
-                f'--completions {path}:{number}: not an object with a non-empty "completions" list of texts'
+                f'--completions {path}:{number}: not an object with a non-empty "completions" (or "code") list of texts'
             )
-        out.append((number, completions))
+        verdicts = value.get(VERDICTS)
+        whole = isinstance(verdicts, list) and len(verdicts) == len(completions)
+        out.append(_Line(number, completions, field, verdicts if whole and _booleans(verdicts) else None))
     return out
+
+
+def _booleans(values: list[Any]) -> bool:
+    return all(isinstance(value, bool) for value in values)

@@ -164,6 +164,14 @@ def markdown_table(summary: dict[str, Any]) -> str:
             ("mean response length", f"{summary['mean_response_length']:.1f} tokens"),
             ("truncated", f"{summary['truncated_frac']:.1%} (at {summary['max_new_tokens']} new tokens)"),
         ]
+    if compared := summary.get("saved_verdicts"):  # the completions file's own verdicts (`klear.eval.completions`)
+        share = compared["agree"] / max(compared["samples"], 1)
+        rows.append(
+            (
+                f"agreement with the file's verdicts (`{compared['field']}`)",
+                f"{compared['agree']} of {compared['samples']} samples ({share:.1%}; the others: summary.json)",
+            )
+        )
     rows.append(("reward timeouts / errors", f"{summary['reward_timeouts']} / {summary['reward_errors']}"))
     rows.append(("code timeouts (programs over their CPU limits)", f"{summary['reward_code_timeouts']}"))
     if not saved:
