@@ -40,19 +40,17 @@ class SavedCompletions:
     Args:
         completions: per problem, its completions.
         lines: per problem, the line of ``GEN.jsonl`` they come from.
-        field: the field they were read from (`FIELDS`).
         verdicts: per problem, the file's verdict of each completion (`VERDICTS`), when every line has them.
     """
 
     completions: list[list[object]]
     lines: list[int]
-    field: str
     verdicts: list[list[bool]] | None = None
 
     def limit(self, count: int | None) -> SavedCompletions:
         """The first ``count`` problems' (all of them for None)."""
         verdicts = self.verdicts[:count] if self.verdicts is not None else None
-        return SavedCompletions(self.completions[:count], self.lines[:count], self.field, verdicts)
+        return SavedCompletions(self.completions[:count], self.lines[:count], verdicts)
 
 
 def read_completions(path: str, problems: ProblemSet, k: int) -> SavedCompletions:
@@ -76,12 +74,10 @@ def read_completions(path: str, problems: ProblemSet, k: int) -> SavedCompletion
             )
     if len(first.completions) < k:
         raise EvalError(f"--completions {path}: {len(first.completions)} completions per problem, fewer than --k {k}")
-    verdicts = [line.verdicts for line in chosen]
+    verdicts = [line.verdicts for line in chosen if line.verdicts is not None]
+    whole = len(verdicts) == len(chosen)  # compared only when every line has them
     return SavedCompletions(
-        [line.completions for line in chosen],
-        [line.number for line in chosen],
-        first.field,
-        verdicts if all(v is not None for v in verdicts) else None,  # type: ignore[arg-type]
+        [line.completions for line in chosen], [line.number for line in chosen], verdicts if whole else None
     )
 
 
@@ -105,12 +101,11 @@ def agreement(saved: SavedCompletions, records: Sequence[dict[str, Any]]) -> dic
 class _Line:
     number: int
     completions: list[object]
-    field: str
     verdicts: list[bool] | None
 
 
 def _lines(path: str) -> list[_Line]:
-    """Every non-blank line of ``path``: its number, completions, their field and the verdicts it holds."""
+    """Every non-blank line of ``path``: its number, its completions and the verdicts it holds."""
     try:
         raw = read_data_bytes(path).decode("utf-8-sig")
     except DataError as error:  # names the file: missing, unreadable, a damaged compressed stream
@@ -133,7 +128,7 @@ def _lines(path: str) -> list[_Line]:
             )
         verdicts = value.get(VERDICTS)
         whole = isinstance(verdicts, list) and len(verdicts) == len(completions)
-        out.append(_Line(number, completions, field, verdicts if whole and _booleans(verdicts) else None))
+        out.append(_Line(number, completions, verdicts if whole and _booleans(verdicts) else None))
     return out
 
 
