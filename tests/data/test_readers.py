@@ -67,13 +67,30 @@ def test_json_list(tmp_path, caplog):
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [('{"a": 1}', "a JSON dict; a .json input is one list of objects"), ("[\n{,", ":2: not valid JSON")],
+    [
+        ('{\n  "train": [{"a": 1}]\n}', "a JSON dict; a .json input is one list of objects, or one object per line"),
+        ("[\n{,", ":2: not valid JSON"),
+    ],
 )
 def test_json_that_is_not_a_list_of_objects(tmp_path, text, message):
     path = tmp_path / "rows.json"
     path.write_text(text)
     with pytest.raises(DataError, match=message):
         read_rows(path)
+
+
+@pytest.mark.parametrize("name", ["aime960_math_verify.json", "rows.json.gz"])
+def test_json_lines_under_a_json_name_read_as_jsonl(tmp_path, name):
+    """Some publishers name JSON lines ``.json`` (Kwai-Klear's validation set ``aime960_math_verify.json``): read
+    line by line, bad lines named by their line, as a ``.jsonl`` file is."""
+    path = tmp_path / name
+    with open_data(path, "wb") as file:
+        file.write(b'{"a": 1}\n\n{broken\n{"b": 2}\n')
+    rows, bad = read_numbered(path)
+    assert rows == [(1, {"a": 1}), (4, {"b": 2})]
+    assert [(row.line, row.reason[:14]) for row in bad] == [(3, "not valid JSON")]
+    (tmp_path / "one.json").write_text('{"a": 1}\n')  # JSON lines of one row
+    assert read_rows(tmp_path / "one.json") == [{"a": 1}]
 
 
 def test_parquet(tmp_path):

@@ -3,9 +3,10 @@
 One parser, `read_numbered`, for everything that reads records (SFT conversations, RL prompts, eval sets, the
 data commands): it returns each row with its 1-based line (jsonl) or position (other inputs), so every skipped
 row can be reported by where it sits; `read_rows` is the same without the numbers. It accepts ``.jsonl`` (one
-JSON object per line), ``.json`` (one list of objects), ``.parquet`` (through pyarrow), and a Hugging Face
-``datasets`` name or a folder written by ``Dataset.save_to_disk``. pyarrow and datasets are imported only when
-such an input is read, so the core install does not need them.
+JSON object per line), ``.json`` (one list of objects; or JSON lines under that name, as some publishers ship them,
+Kwai-Klear's validation set ``aime960_math_verify.json`` among them: read and numbered as ``.jsonl``), ``.parquet``
+(through pyarrow), and a Hugging Face ``datasets`` name or a folder written by ``Dataset.save_to_disk``. pyarrow
+and datasets are imported only when such an input is read, so the core install does not need them.
 
 A ``.jsonl`` or ``.json`` file may be compressed as publishers ship it (``HumanEval.jsonl.gz``): gzip, bzip2 or xz,
 told by its last suffix (`COMPRESSIONS`, the standard library's decompressors) and read as the file inside it, lines
@@ -50,9 +51,12 @@ from klear.errors import UserError
 logger = logging.getLogger(__name__)
 
 ACCEPTED_FORMATS = (
-    ".jsonl (one JSON object per line), .json (a list of objects), either of them gzip, bzip2 or xz compressed "
-    "(.jsonl.gz, .json.bz2, .jsonl.xz, ...), .parquet, or a Hugging Face datasets name or save_to_disk folder"
+    ".jsonl (one JSON object per line), .json (a list of objects, or one per line), either of them gzip, bzip2 or "
+    "xz compressed (.jsonl.gz, .json.bz2, .jsonl.xz, ...), .parquet, or a Hugging Face datasets name or save_to_disk "
+    "folder"
 )
+JSON_SHAPES = "a .json input is one list of objects, or one object per line"
+"""What a ``.json`` file may hold, said by its errors."""
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}
 """The compressed inputs read (and outputs written) by their last suffix, and the name of each compression."""
 _DECOMPRESSION_ERRORS = (EOFError, zlib.error, lzma.LZMAError)
@@ -317,10 +321,13 @@ def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadR
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except json.JSONDecodeError as error:
-        message = f"{path}:{error.lineno}: not valid JSON ({error.msg}); a .json input is one list of objects"
-        raise DataError(message) from None
+        if error.msg == "Extra data" and text.lstrip().startswith("{"):  # objects one after another: JSON lines
+            return _read_jsonl(path, name)
+        raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg}); {JSON_SHAPES}") from None
+    if isinstance(data, dict) and "\n" not in text.strip():  # JSON lines of one row
+        return _read_jsonl(path, name)
     if not isinstance(data, list):
-        raise DataError(f"{path}: a JSON {type(data).__name__}; a .json input is one list of objects (or use .jsonl)")
+        raise DataError(f"{path}: a JSON {type(data).__name__}; {JSON_SHAPES}")
     rows, bad = [], []
     for position, item in enumerate(data, start=1):
         item = as_row(item)

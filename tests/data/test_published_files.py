@@ -1,8 +1,9 @@
-"""The publishers' compressed files read as they ship (``../shared/published``: ``HumanEval.jsonl.gz`` is OpenAI's own
-file byte for byte, ``LeetCodeDataset-v0.3.1-test.jsonl.gz`` ships gzipped too), with no unpacking step: every row the
-standard library's gzip and json parse, in the same order and with the same line numbers, and the code sets in the
-layout they are recognised as; ``klear.eval`` scores HumanEval's own canonical solutions all right from the file as
-published."""
+"""The publishers' files read as they ship, with no unpacking or renaming step: the compressed ones
+(``../shared/published``: ``HumanEval.jsonl.gz`` is OpenAI's own file byte for byte,
+``LeetCodeDataset-v0.3.1-test.jsonl.gz`` ships gzipped too), every row the standard library's gzip and json parse,
+in the same order and with the same line numbers, and the code sets in the layout they are recognised as;
+Kwai-Klear's validation sets under the name they ship with (``aime960_math_verify.json``: JSON lines named
+``.json``); and ``klear.eval`` scoring HumanEval's own canonical solutions all right from the file as published."""
 
 import gzip
 import json
@@ -54,3 +55,15 @@ def test_klear_eval_scores_humaneval_as_published(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((output / "summary.json").read_text())
     assert (summary["problems"], summary["k"], summary["avg@k"]) == (164, 1, 1.0), summary
+
+
+@pytest.mark.end_to_end  # the math reward checks each reference in its verifier process
+@pytest.mark.parametrize("name", ["klear_math_rl_valset_aime24.jsonl.gz", "klear_math_rl_valset_aime25.jsonl.gz"])
+def test_klears_validation_sets_load_under_their_own_json_name(tmp_path, name):
+    """CE-GPPO's ``benchmarks/aime960_math_verify{,25}.json`` hold JSON lines (the copies here are their first 30
+    lines, byte for byte); under the publisher's ``.json`` name they load as the verl rows they are."""
+    path = tmp_path / "aime960_math_verify.json"
+    path.write_bytes(gzip.decompress(require(PUBLISHED / "rl" / name).read_bytes()))
+    loaded = load_problems(str(path), Task("math"), routed_reward("math"))
+    assert (loaded.layout.name, len(loaded.problems), loaded.bad) == ("verl", 30, [])
+    assert [problem.line for problem in loaded.problems] == list(range(1, 31))
