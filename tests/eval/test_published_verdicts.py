@@ -1,7 +1,9 @@
 """klear's math verifier against a publisher's grader, on real completions: Qwen2.5-Math's own evaluation example
 (``../shared/published/math/qwen25math_math_cot_100.jsonl.gz``: 100 MATH test problems, 8 completions each, with
 the harness's verdicts in ``score``), scored as it ships by ``python -m klear.eval`` with the file as both its data
-and its completions. The two agree on 799 of the 800 samples; the one they do not is listed with why."""
+and its completions. The two agree on 799 of the 800 samples; the one they do not is listed with why. And on the
+whole published benchmark files (MATH-500, GSM8K test, AIME 2024 and 2025: 1879 problems), every publisher's answer
+scores right and every integer answer plus one wrong."""
 
 import gzip
 import json
@@ -29,3 +31,38 @@ def test_klears_math_verdicts_agree_with_qwens_grader_on_its_published_completio
     assert compared["disagree"] == [{"line": 73, "sample": 7, "klear": True, "saved": False}]
     rows = [json.loads(line) for line in gzip.decompress(dump.read_bytes()).splitlines()]
     assert rows[72]["gt"] == "10{,}000" and rows[72]["pred"][7] == "10000"
+
+
+BENCHMARKS = {
+    "math500_test.jsonl.gz": 500,
+    "gsm8k_test.jsonl.gz": 1319,
+    "aime24_test.jsonl.gz": 30,
+    "aime25_test.jsonl.gz": 30,
+}
+"""The published math benchmarks (``../shared/published/math``) and their rows."""
+
+
+def publisher_answer(row: dict) -> str:
+    """The answer the publisher gives: GSM8K's after ``####``, else the ``answer`` field (MATH-500, AIME)."""
+    answer = str(row["answer"])
+    return answer.rsplit("####", 1)[1].strip() if "####" in answer else answer
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_every_published_benchmark_answer_scores_right_and_a_near_miss_wrong(name):
+    """Each problem of the whole file, loaded as it ships: its publisher's answer, boxed, is right; an integer answer
+    plus one is wrong."""
+    from klear.data.problems import Task, load_problems
+    from klear.rewards.routing import routed_reward
+
+    reward = routed_reward("math")
+    loaded = load_problems(str(require(PUBLISHED / "math" / name)), Task("math"), reward)
+    assert (len(loaded.problems), loaded.bad) == (BENCHMARKS[name], [])
+    answers = [publisher_answer(problem.row) for problem in loaded.problems]
+    references = [problem.reference for problem in loaded.problems]
+    right = reward.evaluate_batch([f"<think>...</think> \\boxed{{{a}}}" for a in answers], references)
+    assert [problem.line for problem, outcome in zip(loaded.problems, right, strict=True) if not outcome.correct] == []
+    integers = [(i, int(a)) for i, a in enumerate(answers) if a.lstrip("-").isdigit()]
+    assert len(integers) >= min(30, BENCHMARKS[name] // 2)
+    near = reward.evaluate_batch([f"\\boxed{{{a + 1}}}" for _, a in integers], [references[i] for i, _ in integers])
+    assert [integers[j][0] for j, outcome in enumerate(near) if outcome.correct] == []
