@@ -148,19 +148,20 @@ def data_suffix(path: str | Path) -> str:
     compressed ``.jsonl`` or ``.json`` reads as the file inside it); both suffixes of another compressed file
     (``.parquet.gz``, not an accepted input); ``""`` when there is none."""
     path = Path(path)
-    outer = path.suffix.lower()
-    if outer not in COMPRESSIONS:
-        return outer
-    inner = Path(path.stem).suffix.lower()
-    return inner if inner in (".jsonl", ".json") else inner + outer
+    inner = _uncompressed(path)
+    if inner == path or inner.suffix.lower() in (".jsonl", ".json"):
+        return inner.suffix.lower()
+    return (inner.suffix + path.suffix).lower()
 
 
 def data_stem(path: str | Path) -> str:
     """A data file's name without its format and compression suffixes: ``aime24`` for ``aime24.jsonl.gz``."""
-    path = Path(path)
-    if path.suffix.lower() in COMPRESSIONS:
-        path = Path(path.stem)
-    return path.stem
+    return _uncompressed(Path(path)).stem
+
+
+def _uncompressed(path: Path) -> Path:
+    """``path`` without its compression suffix (one of `COMPRESSIONS`), or ``path`` when it has none."""
+    return path.with_suffix("") if path.suffix.lower() in COMPRESSIONS else path
 
 
 @contextmanager
