@@ -5,7 +5,8 @@ Lightning's own writer serialises the whole checkpoint into an in-memory buffer 
 which holds a second copy of the weights and the optimizer state at the moment memory is fullest. The write is
 atomic here anyway (a temporary name, then a rename), and a save that fails (a full disk) removes its temporary
 file and raises the ``OSError`` naming the checkpoint, which ``torch.save`` alone reports as a ``RuntimeError``
-without a cause.
+without a cause; a Ctrl-C that lands in the middle of a write stays the ``KeyboardInterrupt`` it is (`stream_to`),
+so the run stops as on any other Ctrl-C (its summary and the resume command, exit code 130).
 """
 
 from __future__ import annotations
@@ -109,29 +110,36 @@ class StreamingCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with path.open("wb") as file:
-                written = _Recorded(file)
-                try:
-                    torch.save(checkpoint, written)
-                except RuntimeError as error:
-                    if written.error is None:
-                        raise
-                    raise written.error from error
+                stream_to(checkpoint, file)
         except OSError as error:
             raise with_path(error, path) from error
 
 
+def stream_to(checkpoint: dict[str, Any], file) -> None:
+    """``torch.save`` of ``checkpoint`` into the binary ``file``, raising what a write of the file raised (a full
+    disk's ``OSError``, a Ctrl-C's ``KeyboardInterrupt`` that arrived during the write) where ``torch.save`` would
+    raise its own ``RuntimeError`` (``unexpected pos``), which says neither."""
+    written = _Recorded(file)
+    try:
+        torch.save(checkpoint, written)
+    except RuntimeError as error:
+        if written.error is None:
+            raise
+        raise written.error from error
+
+
 class _Recorded:
-    """A binary file whose ``write`` keeps the ``OSError`` it raised: ``torch.save`` replaces it by a RuntimeError
-    (``unexpected pos``) that does not say the disk is full. The tensors' bytes pass through as memoryviews."""
+    """A binary file whose ``write`` keeps what it raised (see `stream_to`). The tensors' bytes pass through as
+    memoryviews."""
 
     def __init__(self, file) -> None:
         self.file = file
-        self.error: OSError | None = None
+        self.error: BaseException | None = None
 
     def write(self, data) -> int:
         try:
             return self.file.write(data)
-        except OSError as error:
+        except BaseException as error:  # an OSError, or the KeyboardInterrupt of a Ctrl-C
             self.error = error
             raise
 
