@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import json
 import logging
 import lzma
@@ -289,11 +290,12 @@ def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
     return path
 
 
-def _read_jsonl(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+def _read_jsonl(path: Path, name: str, content: bytes | None = None) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    """The rows of a JSON-lines file; of ``content``, its (decompressed) bytes, when they were read already."""
     rows, bad = [], []
     number = 0
     try:
-        with open_data(path) as f:
+        with open_data(path) if content is None else io.BytesIO(content) as f:
             for number, raw in enumerate(f, start=1):
                 if not raw.strip():
                     continue
@@ -316,17 +318,18 @@ def _read_jsonl(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[Bad
 
 
 def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    content = read_data_bytes(path)
     try:
-        text = read_data_bytes(path).decode("utf-8-sig")
+        text = content.decode("utf-8-sig")
         data, long = _read_json_text(text)
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except json.JSONDecodeError as error:
         if error.msg == "Extra data" and text.lstrip().startswith("{"):  # objects one after another: JSON lines
-            return _read_jsonl(path, name)
+            return _read_jsonl(path, name, content)
         raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg}); {JSON_SHAPES}") from None
     if isinstance(data, dict) and "\n" not in text.strip():  # JSON lines of one row
-        return _read_jsonl(path, name)
+        return _read_jsonl(path, name, content)
     if not isinstance(data, list):
         raise DataError(f"{path}: a JSON {type(data).__name__}; {JSON_SHAPES}")
     rows, bad = [], []
