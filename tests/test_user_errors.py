@@ -187,6 +187,17 @@ def test_data_without_a_usable_row_is_refused_before_training(tmp_path):
     error = one_line_error(klear("klear.fit", *args, "reward.name=math"))
     assert f"{data}: no usable problem in 2 rows" in error and f"first: {data}:1: " in error
     assert not (tmp_path / "run" / "metrics.csv").exists()
+    # Every prompt over what the tiny model's context leaves: the line says what to change.
+    long = write_rows(tmp_path / "long.jsonl", [{"problem": f"{i} " + "word " * 400, "answer": "1"} for i in range(3)])
+    args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path / 'run'}", *RL_QUICK, f"data.train={long}"]
+    result = klear("klear.fit", *args, "reward.name=math", "rollout.max_new_tokens=16")
+    error = one_line_error(result)
+    assert f"{long}: no usable problem in 3 rows" in error and "is longer than max_prompt_tokens = 496" in error
+    assert error.endswith(
+        "3 of them refused for a prompt over 496 tokens: data.truncation=left keeps each prompt's last tokens (the "
+        "reference recipe's), or set a smaller rollout.max_new_tokens (the limit is the model's context less it)"
+    )
+    assert "indexing errors" not in result.stderr  # the tokenizer's own warning: klear measured and said what it did
 
 
 def test_a_malformed_code_test_is_skipped_not_a_crash_mid_run(tmp_path):

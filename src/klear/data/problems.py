@@ -174,6 +174,7 @@ def load_problems(
     max_prompt_tokens: int = 0,
     truncation: str = "skip",
     char_bound: CharBound | None = None,
+    too_long: str = "",
 ) -> ProblemSet:
     """The checked problems of ``source``: a synthetic task (``num`` problems of ``split``, from ``seed`` and
     ``levels``) or a file / dataset read whole. Raises `DataError` when no row is usable (or, with
@@ -188,6 +189,8 @@ def load_problems(
             ``truncation`` (`TRUNCATIONS`).
         char_bound: the tokenizer's `klear.data.prompts.CharBound`: a prompt it proves too long is refused (or, for
             ``left``, cut to the characters its last tokens can spell) without being tokenized whole.
+        too_long: what the caller's user can do about prompts over the limit (the keys or flags to change), told
+            when no row is usable and some were refused for their length.
     """
     from klear.rewards.routing import RoutedReward
 
@@ -209,7 +212,7 @@ def load_problems(
     router = reward if isinstance(reward, RoutedReward) and task.route else None
     reader = _RowReader(source, layout, task, reward, router)
     limit = max_prompt_tokens if prompt_length is not None else 0
-    problems, longest, cut = [], 0, 0
+    problems, longest, cut, over = [], 0, 0, 0
     for line, row in numbered:
         try:
             prompt, reference, origin = reader.read(row, line)
@@ -223,6 +226,7 @@ def load_problems(
                     )
                     if truncation == "error":
                         raise DataError(f"{source}:{line}: {message} (truncation: error)")
+                    over += 1
                     raise ValueError(message)
                 if chars:  # left: tokenize only what the kept tokens can come from
                     prompt = char_bound.cut(prompt, limit)
@@ -232,6 +236,7 @@ def load_problems(
                         message = f"prompt of {tokens} tokens is longer than max_prompt_tokens = {limit}"
                         if truncation == "error":
                             raise DataError(f"{source}:{line}: {message} (truncation: error)")
+                        over += 1
                         raise ValueError(message)
                     keep, tokens, cut = limit, limit, cut + 1
                 longest = max(longest, tokens)
@@ -247,6 +252,8 @@ def load_problems(
         if layout.reward and layout.reward != task.reward:  # HumanEval rows under a math run
             hint = f"; {layout.name} rows are {layout.reward} problems, for reward.name={layout.reward}"
             hint += " (configs/rl_code.yaml)" if layout.reward == "code" else ""
+        elif over:
+            hint = f"; {over} of them refused for a prompt over {limit} tokens" + (f": {too_long}" if too_long else "")
         raise DataError(
             f"{source}: no usable problem in {len(bad)} rows (read as {layout.summary()}; each needs a prompt and a "
             f"reference the {task.reward} reward accepts){_first(bad)}{hint}"

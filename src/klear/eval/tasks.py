@@ -75,7 +75,12 @@ def load_eval_problems(
         def prompt_length(prompt: Any) -> int:
             return len(encode_prompt(tokenizer, prompt))
 
-    problems = load_problems(data, task, built, rows=rows, prompt_length=prompt_length, max_prompt_tokens=limit)
+    remedy = "pass a smaller --max-new-tokens (the limit is the model's context less it)"
+    if max_prompt_tokens:
+        remedy = "pass a larger --max-prompt-tokens within the model's context"
+    problems = load_problems(
+        data, task, built, rows=rows, prompt_length=prompt_length, max_prompt_tokens=limit, too_long=remedy
+    )
     problems.log("--data")
     warn_bad_rows(problems.bad, {data: problems.rows})
     return problems, task, built

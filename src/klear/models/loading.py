@@ -126,6 +126,10 @@ def load_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    # klear measures every prompt and sample against its own limits (data.max_prompt_tokens, data.max_length) and
+    # says what it does with a longer one; the tokenizer's warning that such text "will result in indexing errors"
+    # would only mislead, so it is marked as given.
+    tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
     return tokenizer
 
 

@@ -191,12 +191,18 @@ def stage_problems(
     data = config.data
     source = getattr(data, split)  # data.train or data.eval
     limit = getattr(data, "max_prompt_tokens", 0)
+    new_tokens = "rollout.max_new_tokens" if split == "train" else "eval.max_new_tokens"
+    if limit:
+        too_long = "set a larger data.max_prompt_tokens within the model's context"
+    else:
+        too_long = f"set a smaller {new_tokens} (the limit is the model's context less it)"
+    if config.stage == "rl":
+        too_long = f"data.truncation=left keeps each prompt's last tokens (the reference recipe's), or {too_long}"
     if not limit:
         try:
             limit = prompt_budget(config.model, max_new_tokens)
         except ValueError as error:
-            key = "rollout.max_new_tokens" if split == "train" else "eval.max_new_tokens"
-            raise ConfigError(f"{key} = {max_new_tokens}: {error}") from None
+            raise ConfigError(f"{new_tokens} = {max_new_tokens}: {error}") from None
     problems = load_problems(
         source,
         task,
@@ -209,6 +215,7 @@ def stage_problems(
         char_bound=char_bound(tokenizer),
         max_prompt_tokens=limit,
         truncation=data.truncation if config.stage == "rl" else "skip",  # SFT's data.truncation cuts its examples
+        too_long=too_long,
     )
     problems.log(f"data.{split}")
     warn_bad_rows(problems.bad, {source: problems.rows})
