@@ -131,6 +131,22 @@ def test_a_model_path_that_is_no_model_is_one_line(tmp_path):
     assert "model.path = 'nobody-klear/no-such-model' cannot be loaded" in error
 
 
+def test_a_model_that_changes_its_logits_after_the_head_is_refused_before_its_data(tmp_path):
+    from transformers import AutoConfig
+
+    gemma2 = tmp_path / "gemma-2"  # Gemma 2 soft-caps its logits; the config is all the check reads
+    AutoConfig.for_model("gemma2", architectures=["Gemma2ForCausalLM"]).save_pretrained(gemma2)
+    for stage in ("rl", "sft"):
+        args = ["--config", f"configs/{stage}.yaml", f"output_dir={tmp_path / stage}", f"model.path={gemma2}"]
+        error = one_line_error(klear("klear.fit", *args))
+        assert error == (
+            f"error: model.path = '{gemma2}': Gemma2ForCausalLM changes its logits after the output head "
+            "(final_logit_softcapping = 30.0), which klear's training log-probs do not reproduce, so it cannot be "
+            "trained here (klear.eval samples from it)"
+        )
+        assert not (tmp_path / stage / "data_report.json").exists()  # before the rows are checked
+
+
 def test_a_yaml_syntax_error_names_its_line(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("stage: rl\nrollout:\n  top_p: [1\n")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import types
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.utils.checkpoint
@@ -91,12 +92,12 @@ def token_logprobs(
     Returns:
         ``(logprobs, entropy)``, each (B, T) float32 and differentiable; ``entropy`` is None unless asked for.
     """
-    for attribute in _POSTPROCESSING:
-        if getattr(getattr(model, "config", None), attribute, None) not in (None, 1.0):
-            raise NotImplementedError(
-                f"model config sets {attribute}: logits are post-processed after the output head, which the "
-                f"chunked log-prob path does not reproduce"
-            )
+    config = getattr(model, "config", None)
+    if config is not None and (setting := post_processing(config)) is not None:
+        raise NotImplementedError(
+            f"model config sets {setting}: logits are post-processed after the output head, which the chunked "
+            "log-prob path does not reproduce"
+        )
     mask = mask.bool()
     if chunk_size is None:
         vocab = model.get_output_embeddings().weight.shape[0]
@@ -127,6 +128,18 @@ def token_logprobs(
         output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     values = output.logits  # (B, T, 2): what the swapped head returned
     return values[..., 0], (values[..., 1] if with_entropy else None)
+
+
+def post_processing(config: Any) -> str | None:
+    """The setting (``final_logit_softcapping = 30.0``) by which a model of this Hugging Face ``config`` changes
+    its logits after the output head, which `token_logprobs` refuses; None for a plain head (every Qwen, Llama,
+    Mistral, Phi-3 and Gemma 3 checkpoint). A multimodal config is read through its text config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for attribute in _POSTPROCESSING:
+        value = getattr(text, attribute, None)
+        if value not in (None, 1.0):
+            return f"{attribute} = {value}"
+    return None
 
 
 def _shared_prefix_scores(

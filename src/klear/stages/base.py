@@ -25,7 +25,8 @@ from klear.data.prompts import char_bound, encode_prompt
 from klear.data.readers import warn_bad_rows
 from klear.eval.in_training import evaluate
 from klear.experience.sampling import step_seed
-from klear.models import prompt_budget
+from klear.kernels.logprobs import post_processing
+from klear.models import hf_config, prompt_budget
 from klear.models.lora import is_lora, trainable_names, write_adapter, write_merged
 from klear.rollout.engine import RolloutEngine
 from klear.run.directory import RunDir
@@ -33,7 +34,7 @@ from klear.run.stopping import agreement_point
 from klear.runtime import memory
 from klear.runtime.optim import build_optimizer, build_scheduler
 from klear.runtime.strategies import export_hf, shard_model, uses_fsdp2
-from klear.schema import RLRunConfig, SFTRunConfig
+from klear.schema import ModelConfig, RLRunConfig, SFTRunConfig
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,18 @@ class StageModule(L.LightningModule):
         if self.trainer.is_global_zero:
             for logger in self.loggers:
                 logger.log_metrics(metrics, step=step)
+
+
+def check_trainable(model: ModelConfig) -> None:
+    """Refuse, before any data is read, a model whose logits the training log-probs cannot reproduce (one line)."""
+    config = hf_config(model)
+    setting = post_processing(config)
+    if setting is not None:
+        kind = (config.architectures or [config.model_type])[0]
+        raise ConfigError(
+            f"model.path = {model.path!r}: {kind} changes its logits after the output head ({setting}), which "
+            "klear's training log-probs do not reproduce, so it cannot be trained here (klear.eval samples from it)"
+        )
 
 
 def stage_problems(

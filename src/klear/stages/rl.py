@@ -59,7 +59,7 @@ from klear.runtime.device import policy_on_cuda
 from klear.runtime.distributed import Ranks
 from klear.runtime.strategies import full_tensors
 from klear.schema import RLRunConfig
-from klear.stages.base import StageModule, stage_problems
+from klear.stages.base import StageModule, check_trainable, stage_problems
 from klear.update.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
@@ -267,6 +267,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatch
     one is skipped by file and line (and listed in ``data_report.json``), a source with no usable row stops. The
     loaded config becomes the schema's `RLRunConfig` here, once: everything below reads that."""
     config = OmegaConf.to_object(config)
+    check_trainable(config.model)
     data, tokenizer = config.data, load_tokenizer(config.model)
     task = Task(config.reward.name, data.prompt_key, data.reference_key)
     reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)

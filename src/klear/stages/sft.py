@@ -38,7 +38,7 @@ from klear.runtime.device import compute_precision, policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
 from klear.schema import RolloutConfig, SFTRunConfig
-from klear.stages.base import StageModule, stage_problems
+from klear.stages.base import StageModule, check_trainable, stage_problems
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     a conversation is skipped by file and line (and listed in ``data_report.json``); no usable row stops the run.
     The loaded config becomes the schema's `SFTRunConfig` here, once: everything below reads that."""
     config = OmegaConf.to_object(config)
+    check_trainable(config.model)
     data, tokenizer = config.data, load_tokenizer(config.model)
     lines, rows, bad = sft_source(data.train, data.num_train, config.seed, data.levels, data.plain_fraction)
     layout = file_layout(rows, data.train, vars(data))
