@@ -1,6 +1,7 @@
 """The training log-probs on the architectures users bring, not only the built-in Qwen3: the chunked head, packed
 rows (klear's per-document attention, or transformers' masks where layers attend through a sliding window) and
-shared prefixes equal the model's own logits in values and gradients, on rows longer than the window. A model
+shared prefixes (rows scored whole where a window would be measured across a padded prefix cache) equal the
+model's own logits in values and gradients, on rows longer than the window. A model
 that changes its logits after the output head (Gemma 2's soft-capping) is named, so training can refuse it."""
 
 import copy
@@ -10,7 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import klear.models.attention  # noqa: F401  (registers sdpa_gqa, what klear loads models with)
-from klear.kernels.logprobs import naive_token_logprobs, post_processing, token_logprobs
+from klear.kernels.logprobs import full_attention_only, naive_token_logprobs, post_processing, token_logprobs
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 SIZES.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)  # within the small vocabulary
@@ -43,7 +44,8 @@ def build(name: str) -> torch.nn.Module:
 
 
 def rl_rows():
-    """Right-padded rows of 13 to 24 tokens (over the window of 5), two sharing a prompt, scored after it."""
+    """Right-padded rows of 13 to 24 tokens (over the window of 5), two sharing a 6-token prompt, scored after
+    their prompts, of 10 and 6 tokens: prefixes of different lengths, as groups of different prompts have."""
     generator = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 97, (6,), generator=generator)
     lengths = [24, 13, 19]
@@ -52,7 +54,7 @@ def rl_rows():
         ids[row, :length] = torch.randint(0, 97, (length,), generator=generator)
     ids[1, :6] = ids[2, :6] = prompt
     attention = (torch.arange(24) < torch.tensor(lengths)[:, None]).long()
-    mask = attention.bool() & (torch.arange(24) >= 5)
+    mask = attention.bool() & (torch.arange(24) >= torch.tensor([9, 5, 5])[:, None])
     mask[torch.arange(3), torch.tensor(lengths) - 1] = False
     return ids, torch.roll(ids, -1, dims=1), mask, attention
 
@@ -87,6 +89,12 @@ def test_training_logprobs_equal_the_models_own_logits(name):
         torch.testing.assert_close(ours[1], naive[1], rtol=1e-5, atol=1e-5, msg=str(path))
         for parameter, gradient in naive[2].items():
             torch.testing.assert_close(ours[2][parameter], gradient, rtol=1e-4, atol=1e-5, msg=f"{path} {parameter}")
+
+
+def test_shared_prefixes_are_kept_for_full_attention_and_left_for_a_window():
+    # A right-padded prefix cache would shift a window measured in cache slots: such models score rows whole.
+    windowed = {name for name in ARCHITECTURES if not full_attention_only(build(name))}
+    assert windowed == {"qwen2-window", "mistral-window", "gemma3_text"}
 
 
 def test_the_window_matters_on_these_rows():

@@ -78,7 +78,8 @@ def token_logprobs(
             (64 MB), so peak memory is a few chunks of logits whatever the batch and the vocabulary.
         share_prefixes: compute each distinct unscored prefix once (see the module docstring). Rows must be
             right-padded, without ``position_ids``. Has no effect on a model in training mode with gradient
-            checkpointing, whose checkpointed layers drop the KV cache the suffixes need (transformers).
+            checkpointing, whose checkpointed layers drop the KV cache the suffixes need (transformers), nor on one
+            with layers that attend through a sliding window (`full_attention_only`).
         pack: compute the rows as one packed row without their padding (see the module docstring). Rows must be
             right-padded (``attention_mask``); ``share_prefixes`` is then ignored. Without ``position_ids`` each row
             is one sequence; with them, rows that already hold several sequences (SFT's packed rows), each row
@@ -118,7 +119,7 @@ def token_logprobs(
             uniform_gradient,
         )
         return values[..., 0], (values[..., 1] if with_entropy else None)
-    if share_prefixes and not (model.is_gradient_checkpointing and model.training):
+    if share_prefixes and not (model.is_gradient_checkpointing and model.training) and full_attention_only(model):
         values = _shared_prefix_scores(
             model, input_ids, targets, mask, attention_mask, temperature, with_entropy, chunk_size
         )
@@ -128,6 +129,18 @@ def token_logprobs(
         output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     values = output.logits  # (B, T, 2): what the swapped head returned
     return values[..., 0], (values[..., 1] if with_entropy else None)
+
+
+def full_attention_only(model: nn.Module) -> bool:
+    """Whether every layer of ``model`` attends to the whole sequence. Shared prefixes need it: their cache is
+    right-padded to the longest prefix, and a full-attention layer finds a row's keys by its mask alone, where a
+    sliding window (Mistral, Gemma 3, Qwen2 with ``use_sliding_window``, Phi-3 with ``sliding_window``) is measured
+    in cache slots, which the padding after a shorter prefix would shift."""
+    config = model.config
+    kinds = getattr(config, "layer_types", None)
+    if kinds:
+        return set(kinds) == {"full_attention"}
+    return getattr(config, "sliding_window", None) is None
 
 
 def post_processing(config: Any) -> str | None:
