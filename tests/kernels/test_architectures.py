@@ -120,3 +120,39 @@ def test_a_model_that_changes_its_logits_after_the_head_is_named():
     ids = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(NotImplementedError, match=r"final_logit_softcapping = 30\.0"):
         token_logprobs(model, ids, ids, torch.ones(1, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_sft_rows_of_several_sequences_score_each_as_if_alone(name):
+    # SFT packs several examples into a row, positions restarting at 0 for each: packed or as they are, each is
+    # computed as if alone, its window included.
+    model = build(name).eval()
+    generator = torch.Generator().manual_seed(1)
+    sequences = [[11, 3, 9], [20], [8, 8, 7]]
+    width = 25
+    ids = torch.randint(3, 97, (3, width), generator=generator)
+    positions, mask = torch.zeros_like(ids), torch.zeros_like(ids, dtype=torch.bool)
+    for row, lengths in enumerate(sequences):
+        start = 0
+        for length in [*lengths, width - sum(lengths)]:
+            positions[row, start : start + length] = torch.arange(length)
+            mask[row, start : start + length - 1] = start < sum(lengths)
+            start += length
+    real = (torch.arange(width) < torch.tensor([sum(lengths) for lengths in sequences])[:, None]).long()
+    targets = torch.roll(ids, -1, dims=1)
+    with torch.no_grad():
+        packed = token_logprobs(model, ids, targets, mask, attention_mask=real, position_ids=positions, pack=True)[0]
+        rows = token_logprobs(model, ids, targets, mask, position_ids=positions)[0]
+        alone = torch.zeros_like(packed)
+        for row, lengths in enumerate(sequences):
+            start = 0
+            for length in lengths:
+                part = slice(start, start + length)
+                one = naive_token_logprobs(
+                    model, ids[row : row + 1, part], targets[row : row + 1, part], mask[row : row + 1, part], 1.0
+                )
+                alone[row, part] = one[0][0]
+                start += length
+    assert (alone[mask] < 0).all()
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(rows, alone, rtol=1e-5, atol=2e-6)
