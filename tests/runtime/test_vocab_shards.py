@@ -23,5 +23,8 @@ def test_two_ranks_streaming_vocabulary_blocks_match_the_whole_model(tmp_path):
     diffs = json.loads((tmp_path / "diffs.json").read_text())
     kinds = ("packed values", "packed grads", "padded values", "padded grads", "logits", "logits grads")
     modes = [f"{tie} {mode}" for tie in ("tied", "untied") for mode in ("streamed", "exchanged")]
-    assert set(diffs) == {f"{mode} {kind}" for mode in modes for kind in kinds}
+    assert set(diffs) == {f"{mode} {kind}" for mode in modes for kind in kinds} | {
+        "gemma3 tied values",
+        "gemma3 tied grads",
+    }
     assert all(value < 1e-5 for value in diffs.values()), diffs

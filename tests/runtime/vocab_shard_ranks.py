@@ -6,7 +6,8 @@ For a tied and an untied model with an odd vocabulary (uneven shards), once with
 shard: the matrices are streamed) and once with blocks larger than the vocabulary (the ranks' few positions are
 exchanged instead, where the path allows it), each rank scores its own rows (packed and padded, with a temperature
 and the entropy), then backpropagates a weighted sum of log-probs and entropies, and also runs the plain logits
-path. The whole model computes every rank's rows. Rank 0 writes the largest differences of values and gradients
+path. Then a tied Gemma 3, whose scaled embedding is left to FSDP2 and its head with it. The whole model computes
+every rank's rows. Rank 0 writes the largest differences of values and gradients
 to ``OUT/diffs.json``.
 """
 
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.distributed.device_mesh import init_device_mesh
-from transformers import AutoModelForCausalLM, Qwen3Config
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, Qwen3Config
 
 from klear.kernels.logprobs import token_logprobs
 from klear.runtime import vocab_shards
@@ -120,6 +121,34 @@ def main(out: Path) -> None:
         modes = {most is not None for most in exchanged}
         # 4 lookups, 2 scorings and the logits without a gradient (those with one always stream).
         assert len(exchanged) == 7 and modes == {mode == "exchanged"}, (mode, exchanged)
+    # A tied pair whose embedding is a subclass (Gemma 3 scales its lookups): left to FSDP2 together, still tied.
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=259,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    whole = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float()
+    sharded = copy.deepcopy(whole)
+    shard_model(sharded, init_device_mesh("cpu", (WORLD,)), OmegaConf.create({"trainer": TRAINER}))
+    assert not isinstance(sharded.get_output_embeddings(), vocab_shards.VocabShardedHead)
+    assert sharded.get_output_embeddings().weight is sharded.get_input_embeddings().weight
+    mine, everyone = rows_of(rank), [rows_of(r) for r in range(WORLD)]
+    loss, values = loss_of(sharded, mine, False)
+    (loss * WORLD).backward()
+    _, expected = loss_of(whole, mine, False)
+    sum(loss_of(whole, rows, False)[0] for rows in everyone).backward()
+    diffs["gemma3 tied values"] = float((values - expected).detach().abs().max())
+    diffs["gemma3 tied grads"] = max_grad_diff(sharded, whole)
     gathered = [None] * WORLD
     dist.all_gather_object(gathered, diffs)
     if rank == 0:

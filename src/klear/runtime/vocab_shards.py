@@ -116,13 +116,17 @@ def shard_vocabulary(model: nn.Module, mesh, compute_dtype: torch.dtype | None =
     """Shard ``model``'s input embedding and output head by vocabulary rows over the one-dimensional ``mesh`` (a
     tied pair as one parameter) and make them stream their blocks (see the module docstring). Returns the new
     parameters, for FSDP2 to ignore. Modules of other kinds than a plain ``nn.Embedding`` and a bias-free
-    ``nn.Linear`` head are left to FSDP2."""
+    ``nn.Linear`` head are left to FSDP2, and with them the module their weight is tied to."""
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     modules = []
     if type(embedding) is nn.Embedding and embedding.max_norm is None and not embedding.scale_grad_by_freq:
         modules.append((embedding, VocabShardedEmbedding))
     if type(head) is nn.Linear and head.bias is None:
         modules.append((head, VocabShardedHead))
+    if head is not None and head.weight is embedding.weight and len(modules) < 2:
+        # A tied pair is sharded together or left to FSDP2 together: sharding one would give it a parameter of its
+        # own and untie them (Gemma 3's scaled embedding, a subclass, is such a partner).
+        modules = []
     sharded: dict[int, nn.Parameter] = {}
     group = mesh.get_group()
     world, rank = dist.get_world_size(group), dist.get_rank(group)
