@@ -111,7 +111,7 @@ def test_the_window_matters_on_these_rows():
     assert (values[0] - values[1]).abs().max() > 1e-3
 
 
-def test_a_model_that_changes_its_logits_after_the_head_is_named():
+def test_a_model_that_changes_its_logits_after_the_head_is_named(tmp_path):
     assert post_processing(AutoConfig.for_model("gemma2")) == "final_logit_softcapping = 30.0"
     assert post_processing(AutoConfig.for_model("cohere", logit_scale=0.0625)) == "logit_scale = 0.0625"
     assert post_processing(AutoConfig.for_model("gemma3_text")) is None  # Gemma 3 caps nothing by default
@@ -120,6 +120,16 @@ def test_a_model_that_changes_its_logits_after_the_head_is_named():
     ids = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(NotImplementedError, match=r"final_logit_softcapping = 30\.0"):
         token_logprobs(model, ids, ids, torch.ones(1, 4, dtype=torch.bool))
+    # Both stages refuse it first thing, before the tokenizer and the data (klear.fit's one line for RL:
+    # tests/test_user_errors.py).
+    from klear.config.load import ConfigError, load_config
+    from klear.stages import rl, sft
+
+    model.config.save_pretrained(tmp_path)
+    for stage in (rl, sft):
+        config = load_config(f"configs/{stage.__name__.rsplit('.', 1)[1]}.yaml", [f"model.path={tmp_path}"])
+        with pytest.raises(ConfigError, match=r"gemma2 changes its logits .*cannot be trained here"):
+            stage.build(config, run_dir=None)
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
