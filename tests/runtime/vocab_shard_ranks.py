@@ -28,6 +28,15 @@ from klear.runtime import vocab_shards
 from klear.runtime.strategies import shard_model
 
 WORLD = 2
+SIZES = dict(
+    vocab_size=259,  # odd: uneven shards
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+)
 TRAINER = {"fsdp_reshard_after_forward": True, "fsdp_mixed_precision": False, "fsdp_cpu_offload": False}
 
 
@@ -87,16 +96,7 @@ def main(out: Path) -> None:
         vocab_shards.BLOCK_ELEMENTS = 16 * 32 if mode == "streamed" else 2**20
         exchanged.clear()
         torch.manual_seed(0)
-        config = Qwen3Config(
-            vocab_size=259,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=8,
-            tie_word_embeddings=tied,
-        )
+        config = Qwen3Config(**SIZES, tie_word_embeddings=tied)
         whole = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float()
         sharded = copy.deepcopy(whole)
         shard_model(sharded, init_device_mesh("cpu", (WORLD,)), OmegaConf.create({"trainer": TRAINER}))
@@ -124,13 +124,7 @@ def main(out: Path) -> None:
     # A tied pair whose embedding is a subclass (Gemma 3 scales its lookups): left to FSDP2 together, still tied.
     torch.manual_seed(0)
     config = Gemma3TextConfig(
-        vocab_size=259,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
+        **SIZES,
         layer_types=["sliding_attention", "full_attention"],
         sliding_window=4,
         pad_token_id=0,
