@@ -146,6 +146,29 @@ def test_a_model_that_changes_its_logits_after_the_head_is_refused_before_its_da
     assert not (tmp_path / "rl" / "data_report.json").exists()  # before the rows are checked
 
 
+def test_a_tokenizer_without_a_chat_template_is_one_line_before_the_rows(tmp_path):
+    import shutil
+
+    from klear.eval.tasks import EvalError, load_eval_tokenizer
+    from klear.models.loading import resolve_model_path
+
+    base = tmp_path / "base-model"  # the tiny model as a base release ships it: no chat template
+    shutil.copytree(resolve_model_path("tiny"), base)
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    settings = json.loads((base / "tokenizer_config.json").read_text())
+    settings.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(settings))
+    args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path / 'run'}", *RL_QUICK, f"model.path={base}"]
+    error = one_line_error(klear("klear.fit", *args))
+    assert error == (
+        f"error: model.path = '{base}': its tokenizer has no chat template, which klear renders every prompt with "
+        "(a base model's often has none): use the tokenizer of the model's chat or instruct release, or add a "
+        "chat_template to its tokenizer_config.json"
+    )
+    with pytest.raises(EvalError, match=rf"^--model {base}: its tokenizer has no chat template"):
+        load_eval_tokenizer(str(base))  # klear.eval and curate, before any problem is read
+
+
 def test_a_yaml_syntax_error_names_its_line(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("stage: rl\nrollout:\n  top_p: [1\n")

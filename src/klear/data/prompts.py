@@ -38,6 +38,18 @@ def encode_problem(tokenizer: PreTrainedTokenizerBase, problem: Any) -> list[int
     return ids
 
 
+def chat_template_problem(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """Why prompts cannot be rendered with ``tokenizer``: it has no chat template (a base model's often has none);
+    None when it has one."""
+    if getattr(tokenizer, "chat_template", None):
+        return None
+    return (
+        "its tokenizer has no chat template, which klear renders every prompt with (a base model's often has none): "
+        "use the tokenizer of the model's chat or instruct release, or add a chat_template to its "
+        "tokenizer_config.json"
+    )
+
+
 def render_prompt(
     tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, str]], system: str | None = None
 ) -> str:

@@ -97,14 +97,18 @@ def build_reward(name: str, options: dict[str, Any], route: bool = False) -> Rew
 
 def load_eval_tokenizer(path: str, option: str = "--model") -> PreTrainedTokenizerBase:
     """The tokenizer of the model at ``path`` (``option``: ``--model``, or ``--base`` for an adapter's base model);
-    `EvalError` when there is none."""
+    `EvalError` when there is none, or when it has no chat template to render the prompts with."""
+    from klear.data.prompts import chat_template_problem
     from klear.models import load_tokenizer
 
     try:
         _check_path(path, option)
-        return load_tokenizer(ModelConfig(path=path))
+        tokenizer = load_tokenizer(ModelConfig(path=path))
     except (OSError, ValueError) as error:  # unknown hub name, missing tiny-sft checkpoint
         raise EvalError(f"{option} {path}: {first_line(error)}") from error
+    if (problem := chat_template_problem(tokenizer)) is not None:
+        raise EvalError(f"{option} {path}: {problem}")
+    return tokenizer
 
 
 def check_model_path(path: str, base: str | None = None) -> None:

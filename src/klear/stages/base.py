@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.config.load import ConfigError
 from klear.data.problems import ProblemSet, Task, load_problems
-from klear.data.prompts import char_bound, encode_prompt
+from klear.data.prompts import char_bound, chat_template_problem, encode_prompt
 from klear.data.readers import warn_bad_rows
 from klear.eval.in_training import evaluate
 from klear.experience.sampling import step_seed
@@ -201,6 +201,8 @@ def stage_problems(
     evaluation); when that is 0 (or the stage has no such key), the limit is what the model's context leaves after
     ``max_new_tokens``, so no kept prompt can overflow generation.
     """
+    if (problem := chat_template_problem(tokenizer)) is not None:
+        raise ConfigError(f"model.path = {config.model.path!r}: {problem}")
     data = config.data
     source = getattr(data, split)  # data.train or data.eval
     limit = getattr(data, "max_prompt_tokens", 0)
