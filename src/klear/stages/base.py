@@ -206,18 +206,16 @@ def stage_problems(
     data = config.data
     source = getattr(data, split)  # data.train or data.eval
     limit = getattr(data, "max_prompt_tokens", 0)
-    new_tokens = "rollout.max_new_tokens" if split == "train" else "eval.max_new_tokens"
-    if limit:
-        too_long = "set a larger data.max_prompt_tokens within the model's context"
-    else:
-        too_long = f"set a smaller {new_tokens} (the limit is the model's context less it)"
-    if config.stage == "rl":
-        too_long = f"data.truncation=left keeps each prompt's last tokens (the reference recipe's), or {too_long}"
+    too_long = "set a larger data.max_prompt_tokens within the model's context"  # what to change when no row fits
     if not limit:
+        new_tokens = "rollout.max_new_tokens" if split == "train" else "eval.max_new_tokens"
+        too_long = f"set a smaller {new_tokens} (the limit is the model's context less it)"
         try:
             limit = prompt_budget(config.model, max_new_tokens)
         except ValueError as error:
             raise ConfigError(f"{new_tokens} = {max_new_tokens}: {error}") from None
+    if config.stage == "rl":
+        too_long = f"data.truncation=left keeps each prompt's last tokens (the reference recipe's), or {too_long}"
     problems = load_problems(
         source,
         task,
