@@ -2,7 +2,9 @@
 and the comparison of two runs that must agree (N ranks against one process)."""
 
 import csv
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +75,15 @@ def assert_same_weights(one: Path, two: Path) -> None:
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(b[name], a[name], atol=2e-5, rtol=1e-4)
+
+
+def base_model(folder: Path) -> Path:
+    """The tiny model as a base release often ships: its tokenizer has no chat template."""
+    from klear.models.loading import resolve_model_path
+
+    shutil.copytree(resolve_model_path("tiny"), folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    return folder

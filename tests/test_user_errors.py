@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.runs import RL_SHORT, read_metrics
+from tests.runs import RL_SHORT, base_model, read_metrics
 
 pytestmark = pytest.mark.end_to_end  # runs the commands with bad input in subprocesses
 
@@ -147,23 +147,16 @@ def test_a_model_that_changes_its_logits_after_the_head_is_refused_before_its_da
 
 
 def test_a_tokenizer_without_a_chat_template_is_one_line_before_the_rows(tmp_path):
-    import shutil
-
     from klear.eval.tasks import EvalError, load_eval_tokenizer
-    from klear.models.loading import resolve_model_path
 
-    base = tmp_path / "base-model"  # the tiny model as a base release ships it: no chat template
-    shutil.copytree(resolve_model_path("tiny"), base)
-    (base / "chat_template.jinja").unlink(missing_ok=True)
-    settings = json.loads((base / "tokenizer_config.json").read_text())
-    settings.pop("chat_template", None)
-    (base / "tokenizer_config.json").write_text(json.dumps(settings))
+    base = base_model(tmp_path / "base-model")
     args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path / 'run'}", *RL_QUICK, f"model.path={base}"]
     error = one_line_error(klear("klear.fit", *args))
     assert error == (
         f"error: model.path = '{base}': its tokenizer has no chat template, which klear renders every prompt with "
-        "(a base model's often has none): use the tokenizer of the model's chat or instruct release, or add a "
-        "chat_template to its tokenizer_config.json"
+        "(a base model's often has none): use the tokenizer of the model's chat or instruct release, add a "
+        "chat_template to its tokenizer_config.json, or give the model plain-text prompts with "
+        "data.apply_chat_template=false (docs/data.md#prompt-format)"
     )
     with pytest.raises(EvalError, match=rf"^--model {base}: its tokenizer has no chat template"):
         load_eval_tokenizer(str(base))  # klear.eval and curate, before any problem is read

@@ -121,10 +121,10 @@ def test_vllm_that_fails_to_import_is_one_line(tmp_path):
     assert "reinstall vLLM (pip install -e '.[vllm]'" in error and "or use --engine hf" in error
 
 
-def sampling_section(*command: str) -> dict[str, str]:
-    """Flag -> its default, from the "sampling and scoring" section of ``python -m COMMAND --help``."""
+def sampling_section(*command: str, title: str = "sampling and scoring") -> dict[str, str]:
+    """Flag -> its default, from the section ``title`` of ``python -m COMMAND --help``."""
     text = run_command(*command, "--help", env={"COLUMNS": "400"}, timeout=60).stdout
-    section = text.split("sampling and scoring:\n", 1)[1].split("\n\n", 2)[1]
+    section = text.split(f"{title}:\n", 1)[1].split("\n\n", 2)[1]
     flags: dict[str, str] = {}
     for line in section.splitlines():  # a flag's line, or the help of the flag above when the flag is long
         if line.strip().startswith("--"):
@@ -138,8 +138,17 @@ def sampling_section(*command: str) -> dict[str, str]:
 @pytest.mark.end_to_end
 def test_eval_and_curate_declare_the_sampling_options_once_with_their_own_defaults():
     evaluation, curate = sampling_section("klear.eval"), sampling_section("klear.data", "curate")
-    fields = [name for name in SamplingOptions.__dataclass_fields__ if name not in ("rope_scaling", "base")]
+    formats = ("prompt_template", "system_prompt", "apply_chat_template")  # their own section, below
+    fields = [name for name in SamplingOptions.__dataclass_fields__ if name not in ("rope_scaling", "base", *formats)]
     assert sorted(evaluation) == sorted(curate) == sorted("--" + name.replace("_", "-") for name in fields)
+    prompts = [
+        sampling_section(*command, title="prompt format") for command in (["klear.eval"], ["klear.data", "curate"])
+    ]
+    assert prompts[0] == prompts[1] and sorted(prompts[0]) == [
+        "--no-chat-template",
+        "--prompt-template",
+        "--system-prompt",
+    ]
     shared = {"--engine": "hf", "--top-k": "0", "--max-new-tokens": "32768", "--seed": "0", "--batch-size": "256"}
     assert {flag: evaluation[flag] for flag in shared} == {flag: curate[flag] for flag in shared} == shared
     # each command keeps its own: klear.eval samples as an evaluation does, curate as RL does

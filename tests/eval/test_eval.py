@@ -256,6 +256,13 @@ MATH_ROW = {"problem": "Start with 1. Add 1.", "answer": "2"}
         ([MATH_ROW], ["--k", "4", "--n", "2"], "--n must be >= --k (4), got 2"),
         ([MATH_ROW], ["--k", "2", "--temperature", "0"], "greedy decoding"),
         ([MATH_ROW], ["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+        ([MATH_ROW], ["--prompt-template", "Solve:"], "--prompt-template 'Solve:': must hold {prompt} exactly once"),
+        (
+            [MATH_ROW],
+            ["--no-chat-template", "--system-prompt", "Hi"],
+            "--system-prompt 'Hi': a system prompt is a chat turn, and prompts without the chat template have none; "
+            "write it into --prompt-template instead",
+        ),
         ([MATH_ROW], ["--model", str(Path(__file__).parent)], f"--model {Path(__file__).parent}: no model directory"),
         ([MATH_ROW], ["--model", "outputs/missing/hf"], "--model outputs/missing/hf: no model directory there"),
         (

@@ -226,6 +226,21 @@ def test_changed_settings_or_data_stop_before_sampling(data, full_run, tmp_path,
     command[command.index("--k") + 1] = "8"
     assert main(command) == 2
     assert "holds results sampled with k=4 (now 8)" in capsys.readouterr().err
+    assert main([*BASE, "--data", str(data), "--out", str(out), "--prompt-template", "{prompt} Be brief."]) == 2
+    told = "holds results sampled with prompt_format=None (now {'prompt_template': '{prompt} Be brief.'"
+    assert told in capsys.readouterr().err
+    formatted = tmp_path / "formatted"  # a folder sampled with a format, rerun without it
+    (formatted / "results.jsonl").parent.mkdir()
+    shutil.copy(full_run / "results.jsonl", formatted)
+    settings = json.loads((full_run / "settings.json").read_text())
+    settings["prompt_format"] = {
+        "prompt_template": "{prompt} Be brief.",
+        "system_prompt": "",
+        "apply_chat_template": True,
+    }
+    (formatted / "settings.json").write_text(json.dumps(settings))
+    assert main([*BASE, "--data", str(data), "--out", str(formatted)]) == 2
+    assert "holds results sampled with prompt_format={'prompt_template'" in capsys.readouterr().err
 
     changed = tmp_path / "p.jsonl"
     rows = rows_of(data, 24)
@@ -244,6 +259,8 @@ def test_changed_settings_or_data_stop_before_sampling(data, full_run, tmp_path,
         (["--reward-option", "nope=1"], "unknown option 'nope' for reward 'math'"),
         (["--reward-option", "nope"], "expected KEY=VALUE"),
         (["--chunk", "0"], "--chunk must be >= 1, got 0"),
+        (["--prompt-template", "Solve:"], "--prompt-template 'Solve:': must hold {prompt} exactly once"),
+        (["--no-chat-template", "--system-prompt", "Hi"], "--system-prompt 'Hi': a system prompt is a chat turn"),
     ],
 )
 def test_bad_options_are_one_line_errors(data, tmp_path, capsys, extra, message):

@@ -96,6 +96,15 @@ def test_the_built_in_task_as_rl_reads_it(capsys):
     expected = [(1, "klear", "math"), (2, "klear", "math")]
     assert [(record["line"], record["layout"], record["route"]) for record in records] == expected
     assert all(record["prompt"].endswith("<|im_start|>assistant\n") and record["reference"] for record in records)
+    instruction = "{prompt} Let's think step by step and output the final answer within \\boxed{}."
+    [record] = show(capsys, "synthetic", "--stage", "rl", "--rows", "1", f"data.prompt_template={instruction}")
+    question = (
+        records[0]["prompt"].removeprefix("<|im_start|>user\n").removesuffix("<|im_end|>\n<|im_start|>assistant\n")
+    )
+    assert record["prompt"] == records[0]["prompt"].replace(question, instruction.replace("{prompt}", question))
+    plain = ["data.apply_chat_template=false", "data.prompt_template=Question: {prompt}\nAnswer:"]
+    [record] = show(capsys, "synthetic", "--stage", "rl", "--rows", "1", *plain)
+    assert record["prompt"] == f"Question: {question}\nAnswer:"  # the model's whole input
 
 
 @pytest.mark.parametrize("name", ["sharegpt_sky_t1.constructed.jsonl", "trl_prompt_completion_standard.jsonl"])

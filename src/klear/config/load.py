@@ -20,7 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from klear.errors import UserError, did_you_mean, first_line
@@ -32,14 +32,43 @@ class ConfigError(UserError):
 
 
 def parse_overrides(tokens: list[str]) -> DictConfig:
-    """``["trainer.max_steps=10", "objective.eps_high=0.3"]`` -> a config of those keys."""
+    """``["trainer.max_steps=10", "objective.eps_high=0.3"]`` -> a config of those keys.
+
+    A value is read as YAML (``10``, ``1e-3``, ``[0.9, 0.95]``, ``null``), except where a key the schema types as
+    text would be read as a mapping or a list, or not at all: it takes the text as written, so that
+    ``data.prompt_template={prompt} Answer:`` and ``data.prompt_template=User: {prompt}`` need no quoting.
+    """
     bad = [token for token in tokens if "=" not in token or token.startswith("=")]
     if bad:
         raise ConfigError(f"override {bad[0]!r} is not of the form key=value (for example trainer.max_steps=10)")
-    try:
-        return OmegaConf.from_dotlist(tokens)
-    except OmegaConfBaseException as error:
-        raise ConfigError(f"cannot parse overrides {tokens}: {_first_line(error)}") from error
+    layer = OmegaConf.create()
+    for token in tokens:
+        key, _, text = token.partition("=")
+        try:
+            value = OmegaConf.from_dotlist([token])
+            kept = not (_text_key(key) and isinstance(OmegaConf.select(value, key), (DictConfig, ListConfig)))
+        except Exception as error:  # yaml.YAMLError and OmegaConf's own
+            if not _text_key(key):
+                raise ConfigError(f"override {token!r} cannot be parsed: {_yaml_problem(error)}") from error
+            kept = False
+        if not kept:
+            value = OmegaConf.create()
+            OmegaConf.update(value, key, text)
+        layer = OmegaConf.merge(layer, value)
+    return layer
+
+
+def _text_key(key: str) -> bool:
+    """Whether a schema (of any stage) types the dotted ``key`` as text."""
+
+    def text(schema: type, parts: list[str]) -> bool:
+        head, *rest = parts
+        if rest:
+            sections = _sections(schema)
+            return head in sections and text(sections[head], rest)
+        return typing.get_type_hints(schema).get(head) is str
+
+    return any(text(schema, key.split(".")) for schema in SCHEMAS.values())
 
 
 def read_yaml(path: str | Path) -> DictConfig:
@@ -116,6 +145,7 @@ def check_config(config: DictConfig) -> None:
     if not all(0 <= beta < 1 for beta in config.optim.betas):
         raise ConfigError(f"optim.betas = {list(config.optim.betas)} is not accepted; accepted: two numbers in [0, 1)")
     _check_levels(config.data)
+    _check_prompt_format(config.data)
     _check_synthetic_rewards(config)
     _check_rope_scaling(config.model.rope_scaling)
     _check_lora(config.model.lora)
@@ -306,6 +336,17 @@ def _check_lora(lora: DictConfig | None) -> None:
 
 def _nullable(hint: Any) -> bool:
     return type(None) in typing.get_args(hint)
+
+
+def _check_prompt_format(data: DictConfig) -> None:
+    """``data.prompt_template`` holds ``{prompt}`` once; a system prompt goes with the chat template."""
+    from klear.data.prompts import PromptFormat
+
+    if (problem := PromptFormat.of(data).problem()) is not None:
+        field, reason = problem
+        key = {"template": "prompt_template", "system": "system_prompt"}[field]
+        fix = "; write it into data.prompt_template instead" if field == "system" else ""
+        raise ConfigError(f"data.{key} = {data[key]!r}: {reason}{fix}")
 
 
 def _check_levels(data: DictConfig) -> None:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from klear.data.layouts import Layout, detect_layout, get_path
-from klear.data.prompts import CharBound
+from klear.data.prompts import AS_GIVEN, CharBound, PromptFormat
 from klear.data.readers import BadRow, DataError, decode_json_text, read_numbered
 from klear.data.synthetic import generate_problems
 from klear.errors import first_line
@@ -81,7 +81,8 @@ class Problem:
     """One usable problem: its prompt, its checked reference, and where it came from."""
 
     prompt: str | list[dict[str, str]]
-    """The problem text, or the chat messages of the row (``{"role", "content"}``, ending in a user turn)."""
+    """The problem text, or the chat messages of the row (``{"role", "content"}``, ending in a user turn), in the
+    run's `klear.data.prompts.PromptFormat` (a `klear.data.prompts.RawPrompt` where no chat template renders it)."""
     reference: Any
     """What the reward checks against, wrapped as `klear.rewards.routing.Routed` when its row's source routed it."""
     line: int = 0
@@ -114,6 +115,8 @@ class ProblemSet:
     """The layout the rows were read in (None for a synthetic task)."""
     warnings: list[str] = field(default_factory=list)
     """What a user should hear about the data before training (prose-like references, truncated prompts)."""
+    prompt_format: PromptFormat = AS_GIVEN
+    """What was put around every prompt (recorded in `report` when it is not the default)."""
 
     @property
     def rows(self) -> int:
@@ -145,6 +148,8 @@ class ProblemSet:
             report["sources"] = sources
         if self.warnings:
             report["warnings"] = self.warnings
+        if self.prompt_format != AS_GIVEN:
+            report["prompt_format"] = self.prompt_format.describe()
         return report
 
     def log(self, what: str) -> None:
@@ -175,6 +180,7 @@ def load_problems(
     truncation: str = "skip",
     char_bound: CharBound | None = None,
     too_long: str = "",
+    prompt_format: PromptFormat = AS_GIVEN,
 ) -> ProblemSet:
     """The checked problems of ``source``: a synthetic task (``num`` problems of ``split``, from ``seed`` and
     ``levels``) or a file / dataset read whole. Raises `DataError` when no row is usable (or, with
@@ -191,6 +197,8 @@ def load_problems(
             ``left``, cut to the characters its last tokens can spell) without being tokenized whole.
         too_long: what the caller's user can do about prompts over the limit (the keys or flags to change), told
             when no row is usable and some were refused for their length.
+        prompt_format: what is put around each row's prompt (`klear.data.prompts.PromptFormat`), before it is
+            measured: a problem's prompt is the model's; a prompt the format cannot take is a skipped row.
     """
     from klear.rewards.routing import RoutedReward
 
@@ -216,6 +224,7 @@ def load_problems(
     for line, row in numbered:
         try:
             prompt, reference, origin = reader.read(row, line)
+            prompt = prompt_format.apply(prompt)
             keep = 0
             if limit:
                 chars = char_bound.too_long(prompt, limit) if char_bound is not None else 0
@@ -261,7 +270,7 @@ def load_problems(
     warnings = reader.prose_warnings()
     if cut:
         warnings.append(f"{cut} prompts longer than {limit} tokens keep their last {limit} (truncation: left)")
-    return ProblemSet(source, problems, bad, longest, shown, warnings)
+    return ProblemSet(source, problems, bad, longest, shown, warnings, prompt_format)
 
 
 class _RowReader:

@@ -5,6 +5,13 @@ A prompt is a problem text (one user turn) or a list of chat messages as a data 
 tokens it may keep (`klear.data.problems.Problem.max_prompt_tokens`): `encode_problem` then keeps the last ones,
 as verl's left truncation does.
 
+`PromptFormat` is what a run puts around each row's prompt when it is loaded (``data.prompt_template``,
+``data.system_prompt``, ``data.apply_chat_template``; ``--prompt-template``, ``--system-prompt``,
+``--no-chat-template`` of ``klear.eval`` and ``curate``): an instruction such as DeepScaleR's "Let's think step by
+step and output the final answer within \\boxed{}.", a system turn, or, for a base model trained as R1-Zero was,
+a plain-text template the model reads as it is (a `RawPrompt`: no chat template, the tokenizer's own special tokens
+such as a BOS added as for any text).
+
 A prompt far over the limit is told by its characters, without tokenizing it (`CharBound`): tokenizing a 50 MB row
 takes minutes and gigabytes only to learn that it is too long.
 """
@@ -21,12 +28,91 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def encode_prompt(
-    tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, str]], system: str | None = None
-) -> list[int]:
-    """Token ids of ``[system], user: prompt`` (or of the messages ``prompt``) with the assistant's generation
-    prompt appended."""
-    return tokenizer(render_prompt(tokenizer, prompt, system), add_special_tokens=False)["input_ids"]
+class RawPrompt(str):
+    """A prompt's text as the model reads it, with no chat template: what `PromptFormat` makes of a prompt when
+    ``chat`` is off. It is tokenized as any text is (the tokenizer's BOS, where it adds one, first)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any) -> RawPrompt:  # a cut (left truncation) keeps the kind
+        return RawPrompt(str.__getitem__(self, key))
+
+
+TEMPLATE_FIELD = "{prompt}"
+"""Where a prompt template takes the row's prompt."""
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """What is put around every row's prompt before the model sees it; the default leaves prompts as they are.
+
+    Args:
+        template: text holding `TEMPLATE_FIELD` once, which the prompt's text (a chat prompt's last user turn)
+            replaces; "": the prompt itself. Other braces are text (``\\boxed{}``).
+        system: a system turn for prompts that have none ("": none).
+        chat: the tokenizer's chat template renders the prompt; off, the filled template is the model's whole
+            input (`RawPrompt`), for base models: a chat prompt must then be one user turn.
+    """
+
+    template: str = ""
+    system: str = ""
+    chat: bool = True
+
+    @classmethod
+    def of(cls, data: Any) -> PromptFormat:
+        """The format of a run config's ``data`` section (``prompt_template``, ``system_prompt``,
+        ``apply_chat_template``)."""
+        return cls(data.prompt_template, data.system_prompt, data.apply_chat_template)
+
+    def problem(self) -> tuple[str, str] | None:
+        """``(field, what is wrong)`` for the first field that cannot be used (``template`` or ``system``); None
+        when every field can."""
+        if self.template and self.template.count(TEMPLATE_FIELD) != 1:
+            return "template", f"must hold {TEMPLATE_FIELD} exactly once, where each row's prompt goes"
+        if self.system and not self.chat:
+            return "system", "a system prompt is a chat turn, and prompts without the chat template have none"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """The format as a run records it, by its config keys."""
+        return {"prompt_template": self.template, "system_prompt": self.system, "apply_chat_template": self.chat}
+
+    def apply(self, prompt: str | list[dict[str, str]]) -> str | list[dict[str, str]]:
+        """``prompt`` (text, or chat messages ending in a user turn) in this format; ValueError when a prompt
+        without the chat template would lose turns (system turns, several user turns)."""
+        if isinstance(prompt, str):
+            text = self._fill(prompt)
+            if not self.chat:
+                return RawPrompt(text)
+            if not self.system:
+                return text
+            return [{"role": "system", "content": self.system}, {"role": "user", "content": text}]
+        if not self.chat:
+            if len(prompt) > 1:
+                roles = ", ".join(message["role"] for message in prompt)
+                raise ValueError(
+                    f"a prompt of {len(prompt)} turns ({roles}) needs the chat template; without it "
+                    "(apply_chat_template off) a prompt is one user turn"
+                )
+            return RawPrompt(self._fill(prompt[0]["content"]))
+        messages = [*prompt[:-1], {**prompt[-1], "content": self._fill(prompt[-1]["content"])}]
+        if self.system and not any(message["role"] == "system" for message in messages):
+            messages.insert(0, {"role": "system", "content": self.system})
+        return messages
+
+    def _fill(self, text: str) -> str:
+        return self.template.replace(TEMPLATE_FIELD, text) if self.template else text
+
+
+AS_GIVEN = PromptFormat()
+"""The default format: each prompt as its row gives it, through the chat template."""
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, str]]) -> list[int]:
+    """Token ids of ``user: prompt`` (or of the messages ``prompt``) with the assistant's generation prompt
+    appended; of a `RawPrompt`, its text with the tokenizer's own special tokens."""
+    raw = isinstance(prompt, RawPrompt)
+    return tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=raw)["input_ids"]
 
 
 def encode_problem(tokenizer: PreTrainedTokenizerBase, problem: Any) -> list[int]:
@@ -38,25 +124,24 @@ def encode_problem(tokenizer: PreTrainedTokenizerBase, problem: Any) -> list[int
     return ids
 
 
-def chat_template_problem(tokenizer: PreTrainedTokenizerBase) -> str | None:
+def chat_template_problem(tokenizer: PreTrainedTokenizerBase, raw: str) -> str | None:
     """Why prompts cannot be rendered with ``tokenizer``: it has no chat template (a base model's often has none);
-    None when it has one."""
+    None when it has one. ``raw``: the setting that gives the model plain-text prompts instead."""
     if getattr(tokenizer, "chat_template", None):
         return None
     return (
         "its tokenizer has no chat template, which klear renders every prompt with (a base model's often has none): "
-        "use the tokenizer of the model's chat or instruct release, or add a chat_template to its "
-        "tokenizer_config.json"
+        "use the tokenizer of the model's chat or instruct release, add a chat_template to its "
+        f"tokenizer_config.json, or give the model plain-text prompts with {raw} (docs/data.md#prompt-format)"
     )
 
 
-def render_prompt(
-    tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, str]], system: str | None = None
-) -> str:
-    """The text `encode_prompt` tokenizes: the chat template of the messages, with the generation prompt."""
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, str]]) -> str:
+    """The text `encode_prompt` tokenizes: the chat template of the messages, with the generation prompt (a
+    `RawPrompt` is its own text)."""
+    if isinstance(prompt, RawPrompt):
+        return str(prompt)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if system:
-        messages = [{"role": "system", "content": system}, *messages]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
@@ -96,7 +181,7 @@ class CharBound:
         so its last ``max_tokens`` tokens are still there to keep (left truncation), for a fraction of the work."""
         keep = self.chars(max_tokens)
         if isinstance(prompt, str):
-            return prompt[-keep:]
+            return prompt[-keep:]  # a RawPrompt stays one
         kept: list[dict[str, str]] = []
         for message in reversed(prompt):
             if keep <= 0:

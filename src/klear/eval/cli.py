@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             max_prompt_tokens=options.max_prompt_tokens,
             rope_scaling=options.rope_scaling,
             base=args.base,
+            prompt_format=options.prompt_format,
         )
         chosen = problems.problems[: args.limit]
         n = args.k if args.n is None else args.n
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "n": n,
         **{key: getattr(options, key) for key in ("temperature", "top_p", "top_k", "max_new_tokens", "seed")},
         "rope_scaling": options.rope_scaling,
+        "prompt_format": options.prompt_format.describe(),
         "engine": options.engine if args.completions is None else None,
         "device": _device(),
     }
@@ -197,6 +199,7 @@ def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
             *options.requirements(),
         ]
     )
+    options.check_prompt_format()
     if args.base is not None and args.model is None:
         raise EvalError("--base goes with --model ADAPTER_FOLDER (the adapter/ folder of a LoRA run); give both")
     if args.completions is not None:

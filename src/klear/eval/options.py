@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from klear.data.prompts import PromptFormat
 from klear.eval.tasks import EvalError
 
 Requirement = tuple[str, Any, bool, str]
@@ -37,6 +38,8 @@ class SamplingOptions:
         rope_scaling: the model's rope scaling (``klear.eval --rope-scaling``; None: the checkpoint's).
         base: the base model of the adapter folder ``model`` (``klear.eval --base``; None: the one its
             ``adapter_config.json`` names, or ``model`` is a whole model).
+        prompt_template, system_prompt, apply_chat_template: how each problem is put to the model
+            (``--prompt-template``, ``--system-prompt``, ``--no-chat-template``; `prompt_format`).
     """
 
     model: str | None
@@ -51,6 +54,9 @@ class SamplingOptions:
     threads: int
     num_workers: int
     reward_timeout: float
+    prompt_template: str = ""
+    system_prompt: str = ""
+    apply_chat_template: bool = True
     rope_scaling: dict[str, Any] | None = None
     base: str | None = None
 
@@ -60,6 +66,22 @@ class SamplingOptions:
         own = ("rope_scaling", "base")  # klear.eval's alone
         values = {field.name: getattr(args, field.name) for field in fields(cls) if field.name not in own}
         return cls(**values, **{name: vars(args).get(name) for name in own})
+
+    @property
+    def prompt_format(self) -> PromptFormat:
+        """What is put around each problem's prompt, as an RL run's ``data.prompt_template`` ... do."""
+        return PromptFormat(self.prompt_template, self.system_prompt, self.apply_chat_template)
+
+    def check_prompt_format(self) -> None:
+        """`EvalError` naming ``--prompt-template`` or ``--system-prompt`` when the format cannot be used."""
+        if (problem := self.prompt_format.problem()) is not None:
+            field, reason = problem
+            flag, value = {
+                "template": ("--prompt-template", self.prompt_template),
+                "system": ("--system-prompt", self.system_prompt),
+            }[field]
+            fix = "; write it into --prompt-template instead" if field == "system" else ""
+            raise EvalError(f"{flag} {value!r}: {reason}{fix}")
 
     def requirements(self) -> list[Requirement]:
         return [
@@ -121,6 +143,22 @@ def add_sampling_arguments(
     )
     group.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
     group.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")
+    prompts = parser.add_argument_group(
+        "prompt format", "what is put around each problem's prompt, as in training (docs/data.md#prompt-format)"
+    )
+    prompts.add_argument(
+        "--prompt-template",
+        default="",
+        help="text with {prompt} where each problem's prompt goes, e.g. \"{prompt} Let's think step by step.\" "
+        "(default: the prompt as it is)",
+    )
+    prompts.add_argument("--system-prompt", default="", help="a system turn for prompts that have none")
+    prompts.add_argument(
+        "--no-chat-template",
+        dest="apply_chat_template",
+        action="store_false",
+        help="give the model the filled --prompt-template as it is, without the chat template (base models)",
+    )
 
 
 def check_requirements(requirements: Sequence[Requirement]) -> None:

@@ -72,7 +72,7 @@ def build_engine(
     on_cuda = uses_cuda("auto")
     source, adapter = (options.base, options.model) if options.base else (options.model, None)
     model_config = ModelConfig(path=source, rope_scaling=options.rope_scaling or {})
-    tokenizer = load_eval_tokenizer(source, "--base" if adapter else "--model")
+    tokenizer = load_eval_tokenizer(source, "--base" if adapter else "--model", chat=options.apply_chat_template)
     try:
         model = load_model(model_config, on_cuda=on_cuda, cpu_threads=options.threads, adapter=adapter)
     except (OSError, ValueError) as error:  # unrecognised model type, broken weights

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from klear.config.load import is_adapter_folder, model_path_problem
 from klear.data.problems import ProblemSet, Task, choose_task, load_problems
+from klear.data.prompts import AS_GIVEN, PromptFormat
 from klear.data.readers import read_numbered, warn_bad_rows
 from klear.errors import UserError, first_line
 from klear.rewards import Reward, get_reward
@@ -46,6 +47,7 @@ def load_eval_problems(
     rope_scaling: dict[str, Any] | None = None,
     reward_options: dict[str, Any] | None = None,
     base: str | None = None,
+    prompt_format: PromptFormat = AS_GIVEN,
 ) -> tuple[ProblemSet, Task, Reward]:
     """The checked problems of ``data`` (``--data``; bad rows skipped by file and line), their task and reward.
 
@@ -56,6 +58,7 @@ def load_eval_problems(
         base: ``--base``, the base model of the adapter folder ``model``, whose tokenizer and context count then.
         max_new_tokens, max_prompt_tokens, rope_scaling: prompts longer than ``max_prompt_tokens`` are skipped (0:
             the model's context, stretched by ``rope_scaling``, minus ``max_new_tokens``).
+        prompt_format: what is put around each prompt (``--prompt-template`` ...; `klear.data.prompts.PromptFormat`).
 
     Raises:
         EvalError: an unknown reward or option, or a model that cannot be loaded or leaves no room for a prompt.
@@ -69,7 +72,7 @@ def load_eval_problems(
         check_model_path(model, base)
         source, option = (base, "--base") if base else (model, "--model")
         limit = max_prompt_tokens or _prompt_budget(source, max_new_tokens, rope_scaling, option)
-        tokenizer = load_eval_tokenizer(source, option)
+        tokenizer = load_eval_tokenizer(source, option, chat=prompt_format.chat)
         from klear.data.prompts import encode_prompt  # transformers: once a model is loaded anyway
 
         def prompt_length(prompt: Any) -> int:
@@ -79,7 +82,14 @@ def load_eval_problems(
     if max_prompt_tokens:
         remedy = "pass a larger --max-prompt-tokens within the model's context"
     problems = load_problems(
-        data, task, built, rows=rows, prompt_length=prompt_length, max_prompt_tokens=limit, too_long=remedy
+        data,
+        task,
+        built,
+        rows=rows,
+        prompt_length=prompt_length,
+        max_prompt_tokens=limit,
+        too_long=remedy,
+        prompt_format=prompt_format,
     )
     problems.log("--data")
     warn_bad_rows(problems.bad, {data: problems.rows})
@@ -95,9 +105,10 @@ def build_reward(name: str, options: dict[str, Any], route: bool = False) -> Rew
         raise EvalError(f"--reward {name}: {first_line(error)}") from error
 
 
-def load_eval_tokenizer(path: str, option: str = "--model") -> PreTrainedTokenizerBase:
+def load_eval_tokenizer(path: str, option: str = "--model", chat: bool = True) -> PreTrainedTokenizerBase:
     """The tokenizer of the model at ``path`` (``option``: ``--model``, or ``--base`` for an adapter's base model);
-    `EvalError` when there is none, or when it has no chat template to render the prompts with."""
+    `EvalError` when there is none, or when it has no chat template to render the prompts with (``chat``: the
+    prompts go through one, no ``--no-chat-template``)."""
     from klear.data.prompts import chat_template_problem
     from klear.models import load_tokenizer
 
@@ -106,7 +117,7 @@ def load_eval_tokenizer(path: str, option: str = "--model") -> PreTrainedTokeniz
         tokenizer = load_tokenizer(ModelConfig(path=path))
     except (OSError, ValueError) as error:  # unknown hub name, missing tiny-sft checkpoint
         raise EvalError(f"{option} {path}: {first_line(error)}") from error
-    if (problem := chat_template_problem(tokenizer)) is not None:
+    if chat and (problem := chat_template_problem(tokenizer, "--no-chat-template")) is not None:
         raise EvalError(f"{option} {path}: {problem}")
     return tokenizer
 

@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> str:
         max_new_tokens=options.max_new_tokens,
         max_prompt_tokens=options.max_prompt_tokens,
         reward_options=settings.reward_options,
+        prompt_format=options.prompt_format,
     )
     recorded = settings.recorded(task)
     problems, bad = loaded.problems, loaded.bad

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from klear.data.problems import Task
+from klear.data.prompts import AS_GIVEN
 from klear.data.readers import data_stem
 from klear.eval.options import SamplingOptions, check_greedy, check_requirements
 from klear.prep.pass_rates import PRESETS, Band
@@ -25,7 +26,8 @@ SAMPLING_KEYS = (
     *("model", "engine", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed"),
     *("reward", "reward_options", "prompt_key", "reference_key"),
 )
-"""What a problem's samples and scores depend on: a rerun into the same folder must keep these."""
+"""What a problem's samples and scores depend on: a rerun into the same folder must keep these (and the prompt
+format, where one is given)."""
 
 
 def out_dir(args: argparse.Namespace) -> Path:
@@ -90,6 +92,7 @@ class CurateSettings:
                 *self.sampling.requirements(),
             ]
         )
+        self.sampling.check_prompt_format()
         check_greedy(self.sampling, self.k, "a pass rate needs k > 1")
 
     def recorded(self, task: Task) -> dict[str, Any]:
@@ -105,7 +108,10 @@ class CurateSettings:
             "prompt_key": task.prompt_key,
             "reference_key": task.reference_key,
         }
-        return {key: values[key] for key in SAMPLING_KEYS}
+        recorded = {key: values[key] for key in SAMPLING_KEYS}
+        if options.prompt_format != AS_GIVEN:  # recorded when set: earlier folders stay valid
+            recorded["prompt_format"] = options.prompt_format.describe()
+        return recorded
 
 
 def parse_options(items: list[str]) -> dict[str, Any]:

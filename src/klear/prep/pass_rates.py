@@ -132,8 +132,9 @@ def check_settings(path: Path, settings: dict) -> None:
     if not path.exists():
         raise CommandError(f"{path.parent} holds results but no {path.name}; pick another --out or --overwrite")
     saved = json.loads(path.read_text(encoding="utf-8"))
+    keys = [*settings, *(key for key in saved if key not in settings)]  # a setting given then, and not now
     changed = [
-        f"{key}={saved.get(key)!r} (now {value!r})" for key, value in settings.items() if saved.get(key) != value
+        f"{key}={saved.get(key)!r} (now {settings.get(key)!r})" for key in keys if saved.get(key) != settings.get(key)
     ]
     if changed:
         raise CommandError(

@@ -154,14 +154,23 @@ def _runs(tokenizer, example: dict[str, list[int]]) -> list[tuple[str, bool]]:
 
 
 def _show_rl(config, source: str, numbered, rows: int, out: _Printer) -> tuple[str, int]:
-    from klear.data.prompts import render_prompt
+    from klear.data.prompts import PromptFormat, render_prompt
     from klear.rewards.routing import Routed, routed_reward, unrouted
 
     data = config.data
     reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)
     task = Task(config.reward.name, data.prompt_key, data.reference_key)
     read = (numbered, []) if numbered else None
-    problems = load_problems(source, task, reward, num=rows, seed=config.seed, levels=data.levels, rows=read)
+    problems = load_problems(
+        source,
+        task,
+        reward,
+        num=rows,
+        seed=config.seed,
+        levels=data.levels,
+        rows=read,
+        prompt_format=PromptFormat.of(data),
+    )
     tokenizer = _tokenizer(config)
     layout = problems.layout.name if problems.layout else "klear"
     out.header(f"{source}: {problems.layout.summary() if problems.layout else 'the built-in task'}")

@@ -182,7 +182,25 @@ class EvalConfig:
 
 
 @dataclass
-class SFTDataConfig:
+class PromptFormatConfig:
+    """How every problem's prompt is put to the model (`klear.data.prompts.PromptFormat`): the RL stage's ``train``
+    and ``eval`` problems, the SFT stage's held-out ``eval`` problems (its training rows are rendered by their
+    layout)."""
+
+    prompt_template: str = ""
+    """What the model is asked, with ``{prompt}`` where each row's prompt goes (a chat prompt's last user turn): an
+    instruction the rows lack (DeepScaleR's ``{prompt} Let's think step by step and output the final answer within
+    \\boxed{}.``) or, with ``apply_chat_template=false``, a base model's whole prompt; "": each row's prompt as it
+    is (docs/data.md#prompt-format)."""
+    system_prompt: str = ""
+    """A system turn for prompts that have none ("": none)."""
+    apply_chat_template: bool = True
+    """Render prompts with the tokenizer's chat template; false: the filled ``prompt_template`` is the model's whole
+    input (base models, R1-Zero's template), and a row whose prompt has several turns is skipped and counted."""
+
+
+@dataclass
+class SFTDataConfig(PromptFormatConfig):
     train: str = "synthetic"
     """``synthetic`` (the built-in arithmetic task), ``synthetic-code`` (the built-in programming task) or a
     jsonl/json/parquet file (jsonl/json also .gz, .bz2, .xz) or Hugging Face dataset of SFT rows in any published
@@ -246,7 +264,7 @@ class SFTRunConfig:
 
 
 @dataclass
-class RLDataConfig:
+class RLDataConfig(PromptFormatConfig):
     train: str = "synthetic"
     """``synthetic`` (the built-in arithmetic task), ``synthetic-code`` (the built-in programming task), or a
     jsonl/json/parquet file (jsonl/json also .gz, .bz2, .xz) or Hugging Face dataset of problems with a reference, in

@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.config.load import ConfigError
 from klear.data.problems import ProblemSet, Task, load_problems
-from klear.data.prompts import char_bound, chat_template_problem, encode_prompt
+from klear.data.prompts import PromptFormat, char_bound, chat_template_problem, encode_prompt
 from klear.data.readers import warn_bad_rows
 from klear.eval.in_training import evaluate
 from klear.experience.sampling import step_seed
@@ -201,9 +201,10 @@ def stage_problems(
     evaluation); when that is 0 (or the stage has no such key), the limit is what the model's context leaves after
     ``max_new_tokens``, so no kept prompt can overflow generation.
     """
-    if (problem := chat_template_problem(tokenizer)) is not None:
-        raise ConfigError(f"model.path = {config.model.path!r}: {problem}")
     data = config.data
+    prompt_format = PromptFormat.of(data)
+    if prompt_format.chat and (problem := chat_template_problem(tokenizer, "data.apply_chat_template=false")):
+        raise ConfigError(f"model.path = {config.model.path!r}: {problem}")
     source = getattr(data, split)  # data.train or data.eval
     limit = getattr(data, "max_prompt_tokens", 0)
     too_long = "set a larger data.max_prompt_tokens within the model's context"  # what to change when no row fits
@@ -229,6 +230,7 @@ def stage_problems(
         max_prompt_tokens=limit,
         truncation=data.truncation if config.stage == "rl" else "skip",  # SFT's data.truncation cuts its examples
         too_long=too_long,
+        prompt_format=prompt_format,
     )
     problems.log(f"data.{split}")
     warn_bad_rows(problems.bad, {source: problems.rows})
