@@ -301,7 +301,7 @@ def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 
     data rows skipped, where the outputs are, and the command that resumes it (when it did not finish)."""
     import json
 
-    from klear.run.report import accuracy_course, duration, read_metrics, steps_logged
+    from klear.run.report import accuracy_course, duration, eval_flags, read_metrics, steps_logged
 
     rows = read_metrics(run_dir.metrics)
     evals = accuracy_course(rows)
@@ -311,16 +311,17 @@ def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 
     if evals:
         best_step, best = max(evals, key=lambda item: item[1])
         lines.append(f"eval/accuracy {evals[0][1]:.3f} -> {evals[-1][1]:.3f} (best {best:.3f} at step {best_step})")
-    if run_dir.data_report.is_file():
-        report = json.loads(run_dir.data_report.read_text())
-        skipped = {name: source["skipped"] for name, source in report.items() if source.get("skipped")}
-        if skipped:
-            counts = ", ".join(f"{count} of {report[name]['rows']} {name} rows" for name, count in skipped.items())
-            lines.append(f"skipped {counts} (each by file and line in {run_dir.data_report})")
+    report = json.loads(run_dir.data_report.read_text()) if run_dir.data_report.is_file() else {}
+    skipped = {name: source["skipped"] for name, source in report.items() if source.get("skipped")}
+    if skipped:
+        counts = ", ".join(f"{count} of {report[name]['rows']} {name} rows" for name, count in skipped.items())
+        lines.append(f"skipped {counts} (each by file and line in {run_dir.data_report})")
     model = f"model: {run_dir.hf}; " if (run_dir.hf / "config.json").is_file() else ""
     if model and (run_dir.adapter / "adapter_config.json").is_file():  # a LoRA run: hf/ is the merged model
         model = f"model: {run_dir.hf} (merged), adapter: {run_dir.adapter}; "
     lines.append(f"{model}metrics: {run_dir.metrics}; report: {run_dir.root / 'report.md'} (curves.png)")
+    if model and (flags := eval_flags(report)) is not None:
+        lines.append(f"evaluate it as it was trained: python -m klear.eval --model {run_dir.hf} --data FILE {flags}")
     if resume and run_dir.last_checkpoint is not None:
         lines.append(f"nothing is lost: {run_dir.last_checkpoint} is kept; resume with: {resume}")
     elif resume:

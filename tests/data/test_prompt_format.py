@@ -3,6 +3,7 @@
 
 import json
 import pickle
+import re
 
 import pytest
 
@@ -167,9 +168,25 @@ def test_an_override_that_is_not_yaml_is_one_line_naming_it():
             "data.system_prompt = 'Be brief.': a system prompt is a chat turn, and prompts without the chat template "
             "have none; write it into data.prompt_template instead",
         ),
+        (
+            ['data.prompt_template="{prompt} Put it in \\boxed{}."'],  # YAML's double quotes: \b is a backspace
+            "data.prompt_template = '{prompt} Put it in \\x08oxed{}.': holds the control character '\\x08', which "
+            "YAML's double quotes make of a backslash escape such as \\b in \\boxed: write the text in single quotes",
+        ),
     ],
 )
 def test_a_format_that_cannot_be_used_stops_the_config_in_one_line(config, overrides, message):
-    with pytest.raises(ConfigError, match="^" + message.replace("{", r"\{").replace("}", r"\}")):
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
         load_config(config, overrides)
     assert PromptFormat.of(load_config(config, [f"data.prompt_template={ZERO}"]).data) == PromptFormat(ZERO)
+
+
+def test_a_format_is_recorded_and_given_back_as_the_flags_that_ask_for_it():
+    import shlex
+
+    for prompt_format in (PromptFormat(DEEPSCALER, SYSTEM), PromptFormat(ZERO, chat=False), AS_GIVEN):
+        assert PromptFormat.described(json.loads(json.dumps(prompt_format.describe()))) == prompt_format
+    words = shlex.split(PromptFormat("Q: {prompt} Let's see.", chat=False).flags())
+    assert words == ["--prompt-template", "Q: {prompt} Let's see.", "--no-chat-template"]
+    assert shlex.split(PromptFormat(system=SYSTEM).flags()) == ["--system-prompt", SYSTEM]
+    assert AS_GIVEN.flags() == ""

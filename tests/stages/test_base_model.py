@@ -3,10 +3,11 @@ commands (``data.apply_chat_template=false`` with an R1-Zero-style ``data.prompt
 --no-chat-template --prompt-template``), as R1-Zero-style recipes train a base release."""
 
 import json
+import shlex
 
 import pytest
 
-from tests.runs import RL_SHORT, base_model, fit_in_subprocess, read_metrics
+from tests.runs import RL_SHORT, base_model, read_metrics
 from tests.test_user_errors import klear, one_line_error
 
 pytestmark = pytest.mark.end_to_end  # runs the CLI in a subprocess
@@ -16,13 +17,13 @@ TEMPLATE = "A conversation between User and Assistant. User: {prompt} Assistant:
 
 def test_a_base_model_trains_and_is_evaluated_on_plain_text_prompts(tmp_path):
     base, run = base_model(tmp_path / "base"), tmp_path / "run"
-    fit_in_subprocess(
-        [
-            "--config", "configs/rl.yaml", f"output_dir={run}", *RL_SHORT, "trainer.max_steps=2",
-            "eval.every_n_steps=0", f"model.path={base}", "data.apply_chat_template=false",
-            f"data.prompt_template={TEMPLATE}",  # no quoting: a text key takes its text as written
-        ]
+    fit = klear(
+        "klear.fit", "--config", "configs/rl.yaml", f"output_dir={run}", *RL_SHORT, "trainer.max_steps=2",
+        "eval.every_n_steps=0", f"model.path={base}", "data.apply_chat_template=false",
+        f"data.prompt_template={TEMPLATE}",  # no quoting: a text key takes its text as written
+        env={"OMP_NUM_THREADS": "1"},
     )  # fmt: skip
+    assert fit.returncode == 0, fit.stderr[-3000:]
     steps = [row["step"] for row in read_metrics(run / "metrics.csv") if row["reward/mean"]]
     assert steps == ["0", "1"] and (run / "hf" / "config.json").is_file()
     report = json.loads((run / "data_report.json").read_text())
@@ -33,8 +34,14 @@ def test_a_base_model_trains_and_is_evaluated_on_plain_text_prompts(tmp_path):
     common = ["--model", str(run / "hf"), "--data", str(data), "--max-new-tokens", "8", "--temperature", "0"]
     error = one_line_error(klear("klear.eval", *common, "--output", str(tmp_path / "chat")))
     assert error.endswith("or give the model plain-text prompts with --no-chat-template (docs/data.md#prompt-format)")
+    # The run's closing lines give the command that evaluates the model as it was trained.
+    [told] = [line for line in fit.stdout.splitlines() if "evaluate it as it was trained: " in line]
+    command = shlex.split(told.split("evaluate it as it was trained: python -m ", 1)[1])
+    assert command[:3] == ["klear.eval", "--model", str(run / "hf")]
+    command[command.index("FILE")] = str(data)
+    assert f"`klear.eval` asks as training did with `{told.split(' FILE ', 1)[1]}`" in (run / "report.md").read_text()
     output = tmp_path / "plain"
-    result = klear("klear.eval", *common, "--output", str(output), "--no-chat-template", "--prompt-template", TEMPLATE)
+    result = klear(*command, *common[4:], "--output", str(output))
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((output / "summary.json").read_text())["prompt_format"] == recorded
     [record] = [json.loads(line) for line in (output / "results.jsonl").read_text().splitlines()]

@@ -69,13 +69,33 @@ class PromptFormat:
         when every field can."""
         if self.template and self.template.count(TEMPLATE_FIELD) != 1:
             return "template", f"must hold {TEMPLATE_FIELD} exactly once, where each row's prompt goes"
+        for field, text in (("template", self.template), ("system", self.system)):
+            control = next((char for char in text if unicodedata.category(char) == "Cc" and char not in "\n\t"), None)
+            if control is not None:  # "\boxed" in YAML's double quotes: a backspace, then "oxed"
+                return field, (
+                    f"holds the control character {control!r}, which YAML's double quotes make of a backslash escape "
+                    "such as \\b in \\boxed: write the text in single quotes"
+                )
         if self.system and not self.chat:
             return "system", "a system prompt is a chat turn, and prompts without the chat template have none"
         return None
 
+    @classmethod
+    def described(cls, record: dict[str, Any]) -> PromptFormat:
+        """The format `describe` recorded."""
+        return cls(record["prompt_template"], record["system_prompt"], record["apply_chat_template"])
+
     def describe(self) -> dict[str, Any]:
         """The format as a run records it, by its config keys."""
         return {"prompt_template": self.template, "system_prompt": self.system, "apply_chat_template": self.chat}
+
+    def flags(self) -> str:
+        """The flags of ``klear.eval`` and ``curate`` that give this format, quoted for a shell ("" by default)."""
+        import shlex
+
+        pairs = [("--prompt-template", self.template), ("--system-prompt", self.system)]
+        words = [word for flag, value in pairs if value for word in (flag, shlex.quote(value))]
+        return " ".join([*words, *([] if self.chat else ["--no-chat-template"])])
 
     def apply(self, prompt: str | list[dict[str, str]]) -> str | list[dict[str, str]]:
         """``prompt`` (text, or chat messages ending in a user turn) in this format; ValueError when a prompt

@@ -16,6 +16,7 @@ import json
 import math
 import statistics
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -278,7 +279,18 @@ def _data(path: Path) -> list[str]:
         )
     if any(source.get("skipped") for source in report.values()):
         lines += ["", "The skipped rows are listed by file and line in [data_report.json](data_report.json)."]
+    if (flags := eval_flags(report)) is not None:
+        lines += ["", f"Every prompt was put in a prompt format; `klear.eval` asks as training did with `{flags}`."]
     return [*lines, ""]
+
+
+def eval_flags(data_report: dict[str, Any]) -> str | None:
+    """The ``klear.eval`` flags of the prompt format a run's problems were put in (``data_report.json``), or None
+    when they were given as their rows give them."""
+    from klear.data.prompts import PromptFormat
+
+    recorded = next((source["prompt_format"] for source in data_report.values() if "prompt_format" in source), None)
+    return None if recorded is None else PromptFormat.described(recorded).flags()
 
 
 def _files(output_dir: Path, curves: bool) -> list[str]:
