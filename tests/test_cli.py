@@ -64,11 +64,31 @@ def test_help_lists_every_command_on_one_line_without_heavy_imports():
 
 
 @pytest.mark.parametrize(("args", "message"), [([], "required: COMMAND"), (["fitt"], "unknown command 'fitt'")])
-def test_no_or_an_unknown_command_is_usage_and_exit_2(args, message):
+def test_no_or_an_unknown_command_is_one_line_and_exit_2(args, message):
     result = klear_command(*args)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith("usage: klear ") and message in result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1 and message in result.stderr
+    assert result.stderr.endswith(" (see klear --help)\n")
     assert ("did you mean 'fit'?" in result.stderr) == bool(args)
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (
+            ["klear.eval", "--data", "x", "--k", "1e3"],
+            "argument --k: invalid int value: '1e3' (see python -m klear.eval",
+        ),
+        (["klear.fit", "--bogus"], "unrecognized arguments: --bogus (see python -m klear.fit --help)"),
+        (["klear.fit", "-q", "-v"], "argument -v/--verbose: not allowed with argument -q/--quiet"),
+        (["klear.compare", "--jobs", "x"], "argument --jobs: invalid int value: 'x' (see python -m klear.compare"),
+        (["klear.data", "bogus"], "argument COMMAND: invalid choice: 'bogus' (choose from 'synthetic'"),
+    ],
+)
+def test_a_bad_argument_of_any_command_is_one_line_and_exit_2(command, message):
+    result = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1 and message in result.stderr
 
 
 @pytest.mark.parametrize("command", ["fit", "eval", "compare", "data"])

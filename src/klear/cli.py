@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from klear.errors import did_you_mean
 
@@ -90,11 +91,21 @@ def exit_status(call: Callable[[], int]) -> int:
         return BROKEN_PIPE
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A command's parser whose errors are one ``error:`` line and exit code 2, as every other error of the commands
+    is (``error: argument --k: invalid int value: '1e3' (see python -m klear.eval --help)``), instead of argparse's
+    usage text; ``--help`` is as argparse writes it."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from klear import __version__
 
     listing = "\n".join(f"  {name:<9} {command.help}" for name, command in COMMANDS.items())
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="klear",
         usage="klear [-h] [--version] COMMAND [ARGS ...]",
         description="Post-training of reasoning LLMs: long-CoT SFT, then RL with verifiable rewards\n"

@@ -43,7 +43,7 @@ RESUMABLE_CHANGES = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=cli.prog("fit"), description=__doc__.splitlines()[0])
+    parser = cli.OneLineParser(prog=cli.prog("fit"), description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML file listing deviations from the defaults")
     parser.add_argument("--objective", help="policy objective name or import path package.module:Class (RL)")
     parser.add_argument("--resume", action="store_true", help="continue the run in output_dir from its checkpoint")

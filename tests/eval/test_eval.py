@@ -253,7 +253,12 @@ MATH_ROW = {"problem": "Start with 1. Add 1.", "answer": "2"}
         ([{"problem": "x", "answer": ""}], [], "data.jsonl:1: the math reward's reference holds no answer"),
         ([MATH_ROW], ["--reward", "nope"], "unknown reward 'nope'"),
         ([MATH_ROW], ["--engine", "nope"], "unknown rollout engine 'nope'"),
-        ([MATH_ROW], ["--k", "4", "--n", "2"], "--n must be >= --k (4), got 2"),
+        ([MATH_ROW], ["--k", "4", "--n", "2"], "--n must be in [--k (4), 65536], got 2"),
+        ([MATH_ROW], ["--k", "99999999999999999999"], "--n must be in [--k (99999999999999999999), 65536], got 9999"),
+        ([MATH_ROW], ["--temperature", "inf"], "--temperature must be >= 0 and finite, got inf"),
+        ([MATH_ROW], ["--reward-timeout", "inf"], "--reward-timeout must be > 0 and finite, got inf"),
+        ([MATH_ROW], ["--threads", "99999999999999999999"], "--threads must be in [0, 4096] (0: chosen by klear), got"),
+        ([MATH_ROW], ["--num-workers", "99999999999999999999"], "--num-workers must be in [0, 4096], got 9999"),
         ([MATH_ROW], ["--k", "2", "--temperature", "0"], "greedy decoding"),
         ([MATH_ROW], ["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
         ([MATH_ROW], ["--prompt-template", "Solve:"], "--prompt-template 'Solve:': must hold {prompt} exactly once"),
@@ -281,6 +286,24 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, rows, extra, me
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert message in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_cannot_hold_the_results_is_one_line_before_sampling(tmp_path, capsys):
+    data = write(tmp_path, [MATH_ROW])
+    taken = tmp_path / "taken"
+    taken.write_text("keep me")
+    unwritable = Path("/proc/klear-eval-output")  # root passes permission bits; /proc refuses every new file
+    cases = [
+        (taken, f"--output {taken} is a file, not a folder; pick another --output"),
+        (unwritable, f"--output {unwritable}: the folder /proc is not writable"),
+        ("", "--output must be a folder (left out: outputs/eval/<data file stem>), got ''"),
+    ]
+    for output, message in cases:
+        assert main(["--model", "tiny-sft", "--data", data, "--max-new-tokens", "8", "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+        assert "sampling" not in err
+    assert taken.read_text() == "keep me"
 
 
 def test_a_model_type_transformers_does_not_know_names_model_not_the_budget(tmp_path, capsys):

@@ -32,7 +32,7 @@ from klear.run.directory import RunDir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=cli.prog("compare"), description=__doc__.splitlines()[0])
+    parser = cli.OneLineParser(prog=cli.prog("compare"), description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="RL config every run shares")
     parser.add_argument("--objectives", required=True, help="comma-separated names or package.module:Class paths")
     parser.add_argument("--seeds", default="0,1,2", help="seeds: comma-separated integers and ranges (0-9,12)")

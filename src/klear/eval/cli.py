@@ -58,7 +58,7 @@ from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
-from klear.run.directory import write_failure, written
+from klear.run.directory import write_failure, write_probe, written
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=cli.prog("eval"), description=__doc__.splitlines()[0])
+    parser = cli.OneLineParser(prog=cli.prog("eval"), description=__doc__.splitlines()[0])
     parser.add_argument(
         "--data", required=True, help="jsonl/json/parquet file (.gz/.bz2/.xz too) or HF dataset of problems"
     )
@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         output = Path(args.output or Path("outputs") / "eval" / data_stem(args.data))
         if (output / "results.jsonl").exists() and not args.overwrite:
             raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
+        check_output(output)
         problems, task, reward = load_eval_problems(
             args.data,
             reward=args.reward,
@@ -187,6 +188,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+MOST_SAMPLES = 65536
+"""The most samples per problem (``--n``): more than any published estimate draws."""
+
+
+def check_output(output: Path) -> None:
+    """``--output`` can hold the results, checked before any sampling and without making it: a folder, or a path
+    whose nearest existing folder this process can write into (`EvalError` otherwise)."""
+    if output.exists() and not output.is_dir():
+        raise EvalError(f"--output {output} is a file, not a folder; pick another --output")
+    folder = output
+    while not folder.exists() and not folder.is_symlink():  # a dangling link exists not, and mkdir fails on it
+        folder = folder.parent
+    if not folder.is_dir():
+        raise EvalError(f"--output {output}: {folder} is not a folder; pick another --output")
+    try:
+        write_probe(folder)
+    except OSError as error:
+        raise EvalError(
+            f"--output {output}: the folder {folder} is not writable ({error.strerror or error}); pick another --output"
+        ) from None
+
+
 def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
     """What the command line alone can say is wrong: ranges (`SamplingOptions.requirements` and this command's),
     a model and saved completions together or neither, the engine's name and the model folder."""
@@ -194,8 +217,9 @@ def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
     check_requirements(
         [
             ("--k", args.k, args.k >= 1, ">= 1"),
-            ("--n", n, n >= args.k, f">= --k ({args.k})"),
+            ("--n", n, args.k <= n <= MOST_SAMPLES, f"in [--k ({args.k}), {MOST_SAMPLES}]"),
             ("--limit", args.limit, args.limit is None or args.limit >= 1, ">= 1"),
+            ("--output", repr(args.output), args.output != "", "a folder (left out: outputs/eval/<data file stem>)"),
             *options.requirements(),
         ]
     )

@@ -12,6 +12,7 @@ either is loaded.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 from klear.data.prompts import PromptFormat
 from klear.eval.tasks import EvalError
 
+MOST_PROCESSES = 4096
+"""The most threads or reward worker processes a command starts: more than any machine's cores."""
 Requirement = tuple[str, Any, bool, str]
 """``(option, its value, whether it holds, what it must be)``."""
 
@@ -85,7 +88,7 @@ class SamplingOptions:
 
     def requirements(self) -> list[Requirement]:
         return [
-            ("--temperature", self.temperature, self.temperature >= 0, ">= 0"),
+            ("--temperature", self.temperature, 0 <= self.temperature < math.inf, ">= 0 and finite"),
             ("--top-p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
             ("--top-k", self.top_k, self.top_k >= 0, ">= 0 (0: off)"),
             ("--max-new-tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1"),
@@ -96,9 +99,14 @@ class SamplingOptions:
                 ">= 0 (0: what the model's context leaves)",
             ),
             ("--batch-size", self.batch_size, self.batch_size >= 1, ">= 1"),
-            ("--threads", self.threads, self.threads >= 0, ">= 0 (0: chosen by klear)"),
-            ("--num-workers", self.num_workers, self.num_workers >= 0, ">= 0"),
-            ("--reward-timeout", self.reward_timeout, self.reward_timeout > 0, "> 0"),
+            (
+                "--threads",
+                self.threads,
+                0 <= self.threads <= MOST_PROCESSES,
+                f"in [0, {MOST_PROCESSES}] (0: chosen by klear)",
+            ),
+            ("--num-workers", self.num_workers, 0 <= self.num_workers <= MOST_PROCESSES, f"in [0, {MOST_PROCESSES}]"),
+            ("--reward-timeout", self.reward_timeout, 0 < self.reward_timeout < math.inf, "> 0 and finite"),
         ]
 
 

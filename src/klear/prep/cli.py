@@ -122,7 +122,7 @@ HANDLERS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.OneLineParser(
         prog=cli.prog("data"),
         description="Data preparation for SFT and RL, on any jsonl data (see docs/data.md).",
         formatter_class=argparse.RawDescriptionHelpFormatter,

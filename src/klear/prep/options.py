@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import NoReturn
 
+from klear import cli
 from klear.errors import UserError
 
 
@@ -19,9 +20,9 @@ class OptionError(UserError):
     """A bad option of a data command, raised while parsing: the command prints it as its one ``error:`` line."""
 
 
-class OneLineParser(argparse.ArgumentParser):
+class OneLineParser(cli.OneLineParser):
     """A subcommand's parser whose errors are one ``error:`` line (exit code 2), as every other error of the
-    commands is, instead of argparse's usage text and ``SystemExit`` from inside ``main``."""
+    commands is: raised as `OptionError` for ``main`` to print, instead of ``SystemExit`` from inside it."""
 
     def error(self, message: str) -> NoReturn:
         raise OptionError(f"{message} (see {self.prog} --help)")
