@@ -116,6 +116,17 @@ def test_bad_arguments_stop_before_any_run(tmp_path, capsys):
     assert "unknown objective 'gpo'" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
     assert main(["--config", "configs/rl.yaml", "--objectives", "ppo", "--variants", "nolabel"]) == 2
+    assert "--variants 'nolabel' must look like label:key=value" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")  # each run would fail on it: the comparison stops before the first, naming the file
+    assert (
+        main(
+            ["--config", "configs/rl.yaml", "--objectives", "ppo,dapo", f"data.train={empty}", f"output_dir={tmp_path}"]
+        )
+        == 2
+    )
+    assert capsys.readouterr().err == f"error: {empty}: no usable problem in 0 rows\n"
+    assert not (tmp_path / "runs").exists()
 
 
 def test_statistics_by_hand():

@@ -190,3 +190,15 @@ def test_a_format_is_recorded_and_given_back_as_the_flags_that_ask_for_it():
     assert words == ["--prompt-template", "Q: {prompt} Let's see.", "--no-chat-template"]
     assert shlex.split(PromptFormat(system=SYSTEM).flags()) == ["--system-prompt", SYSTEM]
     assert AS_GIVEN.flags() == ""
+
+
+def test_the_preflight_reads_the_data_in_the_runs_format(tmp_path):
+    from klear.data.preflight import check_data
+    from klear.data.readers import DataError
+
+    row = {"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "1+1?"}]}
+    source = write_rows(tmp_path / "chat.jsonl", [{**row, "reward_model": {"ground_truth": "2"}}])
+    check_data(load_config("configs/rl.yaml", [f"data.train={source}"]))  # with the chat template: usable
+    plain = load_config("configs/rl.yaml", [f"data.train={source}", "data.apply_chat_template=false"])
+    with pytest.raises(DataError, match=r"chat.jsonl:1: a prompt of 2 turns \(system, user\) needs the chat template"):
+        check_data(plain)  # before the model is loaded, as the stage would after

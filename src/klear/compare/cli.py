@@ -27,6 +27,7 @@ from klear import cli
 from klear.compare.report import write_reports
 from klear.compare.runs import Run
 from klear.config.load import ConfigError, load_config
+from klear.data.preflight import check_data
 from klear.errors import UserError
 from klear.run.directory import RunDir
 
@@ -56,11 +57,14 @@ def plan(args: argparse.Namespace) -> tuple[Path, list[Run]]:
     _refuse_duplicates("--variants", "label", [label for label, _ in variants])
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
-    runs = []
+    runs, checked = [], []
     for objective in objectives:
         for variant, variant_overrides in variants:
             label = _slug(objective) + (f"+{variant}" if variant else "")
-            load_config(args.config, [*overrides, *variant_overrides], objective)  # raises a one-line ConfigError
+            config = load_config(args.config, [*overrides, *variant_overrides], objective)  # a one-line ConfigError
+            if config.data not in checked:  # its data files, as each run's preflight would: a one-line DataError
+                check_data(config)
+                checked.append(config.data)
             for seed in seeds:
                 directory = output / "runs" / f"{label}-seed{seed}"
                 runs.append(Run(label, objective, seed, [*overrides, *variant_overrides], directory))

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from klear.data.problems import SYNTHETIC_REWARDS, Task, load_problems
+from klear.data.prompts import AS_GIVEN, PromptFormat
 from klear.data.readers import DataError, keep_read
 from klear.data.sft import check_sft_rows
 
@@ -32,7 +33,7 @@ def check_data(config: DictConfig) -> None:
     if config.stage == "rl":
         task = Task(config.reward.name, data.prompt_key, data.reference_key)
         reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)
-        check_problems(data.train, task, reward, "train")
+        check_problems(data.train, task, reward, "train", PromptFormat.of(data))
     else:
         task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
         if data.train not in SYNTHETIC_REWARDS:
@@ -40,11 +41,12 @@ def check_data(config: DictConfig) -> None:
             if not rows:  # the stage's message for it, said before the model is loaded
                 raise DataError(f"{data.train}: no rows")
             check_sft_rows(rows, data.train, data)  # the layout, and a row that reads in it
-    check_problems(data.eval, task, reward, "eval")
+    check_problems(data.eval, task, reward, "eval", PromptFormat.of(data))
 
 
-def check_problems(source: str, task: Task, reward: Any, split: str) -> None:
-    """`load_problems` of a problem file without a tokenizer, its rows kept for the stage's read."""
+def check_problems(source: str, task: Task, reward: Any, split: str, prompt_format: PromptFormat = AS_GIVEN) -> None:
+    """`load_problems` of a problem file without a tokenizer, its prompts in ``prompt_format``, its rows kept for
+    the stage's read."""
     if source in SYNTHETIC_REWARDS:
         return
-    load_problems(source, task, reward, split=split, rows=keep_read(source))
+    load_problems(source, task, reward, split=split, rows=keep_read(source), prompt_format=prompt_format)
