@@ -3,15 +3,21 @@
 import gzip
 import json
 import logging
+import os
+import sys
+import threading
 
 import pytest
 
 from klear.data.readers import (
     MAX_ROW_WARNINGS,
+    BadRow,
     DataError,
     data_stem,
     data_suffix,
     open_data,
+    parse_json,
+    read_data_bytes,
     read_numbered,
     read_rows,
     write_jsonl,
@@ -213,3 +219,102 @@ def test_suffixes_and_stems_see_through_the_compression():
         "",
     ]
     assert [data_stem(name) for name in ("aime24.jsonl.gz", "d/aime24.jsonl", "org/name")] == ["aime24"] * 2 + ["name"]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+"""A JSON value nested past any recursion limit: json.loads raises RecursionError on it."""
+TOO_DEEP = f"nested deeper than Python's JSON reader allows (about {sys.getrecursionlimit()} levels)"
+
+
+def test_a_row_nested_too_deep_is_a_bad_row_and_the_rows_beside_it_are_kept(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text("\n".join([json.dumps(ROWS[0]), DEEP, '{"problem": ' + DEEP + "}", json.dumps(ROWS[1])]) + "\n")
+    rows, bad = read_numbered(path)
+    assert rows == [(1, ROWS[0]), (4, ROWS[1])]
+    assert bad == [BadRow(str(path), 2, TOO_DEEP), BadRow(str(path), 3, TOO_DEEP)]
+    with pytest.raises(json.JSONDecodeError, match="nested deeper than Python's JSON reader allows"):
+        parse_json(DEEP)  # what every reader parses with: malformed JSON, never a RecursionError
+
+
+def test_a_json_file_nested_too_deep_is_one_line(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text(f'[{{"a": 1}}, {DEEP}]')  # one whole value: nothing of it can be read
+    with pytest.raises(DataError) as error:
+        read_rows(path)
+    assert str(error.value) == f"{path}: {TOO_DEEP}; a .json input is one list of objects, or one object per line"
+    lines = tmp_path / "lines.json"  # JSON lines under a .json name: only the deep line is lost
+    lines.write_text('{"problem": ' + DEEP + '}\n{"a": 1}\n')
+    assert read_numbered(lines) == ([(2, {"a": 1})], [BadRow(str(lines), 1, TOO_DEEP)])
+
+
+def test_a_row_holding_an_unpaired_surrogate_is_a_bad_row(tmp_path):
+    path = tmp_path / "surrogates.jsonl"
+    lines = [
+        r'{"problem": "\ud800", "answer": "1"}',  # 1: a lone high surrogate
+        r'{"problem": "a", "answer": "1", "meta": {"notes": ["ok", "x\uDC00y"]}}',  # 2: a low one, deep, upper case
+        r'{"\udbff": "key", "answer": "1"}',  # 3: in a key
+        r'{"problem": "\ud83d\ude00 paired: an emoji", "answer": "1"}',  # 4: kept
+        r'{"problem": "\\ud800 is an escaped backslash, text", "answer": "1"}',  # 5: kept
+        r'[{"role": "user", "content": "\ud800"}]',  # 6: in a turn
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    rows, bad = read_numbered(path)
+    assert rows == [
+        (4, {"problem": "\U0001f600 paired: an emoji", "answer": "1"}),
+        (5, {"problem": "\\ud800 is an escaped backslash, text", "answer": "1"}),
+    ]
+    assert bad == [
+        BadRow(str(path), 1, r"holds an unpaired surrogate \ud800 (not text)"),
+        BadRow(str(path), 2, r"holds an unpaired surrogate \udc00 (not text)"),
+        BadRow(str(path), 3, r"holds an unpaired surrogate \udbff (not text)"),
+        BadRow(str(path), 6, r"holds an unpaired surrogate \ud800 (not text)"),
+    ]
+
+
+def test_a_json_list_item_holding_an_unpaired_surrogate_is_a_bad_row(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text(r'[{"problem": "a", "answer": "1"}, {"problem": "\udfff", "answer": "2"}, {"problem": "b"}]')
+    rows, bad = read_numbered(path)
+    assert rows == [(1, {"problem": "a", "answer": "1"}), (3, {"problem": "b"})]
+    assert bad == [BadRow(str(path), 2, r"item 2 holds an unpaired surrogate \udfff (not text)")]
+
+
+def test_text_holding_an_unpaired_surrogate_is_written_as_its_escape_and_read_back_as_a_bad_row(tmp_path):
+    path = write_jsonl([{"completion": "a\ud800b"}, ROWS[1]], tmp_path / "out.jsonl.gz")  # never UnicodeEncodeError
+    assert gzip.decompress(path.read_bytes()).decode().startswith(r'{"completion": "a\ud800b"}' + "\n")
+    rows, bad = read_numbered(path)
+    assert rows == [(2, ROWS[1])]
+    assert bad == [BadRow(str(path), 1, r"holds an unpaired surrogate \ud800 (not text)")]
+
+
+def refused(fifo, read) -> DataError:
+    """The `DataError` of ``read()`` on the named pipe ``fifo``, read in a thread: a read that opens the pipe waits
+    for a writer, so if it has not returned in time a writer opens and closes the pipe to release it, and the test
+    fails instead of hanging."""
+    outcome = []
+
+    def run():
+        try:
+            read()
+        except Exception as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a reader waits in open(): this lets it see the end
+        thread.join(30)
+        pytest.fail(f"reading the named pipe {fifo} waited for a writer")
+    assert len(outcome) == 1 and isinstance(outcome[0], DataError), outcome
+    return outcome[0]
+
+
+@pytest.mark.parametrize("name", ["fifo.jsonl", "fifo.json.gz", "fifo.parquet", "fifo"])
+def test_a_named_pipe_is_refused_before_it_is_opened(tmp_path, name):
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    error = refused(fifo, lambda: read_numbered(fifo))
+    assert str(error) == f"{fifo}: is a named pipe, not a file; a data input is read from a file"
+    error = refused(fifo, lambda: read_data_bytes(fifo))  # what --completions and the other whole-file reads use
+    assert str(error) == f"{fifo}: is a named pipe, not a file; a data input is read from a file"

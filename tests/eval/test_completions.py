@@ -1,9 +1,11 @@
 """``klear.eval --completions``: saved generations scored with no model, on verl-layout rows routed by source."""
 
 import json
+import os
 import resource
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,57 @@ def test_bad_saved_completions_are_one_line(tmp_path, capsys, gen, extra, messag
     code = main(["--data", str(data), "--completions", str(gen_path), "--output", str(tmp_path / "o"), *extra])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "gen.jsonl:2: nested deeper than Python's JSON reader allows (about"),
+        (r'{"completions": ["\ud800"]}', r"gen.jsonl:2: holds an unpaired surrogate \ud800 (not text)"),
+        (
+            r'{"completions": ["a"], "meta": {"\uDFFF": 1}}',
+            r"gen.jsonl:2: holds an unpaired surrogate \udfff (not text)",
+        ),
+    ],
+)
+def test_a_line_nested_too_deep_or_holding_a_lone_surrogate_is_one_line(tmp_path, capsys, line, message):
+    data = write_jsonl(mixed_rows()[:2], tmp_path / "data.jsonl")
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text(json.dumps({"completions": ["a"]}) + "\n" + line + "\n")
+    assert main(["--data", str(data), "--completions", str(gen), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: --completions {tmp_path / message}" in err, err[-2000:]
+    assert not (tmp_path / "o").exists()
+
+
+def test_completions_from_a_named_pipe_are_refused_before_it_is_opened(tmp_path, capsys):
+    data = write_jsonl(mixed_rows()[:2], tmp_path / "data.jsonl")
+    fifo, output = tmp_path / "gen.jsonl", tmp_path / "o"
+    os.mkfifo(fifo)  # opened, it would wait for a writer forever
+    codes = []
+    thread = threading.Thread(
+        target=lambda: codes.append(main(["--data", str(data), "--completions", str(fifo), "--output", str(output)])),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():  # waiting in open(): a writer that opens and closes the pipe lets it end, the test fails
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(60)
+        pytest.fail(f"--completions {fifo} waited for a writer")
+    assert codes == [2]
+    err = capsys.readouterr().err
+    assert err.endswith(f"error: --completions {fifo}: is a named pipe, not a file; a data input is read from a file\n")
+
+
+def test_a_completion_holding_a_line_separator_is_one_line(tmp_path):
+    """U+2028 and U+0085, which a model may write and ``ensure_ascii=False`` keeps unescaped, do not end a line."""
+    rows = [row for row in mixed_rows() if row["ability"] == "math"]
+    data = write_jsonl(rows, tmp_path / "math.jsonl")
+    gen = write_jsonl([{"completions": [right(row) + "\u2028\x85"]} for row in rows], tmp_path / "gen.jsonl")
+    output = tmp_path / "out"
+    assert main(["--data", str(data), "--completions", str(gen), "--output", str(output)]) == 0
+    assert json.loads((output / "summary.json").read_text())["avg@k"] == 1.0
 
 
 def test_without_model_or_completions_is_one_line(tmp_path, capsys):

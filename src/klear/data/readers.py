@@ -21,13 +21,15 @@ mixing plain Python; streaming would be the next step for corpora that do not fi
 A row that is a JSON list of objects (Open-Reasoner-Zero's training rows are two-message lists) is kept as
 ``{"turns": [...]}``, so every row is a dict; `klear.data.layouts` reads such rows.
 
-Broken rows are never dropped silently: a jsonl line that is not valid JSON, not UTF-8, or not an object (nor a
-list of objects), or that holds an integer longer than Python reads (`parse_json`), is a `BadRow`; `read_rows`
+Broken rows are never dropped silently: a jsonl line that is not valid JSON, not UTF-8, or not an object (nor a list
+of objects), or that holds an integer longer than Python reads, nesting deeper than Python's JSON reader allows or
+an unpaired surrogate escape (``"\\ud800"``, a string that is no text: `parse_json`), is a `BadRow`; `read_rows`
 skips it with a logging warning naming the file and line (the first `MAX_ROW_WARNINGS` of them, `warn_bad_rows`),
 and a summary warning gives the total. Blank lines are not rows and are skipped without a warning. A UTF-8
-byte-order mark at the start of a file (what some Windows editors write) is read as the encoding mark it is, not
-as part of the first row. A missing or unreadable file, or an input of no accepted format, raises `DataError` with
-one line naming it and the accepted formats.
+byte-order mark at the start of a file (what some Windows editors write) is read as the encoding mark it is, not as
+part of the first row. A missing or unreadable file, an input of no accepted format, or a path that is neither a
+file nor a folder (a named pipe, a device: refused before it is opened, as reading one could wait forever), raises
+`DataError` with one line naming it and what is wrong.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ import json
 import logging
 import lzma
 import os
+import re
+import stat
 import sys
 import zlib
 from collections.abc import Iterable, Iterator
@@ -65,10 +69,38 @@ _DECOMPRESSION_ERRORS = (EOFError, zlib.error, lzma.LZMAError)
 MAX_ROW_WARNINGS = 10
 """Broken rows warned about one by one per file; the rest are only counted in the summary warning."""
 _DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
+TOO_DEEP = "nested deeper than Python's JSON reader allows"
+"""Why a JSON text whose lists and objects nest past the interpreter's recursion limit is not read."""
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate (``\\ud800`` to ``\\udfff``): only a text holding one can decode to a string
+with an unpaired surrogate, so only such a text is searched for one."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class DataError(UserError):
     """A data input that cannot be read: missing, unreadable, of an unknown format, or without a needed field."""
+
+
+class UnusableJSON(json.JSONDecodeError):
+    """Well-formed JSON that is no data row: nested deeper than Python's JSON reader allows (`TOO_DEEP`), or holding
+    a string with an unpaired surrogate (no text: a tokenizer refuses it, UTF-8 cannot write it). Its ``msg`` is the
+    whole reason, without "not valid JSON"; a `json.JSONDecodeError`, so every caller of `parse_json` that handles
+    malformed JSON handles it."""
+
+
+def json_error_reason(error: json.JSONDecodeError) -> str:
+    """Why a JSON text of `parse_json` was refused, for a bad row or an error line: ``not valid JSON (Expecting
+    value at column 3)``, or the `UnusableJSON` reason as it is."""
+    if isinstance(error, UnusableJSON):
+        return error.msg
+    return f"not valid JSON ({error.msg} at column {error.colno})"
 
 
 @dataclass(frozen=True)
@@ -110,6 +142,7 @@ def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tupl
     """
     text = str(path)
     local = Path(os.path.expanduser(text))
+    refuse_special_file(local, text)
     kept = _KEPT.pop((text, split), None)
     if kept is not None and kept[0] == _signature(local):
         return kept[1]
@@ -184,13 +217,28 @@ def open_data(path: str | Path, mode: str = "rb") -> Iterator[IO[bytes]]:
 
 
 def read_data_bytes(path: str | Path) -> bytes:
-    """The whole (decompressed) content of the data file ``path``; `DataError` (one line) when it cannot be read or
-    its compressed stream is damaged."""
+    """The whole (decompressed) content of the data file ``path``; `DataError` (one line) when it cannot be read, is
+    not a file (`refuse_special_file`) or its compressed stream is damaged."""
+    refuse_special_file(Path(path))
     try:
         with open_data(path) as file:
             return file.read()
     except (OSError, *_DECOMPRESSION_ERRORS) as error:
         raise _read_error(Path(path), error) from None
+
+
+def refuse_special_file(path: Path, name: str | None = None) -> None:
+    """`DataError` (one line, naming ``name``, else ``path``) when ``path`` exists but is neither a regular file nor a
+    folder: a named pipe, a device or a socket, which would be read forever or block until a writer comes, and which
+    is no data file to check before training. A missing path passes: its reader says so."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):  # missing, unreachable, or a name the system cannot take: the reader says which
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = next((kind for test, kind in _SPECIAL_FILES if test(mode)), "a special file")
+    raise DataError(f"{path if name is None else name}: is {kind}, not a file; a data input is read from a file")
 
 
 def _signature(local: Path) -> tuple[int, int] | None:
@@ -218,20 +266,65 @@ def warn_bad_rows(bad: list[BadRow], totals: dict[str, int] | None = None) -> No
 
 
 def parse_json(text: str | bytes) -> object:
-    """``json.loads(text)``, where an integer of more digits than Python converts (``sys.get_int_max_str_digits()``,
-    4300 by default) is a `json.JSONDecodeError` at that number, as any other malformed JSON is, instead of the
-    bare ValueError that would stop a command with a traceback. Every reader of data rows parses with it; a text
-    without such a number costs what ``json.loads`` costs."""
+    """``json.loads(text)``, where what would stop a command with a traceback, or later a training run, is a
+    `json.JSONDecodeError` as any other malformed JSON is: an integer of more digits than Python converts
+    (``sys.get_int_max_str_digits()``, 4300 by default) at that number, instead of a bare ValueError; lists or
+    objects nested past the recursion limit (`TOO_DEEP`), instead of a RecursionError; a string holding an unpaired
+    surrogate (the escape ``\\ud800`` alone), which no tokenizer takes and UTF-8 cannot write (`UnusableJSON`, both).
+    Every reader of data rows parses with it; a text without such a number and without a surrogate escape
+    (``\\ud800`` to ``\\udfff``, the only way to one) costs what ``json.loads`` costs."""
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError:
         raise
+    except RecursionError:
+        raise _too_deep(text) from None
     except ValueError:  # the other ValueError of the scanner: the int-string conversion limit
-        document = text.decode("utf-8") if isinstance(text, bytes) else text
-        long = _loads(document)[1]
+        document = _document(text)
+        try:
+            long = _loads(document)[1]
+        except RecursionError:
+            raise _too_deep(document) from None
         if not long:
             raise
         raise json.JSONDecodeError(_too_long(long[0]), document, max(document.find(long[0].digits), 0)) from None
+    if (_SURROGATE_ESCAPE_BYTES if isinstance(text, bytes) else _SURROGATE_ESCAPE).search(text):
+        surrogate = unpaired_surrogate(value)
+        if surrogate is not None:
+            document = _document(text)
+            raise UnusableJSON(_not_text(surrogate), document, max(document.lower().find(surrogate.lower()), 0))
+    return value
+
+
+def unpaired_surrogate(value: object) -> str | None:
+    """The JSON escape (``\\ud800``) of the first unpaired surrogate in a string of ``value`` (parsed JSON: its keys
+    and values, however deep), else None. Walked without recursion, so any value JSON gives can be walked."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found is not None:
+                return f"\\u{ord(found.group()):04x}"
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+            stack.extend(item.keys())
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return None
+
+
+def _not_text(surrogate: str) -> str:
+    return f"holds an unpaired surrogate {surrogate} (not text)"
+
+
+def _too_deep(text: str | bytes) -> UnusableJSON:
+    reason = f"{TOO_DEEP} (about {sys.getrecursionlimit()} levels)"
+    return UnusableJSON(reason, _document(text), 0)
+
+
+def _document(text: str | bytes) -> str:
+    return text.decode("utf-8", "replace") if isinstance(text, bytes) else text
 
 
 class _LongInteger:
@@ -272,21 +365,31 @@ def _too_long(number: _LongInteger) -> str:
 
 
 def _long_in(value: object) -> _LongInteger | None:
-    """The first `_LongInteger` inside ``value`` (parsed JSON), else None."""
-    if isinstance(value, _LongInteger):
-        return value
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return next((found for found in map(_long_in, items) if found is not None), None)
+    """The first `_LongInteger` inside ``value`` (parsed JSON), else None; walked without recursion, as a value
+    nested as deep as the JSON reader allows would overflow the stack of a recursive walk."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _LongInteger):
+            return item
+        if isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return None
 
 
 def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
     """Write one JSON object per line (UTF-8, non-ASCII kept as is), creating parent folders, compressed when the
-    name ends in one of `COMPRESSIONS`' suffixes; returns the path."""
+    name ends in one of `COMPRESSIONS`' suffixes; returns the path. A string holding an unpaired surrogate, which
+    UTF-8 cannot encode, is written as its JSON escape (``\\ud800``, what ``ensure_ascii`` writes): nothing is lost,
+    and reading the line back names it as the bad row it is (`parse_json`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open_data(path, "wb") as f:
         for row in rows:
-            f.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+            # only inside a JSON string can such a character be, where backslashreplace's \udxxx is its JSON escape
+            f.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace"))
     return path
 
 
@@ -305,7 +408,7 @@ def _read_jsonl(path: Path, name: str, content: bytes | None = None) -> tuple[li
                     bad.append(BadRow(name, number, "not valid JSON (not UTF-8)"))
                     continue
                 except json.JSONDecodeError as error:
-                    bad.append(BadRow(name, number, f"not valid JSON ({error.msg} at column {error.colno})"))
+                    bad.append(BadRow(name, number, json_error_reason(error)))
                     continue
                 row = as_row(row)
                 if isinstance(row, dict):
@@ -324,6 +427,10 @@ def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadR
         data, long = _read_json_text(text)
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except UnusableJSON as error:  # too deep: one object may be a line of JSON lines, else the file is lost
+        if text.lstrip().startswith("{"):  # an object is no .json input but as JSON lines
+            return _read_jsonl(path, name, content)
+        raise DataError(f"{path}: {error.msg}; {JSON_SHAPES}") from None
     except json.JSONDecodeError as error:
         if error.msg == "Extra data" and text.lstrip().startswith("{"):  # objects one after another: JSON lines
             return _read_jsonl(path, name, content)
@@ -333,11 +440,15 @@ def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadR
     if not isinstance(data, list):
         raise DataError(f"{path}: a JSON {type(data).__name__}; {JSON_SHAPES}")
     rows, bad = [], []
+    surrogates = _SURROGATE_ESCAPE.search(text) is not None  # else no item can hold one
     for position, item in enumerate(data, start=1):
         item = as_row(item)
         number = _long_in(item) if long else None
+        surrogate = unpaired_surrogate(item) if surrogates else None
         if number is not None:
             bad.append(BadRow(name, position, f"item {position} holds {_too_long(number)}"))
+        elif surrogate is not None:
+            bad.append(BadRow(name, position, f"item {position} {_not_text(surrogate)}"))
         elif isinstance(item, dict):
             rows.append((position, item))
         else:
@@ -349,11 +460,14 @@ def _read_json_text(text: str) -> tuple[object, bool]:
     """A .json input's value, and whether an integer of it is too long for Python (then kept as a `_LongInteger`,
     so that only the items holding one are bad rows)."""
     try:
-        return json.loads(text), False
-    except json.JSONDecodeError:
-        raise
-    except ValueError:  # the int-string conversion limit
-        return _loads(text)[0], True
+        try:
+            return json.loads(text), False
+        except json.JSONDecodeError:
+            raise
+        except ValueError:  # the int-string conversion limit
+            return _loads(text)[0], True
+    except RecursionError:
+        raise _too_deep(text) from None
 
 
 def as_row(value: object) -> object:

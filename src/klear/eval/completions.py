@@ -7,8 +7,11 @@ evaluation harness writes its outputs (`FIELDS`: such a file is its own ``--data
 ``math-eval-harness``). Other fields are ignored, so a previous ``klear.eval`` run's ``results.jsonl`` does not
 fit, but a released evaluation dump reshaped to one line per problem does. Every line must hold the same number of
 completions, at least ``--k``. A completion that is not text is model output like any other: the reward scores it
-as the empty completion. What is wrong with the file itself (a missing file, a damaged compressed stream, a line
-that is not such an object, a count that does not match the data) is an `EvalError` naming the file and line.
+as the empty completion. What is wrong with the file itself (a missing file, a path that is not a file such as a
+named pipe, a damaged compressed stream, a line that is not such an object, one nested deeper than Python's JSON
+reader allows or holding a string with an unpaired surrogate escape such as ``"\\ud800"``, which is no text that
+any model wrote, nor UTF-8 that results could be written in; a count that does not match the data) is an
+`EvalError` naming the file and line.
 
 When every line also holds the file's own verdict of each completion (`VERDICTS`: the harness's grader writes
 ``score``, a list of booleans as long as the completions), they are kept (`SavedCompletions.verdicts`), and
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from klear.data.problems import ProblemSet
-from klear.data.readers import DataError, parse_json, read_data_bytes
+from klear.data.readers import DataError, UnusableJSON, parse_json, read_data_bytes
 from klear.eval.tasks import EvalError
 
 FIELDS = ("completions", "code")
@@ -113,11 +116,15 @@ def _lines(path: str) -> list[_Line]:
     except UnicodeDecodeError:
         raise EvalError(f"--completions {path}: not UTF-8 text") from None
     out = []
-    for number, text in enumerate(raw.splitlines(), start=1):
+    # lines as the data reader numbers them: split at newlines only, not at a U+2028 or U+0085 that a completion
+    # holds unescaped (written so with ensure_ascii=False), where str.splitlines would break the line
+    for number, text in enumerate(raw.split("\n"), start=1):
         if not text.strip():
             continue
         try:
             value = parse_json(text)
+        except UnusableJSON as error:  # nested too deep, or a string that is no text: no line of completions
+            raise EvalError(f"--completions {path}:{number}: {error.msg}") from None
         except json.JSONDecodeError as error:
             raise EvalError(f"--completions {path}:{number}: not valid JSON ({error.msg})") from None
         field = next((name for name in FIELDS if isinstance(value, dict) and name in value), FIELDS[0])
