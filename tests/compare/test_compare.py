@@ -157,6 +157,10 @@ def test_seed_ranges():
     for bad in ("a", "3-1", "-1", "1,,2", "0-"):
         with pytest.raises(ConfigError, match="--seeds must be"):
             parse_seeds(bad)
+    for bad in ("0-99999999999999999999", "9223372036854775808", "0-999,5000"):  # 2**63; 1001 seeds
+        with pytest.raises(ConfigError, match=r"^--seeds must name at most 1000 seeds, each below 2\*\*63"):
+            parse_seeds(bad)
+    assert len(parse_seeds("0-999")) == 1000 and parse_seeds("9223372036854775807") == [2**63 - 1]
 
 
 def test_baseline_must_be_a_label(tmp_path, capsys):

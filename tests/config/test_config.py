@@ -1,6 +1,7 @@
 """Configs: every shipped YAML validates, and bad input stops with one line naming the key and accepted values."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,11 @@ from klear.config.load import ConfigError, load_config
 pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in a subprocess
 
 CONFIGS = sorted(str(path) for path in (Path(__file__).parents[2] / "configs").rglob("*.yaml"))
+
+
+def exact(message: str) -> str:
+    """A pattern for the whole of ``message``, for the tests below (which escape parentheses themselves)."""
+    return "^" + re.escape(message).replace(r"\(", "(").replace(r"\)", ")") + "$"
 
 
 @pytest.mark.parametrize("path", CONFIGS)
@@ -40,13 +46,72 @@ def test_yaml_lists_only_deviations_and_overrides_win(tmp_path):
         (["trainer.max_steps=ten"], "bad value for 'trainer.max_steps'"),
         (["optim.schedule=linear"], "optim.schedule = 'linear' is not accepted; accepted: cosine, constant"),
         (["data.batching=bucketed"], "data.batching = 'bucketed' is not accepted; accepted: padded, grouped, packed"),
-        (["trainer.max_steps=0"], "trainer.max_steps = 0 is not accepted; accepted: an integer >= 1"),
+        (["trainer.max_steps=0"], exact("trainer.max_steps = 0 is not accepted; accepted: an integer in [1, 2**31)")),
         (["optim.min_lr=1.0"], "optim.min_lr (1.0) must not exceed optim.lr"),
         (["eval.samples=4"], "eval.samples > 1 needs eval.temperature > 0"),
         (["stage=pretrain"], "stage 'pretrain' is not one of"),
         (["trainer.max_steps"], "is not of the form key=value"),
         (["trainer.strategy=fsdp"], "trainer.strategy = 'fsdp' is not accepted; accepted: auto, ddp, fsdp2"),
         (["trainer.strategy=fsdp2", "trainer.precision=bf16-mixed"], "fsdp2 does mixed precision itself"),
+        # a mapping where a list belongs, or an item a list's items cannot be (the merge named neither)
+        (
+            ["optim.betas={a: 1}"],
+            exact("optim.betas = {'a': 1} is not accepted; accepted: a list of 2 numbers"),
+        ),
+        (["optim.betas=[a,b]"], exact("optim.betas = ['a', 'b'] is not accepted; accepted: a list of 2 numbers")),
+        (["optim.betas=[[1],2]"], exact("optim.betas = [[1], 2] is not accepted; accepted: a list of 2 numbers")),
+        (["optim.betas=5"], exact("optim.betas = 5 is not accepted; accepted: a list of 2 numbers")),
+        (["data.levels={a: 1}"], exact("data.levels = {'a': 1} is not accepted; accepted: a list of 1, 2, 3, 4")),
+        (["data.levels=[[1]]"], exact("data.levels = [[1]] is not accepted; accepted: a list of 1, 2, 3, 4")),
+        (["data.levels=[1.5]"], exact("data.levels = [1.5] is not accepted; accepted: a list of 1, 2, 3, 4")),
+        (
+            ["model.lora.target_modules={a: 1}"],
+            exact("model.lora.target_modules = {'a': 1} is not accepted; accepted: a list of strings"),
+        ),
+        (
+            ["model.rope_scaling=[1]"],
+            exact(
+                "model.rope_scaling = [1] is not accepted; accepted: a mapping, e.g. {rope_type: yarn, factor: 2.5, "
+                "original_max_position_embeddings: 32768}"
+            ),
+        ),
+        # numbers that passed the checks and crashed or hung later
+        (
+            ["seed=99999999999999999999"],
+            exact(
+                "seed = 99999999999999999999 is not accepted; accepted: an integer in [-2**63, 2**63) "
+                "(torch's generators take 64-bit seeds)"
+            ),
+        ),
+        (
+            ["trainer.max_steps=99999999999999999999"],
+            exact("trainer.max_steps = 99999999999999999999 is not accepted; accepted: an integer in [1, 2**31)"),
+        ),
+        (
+            ["trainer.devices=99999999999999999999"],
+            exact(
+                "trainer.devices = 99999999999999999999 is not accepted; accepted: an integer in [1, 1024] "
+                "(devices of one node: its GPUs, or CPU processes)"
+            ),
+        ),
+        (
+            ["data.num_train=99999999999"],
+            exact(
+                "data.num_train = 99999999999 is not accepted; accepted: an integer in [1, 1000000] "
+                "(the synthetic task generates them all before the first step)"
+            ),
+        ),
+        (
+            ["data.num_eval=1000001"],
+            exact(
+                "data.num_eval = 1000001 is not accepted; accepted: an integer in [1, 1000000] "
+                "(the synthetic task generates them all before the first step)"
+            ),
+        ),
+        (
+            ["optim.lr=1" + "0" * 400],
+            exact(f"optim.lr = 1{'0' * 400} is not accepted; accepted: a finite number > 0"),
+        ),
     ],
 )
 def test_bad_configs_name_the_key(overrides, message):
@@ -141,16 +206,152 @@ def test_cli_unreadable_data_file_is_one_line(tmp_path):
         ),
         (["reward.by_source.my_set={name: code, options: {hrad: true}}"], "reward 'code' has no option 'hrad'"),
         (["data.truncation=right"], "data.truncation = 'right' is not accepted; accepted: skip, left, error"),
-        (["algorithm.oversample=0.5"], "algorithm.oversample = 0.5 is not accepted; accepted: a number >= 1"),
+        (["algorithm.oversample=0.5"], "algorithm.oversample = 0.5 is not accepted; accepted: a number in \\[1, 64\\]"),
         (
             ["model.rope_scaling={factor: 2}"],
             "model.rope_scaling = {'factor': 2} is not accepted; accepted: empty, or a",
+        ),
+        # a list where a mapping belongs, or a mapping where a list belongs
+        (
+            ["reward.by_source=[1]"],
+            exact("reward.by_source = [1] is not accepted; accepted: a mapping, e.g. {my_set: code}"),
+        ),
+        (
+            ["reward.options=[1]"],
+            exact("reward.options = [1] is not accepted; accepted: a mapping, e.g. {correct: 1, wrong: -1}"),
+        ),
+        (
+            ["objective=[1]"],
+            exact("objective = [1] is not accepted; accepted: a mapping, e.g. {name: gppo, eps_high: 0.28}"),
+        ),
+        (
+            ["rollout.worker_devices={a: 1}"],
+            exact("rollout.worker_devices = {'a': 1} is not accepted; accepted: a list of integers"),
+        ),
+        (
+            ["rollout.worker_devices=[[1]]"],
+            exact("rollout.worker_devices = [[1]] is not accepted; accepted: a list of integers"),
+        ),
+        # numbers that passed the checks and crashed or hung later
+        (
+            ["algorithm.oversample=1e308"],
+            exact(
+                "algorithm.oversample = 1e+308 is not accepted; accepted: a number in [1, 64] (each step samples "
+                "oversample x rollout.prompts_per_step prompts; the reference recipe: 2)"
+            ),
+        ),
+        (
+            ["algorithm.max_regenerations=99999999999999999999"],
+            exact(
+                "algorithm.max_regenerations = 99999999999999999999 is not accepted; accepted: an integer in "
+                "[0, 100] (each is one more sampling round of the step)"
+            ),
+        ),
+        (
+            ["seed=-99999999999999999999"],
+            exact(
+                "seed = -99999999999999999999 is not accepted; accepted: an integer in [-2**63, 2**63) "
+                "(torch's generators take 64-bit seeds)"
+            ),
+        ),
+        (
+            ["data.num_train=99999999999"],
+            "data.num_train = 99999999999 is not accepted; accepted: an integer in \\[1, 1000000\\]",
+        ),
+        (
+            ["model.rope_scaling={rope_type: yarn, factor: .inf}"],
+            exact("model.rope_scaling.factor = inf is not accepted; accepted: a finite number > 0"),
+        ),
+        (
+            ["model.rope_scaling={rope_type: yarn, factor: .nan}"],
+            exact("model.rope_scaling.factor = nan is not accepted; accepted: a finite number > 0"),
+        ),
+        (
+            ["model.rope_scaling={rope_type: bogus, factor: 2}"],
+            exact(
+                "model.rope_scaling.rope_type = 'bogus' is not accepted; accepted: default, linear, dynamic, yarn, "
+                "longrope, llama3, proportional"
+            ),
+        ),
+        (
+            ["model.rope_scaling={type: yarm, factor: 2}"],
+            "model.rope_scaling.type = 'yarm' is not accepted; .*; did you mean 'yarn'\\?$",
+        ),
+        (
+            ["model.rope_scaling={rope_type: yarn}"],
+            exact(
+                "model.rope_scaling = {'rope_type': 'yarn'} is not accepted; accepted: empty, or a rope_type "
+                "(default, linear, dynamic, yarn, longrope, llama3, proportional) with a factor > 0, e.g. "
+                "{rope_type: yarn, factor: 2.5, original_max_position_embeddings: 32768}"
+            ),
+        ),
+        (
+            ["model.rope_scaling={rope_type: yarn, factor: 2, original_max_position_embeddings: 0}"],
+            "model.rope_scaling.original_max_position_embeddings = 0 is not accepted; accepted: an integer >= 1",
         ),
     ],
 )
 def test_bad_rl_configs_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config("configs/rl.yaml", overrides)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("optim: {betas: {a: 1}}", "optim.betas = {'a': 1} is not accepted; accepted: a list of 2 numbers"),
+        ("objective: [1]", "objective = [1] is not accepted; accepted: a mapping, e.g. {name: gppo, eps_high: 0.28}"),
+        ("reward: {options: [1]}", "reward.options = [1] is not accepted; accepted: a mapping, e.g. {correct: 1, "),
+        (
+            "data:\n  levels: ${model}",
+            "data.levels = '${model}' cannot be resolved: Invalid value assigned: dict is not a ListConfig",
+        ),
+        ("data: {levels: [1, '${nope}']}", "data.levels[1] = '${nope}' cannot be resolved: Interpolation key 'nope'"),
+    ],
+)
+def test_bad_yaml_files_name_the_key(tmp_path, text, message):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"stage: rl\n{text}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value).startswith(message)
+
+
+def test_bad_shapes_are_one_line_on_the_command_line():
+    result = run_cli("--config", "configs/rl.yaml", "--print-config", "objective=[1]")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: objective = [1] is not accepted; accepted: a mapping, e.g. {name: gppo, eps_high: 0.28}"
+    ]
+
+
+def test_values_at_the_bounds_stay_accepted():
+    config = load_config(
+        "configs/rl.yaml",
+        [
+            "seed=-1",
+            "optim.betas=['0.9', 0.95]",  # quoted numbers, as the merge converts them
+            "data.levels=[1, '${trainer.num_nodes}']",
+            "trainer.max_steps=2147483647",
+            "trainer.devices=1024",
+            "algorithm.oversample=64",
+            "algorithm.max_regenerations=100",
+            "data.num_train=1000000",
+            "model.rope_scaling={type: linear, factor: 2, original_max_position_embeddings: 4096}",
+        ],
+    )
+    assert config.seed == -1 and list(config.optim.betas) == [0.9, 0.95] and list(config.data.levels) == [1, 1]
+    assert config.algorithm.oversample == 64 and config.model.rope_scaling.type == "linear"
+    for seed in (-(2**63), 2**63 - 1):
+        assert load_config("configs/sft.yaml", [f"seed={seed}"]).seed == seed
+
+
+def test_rope_types_are_those_transformers_knows():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from klear.config.load import ROPE_TYPES
+
+    assert set(ROPE_TYPES) == {"default", *ROPE_INIT_FUNCTIONS}
 
 
 def test_objective_flag_selects_any_registered_objective_or_import_path():

@@ -256,6 +256,17 @@ MATH_ROW = {"problem": "Start with 1. Add 1.", "answer": "2"}
         ([MATH_ROW], ["--k", "4", "--n", "2"], "--n must be in [--k (4), 65536], got 2"),
         ([MATH_ROW], ["--k", "99999999999999999999"], "--n must be in [--k (99999999999999999999), 65536], got 9999"),
         ([MATH_ROW], ["--temperature", "inf"], "--temperature must be >= 0 and finite, got inf"),
+        (
+            [MATH_ROW],
+            ["--rope-scaling", '{"rope_type": "yarn", "factor": Infinity}'],
+            "--rope-scaling factor = inf is not accepted; accepted: a finite number > 0",
+        ),
+        (
+            [MATH_ROW],
+            ["--rope-scaling", '{"rope_type": "yran", "factor": 2}'],
+            "--rope-scaling rope_type = 'yran' is not accepted; accepted: default, linear, dynamic, yarn, longrope, "
+            "llama3, proportional; did you mean 'yarn'?",
+        ),
         ([MATH_ROW], ["--reward-timeout", "inf"], "--reward-timeout must be > 0 and finite, got inf"),
         ([MATH_ROW], ["--threads", "99999999999999999999"], "--threads must be in [0, 4096] (0: chosen by klear), got"),
         ([MATH_ROW], ["--num-workers", "99999999999999999999"], "--num-workers must be in [0, 4096], got 9999"),

@@ -74,6 +74,10 @@ def plan(args: argparse.Namespace) -> tuple[Path, list[Run]]:
     return output, runs
 
 
+MOST_SEEDS = 1000
+"""The most seeds a comparison runs per label (the paired tests need a handful; ``seeds_needed`` says how many)."""
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"0-9"``, ``"0,1,2"`` or a mix (``"0-4,7"``): the seeds in the order given. A seed given twice is refused:
     it would run the same run twice and count it as two seeds in the intervals and tests."""
@@ -85,6 +89,11 @@ def parse_seeds(text: str) -> list[int]:
                 f"--seeds must be comma-separated non-negative integers or ranges such as 0-9, got {text!r}"
             )
         first, last = int(match[1]), int(match[2] if match[2] is not None else match[1])
+        if last >= 2**63 or len(seeds) + last - first + 1 > MOST_SEEDS:
+            raise ConfigError(
+                f"--seeds must name at most {MOST_SEEDS} seeds, each below 2**63 (torch's generators take 64-bit "
+                f"seeds), got {text!r}"
+            )
         seeds += range(first, last + 1)
     _refuse_duplicates("--seeds", "seed", seeds)
     return seeds

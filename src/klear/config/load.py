@@ -9,6 +9,7 @@ not a run.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import importlib.util
 import inspect
@@ -25,6 +26,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from klear.errors import UserError, did_you_mean, first_line
 from klear.schema import SCHEMAS
+from klear.schema.sections import ROPE_TYPES, finite, interpolation, shape_problem
 
 
 class ConfigError(UserError):
@@ -107,6 +109,8 @@ def load_config(
         config = OmegaConf.merge(OmegaConf.structured(SCHEMAS[stage]), *layers)
     except OmegaConfBaseException as error:
         raise ConfigError(_explain(error, stage)) from error
+    except (TypeError, ValueError, ArithmeticError) as error:  # a shape _check_shapes does not know yet
+        raise ConfigError(f"bad config: {_first_line(error)}") from error
     resolve_interpolations(config)
     check_config(config)
     return config
@@ -119,15 +123,32 @@ def resolve_interpolations(config: DictConfig) -> None:
     try:
         OmegaConf.resolve(config)
     except OmegaConfBaseException as error:
-        key = getattr(error, "full_key", None) or "?"
+        # OmegaConf names no key when the resolved value does not fit the field (``data.levels: ${model}``)
+        key = getattr(error, "full_key", None) or _unresolvable_key(config, prefix="") or "?"
         raw: Any = OmegaConf.to_container(config, resolve=False)
-        for part in key.split("."):
-            raw = raw.get(part) if isinstance(raw, dict) else None
+        for part in re.findall(r"[^.\[\]]+", key):
+            raw = raw.get(part) if isinstance(raw, dict) else raw[int(part)] if isinstance(raw, list) else None
         reason = re.sub(r"^\w+ raised while resolving interpolation: ", "", _first_line(error)).strip('"')
         reason = re.sub(r"^Environment variable ('.*') not found$", r"environment variable \1 is not set", reason)
         if reason == "Recursive interpolation detected":
             reason = "its references lead back to it (a cycle)"
         raise ConfigError(f"{key} = {raw!r} cannot be resolved: {reason}") from None
+
+
+def _unresolvable_key(node: DictConfig | ListConfig, prefix: str) -> str | None:
+    """The dotted key of the first ``${...}`` under ``node`` that cannot be resolved into its field, or None."""
+    for name in node.keys() if isinstance(node, DictConfig) else range(len(node)):
+        key = f"{prefix}[{name}]" if isinstance(node, ListConfig) else f"{prefix}.{name}" if prefix else str(name)
+        child = node._get_node(name)
+        if OmegaConf.is_interpolation(node, name):
+            with contextlib.suppress(OmegaConfBaseException):
+                node[name]
+                continue
+            return key
+        container = isinstance(child, DictConfig | ListConfig) and not child._is_none()
+        if container and (found := _unresolvable_key(child, key)):
+            return found
+    return None
 
 
 def check_config(config: DictConfig) -> None:
@@ -147,7 +168,7 @@ def check_config(config: DictConfig) -> None:
     _check_levels(config.data)
     _check_prompt_format(config.data)
     _check_synthetic_rewards(config)
-    _check_rope_scaling(config.model.rope_scaling)
+    check_rope_scaling(config.model.rope_scaling)
     _check_lora(config.model.lora)
     problem = model_path_problem(config.model.path)
     if problem:
@@ -245,16 +266,34 @@ def _check_routes(reward: DictConfig) -> None:
             raise ConfigError(f"{key}: {_first_line(error)}") from error
 
 
-def _check_rope_scaling(rope_scaling: DictConfig) -> None:
-    """``model.rope_scaling``: empty, or a ``rope_type`` name with a positive ``factor``."""
+def check_rope_scaling(rope_scaling: Any, key: str = "model.rope_scaling") -> None:
+    """``rope_scaling`` (``model.rope_scaling``, or ``klear.eval --rope-scaling`` named by ``key``): empty, or a
+    ``rope_type`` transformers knows with a finite ``factor`` > 0 (the context becomes ``factor`` x the original)
+    and, if given, an ``original_max_position_embeddings`` >= 1. `ConfigError` naming the key otherwise."""
     if not rope_scaling:
         return
-    rope_type, factor = rope_scaling.get("rope_type", rope_scaling.get("type")), rope_scaling.get("factor")
-    if not isinstance(rope_type, str) or not isinstance(factor, int | float) or isinstance(factor, bool) or factor <= 0:
+    shown = OmegaConf.to_container(rope_scaling) if isinstance(rope_scaling, DictConfig) else rope_scaling
+
+    def part(name: str) -> str:
+        return f"{key} {name}" if key.startswith("--") else f"{key}.{name}"
+
+    name = "rope_type" if "rope_type" in rope_scaling or "type" not in rope_scaling else "type"
+    rope_type, factor = rope_scaling.get(name), rope_scaling.get("factor")
+    if not isinstance(rope_type, str) or factor is None:
         raise ConfigError(
-            f"model.rope_scaling = {OmegaConf.to_container(rope_scaling)} is not accepted; accepted: empty, or a "
-            "rope_type (yarn, linear, dynamic, ...) with a factor > 0, e.g. {rope_type: yarn, factor: 2.5, "
-            "original_max_position_embeddings: 32768}"
+            f"{key} = {shown} is not accepted; accepted: empty, or a rope_type ({', '.join(ROPE_TYPES)}) with a "
+            "factor > 0, e.g. {rope_type: yarn, factor: 2.5, original_max_position_embeddings: 32768}"
+        )
+    if rope_type not in ROPE_TYPES:
+        accepted = f"{', '.join(ROPE_TYPES)}{did_you_mean(rope_type, list(ROPE_TYPES))}"
+        raise ConfigError(f"{part(name)} = {rope_type!r} is not accepted; accepted: {accepted}")
+    if not finite(factor) or factor <= 0:
+        raise ConfigError(f"{part('factor')} = {factor!r} is not accepted; accepted: a finite number > 0")
+    original = rope_scaling.get("original_max_position_embeddings", 1)
+    if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+        raise ConfigError(
+            f"{part('original_max_position_embeddings')} = {original!r} is not accepted; accepted: an integer >= 1 "
+            "(or none: the model's)"
         )
 
 
@@ -287,7 +326,7 @@ def _check_fields(node: Any, schema: type, prefix: str) -> None:
             accepted = ", ".join(map(str, field.metadata["choices"]))
             raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {accepted}")
         if "range" in field.metadata and value not in field.metadata["range"]:
-            finite = math.isfinite(value)
+            finite = not isinstance(value, float) or math.isfinite(value)
             kind = "an integer" if field.type in (int, "int") else "a number" if finite else "a finite number"
             why = f" ({field.metadata['why']})" if "why" in field.metadata and finite else ""
             raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {kind} {field.metadata['range']}{why}")
@@ -296,9 +335,11 @@ def _check_fields(node: Any, schema: type, prefix: str) -> None:
 
 
 def _check_shapes(layer: dict, schema: type, prefix: str) -> None:
-    """A section given a value that is not a mapping (``rollout: 5``) and a fixed-length list of the wrong length
-    (``optim.betas=[0.9]``), named by key with the shape accepted; unknown keys are left to the merge."""
+    """What the merge fails on without naming the key and the shape, named with the shape accepted: a section, a
+    mapping or a list given something else (``rollout: 5``, ``objective=[1]``, ``optim.betas={a: 1}``), a list of
+    the wrong length or items (``optim.betas=[0.9]``, ``[a, b]``), a number a float cannot hold."""
     hints, sections = typing.get_type_hints(schema), _sections(schema)
+    fields = {field.name: field for field in dataclasses.fields(schema)}
     for name, value in layer.items():
         key = f"{prefix}{name}"
         if name in sections:
@@ -312,10 +353,11 @@ def _check_shapes(layer: dict, schema: type, prefix: str) -> None:
                 )
             _check_shapes(value, sections[name], prefix=f"{key}.")
             continue
-        items = typing.get_args(hints.get(name)) if typing.get_origin(hints.get(name)) is tuple else ()
-        if items and Ellipsis not in items and isinstance(value, list) and len(value) != len(items):
-            kinds = "numbers" if all(item is float for item in items) else "values"
-            raise ConfigError(f"{key} = {value!r} is not accepted; accepted: a list of {len(items)} {kinds}")
+        if name not in hints or value is None or interpolation(value):
+            continue
+        if accepted := shape_problem(value, hints[name], fields[name].metadata):
+            accepted = _levels_accepted() if key == "data.levels" else accepted  # the tasks' levels
+            raise ConfigError(f"{key} = {value!r} is not accepted; accepted: {accepted}")
 
 
 def _check_lora(lora: DictConfig | None) -> None:
@@ -352,12 +394,19 @@ def _check_prompt_format(data: DictConfig) -> None:
 def _check_levels(data: DictConfig) -> None:
     from klear.data import synthetic, synthetic_code
 
+    levels = OmegaConf.to_container(data.levels)
     for key in ("train", "eval"):
         task = {"synthetic": synthetic, "synthetic-code": synthetic_code}.get(data[key])
-        unknown = [level for level in data.levels if task is not None and level not in task.LEVELS]
-        if unknown or not data.levels:
-            accepted = ", ".join(map(str, sorted(task.LEVELS if task else synthetic.LEVELS)))
-            raise ConfigError(f"data.levels = {list(data.levels)} is not accepted; accepted: a list of {accepted}")
+        known = task.LEVELS if task else synthetic.LEVELS
+        unknown = [level for level in levels if not isinstance(level, int) or (task is not None and level not in known)]
+        if unknown or not levels:
+            raise ConfigError(f"data.levels = {levels} is not accepted; accepted: {_levels_accepted(known)}")
+
+
+def _levels_accepted(known: collections.abc.Iterable[int] | None = None) -> str:
+    from klear.data import synthetic
+
+    return f"a list of {', '.join(map(str, sorted(synthetic.LEVELS if known is None else known)))}"
 
 
 BUILTIN_MODELS = ("tiny", "tiny-sft", "tiny-sft-code", "tiny-sft-testbed")

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klear import cli
-from klear.config.load import BUILTIN_MODELS
+from klear.config.load import BUILTIN_MODELS, ConfigError, check_rope_scaling
 from klear.data.problems import Problem
 from klear.data.readers import data_stem, parse_json, write_jsonl
 from klear.errors import UserError
@@ -224,6 +224,10 @@ def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
         ]
     )
     options.check_prompt_format()
+    try:
+        check_rope_scaling(options.rope_scaling, "--rope-scaling")
+    except ConfigError as error:
+        raise EvalError(str(error)) from None
     if args.base is not None and args.model is None:
         raise EvalError("--base goes with --model ADAPTER_FOLDER (the adapter/ folder of a LoRA run); give both")
     if args.completions is not None:

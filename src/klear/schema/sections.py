@@ -3,7 +3,8 @@
 Defaults live here and only here; each field is documented once, right under it. YAML files in ``configs/``
 list only their deviations, and ``key=value`` overrides come last. Merging into the structured schema is what
 makes an unknown key or a wrong type fail with its name; the checks in :mod:`klear.config.load` add the
-closed sets of accepted values (``choices``) and combinations the types cannot express.
+closed sets of accepted values (``choices``) and combinations the types cannot express; a mapping field's
+``example`` metadata is what their message shows when it is given anything but a mapping.
 
 ``trainer.max_steps`` counts training steps in both stages: one step is one batch of ``data.batch_size`` rows and
 one optimizer update in SFT (accumulated over micro-batches of ``data.micro_batch_size`` rows), and one
@@ -12,9 +13,58 @@ rollout -> update iteration in RL, whatever number of mini-batch optimizer updat
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def finite(value: Any) -> bool:
+    """Whether ``value`` is a number (not a bool) that a float holds, and not inf or nan."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and abs(value) <= sys.float_info.max
+
+
+def interpolation(value: Any) -> bool:
+    """Whether ``value`` is (or holds) an OmegaConf ``${...}``, resolved after the merge."""
+    return isinstance(value, str) and "${" in value
+
+
+def shape_problem(value: Any, hint: Any, metadata: Mapping[str, Any]) -> str | None:
+    """What a field typed ``hint`` accepts, when ``value`` (a YAML value, before the merge) is not of that shape:
+    a mapping for a dict (with its ``example`` metadata), a list (of the tuple's length) whose items the merge
+    converts for a list or a tuple, a number a float holds for a float; else None (the merge decides)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is dict:
+        example = metadata.get("example")
+        return None if isinstance(value, dict) else f"a mapping{f', e.g. {example}' if example else ''}"
+    if origin in (list, tuple):
+        fixed = origin is tuple and Ellipsis not in args
+        item = args[0] if args else Any
+        plural = {float: "numbers", int: "integers", str: "strings"}.get(item, "values")
+        accepted = f"a list of {f'{len(args)} ' if fixed else ''}{plural}"
+        if not isinstance(value, list) or (fixed and len(value) != len(args)):
+            return accepted
+        fits = [_item_fits(one, args[i] if fixed else item) for i, one in enumerate(value)]
+        return None if all(fits) else accepted
+    if hint is float and isinstance(value, int) and not isinstance(value, bool) and not finite(value):
+        return f"a finite number {metadata['range']}" if "range" in metadata else "a finite number"
+    return None
+
+
+def _item_fits(value: Any, hint: Any) -> bool:
+    """Whether the merge converts a list item to ``hint`` (it takes ``"0.9"`` for a number, ``"3"`` an integer)."""
+    if interpolation(value) or hint not in (float, int, str):
+        return True
+    if isinstance(value, str) and hint is not str:
+        with contextlib.suppress(ValueError):
+            return hint(value) is not None  # as the merge converts it
+        return False
+    if hint is str:
+        return isinstance(value, str | int | float | bool)
+    return isinstance(value, int) and not isinstance(value, bool) if hint is int else finite(value)
 
 
 def choice(default: Any, *choices: Any) -> Any:
@@ -34,7 +84,7 @@ class Range:
     open_high: bool = False
 
     def __contains__(self, value: float) -> bool:
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):  # an int is finite (and may exceed a float's range)
             return False
         above = self.low is None or (value > self.low if self.open_low else value >= self.low)
         below = self.high is None or (value < self.high if self.open_high else value <= self.high)
@@ -42,10 +92,18 @@ class Range:
 
     def __str__(self) -> str:
         if self.high is None:
-            return f"{'>' if self.open_low else '>='} {self.low:g}"
+            return f"{'>' if self.open_low else '>='} {_number(self.low)}"
         if self.low is None:
-            return f"{'<' if self.open_high else '<='} {self.high:g}"
-        return f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+            return f"{'<' if self.open_high else '<='} {_number(self.high)}"
+        low, high = _number(self.low), _number(self.high)
+        return f"in {'(' if self.open_low else '['}{low}, {high}{')' if self.open_high else ']'}"
+
+
+def _number(value: float) -> str:
+    """A bound as written: ``0.5``, ``1000000``, and a large power of two as ``2**31`` (``-2**63``)."""
+    if isinstance(value, int) and abs(value) >= 2**16 and abs(value).bit_count() == 1:
+        return f"{'-' if value < 0 else ''}2**{abs(value).bit_length() - 1}"
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def at_least(default: Any, low: float) -> Any:
@@ -58,9 +116,26 @@ def positive(default: Any, why: str = "") -> Any:
     return field(default=default, metadata={"range": Range(0, open_low=True), **({"why": why} if why else {})})
 
 
-def within(default: Any, low: float, high: float, open_low: bool = False, open_high: bool = False) -> Any:
-    """A number field in ``[low, high]``; ``open_low`` / ``open_high`` exclude the ends."""
-    return field(default=default, metadata={"range": Range(low, high, open_low, open_high)})
+def within(
+    default: Any, low: float, high: float, open_low: bool = False, open_high: bool = False, why: str = ""
+) -> Any:
+    """A number field in ``[low, high]``; ``open_low`` / ``open_high`` exclude the ends; ``why`` is added to the
+    error message."""
+    metadata = {"range": Range(low, high, open_low, open_high), **({"why": why} if why else {})}
+    return field(default=default, metadata=metadata)
+
+
+def seed_field() -> Any:
+    """The ``seed`` of every stage: torch's generators are seeded with it plus small offsets (a step, an epoch),
+    and take seeds in [-2**63, 2**64)."""
+    return within(0, -(2**63), 2**63, open_high=True, why="torch's generators take 64-bit seeds")
+
+
+def synthetic_count(default: int) -> Any:
+    """``data.num_train`` / ``data.num_eval``: a synthetic split is generated whole before the first step, at
+    ~10-20 us a problem, so a million takes seconds and a billion hours (the space of problems is not the
+    limit: they may repeat)."""
+    return within(default, 1, 10**6, why="the synthetic task generates them all before the first step")
 
 
 @dataclass
@@ -87,6 +162,12 @@ class LoraConfig:
     the first step starts from the base model exactly)."""
 
 
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
+"""The ``model.rope_scaling.rope_type`` names transformers knows (``transformers.modeling_rope_utils``'s
+``ROPE_INIT_FUNCTIONS`` and ``default``), written out: importing that module imports torch, and the config is
+checked before any heavy import (tests/config compares the two)."""
+
+
 @dataclass
 class ModelConfig:
     path: str = "tiny"
@@ -99,7 +180,10 @@ class ModelConfig:
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     attn_implementation: str = choice("sdpa", "eager", "flash_attention_2")
     """The transformers attention kernel."""
-    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    rope_scaling: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"example": "{rope_type: yarn, factor: 2.5, original_max_position_embeddings: 32768}"},
+    )
     """Replaces the model config's ``rope_scaling`` (for both engines), e.g. ``{rope_type: yarn, factor: 2.5,
     original_max_position_embeddings: 32768}`` to run Qwen3 past its 32K context as the paper's 64K evaluation
     does; ``max_position_embeddings`` becomes ``factor`` x the original. Empty: the model's own."""
@@ -127,10 +211,10 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = at_least(300, 1)
+    max_steps: int = within(300, 1, 2**31, open_high=True)
     """Training steps (see the module docstring for what one step is in each stage)."""
     accelerator: str = choice("auto", "cpu", "gpu")
-    devices: int = at_least(1, 1)
+    devices: int = within(1, 1, 1024, why="devices of one node: its GPUs, or CPU processes")
     """Devices per node."""
     num_nodes: int = at_least(1, 1)
     precision: str = choice("auto", "32-true", "bf16-true", "bf16-mixed")
@@ -226,9 +310,9 @@ class SFTDataConfig(PromptFormatConfig):
     """Bespoke-Stratos' ``<|begin_of_thought|>`` ... ``<|end_of_solution|>`` markers (OpenThoughts-114k, Sky-T1):
     ``keep`` trains them as the text they are; ``think`` makes the thought the turn's reasoning, in the model's
     think tags, and the solution its answer."""
-    num_train: int = at_least(4000, 1)
+    num_train: int = synthetic_count(4000)
     """Synthetic task: training problems generated."""
-    num_eval: int = at_least(200, 1)
+    num_eval: int = synthetic_count(200)
     """Synthetic task: held-out problems generated."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     """Synthetic task: difficulty levels mixed in equal parts."""
@@ -254,7 +338,7 @@ class SFTDataConfig(PromptFormatConfig):
 class SFTRunConfig:
     stage: str = "sft"
     output_dir: str = "outputs/sft"
-    seed: int = 0
+    seed: int = seed_field()
     model: ModelConfig = field(default_factory=ModelConfig)
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -285,9 +369,9 @@ class RLDataConfig(PromptFormatConfig):
     """Prompts longer than ``max_prompt_tokens``: skipped and counted (``skip``), cut to their last
     ``max_prompt_tokens`` tokens (``left``, the reference recipe's), or the run stops before training naming the
     file and line (``error``)."""
-    num_train: int = at_least(4000, 1)
+    num_train: int = synthetic_count(4000)
     """Synthetic task: training problems generated."""
-    num_eval: int = at_least(200, 1)
+    num_eval: int = synthetic_count(200)
     """Synthetic task: held-out problems generated."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     """Synthetic task: difficulty levels mixed in equal parts."""
@@ -362,7 +446,7 @@ class RolloutConfig:
 class RewardConfig:
     name: str = "math"
     """Registered reward name or import path."""
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, metadata={"example": "{correct: 1, wrong: -1}"})
     """Keyword options of the reward (e.g. ``correct: 1``, ``wrong: -1`` for Klear's scheme)."""
     num_workers: int = at_least(0, 0)
     """Worker processes scoring in parallel with a per-item deadline; 0 scores in this process."""
@@ -370,7 +454,7 @@ class RewardConfig:
     """Per-item deadline of the worker pool (seconds)."""
     overlong_buffer: int = at_least(0, 0)
     """DAPO soft overlong punishment: penalty from 0 to -1 over the last this-many tokens; 0: off."""
-    by_source: dict[str, Any] = field(default_factory=dict)
+    by_source: dict[str, Any] = field(default_factory=dict, metadata={"example": "{my_set: code}"})
     """Rows whose ``data_source`` (else ``ability``) is this name, or starts with it, are scored by this reward: a
     name or import path, or ``{name: ..., options: {...}}``. Added to the publishers' routes (Klear's
     ``math_longcot_math_verify`` -> math, ``coder1_longcot`` -> code, DAPO's ``math_dapo`` -> math on its
@@ -384,11 +468,13 @@ class AlgorithmConfig:
     """Advantage estimator: ``grpo`` (group z-score), ``dr_grpo`` (no std), ``rloo`` (leave-one-out)."""
     filter_groups: bool = True
     """Drop groups whose rewards are all equal (zero advantage everywhere; DAPO's dynamic sampling)."""
-    oversample: float = at_least(1.0, 1)
+    oversample: float = within(
+        1.0, 1, 64, why="each step samples oversample x rollout.prompts_per_step prompts; the reference recipe: 2"
+    )
     """Dynamic sampling's over-sampling: each step samples ``oversample`` x ``rollout.prompts_per_step`` prompts
     (rounded up) and trains on the first ``prompts_per_step`` groups that survive the filter (the reference recipe
     generates 256 for 128: 2.0). 1: sample what is trained on."""
-    max_regenerations: int = at_least(0, 0)
+    max_regenerations: int = within(0, 0, 100, why="each is one more sampling round of the step")
     """Extra sampling rounds, on fresh prompts, to refill the batch after filtering; 0: train on what is left."""
     mini_batch_prompts: int = at_least(16, 1)
     """Prompts (x ``group_size`` responses) per optimizer update; the reference recipe: 16 of 128, 8 updates."""
@@ -419,10 +505,12 @@ class AlgorithmConfig:
 class RLRunConfig:
     stage: str = "rl"
     output_dir: str = "outputs/rl"
-    seed: int = 0
+    seed: int = seed_field()
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="tiny-sft"))
     data: RLDataConfig = field(default_factory=RLDataConfig)
-    objective: dict[str, Any] = field(default_factory=lambda: {"name": "gppo"})
+    objective: dict[str, Any] = field(
+        default_factory=lambda: {"name": "gppo"}, metadata={"example": "{name: gppo, eps_high: 0.28}"}
+    )
     """``name`` (registered or ``package.module:Class``) and the objective's own hyperparameters."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
