@@ -227,18 +227,26 @@ def read_data_bytes(path: str | Path) -> bytes:
         raise _read_error(Path(path), error) from None
 
 
-def refuse_special_file(path: Path, name: str | None = None) -> None:
-    """`DataError` (one line, naming ``name``, else ``path``) when ``path`` exists but is neither a regular file nor a
-    folder: a named pipe, a device or a socket, which would be read forever or block until a writer comes, and which
-    is no data file to check before training. A missing path passes: its reader says so."""
+def special_file(path: Path) -> str | None:
+    """What ``path`` is (links followed) when it exists and is neither a regular file nor a folder: ``"a named
+    pipe"``, ``"a character device"``, ...; None otherwise (nothing there, a dangling link, a name the system
+    refuses: the reader or the write says so)."""
     try:
-        mode = path.stat().st_mode
-    except (OSError, ValueError):  # missing, unreachable, or a name the system cannot take: the reader says which
-        return
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return
-    kind = next((kind for test, kind in _SPECIAL_FILES if test(mode)), "a special file")
-    raise DataError(f"{path if name is None else name}: is {kind}, not a file; a data input is read from a file")
+        return None
+    return next((kind for test, kind in _SPECIAL_FILES if test(mode)), "a special file")
+
+
+def refuse_special_file(path: Path, name: str | None = None) -> None:
+    """`DataError` (one line, naming ``name``, else ``path``) when ``path`` is a `special_file`: a named pipe, a
+    device or a socket, which would be read forever or block until a writer comes, and which is no data file to
+    check before training."""
+    kind = special_file(path)
+    if kind is not None:
+        raise DataError(f"{path if name is None else name}: is {kind}, not a file; a data input is read from a file")
 
 
 def _signature(local: Path) -> tuple[int, int] | None:

@@ -66,10 +66,16 @@ class CurateSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CurateSettings:
         preset = PRESETS.get(args.preset, {})
+        band = args.band or preset.get("band")
+        if not band:  # ``--band ''``: argparse's group took it as given
+            raise CommandError(
+                f"--band {args.band!r}: give the pass rates to keep, e.g. --band '[0.5, 1]', or a --preset "
+                f"({', '.join(sorted(PRESETS))})"
+            )
         return cls(
             data=args.data,
             out=out_dir(args),
-            band=Band.parse(args.band or preset["band"]),
+            band=Band.parse(band),
             preset=args.preset,
             k=preset.get("k", DEFAULT_K) if args.k is None else args.k,
             reward=args.reward or preset.get("reward"),
@@ -120,5 +126,12 @@ def parse_options(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise CommandError(f"--reward-option {item!r}: expected KEY=VALUE, e.g. fallbacks=[answer_is]")
-        options[key.strip()] = yaml.safe_load(value)
+        try:
+            options[key.strip()] = yaml.safe_load(value)
+        except (yaml.YAMLError, RecursionError) as error:
+            problem = getattr(error, "problem", None) or "nested too deeply"
+            raise CommandError(
+                f"--reward-option {item!r}: the value is not valid YAML ({problem}); write it as YAML, e.g. "
+                "fallbacks=[answer_is]"
+            ) from None
     return options

@@ -31,6 +31,20 @@ from klear.prep.paths import Files
 from klear.prep.rowfiles import CommandError, bad_rows_report, report_path, texts_of, write_json, write_rows
 
 NEAR_METHODS = ("none", "jaccard", "minhash")
+MAX_NUM_PERM = 4096
+"""The most MinHash permutations: past some hundreds the candidates hardly change, and the band layout's search and
+each signature grow with it (4096 takes about a second to set up; 10^20 would not fit numpy at all)."""
+
+
+def num_perm_option(text: str) -> int:
+    """``--num-perm``: a whole number in ``[2, MAX_NUM_PERM]``."""
+    value = at_least(2)(text)
+    if value > MAX_NUM_PERM:
+        raise argparse.ArgumentTypeError(f"must be a whole number in [2, {MAX_NUM_PERM}], got {text}")
+    return value
+
+
+num_perm_option.__name__ = f"int in [2, {MAX_NUM_PERM}]"
 
 
 @dataclass(frozen=True)
@@ -128,7 +142,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--n", type=at_least(1), default=5, help="n-gram size of near-duplicate detection (default: %(default)s)"
     )
-    parser.add_argument("--num-perm", type=at_least(2), default=128, help="MinHash permutations (default: %(default)s)")
+    parser.add_argument(
+        "--num-perm",
+        type=num_perm_option,
+        default=128,
+        help=f"MinHash permutations, 2 to {MAX_NUM_PERM} (default: %(default)s)",
+    )
 
 
 def files(args: argparse.Namespace) -> Files:

@@ -9,16 +9,19 @@ each row's ``pass_rate``: ``curate --band '[0, 1]'`` measures it for any problem
 from __future__ import annotations
 
 import argparse
+import inspect
 from pathlib import Path
 
 import yaml
 
 from klear.data.readers import data_stem
+from klear.errors import first_line
 from klear.prep.mixing import MixSpec, Source, build_mix, load_spec, spec_from_dict
 from klear.prep.options import at_least
 from klear.prep.paths import Files
 from klear.prep.rowfiles import CommandError, write_rows, write_text
-from klear.rewards import get_reward
+from klear.rewards import Reward, get_reward
+from klear.rewards.base import FunctionReward
 
 SPEC_EXAMPLE = """\
 spec file (YAML or JSON; relative paths are read from the spec's folder):
@@ -43,9 +46,15 @@ def parse_source(text: str) -> Source:
         raise CommandError(
             f"--source {text!r}: expected comma-separated key=value pairs, e.g. name=a,path=a.jsonl"
         ) from None
-    values = {key.strip(): yaml.safe_load(value) for key, value in pairs.items()}
-    if "path" in values:
-        values["path"] = pairs["path"].strip()  # a path stays text even if it looks like a number
+    values = {}
+    for key, value in pairs.items():
+        try:
+            values[key.strip()] = yaml.safe_load(value)
+        except (yaml.YAMLError, RecursionError):
+            raise CommandError(f"--source {text!r}: {key.strip()}={value!r} is not a YAML value") from None
+    for key in ("name", "path"):  # a name or a path stays text even if it looks like a number or a list
+        if key in values:
+            values[key] = pairs[key].strip()
     return spec_from_dict({"sources": [values]}, where="--source").sources[0]
 
 
@@ -82,6 +91,27 @@ def read_sources(args: argparse.Namespace) -> tuple[MixSpec | None, list[Source]
     return spec, sources
 
 
+def scorer(name: str) -> Reward:
+    """``--reward``'s reward, or one line naming it (an unknown name, an import path that is no reward)."""
+    if not name.strip():
+        raise CommandError("--reward '': give a reward name (math, code, ...) or an import path package.module:Name")
+    try:
+        reward = get_reward(name)
+    except (ValueError, TypeError, ImportError, AttributeError) as error:
+        raise CommandError(f"--reward {name!r}: {first_line(error)}") from None
+    if isinstance(reward, FunctionReward):  # a plain function: it must take (response, reference answer)
+        try:
+            inspect.signature(reward.fn).bind("", "", **reward.options)
+        except TypeError as error:
+            raise CommandError(
+                f"--reward {name!r}: a reward function is called as fn(response, reference_answer), and this one "
+                f"cannot be ({error})"
+            ) from None
+        except ValueError:  # no signature to read (some builtins): its first call tells
+            pass
+    return reward
+
+
 def report_file(out: str | Path) -> Path:
     """The report of the mix written to ``out``: ``<out stem>.report.md`` beside it."""
     return Path(out).with_name(f"{data_stem(out)}.report.md")
@@ -100,7 +130,7 @@ def run(args: argparse.Namespace) -> str:
     base = {"top_k": spec.top_k, "easy_pass_rate": spec.easy_pass_rate, "seed": spec.seed} if spec else {}
     merged = {**base, **{key: value for key, value in settings.items() if value is not None}}
     spec = spec_from_dict({"sources": [vars(source) for source in sources], **merged})
-    rows, report = build_mix(spec, get_reward(args.reward) if args.reward else None)
+    rows, report = build_mix(spec, scorer(args.reward) if args.reward else None)
     out = write_rows(rows, args.out)
     report_path = report_file(out)
     text = report.to_markdown()

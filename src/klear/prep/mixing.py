@@ -27,6 +27,7 @@ source (``source`` itself is left alone: many sets use it for their own provenan
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -42,6 +43,8 @@ PASS_RATE_KEY = "pass_rate"
 CORRECT_KEY = "correct"
 ANSWER_KEY = "answer"
 SOURCE_KEY = "mix_source"
+MAX_ROWS = 10**8
+"""The most rows a source may give the mix (``count``, or ``fraction`` times its rows): the mix is built in memory."""
 
 Scorer = Reward | Callable[[str, str], float]
 """What checks a response against a reference answer: a reward such as ``get_reward("math")``, whose outcome says
@@ -69,14 +72,23 @@ class Source:
     filter: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise DataError(f"source name={self.name!r}; expected a non-empty text")
+        if not isinstance(self.path, str) or not self.path:
+            raise DataError(
+                f"source {self.name!r}: path={self.path!r}; expected a file path or dataset name (quote one that "
+                "YAML reads as a number)"
+            )
         if self.count is not None and self.fraction is not None:
             raise DataError(f"source {self.name!r}: give count or fraction, not both")
-        if self.count is not None and (not isinstance(self.count, int) or self.count < 0):
-            raise DataError(f"source {self.name!r}: count={self.count!r}; expected a whole number >= 0")
-        if self.fraction is not None and not (isinstance(self.fraction, (int, float)) and self.fraction >= 0):
-            raise DataError(f"source {self.name!r}: fraction={self.fraction!r}; expected a number >= 0")
-        if self.quality is not None and not isinstance(self.quality, (int, float)):
-            raise DataError(f"source {self.name!r}: quality={self.quality!r}; expected a number")
+        if self.count is not None and not (_is_whole(self.count) and 0 <= self.count <= MAX_ROWS):
+            raise DataError(f"source {self.name!r}: count={self.count!r}; expected a whole number in [0, {MAX_ROWS}]")
+        if self.fraction is not None and not (_is_number(self.fraction) and self.fraction >= 0):
+            raise DataError(f"source {self.name!r}: fraction={self.fraction!r}; expected a finite number >= 0")
+        if self.quality is not None and not _is_number(self.quality):
+            raise DataError(f"source {self.name!r}: quality={self.quality!r}; expected a finite number")
+        if not isinstance(self.filter, bool):
+            raise DataError(f"source {self.name!r}: filter={self.filter!r}; expected true or false")
 
 
 @dataclass
@@ -96,11 +108,13 @@ class MixSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+        if self.top_k is not None and (not _is_whole(self.top_k) or self.top_k < 1):
             raise DataError(f"top_k={self.top_k!r}; expected a whole number >= 1 (or none to keep every source)")
         rate = self.easy_pass_rate
-        if rate is not None and not (isinstance(rate, (int, float)) and 0 <= rate <= 1):
+        if rate is not None and not (_is_number(rate) and 0 <= rate <= 1):
             raise DataError(f"easy_pass_rate={rate!r}; expected a number in [0, 1] (or none for no filter)")
+        if not _is_whole(self.seed):
+            raise DataError(f"seed={self.seed!r}; expected a whole number")
 
 
 @dataclass
@@ -162,10 +176,16 @@ def load_spec(path: str | Path) -> MixSpec:
     Unknown keys are errors naming them, so a misspelt ``fracton`` does not silently mix everything.
     """
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO would wait for a writer forever
+        raise DataError(f"{path}: the mix spec is not a regular file; give a .yaml, .yml or .json file")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except OSError as error:
         raise DataError(f"{path}: cannot read the mix spec ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{path}: the mix spec is not UTF-8 text (byte {error.start}); give a YAML or JSON file"
+        ) from None
     if path.suffix.lower() not in (".yaml", ".yml", ".json"):
         raise DataError(f"{path}: a mix spec is a .yaml, .yml or .json file")
     import yaml
@@ -178,6 +198,8 @@ def load_spec(path: str | Path) -> MixSpec:
         mark = getattr(error, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         raise DataError(f"{path}{where}: not valid YAML ({first_line(error)})") from None
+    except RecursionError:
+        raise DataError(f"{path}: the mix spec is nested too deeply to read; a spec is a mapping of sources") from None
     spec = spec_from_dict(data, where=str(path))
     for source in spec.sources:
         local = path.parent / source.path
@@ -196,6 +218,8 @@ def spec_from_dict(data: object, where: str = "mix spec") -> MixSpec:
     for i, item in enumerate(data["sources"]):
         if not isinstance(item, dict) or "name" not in item or "path" not in item:
             raise DataError(f"{where}: sources[{i}] needs at least a name and a path")
+        if not isinstance(item["name"], str) or not item["name"]:
+            raise DataError(f"{where}: sources[{i}] has name={item['name']!r}; expected a non-empty text (quoted)")
         _check_keys(item, Source, f"{where}: source {item['name']!r}")
         sources.append(Source(**item))
     names = [source.name for source in sources]
@@ -266,7 +290,13 @@ def is_correct(row: dict, score: Scorer | None = None, where: str = "row", layou
     except ValueError as error:
         raise DataError(f"{where}: {error}") from None
     response = [turn.content for turn in conversation.turns if turn.learn][-1]
-    return as_reward(score).evaluate(response, str(row[ANSWER_KEY])).correct
+    try:
+        return as_reward(score).evaluate(response, str(row[ANSWER_KEY])).correct
+    except Exception as error:  # a user's reward function that cannot be called so, or fails on this row
+        raise DataError(
+            f"{where}: the reward (--reward) failed checking its {ANSWER_KEY!r}: {type(error).__name__}: "
+            f"{first_line(error)}"
+        ) from None
 
 
 def sample_rows(rows: list[dict], count: int, rng: random.Random) -> list[dict]:
@@ -301,7 +331,13 @@ def build_mix(spec: MixSpec, score: Scorer | None = None) -> tuple[list[dict], M
         if source.count is not None:
             count = source.count
         elif source.fraction is not None:
-            count = round(source.fraction * len(rows))
+            wanted = source.fraction * len(rows)
+            if wanted > MAX_ROWS:
+                raise DataError(
+                    f"source {source.name!r}: fraction={source.fraction!r} of its {len(rows)} rows is {wanted:.4g} "
+                    f"rows; a source gives the mix at most {MAX_ROWS}"
+                )
+            count = round(wanted)
         else:
             count = len(rows)
         sampled = sample_rows(rows, count, random.Random(f"{spec.seed}-{source.name}"))
@@ -350,8 +386,18 @@ def _first(bad: list[BadRow]) -> str:
     return f" (first: {bad[0]})" if bad else ""
 
 
+def _is_number(value: object) -> bool:
+    """A finite int or float (not a bool: ``true`` is no quality or fraction)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_whole(value: object) -> bool:
+    """An int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_keys(data: dict, cls: type, where: str) -> None:
     accepted = [f.name for f in fields(cls)]
-    unknown = sorted(set(data) - set(accepted))
+    unknown = sorted(set(data) - set(accepted), key=repr)  # YAML keys may be numbers too
     if unknown:
         raise DataError(f"{where}: unknown key(s) {unknown}; accepted: {accepted}")

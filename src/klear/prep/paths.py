@@ -7,7 +7,11 @@ leaves the deduplicated rows in place of the originals, and a rerun removes more
 command declares its files (`Files`) and `check_files` refuses, in one line naming both options, an output that
 is the same file as an input: the same path, another spelling of it, a symbolic link to it or a hard link
 (``os.path.samefile`` compares the device and inode). An output whose folder is a file, or a folder that cannot
-be written, is refused the same way, before anything is read or computed, instead of a traceback at the end.
+be written, is refused the same way, before anything is read or computed, instead of a traceback at the end; so is
+an output that exists and is no regular file (a device such as ``/dev/full``, a FIFO, a socket, or a symbolic link
+to one): the atomic write renames a new file over the output, which would replace the device itself (as root) and
+report success. A symbolic link to a regular file is written like any output: the link is replaced by the new
+file, and the file it pointed to is left as it was.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klear.prep.rowfiles import CommandError
+from klear.prep.rowfiles import CommandError, special_file
 from klear.run.directory import write_probe
 from klear.run.folder_lock import FolderLock
 
@@ -61,6 +65,13 @@ def check_writable(label: str, out: Path) -> None:
     nearest existing one writable."""
     if out.is_dir():
         raise CommandError(f"{label} {out} is a folder: give the path of a file to write")
+    kind = special_file(out)
+    if kind is not None:
+        link = "a symbolic link to " if out.is_symlink() else ""
+        raise CommandError(
+            f"{label} {out} is {link}{kind}, not a regular file: writing it would replace it; "
+            "give the path of a file to write"
+        )
     folder = out.parent
     while not folder.exists():  # made by the write (mkdir -p); the nearest existing one must hold folders
         if folder.is_symlink():  # a dangling link: mkdir would fail on it

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from klear.data.layouts import detect_layout, get_path, prompt_text, read_prompt
-from klear.data.readers import BadRow, DataError, data_stem, write_jsonl
+from klear.data.readers import BadRow, DataError, data_stem, special_file, write_jsonl
 from klear.errors import UserError
 from klear.run.directory import written
 
@@ -29,6 +29,7 @@ __all__ = [
     "bad_rows_report",
     "report_path",
     "row_text",
+    "special_file",
     "texts_of",
     "write_json",
     "write_rows",
@@ -121,6 +122,9 @@ def report_path(out: str | Path) -> Path:
 
 
 def _replace(path: Path, write) -> Path:
+    kind = special_file(path)
+    if kind is not None:  # checked up front too (`klear.prep.paths.check_writable`); `written` refuses it as well
+        raise CommandError(f"{path} is {kind}, not a regular file: writing it would replace it; write elsewhere")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         written(path, write)
