@@ -196,3 +196,19 @@ def test_a_reader_that_stops_early_gets_no_traceback():
         assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
         assert result.stdout.splitlines()[-1] in ("status 141", "status 0"), result.stdout  # 0: all written in time
     assert result.stdout.strip() == "status 141"  # `true` reads nothing: the first write finds the pipe closed
+
+
+def test_a_path_too_long_for_the_file_system_is_one_line_in_every_command(tmp_path):
+    long = tmp_path / ("a" * 300)  # a name longer than any Linux file system takes (255 bytes)
+    commands = [
+        ["klear.fit", "--config", "configs/rl.yaml", f"output_dir={long}"],
+        ["klear.fit", "--config", f"{long}.yaml"],
+        ["klear.eval", "--model", str(long), "--data", "x.jsonl"],
+        ["klear.data", "show", f"{long}.jsonl"],
+        ["klear.compare", "--config", "configs/rl.yaml", "--objectives", "gppo", "--seeds", "0", f"output_dir={long}"],
+    ]
+    for command in commands:
+        result = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (command, result.stderr[-2000:])
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: file name too long: {long}"), (command, lines)

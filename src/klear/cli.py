@@ -13,6 +13,7 @@ return value as the exit status (141, without a traceback, when stdout's reader 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
@@ -79,9 +80,15 @@ BROKEN_PIPE = 141
 what a shell reports for ``seq 100000 | head -2``'s ``seq``."""
 
 
+PATH_ERRORS = (errno.ENAMETOOLONG, errno.ELOOP)
+"""What a path given on the command line can be that no command can use, wherever it is first touched: a name
+longer than the file system takes, a loop of symbolic links."""
+
+
 def exit_status(call: Callable[[], int]) -> int:
     """``call()``'s return value, with stdout flushed; `BROKEN_PIPE` and no traceback when the reader of stdout
-    closed the pipe first (stdout then points at devnull, so the interpreter's own flush at exit cannot fail)."""
+    closed the pipe first (stdout then points at devnull, so the interpreter's own flush at exit cannot fail); 2 and
+    one ``error:`` line for a path no command can use (`PATH_ERRORS`)."""
     try:
         code = call()
         sys.stdout.flush()  # here, so a closed pipe fails inside the try rather than at interpreter exit
@@ -89,6 +96,12 @@ def exit_status(call: Callable[[], int]) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return BROKEN_PIPE
+    except OSError as error:
+        if error.errno not in PATH_ERRORS:
+            raise
+        reason = (error.strerror or str(error)).lower()
+        print(f"error: {reason}: {error.filename}; give a shorter path (or one without a link loop)", file=sys.stderr)
+        return 2
 
 
 class OneLineParser(argparse.ArgumentParser):

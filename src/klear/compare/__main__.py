@@ -2,7 +2,8 @@
 
 import sys
 
+from klear import cli
 from klear.compare.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.exit_status(main))  # its runs' set-up is their own (cli.Command.setup)

@@ -53,7 +53,13 @@ from klear.data.readers import data_stem, parse_json, write_jsonl
 from klear.errors import UserError
 from klear.eval.completions import agreement, read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
-from klear.eval.options import SamplingOptions, add_sampling_arguments, check_greedy, check_requirements
+from klear.eval.options import (
+    MOST_SAMPLES,
+    SamplingOptions,
+    add_sampling_arguments,
+    check_greedy,
+    check_requirements,
+)
 from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
@@ -186,10 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("wrote %s, summary.json and summary.md", output / "results.jsonl")
     return 0
-
-
-MOST_SAMPLES = 65536
-"""The most samples per problem (``--n``): more than any published estimate draws."""
 
 
 def check_output(output: Path) -> None:

@@ -20,6 +20,8 @@ from typing import Any
 from klear.data.prompts import PromptFormat
 from klear.eval.tasks import EvalError
 
+MOST_SAMPLES = 65536
+"""The most samples per problem (``klear.eval --n``, curate ``--k``): more than any published estimate draws."""
 MOST_PROCESSES = 4096
 """The most threads or reward worker processes a command starts: more than any machine's cores."""
 Requirement = tuple[str, Any, bool, str]

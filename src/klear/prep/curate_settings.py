@@ -17,7 +17,7 @@ import yaml
 from klear.data.problems import Task
 from klear.data.prompts import AS_GIVEN
 from klear.data.readers import data_stem
-from klear.eval.options import SamplingOptions, check_greedy, check_requirements
+from klear.eval.options import MOST_SAMPLES, SamplingOptions, check_greedy, check_requirements
 from klear.prep.pass_rates import PRESETS, Band
 from klear.prep.rowfiles import CommandError
 
@@ -92,7 +92,7 @@ class CurateSettings:
         """The ranges of the options (the table shared with ``klear.eval``, then curate's own)."""
         check_requirements(
             [
-                ("--k", self.k, self.k >= 1, ">= 1"),
+                ("--k", self.k, 1 <= self.k <= MOST_SAMPLES, f"in [1, {MOST_SAMPLES}]"),
                 ("--chunk", self.chunk, self.chunk >= 1, ">= 1"),
                 ("--max-problems", self.max_problems, self.max_problems is None or self.max_problems >= 1, ">= 1"),
                 *self.sampling.requirements(),
