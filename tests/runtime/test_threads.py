@@ -146,4 +146,4 @@ def test_bad_thread_counts_stop_each_command_with_one_line(tmp_path):
     fit = one_line_error(klear("klear.fit", "--config", "configs/rl.yaml", "trainer.cpu_threads=-1"))
     assert "trainer.cpu_threads = -1 is not accepted" in fit
     evaluated = one_line_error(klear("klear.eval", "--model", "tiny", "--data", str(data), "--threads", "-1"))
-    assert evaluated == "error: --threads must be >= 0 (0: chosen by klear), got -1"
+    assert evaluated == "error: --threads must be in [0, 4096] (0: chosen by klear), got -1"
