@@ -7,7 +7,7 @@ import re
 import pytest
 from torch import Tensor
 
-from klear.compare.cli import main, parse_seeds
+from klear.compare.cli import main, parse_args, parse_seeds, plan
 from klear.compare.report import area_under_curve
 from klear.compare.stats import holm, mean_ci, paired_t_test, seeds_needed, t_quantile
 from klear.config.load import ConfigError
@@ -231,3 +231,20 @@ def test_bands_of_fractions_stay_in_their_range(tmp_path, capsys):
     (_, _, reward_means, reward_band) = panels["reward (train samples) (5-step mean)"][0]
     assert min(low for low, _ in reward_band) < 0  # a reward's range is its own: not clipped
     assert all(low < mean < high for (low, high), mean in zip(reward_band, reward_means, strict=True))
+
+
+def test_the_last_output_dir_given_is_the_comparisons(tmp_path):
+    args = parse_args(
+        [
+            "--config",
+            "configs/rl.yaml",
+            "--objectives",
+            "gppo",
+            "--seeds",
+            "0",
+            "output_dir=a",
+            f"output_dir={tmp_path}",
+        ]
+    )
+    output, runs = plan(args)
+    assert output == tmp_path and runs[0].directory == tmp_path / "runs" / "gppo-seed0"  # as klear.fit takes overrides

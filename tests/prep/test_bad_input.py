@@ -191,7 +191,7 @@ def test_mix_reward(tmp_path, capsys, rows, reward, message):
     [
         ("99999999999999999999", "must be a whole number in [2, 4096], got 99999999999999999999"),
         ("4097", "must be a whole number in [2, 4096], got 4097"),
-        ("1", "must be a whole number >= 2, got 1"),
+        ("1", "must be a whole number in [2, 4096], got 1"),
     ],
 )
 def test_dedup_num_perm_is_bounded(tmp_path, capsys, rows, value, message):
@@ -199,3 +199,12 @@ def test_dedup_num_perm_is_bounded(tmp_path, capsys, rows, value, message):
     assert main(["dedup", "--data", str(rows), "--out", str(out), "--near", "minhash", "--num-perm", value]) == 2
     assert one_error(capsys) == f"argument --num-perm: {message} (see python -m klear.data dedup --help)"
     assert not out.exists()
+
+
+def test_synthetic_num_is_bounded(tmp_path, capsys):
+    assert main(["synthetic", "--out", str(tmp_path / "s.jsonl"), "--num", "99999999999999999999"]) == 2
+    assert one_error(capsys) == (
+        "argument --num: must be a whole number in [1, 10000000], got 99999999999999999999 "
+        "(see python -m klear.data synthetic --help)"
+    )
+    assert not (tmp_path / "s.jsonl").exists()

@@ -103,7 +103,8 @@ def test_a_count_that_means_nothing_is_refused(tmp_path):
     out = tmp_path / "s.jsonl"
     error = one_line_error(klear("klear.data", "synthetic", "--num", "-5", "--out", str(out)))
     assert error == (
-        "error: argument --num: must be a whole number >= 1, got -5 (see python -m klear.data synthetic --help)"
+        "error: argument --num: must be a whole number in [1, 10000000], got -5 "
+        "(see python -m klear.data synthetic --help)"
     )
     assert not out.exists()
 
@@ -111,9 +112,9 @@ def test_a_count_that_means_nothing_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["synthetic", "--num", "0"], "argument --num: must be a whole number >= 1, got 0"),
+        (["synthetic", "--num", "0"], "argument --num: must be a whole number in [1, 10000000], got 0"),
         (["dedup", "--data", "t.jsonl", "--n", "0"], "argument --n: must be a whole number >= 1, got 0"),
-        (["dedup", "--data", "t.jsonl", "--num-perm", "1"], "argument --num-perm: must be a whole number >= 2"),
+        (["dedup", "--data", "t.jsonl", "--num-perm", "1"], "argument --num-perm: must be a whole number in [2, 4096]"),
         (["dedup", "--data", "t.jsonl", "--threshold", "1.5"], "argument --threshold: must be a number in (0, 1]"),
         (["decontaminate", "--data", "t.jsonl", "--eval", "e.jsonl", "--n", "-1"], "argument --n: must be a whole"),
         (["filter-tests", "--data", "t.jsonl", "--min-tests", "-1"], "argument --min-tests: must be a whole number"),

@@ -47,7 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def plan(args: argparse.Namespace) -> tuple[Path, list[Run]]:
     """The output directory and the runs, each config checked before anything starts."""
     overrides = [o for o in args.overrides if not o.startswith("output_dir=")]
-    output = Path(next((o.split("=", 1)[1] for o in args.overrides if o.startswith("output_dir=")), "outputs/compare"))
+    given = [o.split("=", 1)[1] for o in args.overrides if o.startswith("output_dir=")]
+    output = Path(given[-1] if given else "outputs/compare")  # the last one, as klear.fit takes overrides
     objectives = [name.strip() for name in args.objectives.split(",") if name.strip()]
     seeds = parse_seeds(args.seeds)
     variants = [_parse_variant(text) for text in args.variants] or [("", [])]

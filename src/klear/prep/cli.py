@@ -43,6 +43,10 @@ COMMANDS = {
 }
 
 
+MOST_SYNTHETIC = 10**7
+"""The most problems ``synthetic --num`` generates (in memory, ~15 us each: 10**7 is minutes)."""
+
+
 def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output .jsonl (.jsonl.gz, .bz2, .xz: compressed)")
     parser.add_argument(
@@ -59,7 +63,12 @@ def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
         help="klear: problem, answer, solution, level; verl: Klear-Reasoner's training rows (data_source, chat "
         "prompt, reward_model.ground_truth; code tests in Code-R1's JSON) (default: %(default)s)",
     )
-    parser.add_argument("--num", type=at_least(1), default=1000, help="problems (default: %(default)s)")
+    parser.add_argument(
+        "--num",
+        type=at_least(1, MOST_SYNTHETIC),
+        default=1000,
+        help="problems, generated in memory (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default: %(default)s)")
     parser.add_argument(
         "--levels",

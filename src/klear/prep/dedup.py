@@ -36,17 +36,6 @@ MAX_NUM_PERM = 4096
 each signature grow with it (4096 takes about a second to set up; 10^20 would not fit numpy at all)."""
 
 
-def num_perm_option(text: str) -> int:
-    """``--num-perm``: a whole number in ``[2, MAX_NUM_PERM]``."""
-    value = at_least(2)(text)
-    if value > MAX_NUM_PERM:
-        raise argparse.ArgumentTypeError(f"must be a whole number in [2, {MAX_NUM_PERM}], got {text}")
-    return value
-
-
-num_perm_option.__name__ = f"int in [2, {MAX_NUM_PERM}]"
-
-
 @dataclass(frozen=True)
 class Duplicate:
     """A removed row: ``kind`` is ``exact`` or ``near``; ``duplicate_of`` the line of the kept row it repeats."""
@@ -144,7 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--num-perm",
-        type=num_perm_option,
+        type=at_least(2, MAX_NUM_PERM),
         default=128,
         help=f"MinHash permutations, 2 to {MAX_NUM_PERM} (default: %(default)s)",
     )

@@ -28,16 +28,17 @@ class OneLineParser(cli.OneLineParser):
         raise OptionError(f"{message} (see {self.prog} --help)")
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """A whole number ``>= low``."""
+def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """A whole number ``>= low`` (and ``<= high``, when given)."""
+    accepted = f">= {low}" if high is None else f"in [{low}, {high}]"
 
     def parse(text: str) -> int:
         value = _number(text, int, "a whole number")
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {text}")
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be a whole number {accepted}, got {text}")
         return value
 
-    parse.__name__ = f"int >= {low}"
+    parse.__name__ = f"int {accepted}"
     return parse
 
 
