@@ -64,7 +64,7 @@ from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
-from klear.run.directory import write_failure, write_probe, written
+from klear.run.directory import folder_problem, write_failure, written
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -199,17 +199,9 @@ def check_output(output: Path) -> None:
     whose nearest existing folder this process can write into (`EvalError` otherwise)."""
     if output.exists() and not output.is_dir():
         raise EvalError(f"--output {output} is a file, not a folder; pick another --output")
-    folder = output
-    while not folder.exists() and not folder.is_symlink():  # a dangling link exists not, and mkdir fails on it
-        folder = folder.parent
-    if not folder.is_dir():
-        raise EvalError(f"--output {output}: {folder} is not a folder; pick another --output")
-    try:
-        write_probe(folder)
-    except OSError as error:
-        raise EvalError(
-            f"--output {output}: the folder {folder} is not writable ({error.strerror or error}); pick another --output"
-        ) from None
+    problem = folder_problem(output)
+    if problem is not None:
+        raise EvalError(f"--output {output}: {problem}; pick another --output")
 
 
 def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:

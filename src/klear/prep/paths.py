@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klear.prep.rowfiles import CommandError, special_file
-from klear.run.directory import write_probe
+from klear.run.directory import folder_problem
 from klear.run.folder_lock import FolderLock
 
 
@@ -72,19 +72,9 @@ def check_writable(label: str, out: Path) -> None:
             f"{label} {out} is {link}{kind}, not a regular file: writing it would replace it; "
             "give the path of a file to write"
         )
-    folder = out.parent
-    while not folder.exists():  # made by the write (mkdir -p); the nearest existing one must hold folders
-        if folder.is_symlink():  # a dangling link: mkdir would fail on it
-            raise CommandError(f"{label} {out}: {folder} is a broken symbolic link; write {label} elsewhere")
-        folder = folder.parent
-    if not folder.is_dir():
-        raise CommandError(f"{label} {out}: {folder} is a file, not a folder; write {label} elsewhere")
-    try:
-        write_probe(folder)
-    except OSError as error:
-        raise CommandError(
-            f"{label} {out}: the folder {folder} is not writable ({error.strerror or error}); write {label} elsewhere"
-        ) from None
+    problem = folder_problem(out.parent)  # made by the write (mkdir -p) where missing
+    if problem is not None:
+        raise CommandError(f"{label} {out}: {problem}; write {label} elsewhere")
 
 
 def hold_outputs(files: Files, command: str) -> list[FolderLock]:

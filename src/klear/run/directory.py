@@ -208,6 +208,23 @@ def write_probe(folder: Path) -> None:
     probe.unlink()
 
 
+def folder_problem(folder: Path) -> str | None:
+    """Why this process cannot write into ``folder``, made with any missing folders above it (``mkdir -p``), as a
+    phrase to follow the path asked for: the nearest existing one is a broken symbolic link, a file, or not
+    writable; None when it can."""
+    while not folder.exists():
+        if folder.is_symlink():  # a dangling link: mkdir fails on it
+            return f"{folder} is a broken symbolic link"
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    try:
+        write_probe(folder)
+    except OSError as error:
+        return f"the folder {folder} is not writable ({error.strerror or error})"
+    return None
+
+
 def remove_path(path: Path) -> None:
     """Remove a file or a directory (a sharded checkpoint); nothing when it does not exist."""
     if path.is_dir():
