@@ -153,7 +153,7 @@ def test_a_mix_spec_of_random_bytes_or_a_fifo(tmp_path, capsys):
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)  # reading it would wait for a writer forever
     assert main(["mix", "--spec", str(fifo), "--out", str(tmp_path / "m.jsonl")]) == 2
-    assert one_error(capsys) == f"{fifo}: the mix spec is not a regular file; give a .yaml, .yml or .json file"
+    assert one_error(capsys) == f"{fifo}: the mix spec is a named pipe, not a file; give a .yaml, .yml or .json file"
 
 
 def test_mix_source_options(tmp_path, capsys, rows):

@@ -46,11 +46,12 @@ def parse_overrides(tokens: list[str]) -> DictConfig:
     layer = OmegaConf.create()
     for token in tokens:
         key, _, text = token.partition("=")
+        as_text = _text_key(key)
         try:
             value = OmegaConf.from_dotlist([token])
-            kept = not (_text_key(key) and isinstance(OmegaConf.select(value, key), (DictConfig, ListConfig)))
+            kept = not (as_text and isinstance(OmegaConf.select(value, key), (DictConfig, ListConfig)))
         except Exception as error:  # yaml.YAMLError and OmegaConf's own
-            if not _text_key(key):
+            if not as_text:
                 raise ConfigError(f"override {token!r} cannot be parsed: {_yaml_problem(error)}") from error
             kept = False
         if not kept:

@@ -27,17 +27,17 @@ source (``source`` itself is left alone: many sets use it for their own provenan
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from klear.data.readers import BadRow, DataError, parse_json, read_numbered, warn_bad_rows
+from klear.data.readers import BadRow, DataError, parse_json, read_numbered, special_file, warn_bad_rows
 from klear.data.sft import file_layout
 from klear.data.sft_layouts import SFTLayout, detect_sft_layout, messages_row, read_conversation
 from klear.errors import first_line
 from klear.rewards.base import Reward, as_reward
+from klear.schema.sections import finite
 
 PASS_RATE_KEY = "pass_rate"
 CORRECT_KEY = "correct"
@@ -83,9 +83,9 @@ class Source:
             raise DataError(f"source {self.name!r}: give count or fraction, not both")
         if self.count is not None and not (_is_whole(self.count) and 0 <= self.count <= MAX_ROWS):
             raise DataError(f"source {self.name!r}: count={self.count!r}; expected a whole number in [0, {MAX_ROWS}]")
-        if self.fraction is not None and not (_is_number(self.fraction) and self.fraction >= 0):
+        if self.fraction is not None and not (finite(self.fraction) and self.fraction >= 0):
             raise DataError(f"source {self.name!r}: fraction={self.fraction!r}; expected a finite number >= 0")
-        if self.quality is not None and not _is_number(self.quality):
+        if self.quality is not None and not finite(self.quality):
             raise DataError(f"source {self.name!r}: quality={self.quality!r}; expected a finite number")
         if not isinstance(self.filter, bool):
             raise DataError(f"source {self.name!r}: filter={self.filter!r}; expected true or false")
@@ -111,7 +111,7 @@ class MixSpec:
         if self.top_k is not None and (not _is_whole(self.top_k) or self.top_k < 1):
             raise DataError(f"top_k={self.top_k!r}; expected a whole number >= 1 (or none to keep every source)")
         rate = self.easy_pass_rate
-        if rate is not None and not (_is_number(rate) and 0 <= rate <= 1):
+        if rate is not None and not (finite(rate) and 0 <= rate <= 1):
             raise DataError(f"easy_pass_rate={rate!r}; expected a number in [0, 1] (or none for no filter)")
         if not _is_whole(self.seed):
             raise DataError(f"seed={self.seed!r}; expected a whole number")
@@ -176,8 +176,8 @@ def load_spec(path: str | Path) -> MixSpec:
     Unknown keys are errors naming them, so a misspelt ``fracton`` does not silently mix everything.
     """
     path = Path(path)
-    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO would wait for a writer forever
-        raise DataError(f"{path}: the mix spec is not a regular file; give a .yaml, .yml or .json file")
+    if (kind := special_file(path)) is not None:  # a FIFO would wait for a writer forever
+        raise DataError(f"{path}: the mix spec is {kind}, not a file; give a .yaml, .yml or .json file")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except OSError as error:
@@ -384,11 +384,6 @@ def _as_messages(row: dict, layout: SFTLayout, source: Source) -> dict:
 
 def _first(bad: list[BadRow]) -> str:
     return f" (first: {bad[0]})" if bad else ""
-
-
-def _is_number(value: object) -> bool:
-    """A finite int or float (not a bool: ``true`` is no quality or fraction)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_whole(value: object) -> bool:
