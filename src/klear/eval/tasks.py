@@ -102,7 +102,11 @@ def build_reward(name: str, options: dict[str, Any], route: bool = False) -> Rew
     try:
         return routed_reward(name, options) if route else get_reward(name, **options)
     except (ValueError, TypeError) as error:  # the message names the reward (or option) and the accepted ones
-        raise EvalError(f"--reward {name}: {first_line(error)}") from error
+        hint = ""
+        if isinstance(error, TypeError) and options:  # an option's value of a type the reward cannot compare
+            given = ", ".join(f"{key}={value!r}" for key, value in options.items())
+            hint = f" (--reward-option {given}): give each option a value of the type the reward takes"
+        raise EvalError(f"--reward {name}: {first_line(error)}{hint}") from error
 
 
 def load_eval_tokenizer(path: str, option: str = "--model", chat: bool = True) -> PreTrainedTokenizerBase:

@@ -47,7 +47,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from klear.data.problems import Problem
 from klear.data.readers import BadRow
 from klear.eval.options import add_sampling_arguments
-from klear.eval.tasks import EvalError, load_eval_problems
+from klear.eval.tasks import load_eval_problems
 from klear.prep.curate_settings import DEFAULT_K, CurateSettings, out_dir
 from klear.prep.mixing import PASS_RATE_KEY
 from klear.prep.pass_rates import (
@@ -116,25 +116,17 @@ def run(args: argparse.Namespace) -> str:
     settings = CurateSettings.from_args(args)
     settings.check()
     out, options = settings.out, settings.sampling
-    try:
-        loaded, task, reward = load_eval_problems(
-            settings.data,
-            reward=settings.reward,
-            prompt_key=settings.prompt_key,
-            reference_key=settings.reference_key,
-            model=options.model,
-            max_new_tokens=options.max_new_tokens,
-            max_prompt_tokens=options.max_prompt_tokens,
-            reward_options=settings.reward_options,
-            prompt_format=options.prompt_format,
-        )
-    except EvalError as error:
-        if isinstance(error.__cause__, TypeError) and settings.reward_options:  # a value of the wrong type
-            given = ", ".join(f"{key}={value!r}" for key, value in settings.reward_options.items())
-            raise CommandError(
-                f"{error} (--reward-option {given}): give each option a value of the type the reward takes"
-            ) from None
-        raise
+    loaded, task, reward = load_eval_problems(
+        settings.data,
+        reward=settings.reward,
+        prompt_key=settings.prompt_key,
+        reference_key=settings.reference_key,
+        model=options.model,
+        max_new_tokens=options.max_new_tokens,
+        max_prompt_tokens=options.max_prompt_tokens,
+        reward_options=settings.reward_options,
+        prompt_format=options.prompt_format,
+    )
     recorded = settings.recorded(task)
     problems, bad = loaded.problems, loaded.bad
     records = open_results(out, recorded, problems, settings.overwrite)
