@@ -25,6 +25,7 @@ from klear.run.loading_stop import (
     Terminated,
     put_back,
     sigterm_raises,
+    stop_outcome,
 )
 from klear.run.preflight import preflight
 
@@ -115,12 +116,11 @@ def stopped_while_loading(stop: BaseException, output: OutputState | None) -> in
     """SIGTERM or Ctrl-C before the fit: ``output_dir`` put back as it was, one line (from rank 0), 143 or 130."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    signalled = isinstance(stop, Terminated)
+    code, outcome, cause = stop_outcome(stop)
     if rank_zero_only.rank == 0:
         where = output.restore() if output is not None else "output_dir was not touched"
-        outcome, cause = ("stopped", "SIGTERM") if signalled else ("interrupted", "Ctrl-C")
         print(f"run {outcome} before its first step: {cause} while loading; nothing was trained, {where}", flush=True)
-    return EXIT_SIGTERM if signalled else EXIT_INTERRUPTED
+    return code
 
 
 def set_loudness(quiet: bool, verbose: bool) -> None:

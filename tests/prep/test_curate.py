@@ -272,8 +272,16 @@ def test_bad_options_are_one_line_errors(data, tmp_path, capsys, extra, message)
     assert not (tmp_path / "run" / "results.jsonl").exists()
 
 
-def test_ctrl_c_in_a_real_run_then_rerun(data, tmp_path, capsys):
-    """A separate process interrupted (SIGINT) once its first chunk is on disk; the rerun finishes the rest."""
+@pytest.mark.parametrize(
+    ("signum", "code", "line"),
+    [
+        (signal.SIGINT, 130, "interrupted (Ctrl-C): "),
+        pytest.param(signal.SIGTERM, 143, "stopped (SIGTERM): ", marks=pytest.mark.slow),  # the same path
+    ],
+)
+def test_a_stop_in_a_real_run_then_rerun(data, tmp_path, capsys, signum, code, line):
+    """A separate process stopped (Ctrl-C, SIGTERM) once its first chunk is on disk, its locks released; the rerun
+    finishes the rest."""
     out = tmp_path / "run"
     command = [*BASE, "--data", str(data), "--out", str(out), "--chunk", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -285,10 +293,13 @@ def test_ctrl_c_in_a_real_run_then_rerun(data, tmp_path, capsys):
     while not (results_file.exists() and results_file.stat().st_size) and process.poll() is None:
         assert time.monotonic() < deadline, "the curate process wrote no result in 120 s"
         time.sleep(0.01)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr[-2000:]
-    assert "interrupted: finished problems are saved in results.jsonl; rerun the same command" in stderr
+    assert process.returncode == code, stderr[-2000:]
+    assert stderr.splitlines()[-1] == (
+        f"{line}finished problems are saved in results.jsonl; rerun the same command to continue"
+    )
+    assert not list(out.glob(".*.klear.lock"))
     before = results_file.read_bytes()
     finished = len(before.splitlines())
     assert 1 <= finished < 24
@@ -297,6 +308,24 @@ def test_ctrl_c_in_a_real_run_then_rerun(data, tmp_path, capsys):
     assert f"({24 - finished} sampled now, {finished} from earlier runs)" in capsys.readouterr().out
     assert results_file.read_bytes().startswith(before)
     assert sorted(results(out)) == list(range(1, 25))
+
+
+def test_an_append_cut_short_by_a_stop_is_cut_back(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM (`klear.run.loading_stop.Terminated`) while a chunk is appended: the results keep only the
+    lines they had, and the stop goes on."""
+    from klear.prep import pass_rates
+    from klear.run.loading_stop import Terminated
+
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"line": 1}\n')
+
+    def stopped(descriptor: int) -> None:
+        raise Terminated("SIGTERM")
+
+    monkeypatch.setattr(pass_rates.os, "fsync", stopped)  # the chunk is written and flushed: it is cut back
+    with pytest.raises(Terminated):
+        pass_rates.append_results(results, [{"line": n} for n in range(2, 6)])
+    assert results.read_text() == '{"line": 1}\n'
 
 
 def test_results_appended_on_a_full_disk_are_cut_back_to_whole_lines(tmp_path):

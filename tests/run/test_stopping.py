@@ -241,6 +241,31 @@ def test_a_rank_that_never_reaches_the_boundary_exits_after_the_grace_period():
     assert time.monotonic() - started < 30
 
 
+def test_a_sigterm_delivered_twice_is_one_stop_and_a_later_one_a_second():
+    """A scheduler that signals every process reaches a rank directly and through its launcher (torchrun,
+    ``klear.compare``): two SIGTERMs at once are one stop; one after `REPEAT_S` stops the rank at once."""
+    script = textwrap.dedent(
+        """
+        import os, signal, time
+        from klear.run import stopping
+        stopping.GRACE_S, stopping.REPEAT_S = 60.0, 2.0
+        stop = stopping.SignalStop(on_forced_exit=lambda reason: print("forced:", reason, flush=True))
+        with stop.watching():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)  # the same stop, delivered twice
+            time.sleep(3)
+            print("still stopping", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)  # a second stop
+            time.sleep(60)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == EXIT_SIGTERM, result.stderr[-3000:]
+    assert result.stdout == "still stopping\nforced: a second SIGTERM\n"
+    assert result.stderr.count("warning: SIGTERM received") == 1
+
+
 def test_lightning_slurm_auto_requeue_is_off_under_slurm_only(monkeypatch):
     from lightning.fabric.plugins.environments import SLURMEnvironment
 

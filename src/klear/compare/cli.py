@@ -9,7 +9,9 @@ compares the others with (default: the first).
 
 Each run lives in ``<output_dir>/runs/<label>-seed<S>/`` with its own log. A finished run is skipped, an
 interrupted one continues with ``--resume``, a failed one is reported and the others go on. The reports —
-``comparison.csv``, ``comparison.md``, ``comparison.png`` — are written from whatever runs finished.
+``comparison.csv``, ``comparison.md``, ``comparison.png`` — are written from whatever runs finished. Ctrl-C (exit
+code 130) or SIGTERM (143) stops the runs in progress at a step boundary, each with its last checkpoint, and the
+comparison with one line: the same command then continues it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +33,7 @@ from klear.config.load import ConfigError, load_config
 from klear.data.preflight import check_data
 from klear.errors import UserError
 from klear.run.directory import RunDir
+from klear.run.loading_stop import Terminated, sigterm_raises, stop_outcome
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,8 +111,17 @@ def _refuse_duplicates(option: str, kind: str, values: list) -> None:
         raise ConfigError(f"{option} names {kind} {twice[0]!r} more than once; give each {kind} once")
 
 
+STOP_WAIT_S = 60.0
+"""Seconds a stopped comparison waits for each of its runs to stop at a step boundary (``klear.fit`` takes at most
+`klear.run.stopping.GRACE_S` on SIGTERM) before it kills the run; its last complete checkpoint is kept either way."""
+
+
 def execute(config: str, runs: list[Run], jobs: int) -> list[Run]:
-    """Run what is not finished yet, ``jobs`` at a time; returns the runs that failed."""
+    """Run what is not finished yet, ``jobs`` at a time; returns the runs that failed.
+
+    Ctrl-C or SIGTERM (`klear.run.loading_stop.Terminated`) is passed on, once, to the runs in progress (each in a
+    session of its own, so a terminal's Ctrl-C reaches them through this process alone), which stop at a step
+    boundary with their last checkpoint; the stop is raised again once every run has ended."""
     pending = [run for run in runs if not run.finished]
     for run in runs:
         if run.finished:
@@ -118,27 +131,60 @@ def execute(config: str, runs: list[Run], jobs: int) -> list[Run]:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
     active: list[tuple[Run, subprocess.Popen, float]] = []
     failed: list[Run] = []
-    while pending or active:
-        while pending and len(active) < jobs:
-            run = pending.pop(0)
-            active.append((run, _launch(config, run, env), time.perf_counter()))
-        time.sleep(0.2)
-        for entry in list(active):
-            run, process, started = entry
-            if process.poll() is None:
-                continue
-            active.remove(entry)
-            seconds = run.wall_seconds + time.perf_counter() - started
-            (run.directory / "wall.json").write_text(json.dumps({"seconds": seconds}))
-            if process.returncode == 0:
-                (run.directory / "done.json").write_text(json.dumps({"seconds": seconds}))
-                print(f"done {run.label} seed {run.seed} in {seconds:.0f} s", flush=True)
-            else:
-                failed.append(run)
-                print(
-                    f"FAILED {run.label} seed {run.seed} (exit {process.returncode}); see {run.directory / 'log.txt'}"
-                )
+    try:
+        while pending or active:
+            while pending and len(active) < jobs:
+                run = pending.pop(0)
+                active.append((run, _launch(config, run, env), time.perf_counter()))
+            time.sleep(0.2)
+            for entry in list(active):
+                if entry[1].poll() is not None:
+                    active.remove(entry)
+                    if not _ended(*entry):
+                        failed.append(entry[0])
+    except (KeyboardInterrupt, Terminated) as stop:
+        _stop(active, signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+        raise
     return failed
+
+
+def _ended(run: Run, process: subprocess.Popen, started: float, stopping: bool = False) -> bool:
+    """Book a run whose process ended (its wall time; ``done.json`` when it finished) and print its line; returns
+    whether it finished."""
+    seconds = run.wall_seconds + time.perf_counter() - started
+    (run.directory / "wall.json").write_text(json.dumps({"seconds": seconds}))
+    code = process.returncode
+    if code == 0:
+        (run.directory / "done.json").write_text(json.dumps({"seconds": seconds}))
+        print(f"done {run.label} seed {run.seed} in {seconds:.0f} s", flush=True)
+    elif stopping:
+        print(f"stopped {run.label} seed {run.seed} (exit {code}); see {run.directory / 'log.txt'}", flush=True)
+    else:
+        print(f"FAILED {run.label} seed {run.seed} (exit {code}); see {run.directory / 'log.txt'}", flush=True)
+    return code == 0
+
+
+def _stop(active: list[tuple[Run, subprocess.Popen, float]], signum: int) -> None:
+    """Pass ``signum`` on to the runs in progress and wait for each to end (`STOP_WAIT_S`, then it is killed); a
+    second Ctrl-C or SIGTERM meanwhile is passed on too (``klear.fit`` then stops at once)."""
+    deadline = time.monotonic() + STOP_WAIT_S
+    for _, process, _ in active:
+        process.send_signal(signum)
+    for entry in active:
+        process = entry[1]
+        while True:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            except (KeyboardInterrupt, Terminated) as again:
+                for _, other, _ in active:
+                    if other.poll() is None:
+                        other.send_signal(signal.SIGTERM if isinstance(again, Terminated) else signal.SIGINT)
+                continue
+            break
+        _ended(*entry, stopping=True)
 
 
 def _launch(config: str, run: Run, env: dict[str, str]) -> subprocess.Popen:
@@ -153,7 +199,8 @@ def _launch(config: str, run: Run, env: dict[str, str]) -> subprocess.Popen:
     ]  # fmt: skip
     print(f"{'resume' if resume else 'start'} {run.label} seed {run.seed}", flush=True)
     log = (run.directory / "log.txt").open("a")
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # A session of its own: signals meant for the comparison reach the run through `_stop` alone, once.
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def _parse_variant(text: str) -> tuple[str, list[str]]:
@@ -180,17 +227,31 @@ def _slug(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        output, runs = plan(args)
-        lock = RunDir(output).take_lock("klear.compare")  # one comparison per output_dir (its runs hold their own)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    try:
-        failed = execute(args.config, runs, args.jobs)
-        written = write_reports(output, runs, failed, args.baseline)
-    finally:
-        lock.release()
+    with sigterm_raises():  # as Ctrl-C raises KeyboardInterrupt
+        try:
+            output, runs = plan(args)
+            lock = RunDir(output).take_lock("klear.compare")  # one comparison per output_dir (its runs hold theirs)
+        except UserError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        except (KeyboardInterrupt, Terminated) as stop:
+            code, outcome, cause = stop_outcome(stop)
+            print(f"compare {outcome} ({cause}) before its first run", file=sys.stderr)
+            return code
+        try:
+            failed = execute(args.config, runs, args.jobs)
+            written = write_reports(output, runs, failed, args.baseline)
+        except (KeyboardInterrupt, Terminated) as stop:
+            code, outcome, cause = stop_outcome(stop)
+            finished = sum(run.finished for run in runs)
+            print(
+                f"compare {outcome} ({cause}): {finished} of {len(runs)} runs finished; the same command continues "
+                "(finished runs are skipped, the others resume from their last checkpoint)",
+                file=sys.stderr,
+            )
+            return code
+        finally:
+            lock.release()
     print(f"wrote {', '.join(str(path) for path in written)}")
     if len(failed) == len(runs):
         print(

@@ -34,6 +34,8 @@ Everything that can be wrong with the arguments, the data or the model is checke
 reported as one line (exit code 2), including data in which no row is usable. ``--help``, the arguments, the
 engine's name (and for ``vllm`` whether it is installed), the model folder's ``config.json`` and the data file are
 checked before torch, transformers or Lightning are imported: they are imported once a model is loaded.
+Ctrl-C (exit code 130) or SIGTERM (143) stops it with one line saying which files it wrote (none, unless the
+signal came as they were written; each file is whole or absent); the reward workers are closed either way.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 from klear.run.directory import folder_problem, write_failure, written
+from klear.run.loading_stop import Terminated, sigterm_raises, stop_outcome
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -115,6 +118,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     args = parse_args(argv)
+    wrote: list[str] = []
+    try:
+        with sigterm_raises():  # as Ctrl-C raises KeyboardInterrupt
+            return evaluate(args, start, wrote)
+    except (KeyboardInterrupt, Terminated) as stop:
+        code, outcome, cause = stop_outcome(stop)
+        print(f"eval {outcome} ({cause}): {', '.join(wrote) or 'nothing'} written", file=sys.stderr)
+        return code
+
+
+def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
+    """The command, from checking ``args`` to writing the results; each file written is added to ``wrote``."""
     options = SamplingOptions.from_args(args)
     try:
         check_args(args, options)
@@ -184,9 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     print(table)  # first: a disk too full for the files below still shows the numbers
     try:  # each file whole or not at all
         output.mkdir(parents=True, exist_ok=True)
-        written(output / "results.jsonl", lambda path: write_jsonl(records, path))
-        written(output / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2) + "\n"))
-        written(output / "summary.md", lambda path: path.write_text(table + "\n"))
+        files = {
+            "results.jsonl": lambda path: write_jsonl(records, path),
+            "summary.json": lambda path: path.write_text(json.dumps(summary, indent=2) + "\n"),
+            "summary.md": lambda path: path.write_text(table + "\n"),
+        }
+        for name, write in files.items():
+            written(output / name, write)
+            wrote.append(str(output / name))
     except OSError as error:  # a full disk, a quota: one line
         print(f"error: {write_failure(error, output, move='set --output')}", file=sys.stderr)
         return 1

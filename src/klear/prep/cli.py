@@ -11,7 +11,9 @@
 Every command reads jsonl (json, parquet and Hugging Face datasets too, through `klear.data.readers`), skips a
 bad row with a warning naming its line and counts it in its report, writes its outputs atomically, and prints
 one summary line with its counts. A bad option, an unreadable input, an input without a usable row or an output
-that is one of the inputs (or cannot be written) stops it with one line (exit code 2).
+that is one of the inputs (or cannot be written) stops it with one line (exit code 2). Ctrl-C (exit code 130) or
+SIGTERM (143) stops it with one line too, its outputs as they were and their locks released; curate keeps the
+problems it finished, and the same command continues from them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from klear.prep.options import OneLineParser, OptionError, at_least
 from klear.prep.paths import Files, check_files, hold_outputs, release
 from klear.prep.rowfiles import CommandError, WriteError, write_rows
 from klear.run.directory import write_failure
+from klear.run.loading_stop import Terminated, sigterm_raises, stop_outcome
 
 COMMANDS = {
     "synthetic": "write problems of a built-in task (arithmetic or code) as jsonl (problem, answer, solution, level)",
@@ -164,23 +167,25 @@ def main(argv: list[str] | None = None) -> int:
     _, files, run = HANDLERS[args.command]
     locks = []
     try:
-        declared = files(args)
-        check_files(declared)  # before anything is read: an output that is an input would lose it
-        locks = hold_outputs(declared, f"klear.data {args.command}")  # and no other command writes it meanwhile
-        summary = run(args)
+        with sigterm_raises():  # as Ctrl-C raises KeyboardInterrupt: the locks are released below either way
+            declared = files(args)
+            check_files(declared)  # before anything is read: an output that is an input would lose it
+            locks = hold_outputs(declared, f"klear.data {args.command}")  # and no other command writes it meanwhile
+            summary = run(args)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except WriteError as error:  # a full disk, a file size limit: the output is left as it was
         print(f"error: {write_failure(error, Path(error.filename).parent, move='set --out')}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as stop:
+        code, outcome, cause = stop_outcome(stop)
         if args.command == "curate":
-            message = "interrupted: finished problems are saved in results.jsonl; rerun the same command to continue"
+            kept = "finished problems are saved in results.jsonl; rerun the same command to continue"
         else:
-            message = "interrupted: no output written"
-        print(message, file=sys.stderr)
-        return 130
+            kept = "no output written"
+        print(f"{outcome} ({cause}): {kept}", file=sys.stderr)
+        return code
     finally:
         release(locks)
     if summary:  # show --json prints its summary to stderr, leaving stdout to the JSON lines

@@ -113,18 +113,21 @@ def load_results(path: Path) -> dict[int, dict]:
 
 
 def append_results(path: Path, records: list[dict]) -> None:
-    """Append ``records`` in one write, flushed to disk before returning; a write that fails (a full disk) is cut
-    off again and raises `WriteError`, so the file keeps only whole lines."""
+    """Append ``records`` in one write, flushed to disk before returning; a write that fails (a full disk) or is
+    cut short (Ctrl-C, SIGTERM) is cut off again, so the file keeps only whole lines; a failed one raises
+    `WriteError`."""
     size = path.stat().st_size if path.exists() else 0
     try:
         with path.open("a", encoding="utf-8") as f:
             f.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
             f.flush()
             os.fsync(f.fileno())
-    except OSError as error:
+    except BaseException as error:
         with contextlib.suppress(OSError), path.open("r+b") as f:
             f.truncate(size)
-        raise WriteError(error.errno, error.strerror or str(error), str(path)) from error
+        if isinstance(error, OSError):
+            raise WriteError(error.errno, error.strerror or str(error), str(path)) from error
+        raise
 
 
 def check_settings(path: Path, settings: dict) -> None:

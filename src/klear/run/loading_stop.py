@@ -9,6 +9,9 @@ anything is written, whether the folder existed and what the files a start write
 their bytes back, and a write cut short leaves nothing behind. From the fit on, `klear.run.stopping` stops the
 ranks together instead.
 
+The other commands (``klear.eval``, ``klear.compare``, ``klear.data``) hold no collective at all: they stop this way
+for their whole run, with :func:`stop_outcome` for their one line and exit status.
+
 This module imports nothing heavy: a SIGTERM may come before torch is imported.
 """
 
@@ -36,6 +39,14 @@ class Terminated(BaseException):
 
 def _raise(signum: int, frame) -> None:
     raise Terminated("SIGTERM")
+
+
+def stop_outcome(stop: BaseException) -> tuple[int, str, str]:
+    """What a stop (:class:`Terminated` or ``KeyboardInterrupt``) makes of a command: its exit status, the word for
+    what happened and its cause: ``(143, "stopped", "SIGTERM")`` or ``(130, "interrupted", "Ctrl-C")``."""
+    if isinstance(stop, Terminated):
+        return EXIT_SIGTERM, "stopped", "SIGTERM"
+    return EXIT_INTERRUPTED, "interrupted", "Ctrl-C"
 
 
 @contextmanager

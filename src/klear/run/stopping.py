@@ -17,7 +17,9 @@ collective (an evaluation's gather) waits forever for a partner that never comes
   saved only once it completes), so the last complete checkpoint is the one before it;
 - a rank that has not stopped within :data:`GRACE_S` seconds, or that receives a second SIGTERM, exits at once
   (after rank 0 printed the summary and removed a half-written checkpoint): the last complete checkpoint is the
-  one named by the summary either way.
+  one named by the summary either way. A SIGTERM within :data:`REPEAT_S` of the first is the same stop, not a
+  second one: a scheduler that signals every process of a job reaches a rank both directly and through the
+  launcher that forwards it (``torchrun``, ``klear.compare``).
 
 The exit status is :data:`EXIT_SIGTERM` (143 = 128 + 15, what a shell reports for a process ended by SIGTERM).
 Before the fit (the config, the data and the model loading), `klear.run.loading_stop` stops each rank at once.
@@ -39,6 +41,7 @@ import math
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 import lightning as L
@@ -53,6 +56,9 @@ EXIT_DIVERGED = 4
 GRACE_S = 20.0
 """Seconds a rank may take from SIGTERM to its stop before it exits regardless (SLURM's and Kubernetes' default
 grace before SIGKILL is 30 s)."""
+REPEAT_S = 1.0
+"""Seconds after the first SIGTERM within which another one is the same stop, delivered twice (the module
+docstring): only a SIGTERM later than that stops a rank at once."""
 
 
 NOTICE = (
@@ -98,6 +104,8 @@ class SignalStop(L.Callback):
         """Held by whoever ends the run (the main thread's summary or a forced exit), so that only one does."""
         self.active = False
         """Whether :meth:`watching` is in force."""
+        self.first = 0.0
+        """When the first SIGTERM came (``time.monotonic``)."""
         self.grace: threading.Timer | None = None
         """The forced exit after `GRACE_S`, armed by the first SIGTERM and cancelled when the watching ends: a
         process that lives on after ``fit`` (the Python API, a test) is never ended by a stop it already made."""
@@ -124,7 +132,10 @@ class SignalStop(L.Callback):
             if signal.SIGTERM not in received:  # SIGINT and other Python-handled signals are the main thread's
                 continue
             if self.signalled.is_set():
+                if time.monotonic() - self.first < REPEAT_S:
+                    continue  # the same stop, delivered twice
                 self._force("a second SIGTERM")
+            self.first = time.monotonic()
             self.grace = threading.Timer(GRACE_S, self._force, args=(f"no stop within {GRACE_S:g} s of SIGTERM",))
             self.grace.daemon = True
             self.grace.start()  # armed before the flag is seen, so that the end of the watching always disarms it

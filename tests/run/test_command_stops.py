@@ -1,0 +1,119 @@
+"""Ctrl-C and SIGTERM to the commands other than ``klear.fit`` (whose stops are tests/run/test_stopping.py and
+test_loading_stop.py): each stops with one line and exit status 130 or 143, its outputs whole or as they were, its
+locks released, no process of its own left running, and what can continue does, with the same command."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from klear.run.loading_stop import EXIT_INTERRUPTED, EXIT_SIGTERM
+from tests.test_user_errors import klear
+
+pytestmark = pytest.mark.end_to_end  # signals commands started in subprocesses
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    """``python -m ARGS`` in a session of its own (as a terminal's job or a scheduler's), its stderr in ``log``."""
+    with log.open("w") as stderr:
+        command = [sys.executable, "-m", *args]
+        return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+
+
+def wait_until(ready, process: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 300
+    while not ready():
+        assert process.poll() is None, f"the command ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} in 300 s"
+        time.sleep(0.05)
+
+
+def ended(process: subprocess.Popen, log: Path) -> tuple[str, list[str]]:
+    """The command's stdout and stderr lines once it and every process of its session are gone (zombies waiting
+    for init aside)."""
+    stdout, _ = process.communicate(timeout=120)
+    deadline = time.monotonic() + 30
+    while (alive := session_processes(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"processes of the command still running: {alive}"
+    text = log.read_text()
+    assert "Traceback" not in text + stdout.decode(), text[-3000:]
+    return stdout.decode(), text.splitlines()
+
+
+def session_processes(session: int) -> list[str]:
+    """The command lines of the live (not zombie) processes of ``session``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session and fields[0] != "Z":
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_sigterm_stops_synthetic_with_no_output_and_no_lock(tmp_path):
+    out = tmp_path / "big.jsonl"
+    args = ["klear.data", "synthetic", "--task", "math", "--num", "10000000", "--out", str(out)]
+    process = start(args, tmp_path / "e")
+    lock = tmp_path / ".big.jsonl.klear.lock"
+    wait_until(lock.exists, process, "lock on the output")
+    process.send_signal(signal.SIGTERM)  # `kill PID`: the command alone
+    _, lines = ended(process, tmp_path / "e")
+    assert process.returncode == EXIT_SIGTERM
+    assert lines == ["stopped (SIGTERM): no output written"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["e"]  # no output, no temporary file, no lock
+
+
+def test_ctrl_c_stops_a_code_evaluation_and_its_reward_workers(tmp_path):
+    data = tmp_path / "code.jsonl"
+    assert klear("klear.data", "synthetic", "--task", "code", "--num", "200", "--out", str(data)).returncode == 0
+    output = tmp_path / "eval"
+    args = ["klear.eval", "--model", "tiny-sft-code", "--data", str(data), "--k", "8", "--max-new-tokens", "96"]
+    process = start([*args, "--num-workers", "2", "--output", str(output)], tmp_path / "e")
+    wait_until(lambda: "then scoring them" in (tmp_path / "e").read_text(), process, "sampling")
+    time.sleep(2)  # the reward workers are scoring
+    os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the job
+    _, lines = ended(process, tmp_path / "e")
+    assert process.returncode == EXIT_INTERRUPTED
+    assert lines[-1] == "eval interrupted (Ctrl-C): nothing written"
+    assert not output.exists()
+
+
+def test_sigterm_stops_a_comparison_whose_rerun_resumes_it(tmp_path):
+    """SIGTERM to ``klear.compare`` alone (``kill PID``) reaches the run in progress once: it stops at a step with
+    its checkpoint, and the same command resumes it from there."""
+    output = tmp_path / "cmp"
+    args = ["klear.compare", "--config", "configs/rl.yaml", "--objectives", "gppo", "--seeds", "0"]
+    args += [f"output_dir={output}", "trainer.max_steps=40", "trainer.checkpoint_every_n_steps=1"]
+    args += ["eval.every_n_steps=0"]
+    run = output / "runs" / "gppo-seed0"
+    process = start(args, tmp_path / "e")
+    wait_until(lambda: any(run.glob("checkpoints/step-*.ckpt")), process, "checkpoint")
+    process.send_signal(signal.SIGTERM)
+    stdout, lines = ended(process, tmp_path / "e")
+    assert process.returncode == EXIT_SIGTERM
+    assert lines[-1] == (
+        "compare stopped (SIGTERM): 0 of 1 runs finished; the same command continues (finished runs are skipped, "
+        "the others resume from their last checkpoint)"
+    )
+    assert stdout.splitlines()[-1] == f"stopped gppo seed 0 (exit {EXIT_SIGTERM}); see {run / 'log.txt'}"
+    log = (run / "log.txt").read_text()
+    assert log.count("warning: SIGTERM received") == 1 and "run stopped at step " in log
+    checkpoint = max(run.glob("checkpoints/step-*.ckpt"))
+    assert not (output / ".klear.lock").exists() and not (run / ".klear.lock").exists()
+
+    steps = int(checkpoint.stem.removeprefix("step-")) + 1
+    rerun = klear(*[arg.replace("max_steps=40", f"max_steps={steps}") for arg in args])
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    said = rerun.stdout.splitlines()
+    assert said[0] == "resume gppo seed 0" and said[1].startswith("done gppo seed 0 in "), rerun.stdout
+    assert f"Restored all states from the checkpoint at {checkpoint}" in (run / "log.txt").read_text()
