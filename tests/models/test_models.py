@@ -25,7 +25,10 @@ TASKS = {
 """Shipped checkpoint -> its held-out source, reward and response budget."""
 
 
-def test_hub_names_and_paths_pass_through():
+def test_hub_names_and_paths_pass_through(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the Hub is not asked (tests/models/test_hub.py)
     assert resolve_model_path("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
     assert resolve_model_path("/some/dir") == "/some/dir"
 

@@ -26,7 +26,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from klear.errors import UserError, did_you_mean, first_line
 from klear.schema import SCHEMAS
-from klear.schema.sections import ROPE_TYPES, finite, interpolation, shape_problem
+from klear.schema.sections import ROPE_TYPES, finite, interpolation, is_hub_name, shape_problem
 
 
 class ConfigError(UserError):
@@ -423,7 +423,7 @@ def model_path_problem(path: str) -> str | None:
     local = Path(path).expanduser()
     if is_adapter_folder(path):
         return _adapter_base_problem(local / ADAPTER_CONFIG)
-    looks_local = local.exists() or path.startswith(("/", ".", "~")) or path.count("/") > 1
+    looks_local = not is_hub_name(path)
     if looks_local and not (local / "config.json").is_file():
         return (
             "no model directory there (a folder with config.json); give a Hugging Face model directory or hub "

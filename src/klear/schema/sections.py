@@ -19,6 +19,7 @@ import sys
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -166,6 +167,12 @@ ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "pro
 """The ``model.rope_scaling.rope_type`` names transformers knows (``transformers.modeling_rope_utils``'s
 ``ROPE_INIT_FUNCTIONS`` and ``default``), written out: importing that module imports torch, and the config is
 checked before any heavy import (tests/config compares the two)."""
+
+
+def is_hub_name(path: str) -> bool:
+    """Whether ``model.path`` can only name a model of the Hugging Face Hub (``name`` or ``org/name``): nothing is
+    at that path here, and it is not written as a path (``/``, ``.`` or ``~`` first, or more than one ``/``)."""
+    return not (Path(path).expanduser().exists() or path.startswith(("/", ".", "~")) or path.count("/") > 1)
 
 
 @dataclass
