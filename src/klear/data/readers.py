@@ -508,10 +508,13 @@ def _read_datasets(name: str, folder: Path | None, split: str | None) -> list[di
         import datasets
     except ImportError:
         raise DataError(f"{name}: reading a Hugging Face dataset needs datasets: pip install datasets") from None
+    from klear.runtime.hub import check_hub_access
+
     try:
         if folder is not None:
             loaded = datasets.load_from_disk(str(folder))
         else:  # ask for the split directly, so the other splits are not downloaded
+            check_hub_access(name, "dataset")  # no network retries on a machine without the Hub
             loaded = datasets.load_dataset(name, split=split)
             split = None
     except Exception as error:  # datasets raises many unrelated types (hub, network, file errors)

@@ -8,7 +8,7 @@ embedded default starts; ``tiny-sft-code`` is the same model after ``configs/sft
 task), where ``configs/rl_code.yaml`` starts; ``tiny-sft-testbed`` is the model after ``configs/sft_testbed.yaml``
 (every answer boxed, stopped early), where the objective ablations of ``configs/ablations/`` start.
 Any other value goes to ``from_pretrained`` unchanged, so a local directory or a hub name works the same way (a
-hub name on a machine that cannot reach the Hub is loaded from the local cache at once: `klear.models.hub`).
+hub name on a machine that cannot reach the Hub is loaded from the local cache at once: `klear.runtime.hub`).
 
 ``model.rope_scaling`` replaces the checkpoint's rope scaling (YaRN for Qwen3's 64K evaluation): its fields are
 merged over the config's ``rope_parameters`` (which keep ``rope_theta``), and ``max_position_embeddings`` becomes
@@ -31,10 +31,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from klear.models import attention
-from klear.models.hub import check_hub_access
 from klear.models.lora import adapter_base, adapter_config, merge_adapter
 from klear.models.tiny import TINY_SIZES, build_tiny
 from klear.runtime import memory, threads
+from klear.runtime.hub import check_hub_access
 from klear.schema import ModelConfig
 from klear.schema.sections import is_hub_name
 
@@ -71,7 +71,7 @@ def resolve_model_path(path: str) -> str:
         # Keyed by the sizes, so a change of the built-in sizes never reuses a stale build.
         digest = hashlib.sha256(json.dumps(TINY_SIZES, sort_keys=True).encode()).hexdigest()[:10]
         return str(build_tiny(cache_dir() / f"tiny-{digest}"))
-    if is_hub_name(path):  # loaded without network retries (`klear.models.hub`)
+    if is_hub_name(path):  # loaded without network retries (`klear.runtime.hub`)
         check_hub_access(path)
     return path
 

@@ -16,7 +16,7 @@ import pytest
 from huggingface_hub import constants
 
 from klear.models import resolve_model_path
-from klear.models.hub import HubUnreachable, check_hub_access, unreachable
+from klear.runtime.hub import HubUnreachable, check_hub_access, unreachable
 from tests.test_user_errors import klear, one_line_error
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -90,12 +90,12 @@ def test_offline_mode_asks_nothing(hub_settings, answering_hub, monkeypatch):
 def test_an_unreachable_hub_loads_a_cached_model_offline(hub_settings, monkeypatch, caplog):
     endpoint = closed_port()
     monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-    with caplog.at_level(logging.WARNING, logger="klear.models.hub"):
+    with caplog.at_level(logging.WARNING, logger="klear.runtime.hub"):
         check_hub_access.__wrapped__("acme/tiny")
     assert constants.HF_HUB_OFFLINE and os.environ["HF_HUB_OFFLINE"] == "1"
     [line] = caplog.messages
     assert line.startswith(f"the Hugging Face Hub ({endpoint}) cannot be reached (")
-    assert line.endswith("acme/tiny is loaded from the local cache; set HF_HUB_OFFLINE=1 to skip this check")
+    assert line.endswith("the model acme/tiny is loaded from the local cache; set HF_HUB_OFFLINE=1 to skip this check")
 
 
 def test_an_unreachable_hub_without_the_model_is_one_error(hub_settings, monkeypatch):
@@ -116,7 +116,7 @@ def test_an_unreachable_hub_without_the_model_is_one_error(hub_settings, monkeyp
 @pytest.mark.end_to_end  # the commands, in subprocesses
 def test_commands_on_a_machine_without_the_hub(tmp_path):
     """``klear.eval`` of a cached hub model runs with no network retry; one not cached is one line (exit 2), and so
-    is ``klear.fit``'s, before ``output_dir`` is made."""
+    are a hub dataset not cached and ``klear.fit``'s model, before ``output_dir`` is made."""
     cache_with_tiny(tmp_path)
     env = {"HF_HOME": str(tmp_path), "HF_ENDPOINT": closed_port(), "HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": ""}
     data = tmp_path / "math.jsonl"
@@ -124,13 +124,18 @@ def test_commands_on_a_machine_without_the_hub(tmp_path):
     args = ["--data", str(data), "--k", "1", "--max-new-tokens", "32"]
     cached = klear("klear.eval", "--model", "acme/tiny", *args, "--output", str(tmp_path / "eval"), env=env)
     assert cached.returncode == 0, cached.stderr[-3000:]
-    assert "acme/tiny is loaded from the local cache" in cached.stderr
+    assert "the model acme/tiny is loaded from the local cache" in cached.stderr
     assert "Retry" not in cached.stderr and "thrown while requesting" not in cached.stderr
     assert (tmp_path / "eval" / "summary.json").is_file()
 
     missing = klear("klear.eval", "--model", "acme/nothere", *args, "--output", str(tmp_path / "e2"), env=env)
     assert one_line_error(missing).startswith("error: --model acme/nothere: acme/nothere is not in this machine's")
     assert "Retry" not in missing.stderr
+    dataset = [*args[2:], "--output", str(tmp_path / "e3")]  # a hub dataset that datasets' cache lacks
+    no_data = klear("klear.eval", "--model", "tiny", "--data", "acme/nodata", *dataset, env=env)
+    assert one_line_error(no_data).startswith("error: acme/nodata: datasets could not load it (")
+    assert "the dataset acme/nodata is loaded from the local cache" in no_data.stderr
+    assert "Retry" not in no_data.stderr
     output = tmp_path / "run"
     fit = klear("klear.fit", "--config", "configs/rl.yaml", "model.path=acme/nothere", f"output_dir={output}", env=env)
     assert one_line_error(fit).startswith("error: model.path = 'acme/nothere' cannot be loaded: acme/nothere is not")

@@ -1,14 +1,16 @@
-"""A model named by its Hugging Face Hub name on a machine that cannot reach the Hub (a cluster's compute nodes).
+"""A model or dataset named by its Hugging Face Hub name on a machine that cannot reach the Hub (a cluster's
+compute nodes).
 
 huggingface_hub retries a request that fails on the network five times, with back-off, and transformers asks for
 several files a model may lack (``added_tokens.json``, ``tokenizer.model``, the list of chat templates), so on a
 machine without a network a model in the local cache took minutes to load (4 min 44 s for the tiny model under a
-hub name, through some thirty warnings), and one not in the cache about 25 s before its error.
+hub name, through some thirty warnings), and a model or dataset not in it about 25 s before its error.
 :func:`check_hub_access` asks the Hub once first, with no retry and a short timeout: when it answers (whatever the
-answer: a gated or missing model is then reported by transformers as before), nothing changes; when it does not,
-a model in the cache is loaded from there at once (offline mode for this process and the ones it starts, as
-``HF_HUB_OFFLINE=1`` does, with one warning), and a model that is not is one error naming the cache. With
-``HF_HUB_OFFLINE`` set, the Hub is not asked.
+answer: a gated or missing repository is then reported by transformers or datasets as before), nothing changes;
+when it does not, this process and the ones it starts go offline (as ``HF_HUB_OFFLINE=1`` does, with one warning),
+so a model or dataset in the local cache loads from there at once, and a model that is not there is one error
+naming the cache (datasets, which keeps a cache of its own, reports a dataset it lacks). With ``HF_HUB_OFFLINE``
+set, the Hub is not asked.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ class HubUnreachable(OSError):
 
 
 @functools.cache
-def check_hub_access(name: str) -> None:
-    """Make loading the hub model ``name`` (``org/model``) take no network retries: see the module docstring.
+def check_hub_access(name: str, kind: str = "model") -> None:
+    """Make loading the hub ``kind`` (``model`` or ``dataset``) ``name`` take no network retries: see the module
+    docstring.
 
     Raises:
-        HubUnreachable: the Hub cannot be reached and ``name`` is not in the local cache.
+        HubUnreachable: the Hub cannot be reached and the model ``name`` is not in the local cache.
     """
     from huggingface_hub import constants, try_to_load_from_cache
 
@@ -44,19 +47,20 @@ def check_hub_access(name: str) -> None:
     reason = unreachable(constants.ENDPOINT)
     if reason is None:
         return
-    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+    if kind == "model" and not isinstance(try_to_load_from_cache(name, "config.json"), str):
         raise HubUnreachable(
             f"{name} is not in this machine's Hugging Face cache ({constants.HF_HUB_CACHE}) and the Hub "
             f"({constants.ENDPOINT}) cannot be reached ({reason}); download it where there is a network "
             f"(hf download {name}) into this cache (HF_HOME), or give the model's folder"
         )
-    os.environ["HF_HUB_OFFLINE"] = "1"  # for the processes this one starts (vLLM's, the rollout worker)
+    os.environ["HF_HUB_OFFLINE"] = "1"  # for the processes this one starts (vLLM's, the rollout worker) and datasets
     constants.HF_HUB_OFFLINE = True  # read by huggingface_hub and transformers at each request
     log.warning(
-        "the Hugging Face Hub (%s) cannot be reached (%s): %s is loaded from the local cache; set HF_HUB_OFFLINE=1 "
-        "to skip this check",
+        "the Hugging Face Hub (%s) cannot be reached (%s): the %s %s is loaded from the local cache; set "
+        "HF_HUB_OFFLINE=1 to skip this check",
         constants.ENDPOINT,
         reason,
+        kind,
         name,
     )
 
