@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,7 +52,11 @@ def stop_outcome(stop: BaseException) -> tuple[int, str, str]:
 
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` in the main thread within this context; the previous handler after it."""
+    """SIGTERM raises :class:`Terminated` in the main thread within this context; the previous handler after it.
+    Outside the main thread (a command's ``main`` called from another thread), which no signal reaches, nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, _raise)
     try:
         yield
