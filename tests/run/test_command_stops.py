@@ -49,12 +49,17 @@ def ended(process: subprocess.Popen, log: Path) -> tuple[str, list[str]]:
 
 def session_processes(session: int) -> list[str]:
     """The command lines of the live (not zombie) processes of ``session``."""
+    return [command for fields, command in live_processes() if int(fields[3]) == session]
+
+
+def live_processes() -> list[tuple[list[str], str]]:
+    """``(stat fields after the name, command line)`` of each live (not zombie) process."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) == session and fields[0] != "Z":
-                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+            if fields[0] != "Z":
+                found.append((fields, (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
         except (OSError, ValueError, IndexError):
             continue
     return found
@@ -117,3 +122,23 @@ def test_sigterm_stops_a_comparison_whose_rerun_resumes_it(tmp_path):
     said = rerun.stdout.splitlines()
     assert said[0] == "resume gppo seed 0" and said[1].startswith("done gppo seed 0 in "), rerun.stdout
     assert f"Restored all states from the checkpoint at {checkpoint}" in (run / "log.txt").read_text()
+
+
+def test_a_comparison_killed_outright_stops_its_run_at_a_step(tmp_path):
+    """``kill -9`` of ``klear.compare`` (or its terminal closed): the kernel sends its run SIGTERM, and the run stops
+    at a step with its checkpoint, as after a SIGTERM to the comparison."""
+    output = tmp_path / "cmp"
+    args = ["klear.compare", "--config", "configs/rl.yaml", "--objectives", "ppo", "--seeds", "0"]
+    args += [f"output_dir={output}", "trainer.max_steps=200", "trainer.checkpoint_every_n_steps=1"]
+    run = output / "runs" / "ppo-seed0"
+    process = start(args, tmp_path / "e")
+    wait_until(lambda: any(run.glob("checkpoints/step-*.ckpt")), process, "checkpoint")
+    process.kill()
+    process.wait(timeout=60)
+    deadline = time.monotonic() + 120
+    while any(f"output_dir={run} " in command for _, command in live_processes()):
+        assert time.monotonic() < deadline, "the run outlived its comparison by 120 s"
+        time.sleep(0.1)
+    log = (run / "log.txt").read_text()
+    assert "warning: SIGTERM received" in log and "run stopped at step " in log, log[-3000:]
+    assert "nothing is lost: " in log and "Traceback" not in log

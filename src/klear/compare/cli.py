@@ -11,12 +11,14 @@ Each run lives in ``<output_dir>/runs/<label>-seed<S>/`` with its own log. A fin
 interrupted one continues with ``--resume``, a failed one is reported and the others go on. The reports —
 ``comparison.csv``, ``comparison.md``, ``comparison.png`` — are written from whatever runs finished. Ctrl-C (exit
 code 130) or SIGTERM (143) stops the runs in progress at a step boundary, each with its last checkpoint, and the
-comparison with one line: the same command then continues it.
+comparison with one line: the same command then continues it; a comparison killed outright (``kill -9``) still
+stops its run at a step (`klear.run.parent_death`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -34,6 +36,7 @@ from klear.data.preflight import check_data
 from klear.errors import UserError
 from klear.run.directory import RunDir
 from klear.run.loading_stop import Terminated, sigterm_raises, stop_outcome
+from klear.run.parent_death import on_parent_death
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -199,8 +202,16 @@ def _launch(config: str, run: Run, env: dict[str, str]) -> subprocess.Popen:
     ]  # fmt: skip
     print(f"{'resume' if resume else 'start'} {run.label} seed {run.seed}", flush=True)
     log = (run.directory / "log.txt").open("a")
-    # A session of its own: signals meant for the comparison reach the run through `_stop` alone, once.
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # A session of its own: signals meant for the comparison reach the run through `_stop` alone, once; and a
+    # comparison that dies outright (SIGKILL, its terminal closed) sends it SIGTERM through the kernel.
+    return subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=functools.partial(on_parent_death, signal.SIGTERM),
+    )
 
 
 def _parse_variant(text: str) -> tuple[str, list[str]]:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from klear.run.parent_death import on_parent_death
 from klear.runtime import threads
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class WorkerSpec:
 
 def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
     """The worker process's entry point (see the module docstring)."""
-    _die_with_parent()
+    on_parent_death(signal.SIGKILL)  # elsewhere than Linux, `_next_command` notices
     for stop in (signal.SIGINT, signal.SIGTERM):  # the trainer stops it, at a step boundary it agreed on
         signal.signal(stop, signal.SIG_IGN)
     if spec.visible_devices is not None:
@@ -214,17 +215,6 @@ def _next_command(commands, parent_pid: int):
         except queue.Empty:
             if os.getppid() != parent_pid:
                 os._exit(1)
-
-
-def _die_with_parent() -> None:
-    """Have the kernel kill this process when its parent dies (Linux); elsewhere `_next_command` notices."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _all_reduce(tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
