@@ -310,22 +310,43 @@ def test_a_stop_in_a_real_run_then_rerun(data, tmp_path, capsys, signum, code, l
     assert sorted(results(out)) == list(range(1, 25))
 
 
-def test_an_append_cut_short_by_a_stop_is_cut_back(tmp_path, monkeypatch):
-    """Ctrl-C or SIGTERM (`klear.run.loading_stop.Terminated`) while a chunk is appended: the results keep only the
-    lines they had, and the stop goes on."""
+def test_an_append_cut_short_by_a_stop_keeps_its_whole_lines(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM (`klear.run.loading_stop.Terminated`) while a chunk is appended: the results keep the lines
+    they had and those of the chunk written whole, never part of one, and the stop goes on."""
     from klear.prep import pass_rates
     from klear.run.loading_stop import Terminated
 
     results = tmp_path / "results.jsonl"
-    results.write_text('{"line": 1}\n')
+    before = '{"line": 1}\n'
+    chunk = [{"line": n} for n in range(2, 6)]
+    whole = before + "".join(f'{{"line": {n}}}\n' for n in range(2, 6))
+    opened = Path.open
+
+    def torn(self, mode="r", *args, **kwargs):  # the append writes half of the chunk, then the stop comes
+        file = opened(self, mode, *args, **kwargs)
+        if mode == "a":
+
+            def half(text: str) -> int:
+                file.buffer.write(text[: len(text) // 2 + 3].encode())  # two lines and part of a third
+                file.buffer.flush()
+                raise Terminated("SIGTERM")
+
+            file.write = half
+        return file
 
     def stopped(descriptor: int) -> None:
         raise Terminated("SIGTERM")
 
-    monkeypatch.setattr(pass_rates.os, "fsync", stopped)  # the chunk is written and flushed: it is cut back
-    with pytest.raises(Terminated):
-        pass_rates.append_results(results, [{"line": n} for n in range(2, 6)])
-    assert results.read_text() == '{"line": 1}\n'
+    for patch, kept in ((torn, before + '{"line": 2}\n{"line": 3}\n'), (None, whole)):
+        results.write_text(before)
+        with monkeypatch.context() as context:
+            if patch is not None:
+                context.setattr(Path, "open", patch)
+            else:  # the chunk is written and flushed, the stop comes in fsync: it stays
+                context.setattr(pass_rates.os, "fsync", stopped)
+            with pytest.raises(Terminated):
+                pass_rates.append_results(results, chunk)
+        assert results.read_text() == kept
 
 
 def test_results_appended_on_a_full_disk_are_cut_back_to_whole_lines(tmp_path):

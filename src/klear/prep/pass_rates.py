@@ -113,9 +113,9 @@ def load_results(path: Path) -> dict[int, dict]:
 
 
 def append_results(path: Path, records: list[dict]) -> None:
-    """Append ``records`` in one write, flushed to disk before returning; a write that fails (a full disk) or is
-    cut short (Ctrl-C, SIGTERM) is cut off again, so the file keeps only whole lines; a failed one raises
-    `WriteError`."""
+    """Append ``records`` in one write, flushed to disk before returning, so the file keeps only whole lines: a
+    write that fails (a full disk) is cut off again and raises `WriteError`; one cut short by Ctrl-C or SIGTERM
+    keeps the records it wrote whole, and loses the one it was writing."""
     size = path.stat().st_size if path.exists() else 0
     try:
         with path.open("a", encoding="utf-8") as f:
@@ -124,6 +124,9 @@ def append_results(path: Path, records: list[dict]) -> None:
             os.fsync(f.fileno())
     except BaseException as error:
         with contextlib.suppress(OSError), path.open("r+b") as f:
+            if not isinstance(error, OSError):  # up to the last whole line written
+                f.seek(size)
+                size += f.read().rfind(b"\n") + 1
             f.truncate(size)
         if isinstance(error, OSError):
             raise WriteError(error.errno, error.strerror or str(error), str(path)) from error
