@@ -146,7 +146,7 @@ def execute(config: str, runs: list[Run], jobs: int) -> list[Run]:
                     if not _ended(*entry):
                         failed.append(entry[0])
     except (KeyboardInterrupt, Terminated) as stop:
-        _stop(active, signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+        _stop(active, stop)
         raise
     return failed
 
@@ -167,12 +167,18 @@ def _ended(run: Run, process: subprocess.Popen, started: float, stopping: bool =
     return code == 0
 
 
-def _stop(active: list[tuple[Run, subprocess.Popen, float]], signum: int) -> None:
-    """Pass ``signum`` on to the runs in progress and wait for each to end (`STOP_WAIT_S`, then it is killed); a
-    second Ctrl-C or SIGTERM meanwhile is passed on too (``klear.fit`` then stops at once)."""
+def _stop(active: list[tuple[Run, subprocess.Popen, float]], stop: BaseException) -> None:
+    """Pass the signal of ``stop`` (SIGTERM for `Terminated`, SIGINT for Ctrl-C) on to the runs in progress and wait
+    for each to end (`STOP_WAIT_S`, then it is killed); a second Ctrl-C or SIGTERM meanwhile is passed on too
+    (``klear.fit`` then stops at once)."""
+
+    def pass_on(stop: BaseException) -> None:
+        for _, process, _ in active:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+
     deadline = time.monotonic() + STOP_WAIT_S
-    for _, process, _ in active:
-        process.send_signal(signum)
+    pass_on(stop)
     for entry in active:
         process = entry[1]
         while True:
@@ -182,9 +188,7 @@ def _stop(active: list[tuple[Run, subprocess.Popen, float]], signum: int) -> Non
                 process.kill()
                 process.wait()
             except (KeyboardInterrupt, Terminated) as again:
-                for _, other, _ in active:
-                    if other.poll() is None:
-                        other.send_signal(signal.SIGTERM if isinstance(again, Terminated) else signal.SIGINT)
+                pass_on(again)
                 continue
             break
         _ended(*entry, stopping=True)
