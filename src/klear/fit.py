@@ -20,12 +20,11 @@ from klear.run.directory import RunDir, RunError, remove_path, write_failure
 from klear.run.folder_lock import launching_process
 from klear.run.loading_stop import (
     EXIT_INTERRUPTED,
-    EXIT_SIGTERM,
     OutputState,
     Terminated,
     put_back,
-    sigterm_raises,
     stop_outcome,
+    stop_signals_raise,
 )
 from klear.run.preflight import preflight
 
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     output = None  # what output_dir held before this start wrote to it
     try:
-        with sigterm_raises():  # until the fit: each rank stops at once (`klear.run.loading_stop`)
+        with stop_signals_raise():  # until the fit: each rank stops at once (`klear.run.loading_stop`)
             config = load_config(args.config, args.overrides, args.objective)
             if args.help_config is not None:
                 from klear.config.help import config_help, terminal_width
@@ -113,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stopped_while_loading(stop: BaseException, output: OutputState | None) -> int:
-    """SIGTERM or Ctrl-C before the fit: ``output_dir`` put back as it was, one line (from rank 0), 143 or 130."""
+    """SIGTERM, SIGHUP or Ctrl-C before the fit: ``output_dir`` put back as it was, one line (from rank 0), 143, 129
+    or 130."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     code, outcome, cause = stop_outcome(stop)
@@ -144,8 +144,8 @@ def train(
     """Fit, then write ``report.md`` and ``curves.png`` and print the closing summary however the run ended:
     finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), by a loss, gradient norm or log-prob that is not
     finite (4, before the update commits: `klear.run.stopping.check_finite`), interrupted with Ctrl-C (130), stopped by
-    SIGTERM (143, every rank at the same step or update: `klear.run.stopping`), a write that failed (a full disk:
-    one line, exit 1) or failed otherwise (the exception propagates after the summary). The last complete
+    SIGTERM (143) or SIGHUP (129; every rank at the same step or update: `klear.run.stopping`), a write that failed
+    (a full disk: one line, exit 1) or failed otherwise (the exception propagates after the summary). The last complete
     checkpoint is kept in every case, and a report that cannot be written never hides how the run ended."""
     import time
 
@@ -161,7 +161,7 @@ def train(
     def forced_exit(reason: str) -> None:
         if trainer is None:  # still being built: nothing of the run to report
             return
-        status = f"stopped at step {lightning_compat.completed_steps(trainer)}: SIGTERM ({reason})"
+        status = f"stopped at step {lightning_compat.completed_steps(trainer)}: {stop.cause.name} ({reason})"
         if trainer.is_global_zero:
             for partial in run_dir.checkpoints.glob("*.tmp"):  # a save cut short: never mistaken for a checkpoint
                 remove_path(partial)
@@ -170,13 +170,13 @@ def train(
             run_dir.lock.release()
 
     stop, trainer = SignalStop(forced_exit), None
-    with stop.watching():  # from here on, a SIGTERM stops the ranks together, at the first step at the latest
+    with stop.watching():  # from here on, SIGTERM or SIGHUP stops the ranks together, at the first step at the latest
         trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop])
         try:
             checkpoint = str(run_dir.last_checkpoint) if args.resume else None
             trainer.fit(module, train_dataloaders=batches, ckpt_path=checkpoint, weights_only=False)  # our own files
         except StopRequested as error:
-            code, outcome, detail = EXIT_SIGTERM, "stopped", f": {error}"
+            code, outcome, detail = stop.exit_status, "stopped", f": {error}"
         except LogprobGapError as error:
             print(f"error: {error}", file=sys.stderr)
             code, outcome, detail = 3, "stopped", f": {first_line(error)}"

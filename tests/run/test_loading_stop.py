@@ -1,7 +1,7 @@
-"""SIGTERM or Ctrl-C while a run loads its data and model, before its first step: one line, exit status 143 or
-130, and ``output_dir`` as the command found it (a folder it created is removed; an existing run's files, every
-one hashed before and after, unchanged, ``--overwrite`` and ``--resume`` alike). Real runs of the command, signalled
-while ``configs/sft.yaml`` tokenizes its 25,600 training examples."""
+"""SIGTERM (SIGHUP alike) or Ctrl-C while a run loads its data and model, before its first step: one line, exit
+status 143 (129) or 130, and ``output_dir`` as the command found it (a folder it created is removed; an existing
+run's files, every one hashed before and after, unchanged, ``--overwrite`` and ``--resume`` alike). Real runs of the
+command, signalled while ``configs/sft.yaml`` tokenizes its 25,600 training examples."""
 
 import os
 import signal
@@ -57,11 +57,14 @@ def finished_run(root: Path) -> dict[str, str]:
     return digests(root)
 
 
-def test_sigterm_while_loading_a_new_run_leaves_no_folder(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_while_loading_a_new_run_leaves_no_folder(tmp_path, signum):
+    """SIGHUP (a terminal that closes, here sent by hand to a command whose output is still read) stops it alike."""
     output = tmp_path / "new" / "sft"
-    result = signal_while_loading(["--config", "configs/sft.yaml", f"output_dir={output}"], signal.SIGTERM)
-    line = f"run stopped before its first step: SIGTERM while loading; nothing was trained, {output} did not exist "
-    assert_one_line(*result, EXIT_SIGTERM, line + "before and does not now")
+    result = signal_while_loading(["--config", "configs/sft.yaml", f"output_dir={output}"], signum)
+    name = signal.Signals(signum).name
+    line = f"run stopped before its first step: {name} while loading; nothing was trained, {output} did not exist "
+    assert_one_line(*result, 128 + signum, line + "before and does not now")
     assert not (tmp_path / "new").exists()  # nor the folder above it, which the start made too
 
 

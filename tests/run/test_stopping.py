@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from klear.run.directory import checkpoint_problem
-from klear.run.stopping import EXIT_SIGTERM, SignalStop
+from klear.run.loading_stop import EXIT_SIGTERM
+from klear.run.stopping import SignalStop
 from tests.runs import RL_SHORT, read_metrics
 
 pytestmark = pytest.mark.end_to_end  # stops real runs started in subprocesses

@@ -35,7 +35,7 @@ from klear.config.load import ConfigError, load_config
 from klear.data.preflight import check_data
 from klear.errors import UserError
 from klear.run.directory import RunDir
-from klear.run.loading_stop import Terminated, sigterm_raises, stop_outcome
+from klear.run.loading_stop import Terminated, stop_outcome, stop_signals_raise
 from klear.run.parent_death import on_parent_death
 
 
@@ -242,7 +242,7 @@ def _slug(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with sigterm_raises():  # as Ctrl-C raises KeyboardInterrupt
+    with stop_signals_raise():  # as Ctrl-C raises KeyboardInterrupt
         try:
             output, runs = plan(args)
             lock = RunDir(output).take_lock("klear.compare")  # one comparison per output_dir (its runs hold theirs)

@@ -67,7 +67,7 @@ from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 from klear.run.directory import folder_problem, write_failure, written
-from klear.run.loading_stop import Terminated, sigterm_raises, stop_outcome
+from klear.run.loading_stop import Terminated, stop_outcome, stop_signals_raise
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wrote: list[str] = []
     try:
-        with sigterm_raises():  # as Ctrl-C raises KeyboardInterrupt
+        with stop_signals_raise():  # as Ctrl-C raises KeyboardInterrupt
             return evaluate(args, start, wrote)
     except (KeyboardInterrupt, Terminated) as stop:
         code, outcome, cause = stop_outcome(stop)

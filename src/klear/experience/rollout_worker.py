@@ -13,8 +13,8 @@ order, answering each on the results queue:
 - ``("eval", version)``: the in-training evaluation of the weights loaded last;
 - ``("stop",)``: exit.
 
-A failure is sent back as ``("error", traceback)`` and ends the worker. The worker ignores Ctrl-C and SIGTERM (the
-trainer stops it) and dies with the trainer, even one killed by ``kill -9``: the kernel signals it
+A failure is sent back as ``("error", traceback)`` and ends the worker. The worker ignores Ctrl-C, SIGTERM and
+SIGHUP (the trainer stops it) and dies with the trainer, even one killed by ``kill -9``: the kernel signals it
 (``PR_SET_PDEATHSIG``) and, where that is not available, it notices while it waits for a command.
 
 Data parallel: every rank's trainer has its own worker, on the rank's share of each step; the workers form a
@@ -37,6 +37,7 @@ import torch
 
 from klear.run.parent_death import on_parent_death
 from klear.runtime import threads
+from klear.runtime.terminal import leave_stops_to_parent
 
 if TYPE_CHECKING:
     from klear.schema import RLRunConfig
@@ -73,8 +74,7 @@ class WorkerSpec:
 def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
     """The worker process's entry point (see the module docstring)."""
     on_parent_death(signal.SIGKILL)  # elsewhere than Linux, `_next_command` notices
-    for stop in (signal.SIGINT, signal.SIGTERM):  # the trainer stops it, at a step boundary it agreed on
-        signal.signal(stop, signal.SIG_IGN)
+    leave_stops_to_parent()  # the trainer stops it, at a step boundary it agreed on
     if spec.visible_devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_devices
     # The trainer's thread policy split its count (async_rollouts.start_async_rollouts): loading the model here

@@ -33,7 +33,7 @@ from klear.prep.options import OneLineParser, OptionError, at_least
 from klear.prep.paths import Files, check_files, hold_outputs, release
 from klear.prep.rowfiles import CommandError, WriteError, write_rows
 from klear.run.directory import write_failure
-from klear.run.loading_stop import Terminated, sigterm_raises, stop_outcome
+from klear.run.loading_stop import Terminated, stop_outcome, stop_signals_raise
 
 COMMANDS = {
     "synthetic": "write problems of a built-in task (arithmetic or code) as jsonl (problem, answer, solution, level)",
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     _, files, run = HANDLERS[args.command]
     locks = []
     try:
-        with sigterm_raises():  # as Ctrl-C raises KeyboardInterrupt: the locks are released below either way
+        with stop_signals_raise():  # as Ctrl-C raises KeyboardInterrupt: the locks are released below either way
             declared = files(args)
             check_files(declared)  # before anything is read: an output that is an input would lose it
             locks = hold_outputs(declared, f"klear.data {args.command}")  # and no other command writes it meanwhile

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import signal
 import threading
 import time
 import weakref
@@ -46,6 +45,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from klear.rewards.base import BatchResult, Reward, RewardFn, Settled, as_reward, settle
+from klear.runtime.terminal import leave_stops_to_parent
 
 _STARTUP_TIMEOUT = 120.0  # importing torch/sympy in a fresh process on a loaded machine
 _MAX_STARTUP_DEATHS = 3  # consecutive workers killed while starting before the pool gives up
@@ -258,8 +258,7 @@ def _stop_all(workers: list[_Worker]) -> None:
 
 def _work(connection: Connection, reward: Reward, failure_reward: float) -> None:
     """Worker loop: warm the reward up, say "ready", then score items until told to stop (None)."""
-    for stop in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and SIGTERM are for the trainer, which closes the pool
-        signal.signal(stop, signal.SIG_IGN)
+    leave_stops_to_parent()  # the trainer's or the command's to act on: it closes the pool
     try:
         reward.warmup()
     except Exception as error:

@@ -1,6 +1,6 @@
 """A run's directory and what it leaves there: the directory and its checks (`directory`), checkpoints
 (`checkpoints`), ``metrics.csv`` (`metrics_log`), ``report.md`` and ``curves.png`` (`report`), the progress bar and
 console lines (`progress`, `console`), the checks made before a run directory is written (`preflight`), the
-SIGTERM stop every rank agrees on (`stopping`; before the fit and in the other commands, `loading_stop`), the
+SIGTERM or SIGHUP stop every rank agrees on (`stopping`; before the fit and in the other commands, `loading_stop`), the
 lock that keeps a second writer out of an output (`folder_lock`) and the processes that die with the one that
 started them (`parent_death`)."""

@@ -1,8 +1,8 @@
-"""Stopping a run before its fit: SIGTERM or Ctrl-C while the config, the data or the model load.
+"""Stopping a run before its fit: SIGTERM, SIGHUP or Ctrl-C while the config, the data or the model load.
 
 Until the Trainer's fit starts no rank runs a collective, so each one can stop by itself, at once, wherever it is:
-:func:`sigterm_raises` makes SIGTERM raise :class:`Terminated` in the main thread, as Ctrl-C raises
-``KeyboardInterrupt``. The command then prints one line, exits with :data:`EXIT_SIGTERM` (143) or
+:func:`stop_signals_raise` makes SIGTERM and SIGHUP raise :class:`Terminated` in the main thread, as Ctrl-C raises
+``KeyboardInterrupt``. The command then prints one line, exits with :data:`EXIT_SIGTERM` (143), 129 (SIGHUP) or
 :data:`EXIT_INTERRUPTED` (130), and leaves ``output_dir`` as it found it: :class:`OutputState` remembers, before
 anything is written, whether the folder existed and what the files a start writes held (``config.yaml``,
 ``data_report.json``), and puts that back: a folder the start created is removed, an existing run's files get
@@ -11,6 +11,10 @@ ranks together instead.
 
 The other commands (``klear.eval``, ``klear.compare``, ``klear.data``) hold no collective at all: they stop this way
 for their whole run, with :func:`stop_outcome` for their one line and exit status.
+
+SIGHUP, which a command receives when its terminal closes, stops it as SIGTERM does, once its output is taken off
+the closed terminal (`klear.runtime.terminal`). A command started under ``nohup`` (SIGHUP ignored) keeps ignoring
+it (:func:`stop_signals`).
 
 This module imports nothing heavy: a SIGTERM may come before torch is imported.
 """
@@ -25,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from klear.runtime.terminal import HANGUP, detach_terminal
+
 EXIT_SIGTERM = 128 + signal.SIGTERM
 """The exit status of a run stopped by SIGTERM (143: what a shell reports for a process ended by SIGTERM)."""
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -34,34 +40,47 @@ WRITTEN = ("config.yaml", "data_report.json")
 
 
 class Terminated(BaseException):
-    """SIGTERM before the fit. A ``BaseException``, as ``KeyboardInterrupt``: no ``except Exception`` of the code it
-    interrupts keeps it from stopping the run."""
+    """SIGTERM or SIGHUP (its name is the message: ``Terminated("SIGHUP")``). A ``BaseException``, as
+    ``KeyboardInterrupt``: no ``except Exception`` of the code it interrupts keeps it from stopping the run."""
 
 
 def _raise(signum: int, frame) -> None:
-    raise Terminated("SIGTERM")
+    if signum == HANGUP:
+        detach_terminal()
+    raise Terminated(signal.Signals(signum).name)
 
 
 def stop_outcome(stop: BaseException) -> tuple[int, str, str]:
     """What a stop (:class:`Terminated` or ``KeyboardInterrupt``) makes of a command: its exit status, the word for
-    what happened and its cause: ``(143, "stopped", "SIGTERM")`` or ``(130, "interrupted", "Ctrl-C")``."""
+    what happened and its cause: ``(143, "stopped", "SIGTERM")``, ``(129, "stopped", "SIGHUP")`` or
+    ``(130, "interrupted", "Ctrl-C")``."""
     if isinstance(stop, Terminated):
-        return EXIT_SIGTERM, "stopped", "SIGTERM"
+        name = str(stop)
+        return 128 + signal.Signals[name], "stopped", name
     return EXIT_INTERRUPTED, "interrupted", "Ctrl-C"
 
 
+def stop_signals() -> list[signal.Signals]:
+    """The signals that stop a command as SIGTERM does: SIGTERM, and SIGHUP unless the process ignores it now (it was
+    started under ``nohup``: the user asked it to outlive its terminal). Read before a handler is installed."""
+    ignored = HANGUP is None or signal.getsignal(HANGUP) is signal.SIG_IGN
+    return [signal.SIGTERM] if ignored else [signal.SIGTERM, HANGUP]
+
+
 @contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` in the main thread within this context; the previous handler after it.
-    Outside the main thread (a command's ``main`` called from another thread), which no signal reaches, nothing."""
+def stop_signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP (:func:`stop_signals`) raise :class:`Terminated` in the main thread within this context; the
+    previous handlers after it. Outside the main thread (a command's ``main`` called from another thread), which no
+    signal reaches, nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise)
+    previous = {stop: signal.signal(stop, _raise) for stop in stop_signals()}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
 
 
 class OutputState:

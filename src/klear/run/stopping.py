@@ -1,4 +1,5 @@
-"""Stopping a run on SIGTERM: every rank at the same step boundary, within seconds, the last checkpoint intact.
+"""Stopping a run on SIGTERM or SIGHUP: every rank at the same step boundary, within seconds, the last checkpoint
+intact.
 
 Cluster schedulers stop a job with SIGTERM, sent to every process of the job (SLURM at its time limit or on
 preemption, Kubernetes, a ``kill`` of the process group), then SIGKILL after a grace period. Lightning's own
@@ -21,7 +22,14 @@ collective (an evaluation's gather) waits forever for a partner that never comes
   second one: a scheduler that signals every process of a job reaches a rank both directly and through the
   launcher that forwards it (``torchrun``, ``klear.compare``).
 
-The exit status is :data:`EXIT_SIGTERM` (143 = 128 + 15, what a shell reports for a process ended by SIGTERM).
+The exit status is 143 (`klear.run.loading_stop.EXIT_SIGTERM`: 128 + 15, what a shell reports for a process ended by
+SIGTERM).
+
+SIGHUP, which a run receives when its terminal closes (an ssh connection that drops, the shell that started it in
+the background exiting), stops it the same way, with exit status 129: its output is first taken off the closed
+terminal (`klear.runtime.terminal.detach_terminal`), so the stop writes ``report.md`` and ``summary.json`` and
+releases the folder's lock instead of dying on its next line. The terminal usually sends it twice (to the process
+group, and through the shell): `REPEAT_S` makes that one stop. A run under ``nohup`` ignores it, as asked.
 Before the fit (the config, the data and the model loading), `klear.run.loading_stop` stops each rank at once.
 Lightning's SLURM auto-requeue is switched off by :func:`cluster_plugins`: its SIGUSR1 handler saves a checkpoint
 with collectives inside a signal handler too (the same hang) and writes an ``hpc_ckpt_N.ckpt`` that klear never
@@ -36,6 +44,7 @@ samples from a policy that diverged. The step is discarded; the last checkpoint 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -47,7 +56,8 @@ from collections.abc import Callable, Iterable, Mapping
 import lightning as L
 import torch
 
-from klear.run.loading_stop import EXIT_SIGTERM  # the exit status of a run stopped by SIGTERM (143)
+from klear.run.loading_stop import stop_signals
+from klear.runtime.terminal import HANGUP, detach_on_hangup, detach_terminal
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +67,18 @@ GRACE_S = 20.0
 """Seconds a rank may take from SIGTERM to its stop before it exits regardless (SLURM's and Kubernetes' default
 grace before SIGKILL is 30 s)."""
 REPEAT_S = 1.0
-"""Seconds after the first SIGTERM within which another one is the same stop, delivered twice (the module
-docstring): only a SIGTERM later than that stops a rank at once."""
+"""Seconds after the first SIGTERM (or SIGHUP) within which another one is the same stop, delivered twice (the
+module docstring): only a signal later than that stops a rank at once."""
 
 
 NOTICE = (
-    b"warning: SIGTERM received: stopping at the next step, or within the step in progress, which is then "
-    b"discarded; the last complete checkpoint is kept (a second SIGTERM stops at once)\n"
+    "warning: {signal} received: stopping at the next step, or within the step in progress, which is then "
+    "discarded; the last complete checkpoint is kept (a second SIGTERM stops at once)\n"
 )
 
 
 class StopRequested(Exception):
-    """Every rank stops at this step boundary: SIGTERM reached at least one of them."""
+    """Every rank stops at this step boundary: SIGTERM or SIGHUP (the message) reached at least one of them."""
 
 
 class Diverged(RuntimeError):
@@ -90,7 +100,7 @@ def check_finite(values: Mapping[str, float], names: Iterable[str]) -> None:
 
 
 class SignalStop(L.Callback):
-    """The SIGTERM handling of the module docstring, for the lifetime of :meth:`watching` (around ``fit``).
+    """The SIGTERM and SIGHUP handling of the module docstring, for the lifetime of :meth:`watching` (around ``fit``).
 
     Args:
         on_forced_exit: called once, from the watcher thread, before a forced exit (rank 0 prints the summary
@@ -105,12 +115,21 @@ class SignalStop(L.Callback):
         self.active = False
         """Whether :meth:`watching` is in force."""
         self.first = 0.0
-        """When the first SIGTERM came (``time.monotonic``)."""
+        """When the first SIGTERM or SIGHUP came (``time.monotonic``)."""
+        self.cause = signal.SIGTERM
+        """The first signal that came: the stop's name and exit status (:attr:`exit_status`)."""
+        self.signals: list[signal.Signals] = [signal.SIGTERM]
+        """The signals that stop the run (`klear.run.loading_stop.stop_signals`), read as the watching starts."""
         self.grace: threading.Timer | None = None
         """The forced exit after `GRACE_S`, armed by the first SIGTERM and cancelled when the watching ends: a
         process that lives on after ``fit`` (the Python API, a test) is never ended by a stop it already made."""
 
     # ------------------------------------------------------------------ the signal, seen by the watcher thread
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal that stopped the run: 143 for SIGTERM, 129 for SIGHUP."""
+        return 128 + self.cause
 
     def watching(self) -> _Watching:
         return _Watching(self)
@@ -118,7 +137,9 @@ class SignalStop(L.Callback):
     def _install(self) -> None:
         # A Python-level handler that does nothing: the C-level one then writes to the wakeup fd instead of the
         # default action (death). Lightning registers its own handler when `fit` starts: on_train_start undoes it.
-        signal.signal(signal.SIGTERM, _ignore)
+        # SIGHUP's takes the output off the closed terminal in the main thread, before its next write.
+        for stop in self.signals:
+            signal.signal(stop, detach_on_hangup if stop == HANGUP else _ignore)
 
     def _watch(self, read_fd: int) -> None:
         while True:
@@ -129,18 +150,22 @@ class SignalStop(L.Callback):
             if not received:  # the write end was closed: the run is over
                 os.close(read_fd)
                 return
-            if signal.SIGTERM not in received:  # SIGINT and other Python-handled signals are the main thread's
+            stops = [stop for stop in self.signals if stop in received]
+            if not stops:  # SIGINT and other Python-handled signals are the main thread's
                 continue
+            if HANGUP in stops:
+                detach_terminal()  # as the main thread's handler does, should that thread be blocked
             if self.signalled.is_set():
                 if time.monotonic() - self.first < REPEAT_S:
                     continue  # the same stop, delivered twice
-                self._force("a second SIGTERM")
-            self.first = time.monotonic()
+                self._force(f"a second {stops[0].name}")
+            self.first, self.cause = time.monotonic(), stops[0]
             self.grace = threading.Timer(GRACE_S, self._force, args=(f"no stop within {GRACE_S:g} s of SIGTERM",))
             self.grace.daemon = True
             self.grace.start()  # armed before the flag is seen, so that the end of the watching always disarms it
             self.signalled.set()
-            os.write(2, NOTICE)  # not through logging: its locks may be held by the thread this one interrupts
+            with contextlib.suppress(OSError):  # not through logging: its locks may be held by the interrupted thread
+                os.write(2, NOTICE.format(signal=self.cause.name).encode())
 
     def _force(self, reason: str) -> None:
         if not self.active:  # the watching ended (fit returned) while the timer fired
@@ -149,7 +174,7 @@ class SignalStop(L.Callback):
             try:
                 self.on_forced_exit(reason)
             finally:
-                os._exit(EXIT_SIGTERM)
+                os._exit(self.exit_status)
 
     # ------------------------------------------------------------------ the agreed stop, in the main thread
 
@@ -164,7 +189,7 @@ class SignalStop(L.Callback):
         call it at the same place of the same step (one collective); a stage calls it through
         :func:`agreement_point`."""
         if stop_agreed(self.signalled.is_set(), device):
-            raise StopRequested("SIGTERM")
+            raise StopRequested(self.cause.name)  # the signal this rank saw first; SIGTERM where it saw none
 
 
 def agreement_point(trainer: L.Trainer) -> Callable[[], None] | None:
@@ -194,7 +219,8 @@ class _Watching:
         self.stop = stop
 
     def __enter__(self) -> SignalStop:
-        self.previous = signal.getsignal(signal.SIGTERM)
+        self.stop.signals = stop_signals()  # before a handler of ours hides whether SIGHUP was ignored
+        self.previous = {stop: signal.getsignal(stop) for stop in self.stop.signals}
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.write_fd, False)  # the interpreter's C handler must never block on it
         self.previous_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
@@ -208,7 +234,8 @@ class _Watching:
         if self.stop.grace is not None:
             self.stop.grace.cancel()
         signal.set_wakeup_fd(self.previous_fd)
-        signal.signal(signal.SIGTERM, self.previous)
+        for stop, handler in self.previous.items():
+            signal.signal(stop, handler)
         os.close(self.write_fd)  # the watcher reads EOF, closes its end and ends
 
 

@@ -1,0 +1,47 @@
+"""The terminal a process runs in, and the signals that reach it through its process group.
+
+SIGHUP is what a process receives when its terminal closes (an ssh connection that drops, a terminal window closed,
+the shell that started it in the background exiting); from then on a write to the terminal fails with ``EIO``.
+:func:`detach_terminal` points the standard streams at the null device instead, so that a command that stops on
+SIGHUP (`klear.run.loading_stop`, `klear.run.stopping`) can finish its stop and write its files. Ctrl-C, SIGTERM sent
+to a process group and SIGHUP also reach the worker processes a command starts in its own group (the reward pool,
+the rollout worker): :func:`leave_stops_to_parent` leaves them to the command, which stops its workers itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+
+HANGUP = getattr(signal, "SIGHUP", None)
+"""SIGHUP; None where the platform has no such signal."""
+
+
+def detach_terminal() -> None:
+    """Point standard input, output and error at the null device where they are a terminal that hung up (a character
+    device that is no longer a terminal: writing there fails with ``EIO``). A terminal still open stays: a SIGHUP
+    sent by hand leaves the command's lines where the user reads them."""
+    for fd in (0, 1, 2):
+        try:
+            if stat.S_ISCHR(os.fstat(fd).st_mode) and not os.isatty(fd):
+                null = os.open(os.devnull, os.O_RDWR)
+                os.dup2(null, fd)
+                os.close(null)
+        except OSError:  # fd closed: nothing to write to
+            continue
+
+
+def detach_on_hangup(signum: int, frame) -> None:
+    """A SIGHUP handler that only takes the output off the closed terminal (:func:`detach_terminal`)."""
+    detach_terminal()
+
+
+def leave_stops_to_parent() -> None:
+    """In a worker process (the reward pool's, the rollout worker): Ctrl-C, SIGTERM and SIGHUP reach it with its
+    parent (one process group) and are the parent's to act on, which then stops the worker; a hangup only detaches the
+    worker's output from the closed terminal (:func:`detach_terminal`)."""
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.SIG_IGN)
+    if HANGUP is not None:
+        signal.signal(HANGUP, detach_on_hangup)
