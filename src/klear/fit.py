@@ -188,6 +188,8 @@ def train(
             if not trainer.interrupted:
                 raise
             code, outcome = EXIT_INTERRUPTED, "interrupted"
+            if stop.signalled.is_set():  # rich exits on an output pipe that broke as the run stopped (`| tee`, SIGHUP)
+                code, outcome, detail = stop.exit_status, "stopped", f": {stop.cause.name}"
         except OSError as error:  # a full disk, a quota: what to do is one line, not a traceback
             shared = isinstance(error, RankFailure)  # every rank has it: rank 0 reports it
             if trainer.is_global_zero or not shared:

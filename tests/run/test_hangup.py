@@ -8,6 +8,7 @@ carries on to its end."""
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -107,6 +108,21 @@ def test_a_run_whose_terminal_closes_stops_at_a_step_and_resumes(tmp_path):
     resumed = klear(*[arg.replace("max_steps=200", f"max_steps={steps}") for arg in args], "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((output / "summary.json").read_text())["status"] == "finished"
+
+
+def test_a_run_piped_into_tee_stops_at_a_step_when_its_terminal_closes(tmp_path):
+    """``klear.fit ... | tee run.log``: the hangup ends ``tee`` too, so the run's output is a pipe without a reader
+    (a write there fails with ``EPIPE``, and rich's progress bar exits on it): the run still stops as on SIGHUP."""
+    output, log = tmp_path / "run", tmp_path / "run.log"
+    args = ["klear.fit", "--config", "configs/rl.yaml", *RUN, f"output_dir={output}", "rollout.max_staleness=0"]
+    terminal = Terminal(["bash", "-c", f"{shlex.join(python_m(*args))} 2>&1 | tee {shlex.quote(str(log))}"])
+    wait_until(lambda: any(output.glob("checkpoints/step-*.ckpt")), terminal.process, "checkpoint")
+    terminal.hang_up()
+    terminal.ended()  # the shell's status: it was ended by the hangup
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["status"].startswith("stopped at step ") and summary["status"].endswith(": SIGHUP"), summary
+    assert not (output / ".klear.lock").exists() and (output / "report.md").exists()
+    assert "INFO klear" in log.read_text()  # the run's lines went through tee until the hangup
 
 
 def test_a_run_under_nohup_outlives_its_terminal(tmp_path):

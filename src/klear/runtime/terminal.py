@@ -1,35 +1,54 @@
 """The terminal a process runs in, and the signals that reach it through its process group.
 
 SIGHUP is what a process receives when its terminal closes (an ssh connection that drops, a terminal window closed,
-the shell that started it in the background exiting); from then on a write to the terminal fails with ``EIO``.
-:func:`detach_terminal` points the standard streams at the null device instead, so that a command that stops on
-SIGHUP (`klear.run.loading_stop`, `klear.run.stopping`) can finish its stop and write its files. Ctrl-C, SIGTERM sent
-to a process group and SIGHUP also reach the worker processes a command starts in its own group (the reward pool,
-the rollout worker): :func:`leave_stops_to_parent` leaves them to the command, which stops its workers itself.
+the shell that started it in the background exiting); from then on a write to the terminal fails with ``EIO``, and
+a pipe the output went through (``klear.fit ... | tee run.log``) loses its reader, which the same hangup ends, so a
+write there fails with ``EPIPE``. :func:`detach_terminal` points such standard streams at the null device instead,
+so that a command that stops on SIGHUP (`klear.run.loading_stop`, `klear.run.stopping`) can finish its stop and
+write its files. Ctrl-C, SIGTERM sent to a process group and SIGHUP also reach the worker processes a command
+starts in its own group (the reward pool, the rollout worker): :func:`leave_stops_to_parent` leaves them to the
+command, which stops its workers itself.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import stat
+import time
 
 HANGUP = getattr(signal, "SIGHUP", None)
 """SIGHUP; None where the platform has no such signal."""
+READER_WAIT_S = 0.5
+"""Seconds :func:`detach_terminal` waits for the reader of a pipe the output goes to to end (the hangup that reached
+this process reaches a pipeline's reader too): a reader still there after that keeps the output."""
 
 
 def detach_terminal() -> None:
     """Point standard input, output and error at the null device where they are a terminal that hung up (a character
-    device that is no longer a terminal: writing there fails with ``EIO``). A terminal still open stays: a SIGHUP
-    sent by hand leaves the command's lines where the user reads them."""
+    device that is no longer a terminal) or a pipe whose reader has ended (waiting `READER_WAIT_S` for it to end).
+    A terminal still open, a file, and a pipe still read stay: a SIGHUP sent by hand leaves the command's lines where
+    the user reads them."""
+    deadline = time.monotonic() + READER_WAIT_S
     for fd in (0, 1, 2):
         try:
-            if stat.S_ISCHR(os.fstat(fd).st_mode) and not os.isatty(fd):
+            mode = os.fstat(fd).st_mode
+            dead_terminal = stat.S_ISCHR(mode) and not os.isatty(fd)
+            if dead_terminal or (fd > 0 and stat.S_ISFIFO(mode) and _reader_ended(fd, deadline)):
                 null = os.open(os.devnull, os.O_RDWR)
                 os.dup2(null, fd)
                 os.close(null)
         except OSError:  # fd closed: nothing to write to
             continue
+
+
+def _reader_ended(fd: int, deadline: float) -> bool:
+    """Whether the pipe ``fd`` writes to has no reader left, waiting for that until ``deadline``."""
+    poller = select.poll()
+    poller.register(fd, 0)  # no event asked: poll returns on POLLERR, which a pipe without readers reports
+    milliseconds = max(0, round((deadline - time.monotonic()) * 1000))
+    return any(events & select.POLLERR for _, events in poller.poll(milliseconds))
 
 
 def detach_on_hangup(signum: int, frame) -> None:
