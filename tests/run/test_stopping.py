@@ -16,7 +16,7 @@ import torch
 from klear.run.directory import checkpoint_problem
 from klear.run.loading_stop import EXIT_SIGTERM
 from klear.run.stopping import SignalStop
-from tests.runs import RL_SHORT, read_metrics
+from tests.runs import RL_SHORT, fit_in_subprocess, read_metrics
 
 pytestmark = pytest.mark.end_to_end  # stops real runs started in subprocesses
 
@@ -69,7 +69,7 @@ def stop_group(process: subprocess.Popen, within: float) -> tuple[str, str]:
 def assert_stopped(output: Path, args: list[str], stdout: str, stderr: str, returncode: int) -> Path:
     assert returncode == EXIT_SIGTERM, stderr[-3000:]
     assert "Traceback" not in stdout + stderr, stderr[-3000:]
-    assert "warning: SIGTERM received: stopping at the next step, or within the step in progress" in stderr
+    assert "warning: SIGTERM received: stopping at the end of the step in progress, which is saved, or within" in stderr
     summary = stdout.splitlines()
     assert summary[0].startswith("run stopped at step ") and summary[0].split(": ")[1] == "SIGTERM", summary
     checkpoint = sorted(output.glob("checkpoints/step-*.ckpt"))[-1]
@@ -92,6 +92,30 @@ def test_sigterm_stops_one_process_at_a_step_with_the_summary(tmp_path):
     wait_for(output, rows=2, process=process)
     stdout, stderr = stop_group(process, within=30)
     assert_stopped(output, args, stdout, stderr, process.returncode)
+
+
+def test_sigterm_between_steps_saves_the_step_and_the_resume_repeats_the_run_exactly(tmp_path):
+    """SFT, whose steps have no agreement point inside: the stop is agreed at the end of the step the signal came in,
+    which is saved first although no checkpoint was due (every 400 steps), so no step is lost, and the resumed run's
+    rows are those of a run that was never stopped, bit for bit."""
+    short = ["data.num_train=2000", "trainer.max_steps=40", "trainer.checkpoint_every_n_steps=400"]
+    short += ["trainer.progress_bar=false", "eval.every_n_steps=0", "eval.num_prompts=4", "eval.max_new_tokens=8"]
+    whole, output = tmp_path / "whole", tmp_path / "stopped"
+    fit_in_subprocess(["--config", "configs/sft.yaml", f"output_dir={whole}", *short])
+    args = ["--config", "configs/sft.yaml", f"output_dir={output}", *short]
+    process = start(args)
+    deadline = time.monotonic() + 300
+    while not ((output / "metrics.csv").is_file() and len(read_metrics(output / "metrics.csv")) >= 5):
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before 5 rows"
+        time.sleep(0.05)
+    stdout, stderr = stop_group(process, within=30)
+    checkpoint = assert_stopped(output, args, stdout, stderr, process.returncode)
+    steps = int(checkpoint.stem.removeprefix("step-"))
+    assert 5 <= steps < 40 and len(read_metrics(output / "metrics.csv")) == steps  # every step it logged is saved
+    fit_in_subprocess([*args, "--resume"])
+    exact = ("step", "train/loss", "train/grad_norm", "train/lr", "train/tokens")
+    rows = [{key: row[key] for key in exact} for row in read_metrics(output / "metrics.csv")]
+    assert rows == [{key: row[key] for key in exact} for row in read_metrics(whole / "metrics.csv")]
 
 
 def resume_one_step(args: list[str], steps: int) -> None:

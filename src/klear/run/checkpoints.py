@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from torch.distributed.checkpoint.api import CheckpointException
 
 from klear.run.directory import CHECKPOINT_GLOB, RunDir, remove_path, with_path
+from klear.run.stopping import StopRequested, agreement_point
 from klear.runtime import lightning_compat, memory
 from klear.runtime.distributed import agree_on_failure
 
@@ -30,7 +31,8 @@ from klear.runtime.distributed import agree_on_failure
 class StepCheckpoint(Checkpoint):
     # A Checkpoint, so that Lightning runs it after every other callback, those a module attaches in its
     # configure_callbacks included: the RL module's engine refresh must push the weights before a save.
-    """Save ``checkpoints/step-N.ckpt`` every ``every_n_steps`` training steps and at the end of training.
+    """Save ``checkpoints/step-N.ckpt`` every ``every_n_steps`` training steps, at the end of training, and at the
+    end of a step where a stop on SIGTERM is agreed (:meth:`stop_point`).
 
     The file (a directory of per-rank shards under fsdp2) is written under a temporary name and renamed into
     place, then older checkpoints are removed, so
@@ -50,6 +52,21 @@ class StepCheckpoint(Checkpoint):
         step = batch_idx + 1
         if self.every_n_steps and step % self.every_n_steps == 0:
             self.save(trainer, step)
+        if step < trainer.num_training_batches:  # the last step's checkpoint is the end of training's
+            self.stop_point(trainer, step)
+
+    def stop_point(self, trainer: L.Trainer, step: int) -> None:
+        """The agreement point on SIGTERM at the end of a step (`klear.run.stopping`): a stop agreed here saves the
+        step it ends first, which is complete (its weights pushed to the engine, the callbacks before this one run),
+        so that the run loses none of its steps; the save is bounded by the stop's grace like any other work."""
+        agree = agreement_point(trainer)
+        if agree is None:
+            return
+        try:
+            agree()
+        except StopRequested:
+            self.save(trainer, step)
+            raise
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.save(trainer, lightning_compat.completed_steps(trainer))

@@ -12,10 +12,12 @@ collective (an evaluation's gather) waits forever for a partner that never comes
 - the ranks agree to stop at the next agreement point, one ``all_reduce(MAX)`` of the flag that every rank reaches
   (a rank that was not signalled stops too), and all raise :class:`StopRequested` there: no new step, evaluation
   or checkpoint is started, and a checkpoint being written when the signal came completes first. The points are
-  the start of each training step and, inside a step (:meth:`SignalStop.agree`, which the stages call), between
-  its generation and its update, between its optimizer updates and between the chunks of an evaluation, so a step
-  longer than the grace stops within one chunk of work; what a step had done is discarded (its checkpoint is
-  saved only once it completes), so the last complete checkpoint is the one before it;
+  the start and the end of each training step (at the end, `klear.run.checkpoints.StepCheckpoint` saves the
+  step first, due or not, so a stop there loses no step) and, inside a step (:meth:`SignalStop.agree`, which the
+  stages call), between its generation and its update, between its optimizer updates and between the chunks of an
+  evaluation, so a step longer than the grace stops within one chunk of work; what a step stopped inside had done
+  is discarded (its checkpoint is saved only once it completes), so the last complete checkpoint is the one before
+  it;
 - a rank that has not stopped within :data:`GRACE_S` seconds, or that receives a second SIGTERM, exits at once
   (after rank 0 printed the summary and removed a half-written checkpoint): the last complete checkpoint is the
   one named by the summary either way. A SIGTERM within :data:`REPEAT_S` of the first is the same stop, not a
@@ -72,8 +74,8 @@ module docstring): only a signal later than that stops a rank at once."""
 
 
 NOTICE = (
-    "warning: {signal} received: stopping at the next step, or within the step in progress, which is then "
-    "discarded; the last complete checkpoint is kept (a second SIGTERM stops at once)\n"
+    "warning: {signal} received: stopping at the end of the step in progress, which is saved, or within it, which "
+    "is then discarded; the last complete checkpoint is kept (a second SIGTERM stops at once)\n"
 )
 
 
