@@ -155,7 +155,7 @@ def train(
     from klear.runtime.distributed import RankFailure
 
     first_step = run_dir.resume_step() if args.resume else 0  # read now: the run replaces the checkpoint
-    started, code, outcome, detail, failure = time.perf_counter(), 0, "finished", "", None
+    started, code, outcome, detail, failure, steps = time.perf_counter(), 0, "finished", "", None, None
     resume = resume_command(argv)
 
     def forced_exit(reason: str) -> None:
@@ -175,8 +175,9 @@ def train(
         try:
             checkpoint = str(run_dir.last_checkpoint) if args.resume else None
             trainer.fit(module, train_dataloaders=batches, ckpt_path=checkpoint, weights_only=False)  # our own files
-        except StopRequested as error:
-            code, outcome, detail = stop.exit_status, "stopped", f": {error}"
+        except StopRequested as error:  # SIGTERM, SIGHUP or a first Ctrl-C, agreed by every rank
+            code, outcome, detail = stop.outcome()
+            steps = error.completed
         except LogprobGapError as error:
             print(f"error: {error}", file=sys.stderr)
             code, outcome, detail = 3, "stopped", f": {first_line(error)}"
@@ -188,8 +189,8 @@ def train(
             if not trainer.interrupted:
                 raise
             code, outcome = EXIT_INTERRUPTED, "interrupted"
-            if stop.signalled.is_set():  # rich exits on an output pipe that broke as the run stopped (`| tee`, SIGHUP)
-                code, outcome, detail = stop.exit_status, "stopped", f": {stop.cause.name}"
+            if stop.signalled.is_set():  # a second Ctrl-C; or rich exited on an output pipe broken as the run stopped
+                code, outcome, detail = stop.outcome()
         except OSError as error:  # a full disk, a quota: what to do is one line, not a traceback
             shared = isinstance(error, RankFailure)  # every rank has it: rank 0 reports it
             if trainer.is_global_zero or not shared:
@@ -199,7 +200,8 @@ def train(
         except Exception as error:
             code, outcome, detail, failure = 1, "failed", f": {type(error).__name__}: {first_line(error)}", error
         with stop.closing:  # a forced exit from here on would print a second summary
-            status = outcome if code == 0 else f"{outcome} at step {lightning_compat.completed_steps(trainer)}{detail}"
+            steps = lightning_compat.completed_steps(trainer) if steps is None else steps
+            status = outcome if code == 0 else f"{outcome} at step {steps}{detail}"
             if trainer.is_global_zero:
                 seconds = time.perf_counter() - started
                 report(run_dir, config, seconds, status, first_step, must_succeed=code == 0 and failure is None)

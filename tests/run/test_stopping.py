@@ -291,6 +291,39 @@ def test_a_sigterm_delivered_twice_is_one_stop_and_a_later_one_a_second():
     assert result.stderr.count("warning: SIGTERM received") == 1
 
 
+def test_a_first_ctrl_c_stops_at_a_step_and_a_second_one_a_second_later_at_once():
+    """Ctrl-C during the fit is the agreed stop (a run interrupted at a step, with the step saved where it ends); a
+    second press, a second or more later, raises ``KeyboardInterrupt`` at once; a Ctrl-C the process was started
+    ignoring (a background job) stays ignored."""
+    script = textwrap.dedent(
+        """
+        import os, signal, time
+        from klear.run import stopping
+        stop = stopping.SignalStop(on_forced_exit=lambda reason: print("forced:", reason, flush=True))
+        with stop.watching():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)  # the same press, delivered twice (the group and a launcher)
+            assert stop.signalled.wait(timeout=10) and stop.outcome() == (130, "interrupted", "")
+            time.sleep(stopping.REPEAT_S + 0.5)
+            print("still stopping", flush=True)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(30)
+            except KeyboardInterrupt:
+                print("interrupted at once", flush=True)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with stopping.SignalStop(on_forced_exit=print).watching():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == "still stopping\ninterrupted at once\n"
+    assert result.stderr.count("warning: Ctrl-C received: ") == 1
+    assert "(press Ctrl-C again to stop at once)" in result.stderr
+
+
 def test_lightning_slurm_auto_requeue_is_off_under_slurm_only(monkeypatch):
     from lightning.fabric.plugins.environments import SLURMEnvironment
 

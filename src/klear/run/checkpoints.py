@@ -64,8 +64,9 @@ class StepCheckpoint(Checkpoint):
             return
         try:
             agree()
-        except StopRequested:
+        except StopRequested as stop:
             self.save(trainer, step)
+            stop.completed = step  # Lightning counts the step as completed only after this hook
             raise
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:

@@ -1,5 +1,5 @@
-"""Stopping a run on SIGTERM or SIGHUP: every rank at the same step boundary, within seconds, the last checkpoint
-intact.
+"""Stopping a run on SIGTERM, SIGHUP or Ctrl-C: every rank at the same step boundary, within seconds, the last
+checkpoint intact.
 
 Cluster schedulers stop a job with SIGTERM, sent to every process of the job (SLURM at its time limit or on
 preemption, Kubernetes, a ``kill`` of the process group), then SIGKILL after a grace period. Lightning's own
@@ -75,12 +75,18 @@ module docstring): only a signal later than that stops a rank at once."""
 
 NOTICE = (
     "warning: {signal} received: stopping at the end of the step in progress, which is saved, or within it, which "
-    "is then discarded; the last complete checkpoint is kept (a second SIGTERM stops at once)\n"
+    "is then discarded; the last complete checkpoint is kept ({again})\n"
 )
+AGAIN = {signal.SIGINT: "press Ctrl-C again to stop at once"}
+"""How to stop at once after each signal's stop began, where it is not "a second SIGTERM stops at once"."""
 
 
 class StopRequested(Exception):
-    """Every rank stops at this step boundary: SIGTERM or SIGHUP (the message) reached at least one of them."""
+    """Every rank stops at this step boundary: SIGTERM, SIGHUP or Ctrl-C (the message) reached at least one of them.
+    ``completed``: the steps the run completed, where the stop came after a step that Lightning does not count yet
+    (its end, `klear.run.checkpoints.StepCheckpoint.stop_point`); None elsewhere."""
+
+    completed: int | None = None
 
 
 class Diverged(RuntimeError):
@@ -102,7 +108,10 @@ def check_finite(values: Mapping[str, float], names: Iterable[str]) -> None:
 
 
 class SignalStop(L.Callback):
-    """The SIGTERM and SIGHUP handling of the module docstring, for the lifetime of :meth:`watching` (around ``fit``).
+    """The SIGTERM and SIGHUP handling of the module docstring, for the lifetime of :meth:`watching` (around ``fit``),
+    and Ctrl-C's: the first stops the run the same way (a run interrupted at a step, exit status 130, with no forced
+    exit: the user is there to press it again), a second one a second or more later raises ``KeyboardInterrupt``
+    at once, Lightning's own graceful shutdown.
 
     Args:
         on_forced_exit: called once, from the watcher thread, before a forced exit (rank 0 prints the summary
@@ -117,11 +126,14 @@ class SignalStop(L.Callback):
         self.active = False
         """Whether :meth:`watching` is in force."""
         self.first = 0.0
-        """When the first SIGTERM or SIGHUP came (``time.monotonic``)."""
+        """When the first SIGTERM, SIGHUP or Ctrl-C came (``time.monotonic``)."""
         self.cause = signal.SIGTERM
         """The first signal that came: the stop's name and exit status (:attr:`exit_status`)."""
         self.signals: list[signal.Signals] = [signal.SIGTERM]
         """The signals that stop the run (`klear.run.loading_stop.stop_signals`), read as the watching starts."""
+        self.ctrl_c = True
+        """Whether Ctrl-C stops the run this way: not where it was ignored as the watching started (a background job
+        of a shell without job control)."""
         self.grace: threading.Timer | None = None
         """The forced exit after `GRACE_S`, armed by the first SIGTERM and cancelled when the watching ends: a
         process that lives on after ``fit`` (the Python API, a test) is never ended by a stop it already made."""
@@ -130,8 +142,15 @@ class SignalStop(L.Callback):
 
     @property
     def exit_status(self) -> int:
-        """128 + the signal that stopped the run: 143 for SIGTERM, 129 for SIGHUP."""
+        """128 + the signal that stopped the run: 143 for SIGTERM, 129 for SIGHUP, 130 for Ctrl-C."""
         return 128 + self.cause
+
+    def outcome(self) -> tuple[int, str, str]:
+        """The run's exit status, the word for its end and the detail of its status: ``(143, "stopped", ": SIGTERM")``,
+        ``(129, "stopped", ": SIGHUP")`` or ``(130, "interrupted", "")`` (a run interrupted with Ctrl-C)."""
+        if self.cause == signal.SIGINT:
+            return self.exit_status, "interrupted", ""
+        return self.exit_status, "stopped", f": {self.cause.name}"
 
     def watching(self) -> _Watching:
         return _Watching(self)
@@ -142,6 +161,14 @@ class SignalStop(L.Callback):
         # SIGHUP's takes the output off the closed terminal in the main thread, before its next write.
         for stop in self.signals:
             signal.signal(stop, detach_on_hangup if stop == HANGUP else _ignore)
+        if self.ctrl_c:
+            signal.signal(signal.SIGINT, self._ctrl_c)
+
+    def _ctrl_c(self, signum: int, frame) -> None:
+        """The Python-level Ctrl-C handler, in the main thread: the first is the watcher's to note; one a second or
+        more after the stop began stops the run at once."""
+        if self.signalled.is_set() and time.monotonic() - self.first >= REPEAT_S:
+            raise KeyboardInterrupt
 
     def _watch(self, read_fd: int) -> None:
         while True:
@@ -153,7 +180,9 @@ class SignalStop(L.Callback):
                 os.close(read_fd)
                 return
             stops = [stop for stop in self.signals if stop in received]
-            if not stops:  # SIGINT and other Python-handled signals are the main thread's
+            if self.ctrl_c and signal.SIGINT in received and not self.signalled.is_set():
+                stops.append(signal.SIGINT)  # a later one is the main thread's (`_ctrl_c`)
+            if not stops:  # other Python-handled signals are the main thread's
                 continue
             if HANGUP in stops:
                 detach_terminal()  # as the main thread's handler does, should that thread be blocked
@@ -162,12 +191,16 @@ class SignalStop(L.Callback):
                     continue  # the same stop, delivered twice
                 self._force(f"a second {stops[0].name}")
             self.first, self.cause = time.monotonic(), stops[0]
-            self.grace = threading.Timer(GRACE_S, self._force, args=(f"no stop within {GRACE_S:g} s of SIGTERM",))
-            self.grace.daemon = True
-            self.grace.start()  # armed before the flag is seen, so that the end of the watching always disarms it
+            if self.cause != signal.SIGINT:  # Ctrl-C's user presses it again instead
+                reason = f"no stop within {GRACE_S:g} s of {self.cause.name}"
+                self.grace = threading.Timer(GRACE_S, self._force, args=(reason,))
+                self.grace.daemon = True
+                self.grace.start()  # armed before the flag is seen, so that the end of the watching disarms it
             self.signalled.set()
+            name = "Ctrl-C" if self.cause == signal.SIGINT else self.cause.name
+            notice = NOTICE.format(signal=name, again=AGAIN.get(self.cause, "a second SIGTERM stops at once"))
             with contextlib.suppress(OSError):  # not through logging: its locks may be held by the interrupted thread
-                os.write(2, NOTICE.format(signal=self.cause.name).encode())
+                os.write(2, notice.encode())
 
     def _force(self, reason: str) -> None:
         if not self.active:  # the watching ended (fit returned) while the timer fired
@@ -222,7 +255,9 @@ class _Watching:
 
     def __enter__(self) -> SignalStop:
         self.stop.signals = stop_signals()  # before a handler of ours hides whether SIGHUP was ignored
-        self.previous = {stop: signal.getsignal(stop) for stop in self.stop.signals}
+        self.stop.ctrl_c = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        handled = [*self.stop.signals, *([signal.SIGINT] if self.stop.ctrl_c else [])]
+        self.previous = {stop: signal.getsignal(stop) for stop in handled}
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.write_fd, False)  # the interpreter's C handler must never block on it
         self.previous_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
