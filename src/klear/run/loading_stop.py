@@ -54,10 +54,14 @@ def stop_outcome(stop: BaseException) -> tuple[int, str, str]:
     """What a stop (:class:`Terminated` or ``KeyboardInterrupt``) makes of a command: its exit status, the word for
     what happened and its cause: ``(143, "stopped", "SIGTERM")``, ``(129, "stopped", "SIGHUP")`` or
     ``(130, "interrupted", "Ctrl-C")``."""
-    if isinstance(stop, Terminated):
-        name = str(stop)
-        return 128 + signal.Signals[name], "stopped", name
-    return EXIT_INTERRUPTED, "interrupted", "Ctrl-C"
+    return signal_outcome(signal.Signals[str(stop)] if isinstance(stop, Terminated) else signal.SIGINT)
+
+
+def signal_outcome(signum: int) -> tuple[int, str, str]:
+    """:func:`stop_outcome` of a stop by the signal ``signum`` (SIGINT: Ctrl-C)."""
+    if signum == signal.SIGINT:
+        return EXIT_INTERRUPTED, "interrupted", "Ctrl-C"
+    return 128 + signum, "stopped", signal.Signals(signum).name
 
 
 def stop_signals() -> list[signal.Signals]:

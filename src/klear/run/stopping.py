@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable, Mapping
 import lightning as L
 import torch
 
-from klear.run.loading_stop import stop_signals
+from klear.run.loading_stop import signal_outcome, stop_signals
 from klear.runtime.terminal import HANGUP, detach_on_hangup, detach_terminal
 
 log = logging.getLogger(__name__)
@@ -148,9 +148,8 @@ class SignalStop(L.Callback):
     def outcome(self) -> tuple[int, str, str]:
         """The run's exit status, the word for its end and the detail of its status: ``(143, "stopped", ": SIGTERM")``,
         ``(129, "stopped", ": SIGHUP")`` or ``(130, "interrupted", "")`` (a run interrupted with Ctrl-C)."""
-        if self.cause == signal.SIGINT:
-            return self.exit_status, "interrupted", ""
-        return self.exit_status, "stopped", f": {self.cause.name}"
+        code, word, cause = signal_outcome(self.cause)
+        return code, word, "" if self.cause == signal.SIGINT else f": {cause}"
 
     def watching(self) -> _Watching:
         return _Watching(self)
@@ -197,7 +196,7 @@ class SignalStop(L.Callback):
                 self.grace.daemon = True
                 self.grace.start()  # armed before the flag is seen, so that the end of the watching disarms it
             self.signalled.set()
-            name = "Ctrl-C" if self.cause == signal.SIGINT else self.cause.name
+            name = signal_outcome(self.cause)[2]  # Ctrl-C, SIGTERM, SIGHUP
             notice = NOTICE.format(signal=name, again=AGAIN.get(self.cause, "a second SIGTERM stops at once"))
             with contextlib.suppress(OSError):  # not through logging: its locks may be held by the interrupted thread
                 os.write(2, notice.encode())
