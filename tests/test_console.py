@@ -54,22 +54,29 @@ def test_the_main_command_prints_a_progress_bar_and_a_summary_and_writes_the_rep
 
 
 def test_ctrl_c_stops_with_a_summary_a_report_and_the_resume_command(tmp_path):
+    """Ctrl-C lets the step in progress end and saves it, though no checkpoint was due (every 100 steps): nothing
+    is lost."""
     output = tmp_path / "rl"
     args = ["--config", "configs/rl.yaml", f"output_dir={output}", *RL_SHORT]
-    args += ["trainer.max_steps=200", "trainer.checkpoint_every_n_steps=1"]
+    args += ["trainer.max_steps=200", "trainer.checkpoint_every_n_steps=100"]
     process = subprocess.Popen(
         [sys.executable, "-m", "klear.fit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 300
-    while not list((output / "checkpoints").glob("step-*.ckpt")) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    metrics = output / "metrics.csv"
+    while not (metrics.is_file() and len(read_metrics(metrics)) >= 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # into the next step: its generation or its updates, where SIGTERM would discard it
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stdout + stderr
+    assert "warning: Ctrl-C received: stopping at the end of the step in progress, which is saved" in stderr
     summary = stdout.splitlines()
-    assert summary[0].startswith("run interrupted at step ")
-    checkpoint = sorted((output / "checkpoints").glob("step-*.ckpt"))[-1]
+    steps = len(read_metrics(metrics))
+    assert summary[0].startswith(f"run interrupted at step {steps}: ")
+    checkpoint = output / "checkpoints" / f"step-{steps:06d}.ckpt"  # the step Ctrl-C came in, saved
+    assert sorted((output / "checkpoints").glob("step-*.ckpt")) == [checkpoint]
     resume = f"python -m klear.fit {' '.join(args)} --resume"
     assert summary[-1] == f"nothing is lost: {checkpoint} is kept; resume with: {resume}"
     assert "**Status:** interrupted at step " in (output / "report.md").read_text()

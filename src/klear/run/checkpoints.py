@@ -56,10 +56,10 @@ class StepCheckpoint(Checkpoint):
             self.stop_point(trainer, step)
 
     def stop_point(self, trainer: L.Trainer, step: int) -> None:
-        """The agreement point on SIGTERM at the end of a step (`klear.run.stopping`): a stop agreed here saves the
+        """The agreement point on a stop at the end of a step (`klear.run.stopping`): a stop agreed here saves the
         step it ends first, which is complete (its weights pushed to the engine, the callbacks before this one run),
         so that the run loses none of its steps; the save is bounded by the stop's grace like any other work."""
-        agree = agreement_point(trainer)
+        agree = agreement_point(trainer, inside=False)
         if agree is None:
             return
         try:

@@ -75,10 +75,16 @@ module docstring): only a signal later than that stops a rank at once."""
 
 NOTICE = (
     "warning: {signal} received: stopping at the end of the step in progress, which is saved, or within it, which "
-    "is then discarded; the last complete checkpoint is kept ({again})\n"
+    "is then discarded; the last complete checkpoint is kept (a second SIGTERM stops at once)\n"
 )
-AGAIN = {signal.SIGINT: "press Ctrl-C again to stop at once"}
-"""How to stop at once after each signal's stop began, where it is not "a second SIGTERM stops at once"."""
+CTRL_C_NOTICE = (
+    "warning: Ctrl-C received: stopping at the end of the step in progress, which is saved (press Ctrl-C again to "
+    "stop at once)\n"
+)
+AT_STEP_END, AT_ONCE = 1, 2
+"""How soon a stop comes, agreed across the ranks as the largest any rank asks: Ctrl-C stops at the end of the step
+in progress (the user is there to press it again), SIGTERM and SIGHUP at the next agreement point, inside a step
+too, within the grace."""
 
 
 class StopRequested(Exception):
@@ -109,9 +115,10 @@ def check_finite(values: Mapping[str, float], names: Iterable[str]) -> None:
 
 class SignalStop(L.Callback):
     """The SIGTERM and SIGHUP handling of the module docstring, for the lifetime of :meth:`watching` (around ``fit``),
-    and Ctrl-C's: the first stops the run the same way (a run interrupted at a step, exit status 130, with no forced
-    exit: the user is there to press it again), a second one a second or more later raises ``KeyboardInterrupt``
-    at once, Lightning's own graceful shutdown.
+    and Ctrl-C's: the first stops the run at the end of the step in progress, which is saved (a run interrupted at a
+    step, exit status 130; no agreement point inside the step stops it, and no forced exit: the user is there to
+    press it again), a second one a second or more later raises ``KeyboardInterrupt`` at once, Lightning's own
+    graceful shutdown; a SIGTERM or SIGHUP after a Ctrl-C makes the stop theirs.
 
     Args:
         on_forced_exit: called once, from the watcher thread, before a forced exit (rank 0 prints the summary
@@ -185,19 +192,18 @@ class SignalStop(L.Callback):
                 continue
             if HANGUP in stops:
                 detach_terminal()  # as the main thread's handler does, should that thread be blocked
-            if self.signalled.is_set():
+            if self.signalled.is_set() and not (self.cause == signal.SIGINT and stops[0] != signal.SIGINT):
                 if time.monotonic() - self.first < REPEAT_S:
                     continue  # the same stop, delivered twice
                 self._force(f"a second {stops[0].name}")
-            self.first, self.cause = time.monotonic(), stops[0]
+            self.first, self.cause = time.monotonic(), stops[0]  # a SIGTERM after Ctrl-C: now SIGTERM's stop
             if self.cause != signal.SIGINT:  # Ctrl-C's user presses it again instead
                 reason = f"no stop within {GRACE_S:g} s of {self.cause.name}"
                 self.grace = threading.Timer(GRACE_S, self._force, args=(reason,))
                 self.grace.daemon = True
                 self.grace.start()  # armed before the flag is seen, so that the end of the watching disarms it
             self.signalled.set()
-            name = signal_outcome(self.cause)[2]  # Ctrl-C, SIGTERM, SIGHUP
-            notice = NOTICE.format(signal=name, again=AGAIN.get(self.cause, "a second SIGTERM stops at once"))
+            notice = CTRL_C_NOTICE if self.cause == signal.SIGINT else NOTICE.format(signal=self.cause.name)
             with contextlib.suppress(OSError):  # not through logging: its locks may be held by the interrupted thread
                 os.write(2, notice.encode())
 
@@ -216,34 +222,39 @@ class SignalStop(L.Callback):
         self._install()
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch, batch_idx: int) -> None:
-        self.agree(trainer.strategy.root_device)
+        self.agree(trainer.strategy.root_device, inside=False)
 
-    def agree(self, device: torch.device) -> None:
-        """An agreement point: raise :class:`StopRequested` on every rank when any was signalled. Every rank must
-        call it at the same place of the same step (one collective); a stage calls it through
-        :func:`agreement_point`."""
-        if stop_agreed(self.signalled.is_set(), device):
-            raise StopRequested(self.cause.name)  # the signal this rank saw first; SIGTERM where it saw none
+    def agree(self, device: torch.device, inside: bool) -> None:
+        """An agreement point: raise :class:`StopRequested` on every rank when any was signalled (``inside`` a step:
+        by a signal that stops `AT_ONCE`). Every rank must call it at the same place of the same step (one
+        collective); a stage calls it through :func:`agreement_point`."""
+        asked = 0 if not self.signalled.is_set() else AT_STEP_END if self.cause == signal.SIGINT else AT_ONCE
+        agreed = stop_agreed(asked, device)
+        if agreed > (AT_STEP_END if inside else 0):
+            if not asked:  # a rank that saw no signal takes the stop of those that did
+                self.cause = signal.SIGINT if agreed == AT_STEP_END else signal.SIGTERM
+            raise StopRequested(self.cause.name)
 
 
-def agreement_point(trainer: L.Trainer) -> Callable[[], None] | None:
-    """The agreement point on SIGTERM inside a step of ``trainer``'s fit (:meth:`SignalStop.agree` on its device),
-    or ``None`` when no :class:`SignalStop` watches it (the Python API without ``klear.fit``)."""
+def agreement_point(trainer: L.Trainer, inside: bool = True) -> Callable[[], None] | None:
+    """The agreement point on a stop ``inside`` a step of ``trainer``'s fit, or at a step's end
+    (:meth:`SignalStop.agree` on its device), or ``None`` when no :class:`SignalStop` watches it (the Python API
+    without ``klear.fit``)."""
     for callback in trainer.callbacks:
         if isinstance(callback, SignalStop):
             device = trainer.strategy.root_device
-            return lambda: callback.agree(device)
+            return lambda: callback.agree(device, inside)
     return None
 
 
-def stop_agreed(signalled: bool, device: torch.device) -> bool:
-    """Whether any rank was signalled: a collective every rank calls at the same point (``signalled`` alone in a
-    single process)."""
+def stop_agreed(asked: int, device: torch.device) -> int:
+    """The largest stop any rank asks for (0: none, `AT_STEP_END`, `AT_ONCE`): a collective every rank calls at the
+    same point (``asked`` alone in a single process)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return signalled
-    flag = torch.tensor([1 if signalled else 0], device=device)
+        return asked
+    flag = torch.tensor([asked], device=device)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    return bool(flag.item())
+    return int(flag.item())
 
 
 class _Watching:
