@@ -144,9 +144,10 @@ def train(
     """Fit, then write ``report.md`` and ``curves.png`` and print the closing summary however the run ended:
     finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), by a loss, gradient norm or log-prob that is not
     finite (4, before the update commits: `klear.run.stopping.check_finite`), interrupted with Ctrl-C (130), stopped by
-    SIGTERM (143) or SIGHUP (129; every rank at the same step or update: `klear.run.stopping`), a write that failed
-    (a full disk: one line, exit 1) or failed otherwise (the exception propagates after the summary). The last complete
-    checkpoint is kept in every case, and a report that cannot be written never hides how the run ended."""
+    SIGTERM (143), SIGHUP (129) or SIGUSR1 (138; every rank at the same step or update: `klear.run.stopping`), a
+    write that failed (a full disk: one line, exit 1) or failed otherwise (the exception propagates after the
+    summary). The last complete checkpoint is kept in every case, and a report that cannot be written never hides how
+    the run ended."""
     import time
 
     from klear.rollout.refresh import LogprobGapError
@@ -170,7 +171,7 @@ def train(
             run_dir.lock.release()
 
     stop, trainer = SignalStop(forced_exit), None
-    with stop.watching():  # from here on, SIGTERM or SIGHUP stops the ranks together, at the first step at the latest
+    with stop.watching():  # from here on, a stop signal stops the ranks together, at the first step at the latest
         trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop])
         try:
             checkpoint = str(run_dir.last_checkpoint) if args.resume else None

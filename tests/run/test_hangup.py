@@ -159,8 +159,8 @@ def test_data_commands_and_comparisons_stop_when_their_terminal_closes(tmp_path)
 
 
 def test_worker_processes_leave_every_stop_to_their_command():
-    """The reward pool's workers and the rollout worker (`leave_stops_to_parent`) outlive Ctrl-C, SIGTERM and
-    SIGHUP sent to their process group: the command that started them stops them, once it has stopped itself."""
+    """The reward pool's workers and the rollout worker (`leave_stops_to_parent`) outlive Ctrl-C, SIGTERM, SIGHUP
+    and SIGUSR1 sent to their process group: the command that started them stops them, once it has stopped itself."""
     code = (
         "from klear.runtime.terminal import leave_stops_to_parent; leave_stops_to_parent(); "
         "print('ready', flush=True); import time; time.sleep(60)"
@@ -168,7 +168,7 @@ def test_worker_processes_leave_every_stop_to_their_command():
     worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert worker.stdout.readline() == "ready\n"
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
             worker.send_signal(signum)
         time.sleep(0.5)
         assert worker.poll() is None

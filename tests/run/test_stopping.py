@@ -232,16 +232,19 @@ def test_sigterm_during_an_evaluation_stops_at_its_next_chunk(tmp_path):
     assert not list(output.glob("checkpoints/*"))
 
 
-def test_the_watcher_sees_sigterm_and_restores_the_handler(monkeypatch):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_the_watcher_sees_a_stop_signal_and_restores_the_handler(monkeypatch, signum):
+    """SIGUSR1 (SLURM's ``--signal=USR1@N`` ahead of a time limit) is a stop as SIGTERM is, exit status 138."""
     from klear.run import stopping
 
     monkeypatch.setattr(stopping, "GRACE_S", 2.0)
-    before = signal.getsignal(signal.SIGTERM)
+    before = signal.getsignal(signum)
     stop = SignalStop(on_forced_exit=lambda reason: None)
     with stop.watching():
-        os.kill(os.getpid(), signal.SIGTERM)  # the default action would end pytest
+        os.kill(os.getpid(), signum)  # the default action would end pytest
         assert stop.signalled.wait(timeout=10)
-    assert signal.getsignal(signal.SIGTERM) is before
+        assert stop.outcome() == (128 + signum, "stopped", f": {signal.Signals(signum).name}")
+    assert signal.getsignal(signum) is before
     # The forced exit is disarmed with the watching: this process (pytest) lives on past the grace period.
     stop.grace.join(timeout=5)
     assert not stop.grace.is_alive() and not stop.active

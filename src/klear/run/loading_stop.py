@@ -40,7 +40,7 @@ WRITTEN = ("config.yaml", "data_report.json")
 
 
 class Terminated(BaseException):
-    """SIGTERM or SIGHUP (its name is the message: ``Terminated("SIGHUP")``). A ``BaseException``, as
+    """SIGTERM, SIGHUP or SIGUSR1 (its name is the message: ``Terminated("SIGHUP")``). A ``BaseException``, as
     ``KeyboardInterrupt``: no ``except Exception`` of the code it interrupts keeps it from stopping the run."""
 
 
@@ -65,17 +65,19 @@ def signal_outcome(signum: int) -> tuple[int, str, str]:
 
 
 def stop_signals() -> list[signal.Signals]:
-    """The signals that stop a command as SIGTERM does: SIGTERM, and SIGHUP unless the process ignores it now (it was
-    started under ``nohup``: the user asked it to outlive its terminal). Read before a handler is installed."""
-    ignored = HANGUP is None or signal.getsignal(HANGUP) is signal.SIG_IGN
-    return [signal.SIGTERM] if ignored else [signal.SIGTERM, HANGUP]
+    """The signals that stop a command as SIGTERM does: SIGTERM; SIGHUP (a closed terminal) and SIGUSR1 (what SLURM
+    sends ahead of a time limit with ``--signal=USR1@N``, Lightning's usual advice, whose default action would end
+    the run at once), each unless the process ignores it now (SIGHUP under ``nohup``: the user asked the command to
+    outlive its terminal). Read before a handler is installed."""
+    others = [HANGUP, getattr(signal, "SIGUSR1", None)]
+    return [signal.SIGTERM, *(s for s in others if s is not None and signal.getsignal(s) is not signal.SIG_IGN)]
 
 
 @contextmanager
 def stop_signals_raise() -> Iterator[None]:
-    """SIGTERM and SIGHUP (:func:`stop_signals`) raise :class:`Terminated` in the main thread within this context; the
-    previous handlers after it. Outside the main thread (a command's ``main`` called from another thread), which no
-    signal reaches, nothing."""
+    """SIGTERM, SIGHUP and SIGUSR1 (:func:`stop_signals`) raise :class:`Terminated` in the main thread within this
+    context; the previous handlers after it. Outside the main thread (a command's ``main`` called from another
+    thread), which no signal reaches, nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -32,6 +32,8 @@ the background exiting), stops it the same way, with exit status 129: its output
 terminal (`klear.runtime.terminal.detach_terminal`), so the stop writes ``report.md`` and ``summary.json`` and
 releases the folder's lock instead of dying on its next line. The terminal usually sends it twice (to the process
 group, and through the shell): `REPEAT_S` makes that one stop. A run under ``nohup`` ignores it, as asked.
+SIGUSR1, which SLURM sends ahead of a time limit with ``--signal=USR1@N`` (Lightning's advice for its requeue), is a
+stop too, with exit status 138, where its default action would end the run at once.
 Before the fit (the config, the data and the model loading), `klear.run.loading_stop` stops each rank at once.
 Lightning's SLURM auto-requeue is switched off by :func:`cluster_plugins`: its SIGUSR1 handler saves a checkpoint
 with collectives inside a signal handler too (the same hang) and writes an ``hpc_ckpt_N.ckpt`` that klear never
@@ -114,11 +116,11 @@ def check_finite(values: Mapping[str, float], names: Iterable[str]) -> None:
 
 
 class SignalStop(L.Callback):
-    """The SIGTERM and SIGHUP handling of the module docstring, for the lifetime of :meth:`watching` (around ``fit``),
-    and Ctrl-C's: the first stops the run at the end of the step in progress, which is saved (a run interrupted at a
-    step, exit status 130; no agreement point inside the step stops it, and no forced exit: the user is there to
-    press it again), a second one a second or more later raises ``KeyboardInterrupt`` at once, Lightning's own
-    graceful shutdown; a SIGTERM or SIGHUP after a Ctrl-C makes the stop theirs.
+    """The SIGTERM, SIGHUP and SIGUSR1 handling of the module docstring, for the lifetime of :meth:`watching`
+    (around ``fit``), and Ctrl-C's: the first stops the run at the end of the step in progress, which is saved (a
+    run interrupted at a step, exit status 130; no agreement point inside the step stops it, and no forced exit: the
+    user is there to press it again), a second one a second or more later raises ``KeyboardInterrupt`` at once,
+    Lightning's own graceful shutdown; a SIGTERM, SIGHUP or SIGUSR1 after a Ctrl-C makes the stop theirs.
 
     Args:
         on_forced_exit: called once, from the watcher thread, before a forced exit (rank 0 prints the summary

@@ -57,10 +57,11 @@ def detach_on_hangup(signum: int, frame) -> None:
 
 
 def leave_stops_to_parent() -> None:
-    """In a worker process (the reward pool's, the rollout worker): Ctrl-C, SIGTERM and SIGHUP reach it with its
-    parent (one process group) and are the parent's to act on, which then stops the worker; a hangup only detaches the
-    worker's output from the closed terminal (:func:`detach_terminal`)."""
-    for stop in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(stop, signal.SIG_IGN)
+    """In a worker process (the reward pool's, the rollout worker): Ctrl-C, SIGTERM, SIGUSR1 and SIGHUP reach it with
+    its parent (one process group, or every process of a SLURM job step) and are the parent's to act on, which then
+    stops the worker; a hangup only detaches the worker's output from the closed terminal (:func:`detach_terminal`)."""
+    for stop in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+        if stop is not None:
+            signal.signal(stop, signal.SIG_IGN)
     if HANGUP is not None:
         signal.signal(HANGUP, detach_on_hangup)
