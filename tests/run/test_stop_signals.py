@@ -4,10 +4,13 @@ SIGUSR1 raise `Terminated` named after the signal, SIGHUP and SIGUSR1 only where
 
 import os
 import signal
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from klear.run.loading_stop import Terminated, stop_outcome, stop_signals, stop_signals_raise
+from klear.run.stopping import SignalStop, StopRequested
 
 
 @pytest.mark.parametrize(
@@ -47,3 +50,28 @@ def test_a_stop_signal_raises_terminated_named_after_it_and_handlers_come_back(s
         signal.sigtimedwait([], 0)  # a bytecode boundary, where Python runs the handler
     assert str(stop.value) == signal.Signals(signum).name
     assert signal.getsignal(signum) is before
+
+
+@pytest.mark.parametrize(
+    ("cause", "stops_there"), [(signal.SIGINT, False), (signal.SIGTERM, True)], ids=["Ctrl-C", "SIGTERM"]
+)
+def test_a_step_start_stops_on_ctrl_c_only_before_the_first_step(cause, stops_there):
+    """The agreement point at a step's start (`SignalStop.on_train_batch_start`) stops the fit's first step on any
+    signal, there being nothing to save yet; after it, on SIGTERM alone: a Ctrl-C there goes on to the step's end,
+    where the step is saved, so the step before it, which its own end point did not save, is not lost."""
+    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    stop = SignalStop(on_forced_exit=print)
+    with pytest.raises(StopRequested):
+        stop.cause = cause
+        stop.signalled.set()
+        stop.on_train_batch_start(trainer, None, None, 0)
+
+    stop = SignalStop(on_forced_exit=print)
+    stop.on_train_batch_start(trainer, None, None, 0)  # a step of this fit began, with no signal
+    stop.cause = cause
+    stop.signalled.set()
+    if stops_there:
+        with pytest.raises(StopRequested):
+            stop.on_train_batch_start(trainer, None, None, 1)
+    else:
+        stop.on_train_batch_start(trainer, None, None, 1)  # on to the end of this step

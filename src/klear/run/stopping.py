@@ -143,6 +143,8 @@ class SignalStop(L.Callback):
         self.ctrl_c = True
         """Whether Ctrl-C stops the run this way: not where it was ignored as the watching started (a background job
         of a shell without job control)."""
+        self.stepped = False
+        """Whether a step of this fit has started (:meth:`on_train_batch_start`)."""
         self.grace: threading.Timer | None = None
         """The forced exit after `GRACE_S`, armed by the first SIGTERM and cancelled when the watching ends: a
         process that lives on after ``fit`` (the Python API, a test) is never ended by a stop it already made."""
@@ -151,8 +153,8 @@ class SignalStop(L.Callback):
 
     @property
     def exit_status(self) -> int:
-        """128 + the signal that stopped the run: 143 for SIGTERM, 129 for SIGHUP, 130 for Ctrl-C."""
-        return 128 + self.cause
+        """The exit status of the signal that stopped the run: 143 for SIGTERM, 129 for SIGHUP, 130 for Ctrl-C."""
+        return signal_outcome(self.cause)[0]
 
     def outcome(self) -> tuple[int, str, str]:
         """The run's exit status, the word for its end and the detail of its status: ``(143, "stopped", ": SIGTERM")``,
@@ -224,7 +226,11 @@ class SignalStop(L.Callback):
         self._install()
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch, batch_idx: int) -> None:
-        self.agree(trainer.strategy.root_device, inside=False)
+        """The agreement point at a step's start: any stop before the fit's first step, which has nothing to save;
+        after it, a stop `AT_ONCE` only. A Ctrl-C that came after the previous step's end point waits for the end of
+        this step, which is saved, instead of stopping here with the previous step unsaved."""
+        self.agree(trainer.strategy.root_device, inside=self.stepped)
+        self.stepped = True
 
     def agree(self, device: torch.device, inside: bool) -> None:
         """An agreement point: raise :class:`StopRequested` on every rank when any was signalled (``inside`` a step:
