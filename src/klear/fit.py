@@ -125,7 +125,8 @@ def stopped_while_loading(stop: BaseException, output: OutputState | None) -> in
 
 def set_loudness(quiet: bool, verbose: bool) -> None:
     """``--quiet``: warnings and errors only (the summary is printed, not logged); ``--verbose``: klear's debug
-    lines, and the third-party lines a run filters by default (`klear.run.console`)."""
+    lines, and the third-party lines a run filters by default (`klear.run.console`). The ranks after the first print
+    klear's warnings and errors only: their information lines (the data read, the threads) repeat rank 0's."""
     import logging
 
     from klear.run.console import quiet_third_party
@@ -135,6 +136,8 @@ def set_loudness(quiet: bool, verbose: bool) -> None:
         return
     if quiet:
         logging.getLogger().setLevel(logging.WARNING)
+    elif not launching_process():
+        logging.getLogger("klear").setLevel(logging.WARNING)
     quiet_third_party(logging.WARNING if quiet else logging.INFO)
 
 

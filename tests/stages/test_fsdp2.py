@@ -74,8 +74,10 @@ def test_sft_on_two_ranks_matches_one_process(tmp_path):
 
 def test_rl_on_two_ranks_matches_one_process(rl_one_process, tmp_path):
     """Without ``OMP_NUM_THREADS``: klear divides the cores between the two ranks, each rank logs the count it
-    computes with, the same one, and the run's summary.json records it (as torch still had it at the end)."""
-    log = fit_in_subprocess([*RL, "trainer.max_steps=4", f"output_dir={tmp_path}", *SHARDED], omp_threads=None)
+    computes with (rank 1 under ``--verbose``), the same one, and the run's summary.json records it (as torch still
+    had it at the end)."""
+    args = [*RL, "trainer.max_steps=4", f"output_dir={tmp_path}", *SHARDED, "--verbose"]
+    log = fit_in_subprocess(args, omp_threads=None)
     assert_same_metrics(rl_one_process, tmp_path)
     first, started = re.findall(r"CPU threads: (\d+) of (\d+) cores \((.*)\)", log)
     threads, cores, reason = first

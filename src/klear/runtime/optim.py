@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -43,6 +44,11 @@ def lr_factor(step: int, config: OptimConfig, total_steps: int) -> float:
 def build_scheduler(
     optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
+    """The schedule of `lr_factor`, stepped once per step: an RL step whose groups were all filtered makes no optimizer
+    update and still counts, so torch's warning that a schedule stepped before its optimizer is silenced, once here
+    (a filter set on every step would reset Python's record of the warnings already shown, and every warning that
+    shows once per run would show on every step)."""
+    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config, total_steps))
 
 

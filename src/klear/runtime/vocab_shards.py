@@ -101,7 +101,7 @@ class VocabLayout:
         padded = values.new_zeros((most, *values.shape[1:]))
         padded[: values.shape[0]] = values
         out = values.new_empty((self.world * most, *values.shape[1:]))
-        dist.all_gather_into_tensor(out, padded, group=self.group)
+        dist.all_gather_single(out, padded, group=self.group)
         return out
 
     def reduce_into(self, grad: Tensor, block_grad: Tensor, owner: int, first: int) -> None:
@@ -199,7 +199,7 @@ class _Lookup(torch.autograd.Function):
             found = torch.zeros((len(everyone), local.shape[1]), dtype=layout.compute_dtype, device=local.device)
             found[inside] = local[everyone[inside] - first].to(layout.compute_dtype)
             out = found.new_empty((ctx.most, local.shape[1]))
-            dist.reduce_scatter_tensor(out, found, group=layout.group)
+            dist.reduce_scatter_single(out, found, group=layout.group)
             out = out[: flat.shape[0]]
             ctx.save_for_backward(everyone)
         else:
@@ -349,7 +349,7 @@ class _Scores(torch.autograd.Function):
         # Averaged over the ranks, as FSDP2 averages; float32 weights keep this one buffer as their gradient.
         grad = rows_grad.div_(layout.world).to(local.dtype)
         grad_hidden = partial.new_empty((ctx.most, partial.shape[1]))
-        dist.reduce_scatter_tensor(grad_hidden, partial, group=layout.group)
+        dist.reduce_scatter_single(grad_hidden, partial, group=layout.group)
         return grad_hidden[:count].to(dtype), grad, None, None, None, None
 
 
@@ -382,7 +382,7 @@ class _Stats:
         """Every rank's sums over its own rows, into the sums over the whole vocabulary (on every rank)."""
         mine = torch.stack([self.maximum, self.total, self.weighted, self.chosen])
         everyone = mine.new_empty((layout.world * mine.shape[0], mine.shape[1]))
-        dist.all_gather_into_tensor(everyone, mine, group=layout.group)
+        dist.all_gather_single(everyone, mine, group=layout.group)
         everyone = everyone.view(layout.world, *mine.shape)
         maximum = everyone[:, 0].max(0).values
         rescale = (everyone[:, 0] - maximum).exp()  # a rank with no rows has -inf: weight 0

@@ -31,7 +31,6 @@ import dataclasses
 import logging
 import math
 import time
-import warnings
 from collections.abc import Callable
 
 import lightning as L
@@ -197,10 +196,7 @@ class RLModule(StageModule):
         if self.eval_due(batch_idx):  # asked for in on_train_batch_start
             self._eval_metrics = self.rollouts.take_eval(batch_idx)
             self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
-        with warnings.catch_warnings():
-            # A step whose groups were all filtered made no optimizer update; the schedule still counts it.
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-            self.lr_schedulers().step()
+        self.lr_schedulers().step()  # also after a step whose groups were all filtered (`build_scheduler`)
         metrics["actor/lr"] = self.lr_schedulers().get_last_lr()[0]
         self.log("reward", metrics["reward/mean"], prog_bar=True, logger=False)
         kept = metrics["rollout/kept_groups"] / self.config.rollout.prompts_per_step
@@ -209,8 +205,11 @@ class RLModule(StageModule):
 
     def _warn_if_starved(self, step: int, kept: int, wanted: int) -> None:
         """Filtered groups are normal GRPO (``rollout/kept_groups``, ``rollout/filtered_groups``); a warning is
-        for a step that makes no update, or for fewer than half of the groups kept ``STARVED_STEPS`` steps running."""
+        for a step that makes no update, or for fewer than half of the groups kept ``STARVED_STEPS`` steps running
+        (from rank 0)."""
         self._starved = self._starved + 1 if kept < wanted / 2 else 0
+        if self.global_rank != 0:  # every rank has the same groups: one says it
+            return
         if kept == 0:
             log.warning("step %d: every prompt group was all right or all wrong, so this step makes no update", step)
         elif self._starved == STARVED_STEPS:
