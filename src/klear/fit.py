@@ -154,6 +154,7 @@ def train(
     import time
 
     from klear.rollout.refresh import LogprobGapError
+    from klear.run.rank_failure import PEER_WAIT_S, Failure, RankFailures, watch_started_ranks
     from klear.run.stopping import EXIT_DIVERGED, Diverged, SignalStop, StopRequested
     from klear.runtime import lightning_compat
     from klear.runtime.distributed import RankFailure
@@ -162,22 +163,39 @@ def train(
     started, code, outcome, detail, failure, steps = time.perf_counter(), 0, "finished", "", None, None
     resume = resume_command(argv)
 
-    def forced_exit(reason: str) -> None:
+    def exit_at_once(status: str, error: str | None = None, with_report: bool = False) -> None:
+        """Rank 0's end of a run that a watcher thread ends while the main thread is blocked: its error line, the
+        report (when asked), the summary; every rank's lock released (the exit that follows skips main's release)."""
         if trainer is None:  # still being built: nothing of the run to report
             return
-        status = f"stopped at step {lightning_compat.completed_steps(trainer)}: {stop.cause.name} ({reason})"
         if trainer.is_global_zero:
             for partial in run_dir.checkpoints.glob("*.tmp"):  # a save cut short: never mistaken for a checkpoint
                 remove_path(partial)
-            print(run_summary(run_dir, status, time.perf_counter() - started, first_step, resume), flush=True)
-        if run_dir.lock is not None:  # the exit that follows skips main's release
+            if error is not None:
+                print(f"error: {error}", file=sys.stderr, flush=True)
+            seconds = time.perf_counter() - started
+            if with_report:
+                report(run_dir, config, seconds, status, first_step, must_succeed=False)
+            print(run_summary(run_dir, status, seconds, first_step, resume), flush=True)
+        if run_dir.lock is not None:
             run_dir.lock.release()
 
+    def forced_exit(reason: str) -> None:  # a stop signal, and no stop within the grace
+        exit_at_once(f"stopped at step {lightning_compat.completed_steps(trainer)}: {stop.cause.name} ({reason})")
+
+    def peer_failed(failure: Failure) -> None:  # another rank failed, and this one is blocked in a collective
+        status = f"failed at step {lightning_compat.completed_steps(trainer)}: {failure.describe()}"
+        exit_at_once(status, failure.line(), with_report=True)
+
     stop, trainer = SignalStop(forced_exit), None
+    agreed = (StopRequested, LogprobGapError, Diverged, RankFailure)  # raised by every rank together
+    failures = RankFailures(peer_failed, stop.closing, agreed)
+    lightning_compat.observe_started_ranks(watch_started_ranks)
     with stop.watching():  # from here on, a stop signal stops the ranks together, at the first step at the latest
-        trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop])
+        trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop, failures])
         try:
             checkpoint = str(run_dir.last_checkpoint) if args.resume else None
+            failures.open()
             trainer.fit(module, train_dataloaders=batches, ckpt_path=checkpoint, weights_only=False)  # our own files
         except StopRequested as error:  # SIGTERM, SIGHUP or a first Ctrl-C, agreed by every rank
             code, outcome, detail = stop.outcome()
@@ -202,7 +220,17 @@ def train(
             kind = f"OSError on rank {error.rank}" if shared else type(error).__name__
             code, outcome, detail = 1, "failed", f": {kind}: {first_line(error)}"
         except Exception as error:
-            code, outcome, detail, failure = 1, "failed", f": {type(error).__name__}: {first_line(error)}", error
+            code, outcome = 1, "failed"
+            first = failures.first(wait_s=PEER_WAIT_S if trainer.world_size > 1 else 0.0)
+            if first is not None and first.rank != trainer.global_rank:  # this rank failed because another did
+                if trainer.is_global_zero:
+                    print(f"error: {first.line()}", file=sys.stderr)
+                detail = f": {first.describe()}"
+            else:  # its own failure: the traceback follows the summary
+                where = f" on rank {trainer.global_rank}" if trainer.world_size > 1 else ""
+                detail, failure = f": {type(error).__name__}{where}: {first_line(error)}", error
+        finally:
+            failures.close()
         with stop.closing:  # a forced exit from here on would print a second summary
             steps = lightning_compat.completed_steps(trainer) if steps is None else steps
             status = outcome if code == 0 else f"{outcome} at step {steps}{detail}"

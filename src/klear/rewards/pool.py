@@ -257,7 +257,8 @@ def _stop_all(workers: list[_Worker]) -> None:
 
 
 def _work(connection: Connection, reward: Reward, failure_reward: float) -> None:
-    """Worker loop: warm the reward up, say "ready", then score items until told to stop (None)."""
+    """Worker loop: warm the reward up, say "ready", then score items until told to stop (None), or until the parent
+    is gone, quietly."""
     leave_stops_to_parent()  # the trainer's or the command's to act on: it closes the pool
     try:
         reward.warmup()
@@ -265,8 +266,11 @@ def _work(connection: Connection, reward: Reward, failure_reward: float) -> None
         connection.send(f"{type(error).__name__}: {error}")
         return
     connection.send("ready")
-    while (message := connection.recv()) is not None:
-        item, completion, reference = message
-        # As `score_batch` in the parent: `evaluate_batch` turns an exception into an "error" outcome.
-        (outcome,) = reward.evaluate_batch([completion], [reference], failure_reward=failure_reward)
-        connection.send((item, *settle(outcome, failure_reward)))
+    try:
+        while (message := connection.recv()) is not None:
+            item, completion, reference = message
+            # As `score_batch` in the parent: `evaluate_batch` turns an exception into an "error" outcome.
+            (outcome,) = reward.evaluate_batch([completion], [reference], failure_reward=failure_reward)
+            connection.send((item, *settle(outcome, failure_reward)))
+    except (EOFError, BrokenPipeError):  # the parent is gone (a run that ended at once): nothing left to score
+        return

@@ -6,7 +6,9 @@ once when another major.minor is installed, so a change upstream shows up here a
 
 from __future__ import annotations
 
+import subprocess
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -52,3 +54,12 @@ def write_checkpoint(trainer: L.Trainer, path) -> None:
     the outcome with every rank instead (`klear.runtime.distributed.agree_on_failure`)."""
     checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
     trainer.strategy.save_checkpoint(checkpoint, path)
+
+
+def observe_started_ranks(observer: Callable[[list[subprocess.Popen]], None]) -> None:
+    """Have Lightning's launcher (``trainer.devices=N`` without ``torchrun``) hand the ranks it starts to
+    ``observer`` instead of its own, which kills every process with SIGKILL (rank 0 included, before its summary)
+    within 5 s of one ending with a non-zero status (`klear.run.rank_failure.watch_started_ranks`)."""
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    subprocess_script._launch_process_observer = observer

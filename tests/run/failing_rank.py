@@ -1,0 +1,43 @@
+"""An objective that fails on one rank of a multi-process run, for `test_rank_failure_runs`: PPO's, until its
+``FAIL_AT``-th surrogate on the rank whose ``LOCAL_RANK`` is ``FAIL_RANK``, which then, by ``FAIL_HOW``:
+
+- ``raise``: raises ``RuntimeError("boom on rank R")``;
+- ``linger``: raises it, and its process then stays alive for ten minutes after its traceback (an ``atexit`` sleep),
+  holding its connections open, so the other ranks stay blocked in their collective as ranks blocked in an NCCL
+  collective do whatever their peer did;
+- ``kill``: ends its own process with SIGKILL, as the out-of-memory killer does;
+- ``start``: the module cannot be imported there, so that rank's config does not load (exit status 2) while rank 0
+  waits for it to join the process group.
+
+``FAIL_GRACE_S`` sets `klear.run.rank_failure.GRACE_S` in every rank (the module is imported by each)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import time
+
+from klear.objectives.ppo import PPOClip
+from klear.run import rank_failure
+
+if os.environ.get("FAIL_HOW") == "start" and os.environ.get("LOCAL_RANK") == os.environ.get("FAIL_RANK"):
+    raise ImportError(f"rank {os.environ['LOCAL_RANK']} cannot start")
+if "FAIL_GRACE_S" in os.environ:
+    rank_failure.GRACE_S = float(os.environ["FAIL_GRACE_S"])
+
+
+class FailingPPO(PPOClip):
+    calls = 0
+
+    def surrogate(self, ratio, advantages):
+        FailingPPO.calls += 1
+        rank = os.environ.get("LOCAL_RANK", "0")
+        if rank == os.environ.get("FAIL_RANK") and FailingPPO.calls >= int(os.environ.get("FAIL_AT", "1")):
+            how = os.environ.get("FAIL_HOW", "raise")
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if how == "linger":
+                atexit.register(time.sleep, 600)
+            raise RuntimeError(f"boom on rank {rank}")
+        return super().surrogate(ratio, advantages)
