@@ -154,9 +154,11 @@ def train(
     import time
 
     from klear.rollout.refresh import LogprobGapError
+    from klear.run.out_of_memory import is_out_of_memory, out_of_memory_line
+    from klear.run.out_of_memory import status as oom_status
     from klear.run.rank_failure import PEER_WAIT_S, Failure, RankFailures, watch_started_ranks
     from klear.run.stopping import EXIT_DIVERGED, Diverged, SignalStop, StopRequested
-    from klear.runtime import lightning_compat
+    from klear.runtime import lightning_compat, memory
     from klear.runtime.distributed import RankFailure
 
     first_step = run_dir.resume_step() if args.resume else 0  # read now: the run replaces the checkpoint
@@ -187,9 +189,14 @@ def train(
         status = f"failed at step {lightning_compat.completed_steps(trainer)}: {failure.describe()}"
         exit_at_once(status, failure.line(), with_report=True)
 
+    def described(error: BaseException) -> tuple[str, str]:  # a failure as rank 0 reports it for this rank
+        if is_out_of_memory(error):
+            return "", oom_status(error, memory.raised_in(error), config)
+        return type(error).__name__, first_line(error)
+
     stop, trainer = SignalStop(forced_exit), None
     agreed = (StopRequested, LogprobGapError, Diverged, RankFailure)  # raised by every rank together
-    failures = RankFailures(peer_failed, stop.closing, agreed)
+    failures = RankFailures(peer_failed, stop.closing, agreed, describe=described)
     lightning_compat.observe_started_ranks(watch_started_ranks)
     with stop.watching():  # from here on, a stop signal stops the ranks together, at the first step at the latest
         trainer = build_trainer(config, run_dir, resume=args.resume, extra_callbacks=[stop, failures])
@@ -226,6 +233,14 @@ def train(
                 if trainer.is_global_zero:
                     print(f"error: {first.line()}", file=sys.stderr)
                 detail = f": {first.describe()}"
+            elif is_out_of_memory(error):  # where, and what to lower, is one line: no traceback
+                phase, step = memory.raised_in(error), lightning_compat.completed_steps(trainer)
+                rank = f"rank {trainer.global_rank}" if trainer.world_size > 1 else ""
+                print(
+                    f"error: {rank + ': ' if rank else ''}{out_of_memory_line(error, phase, config, step)}",
+                    file=sys.stderr,
+                )
+                detail = f": {oom_status(error, phase, config)}{' on ' + rank if rank else ''}"
             else:  # its own failure: the traceback follows the summary
                 where = f" on rank {trainer.global_rank}" if trainer.world_size > 1 else ""
                 detail, failure = f": {type(error).__name__}{where}: {first_line(error)}", error

@@ -1,11 +1,14 @@
-"""An objective that fails on one rank of a multi-process run, for `test_rank_failure_runs`: PPO's, until its
-``FAIL_AT``-th surrogate on the rank whose ``LOCAL_RANK`` is ``FAIL_RANK``, which then, by ``FAIL_HOW``:
+"""An objective that fails on one rank (the only one, in one process), for `test_rank_failure_runs` and
+`test_out_of_memory`: PPO's, until its ``FAIL_AT``-th surrogate on the rank whose ``LOCAL_RANK`` (0 without one) is
+``FAIL_RANK``, which then, by ``FAIL_HOW``:
 
 - ``raise``: raises ``RuntimeError("boom on rank R")``;
 - ``linger``: raises it, and its process then stays alive for ten minutes after its traceback (an ``atexit`` sleep),
   holding its connections open, so the other ranks stay blocked in their collective as ranks blocked in an NCCL
   collective do whatever their peer did;
 - ``kill``: ends its own process with SIGKILL, as the out-of-memory killer does;
+- ``allocate``: asks the CPU allocator for a petabyte, which it refuses (``RuntimeError: ... can't allocate
+  memory``), as an allocation past a device's memory is refused;
 - ``start``: the module cannot be imported there, so that rank's config does not load (exit status 2) while rank 0
   waits for it to join the process group.
 
@@ -17,6 +20,8 @@ import atexit
 import os
 import signal
 import time
+
+import torch
 
 from klear.objectives.ppo import PPOClip
 from klear.run import rank_failure
@@ -37,6 +42,8 @@ class FailingPPO(PPOClip):
             how = os.environ.get("FAIL_HOW", "raise")
             if how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if how == "allocate":
+                torch.empty(10**15, dtype=torch.uint8)
             if how == "linger":
                 atexit.register(time.sleep, 600)
             raise RuntimeError(f"boom on rank {rank}")

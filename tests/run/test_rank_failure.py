@@ -41,6 +41,12 @@ def test_the_lines_name_the_rank_and_what_ended_it():
         "rank 1 failed at step 4: RuntimeError: boom; every rank stopped (the traceback is in rank 1's output, "
         "its lines prefixed [rank1])"
     )
+    phrase = Failure(2, "", "out of memory in a forward and backward pass (could not allocate 2.0 GiB)", step=5)
+    assert phrase.describe() == "out of memory in a forward and backward pass (could not allocate 2.0 GiB) on rank 2"
+    assert phrase.line() == (
+        "rank 2 failed at step 5: out of memory in a forward and backward pass (could not allocate 2.0 GiB); every "
+        "rank stopped (rank 2's own error line says what to change)"
+    )
     died = Failure(3, "exited", exit_message(2))
     assert died.describe() == "rank 3 exited with status 2" and died.died
     assert died.line() == "rank 3 exited with status 2, so every rank stopped"

@@ -137,6 +137,21 @@ def test_rank_1_failing_is_reported_by_rank_0_when_its_collective_fails(tmp_path
     assert "[rank0]" not in stderr
 
 
+@pytest.mark.slow  # one process runs out of memory in the default run (`test_out_of_memory`)
+def test_rank_1_out_of_memory_is_its_own_line_and_rank_0_names_it(tmp_path):
+    code, stdout, stderr, output, _ = fit_failing(tmp_path, "allocate")
+    assert code == 1, stderr[-3000:]
+    where = "out of memory in a forward and backward pass"
+    own = [line for line in errors(stderr) if line.startswith("error: rank 1: ")]  # the ranks print in any order
+    assert len(own) == 1 and own[0].startswith(f"error: rank 1: {where} at step 0 (could not allocate 909.5 TiB): ")
+    assert [line for line in errors(stderr) if line not in own] == [
+        f"error: rank 1 failed at step 0: {where} (could not allocate 909.5 TiB); every rank stopped (rank 1's own "
+        "error line says what to change)"
+    ]
+    assert_ended(output, f"failed at step 0: {where} (could not allocate 909.5 TiB) on rank 1", stdout)
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
 def test_the_launcher_s_ranks_that_end_badly_are_written_and_none_is_killed(monkeypatch):
     """`watch_started_ranks`, Lightning's observer's replacement, on node 1 of a job of five ranks per node (ranks
     5 to 9): the kill of the last child, after the test, is reported too."""

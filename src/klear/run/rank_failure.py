@@ -53,8 +53,9 @@ COUNT_KEY = "klear/failures"
 
 @dataclass(frozen=True)
 class Failure:
-    """How one rank failed: the exception's type and first line (``kind`` ``"exited"`` for a rank that ended without
-    one), and the step it failed in."""
+    """How one rank failed: the exception's type and first line; or ``kind`` ``""`` and a whole phrase that its own
+    error line expands (an allocation that failed: `klear.run.out_of_memory`); or ``kind`` ``"exited"`` for a rank
+    that ended without an exception. ``step``: the step it failed in."""
 
     rank: int
     kind: str
@@ -62,13 +63,25 @@ class Failure:
     step: int = 0
 
     def describe(self) -> str:
-        """The run's status detail: ``RuntimeError on rank 1: ...``, or ``rank 1 was killed by SIGKILL ...``."""
-        return f"rank {self.rank} {self.message}" if self.died else f"{self.kind} on rank {self.rank}: {self.message}"
+        """The run's status detail: ``RuntimeError on rank 1: ...``, ``out of memory ... on rank 1``, or ``rank 1 was
+        killed by SIGKILL ...``."""
+        if self.died:
+            return f"rank {self.rank} {self.message}"
+        return (
+            f"{self.message} on rank {self.rank}"
+            if not self.kind
+            else f"{self.kind} on rank {self.rank}: {self.message}"
+        )
 
     def line(self) -> str:
         """Rank 0's one line for a run that another rank's failure ended."""
         if self.died:
             return f"rank {self.rank} {self.message}, so every rank stopped"
+        if not self.kind:
+            return (
+                f"rank {self.rank} failed at step {self.step}: {self.message}; every rank stopped (rank {self.rank}'s "
+                "own error line says what to change)"
+            )
         return (
             f"rank {self.rank} failed at step {self.step}: {self.kind}: {self.message}; every rank stopped (the "
             f"traceback is in rank {self.rank}'s output, its lines prefixed [rank{self.rank}])"
@@ -100,15 +113,22 @@ class RankFailures(L.Callback):
     Args:
         on_forced_exit: called once, from the watcher thread, before this rank exits on another rank's failure
             (rank 0 writes the report and prints the summary there), with that failure.
+        describe: this rank's exception as the `Failure`'s ``kind`` and ``message`` (by default its type and first
+            line).
         closing: the lock held by whoever ends the run (`klear.run.stopping.SignalStop.closing`): a forced exit
             only happens while the main thread has not begun to end the run itself.
         agreed: the exception types every rank raises together, which are not written.
     """
 
     def __init__(
-        self, on_forced_exit: Callable[[Failure], None], closing: threading.Lock, agreed: tuple[type, ...] = ()
+        self,
+        on_forced_exit: Callable[[Failure], None],
+        closing: threading.Lock,
+        agreed: tuple[type, ...] = (),
+        describe: Callable[[BaseException], tuple[str, str]] | None = None,
     ) -> None:
         self.on_forced_exit = on_forced_exit
+        self.describe = describe or (lambda error: (type(error).__name__, first_line(error)))
         self.closing = closing
         self.agreed = agreed
         self.rank = 0
@@ -134,7 +154,7 @@ class RankFailures(L.Callback):
         if not isinstance(exception, Exception) or isinstance(exception, self.agreed) or self.settled():
             return  # a failure every rank meets, or one that another rank's caused (its store may be gone)
         step = trainer.fit_loop.epoch_loop.batch_progress.total.completed
-        self.write(Failure(self.rank, type(exception).__name__, first_line(exception), step))
+        self.write(Failure(self.rank, *self.describe(exception), step))
 
     def write(self, failure: Failure) -> None:
         """Add ``failure`` to the store (nothing when there is no store, or it is gone)."""

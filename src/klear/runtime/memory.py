@@ -8,7 +8,8 @@ per sample (seconds, phase, ``VmRSS`` bytes), then a ``peak`` line with ``VmHWM`
 
 Phases are marked where they start (:func:`mark`: ``load``, ``setup``, ``update``, ...) or wrap a call and give the
 previous phase back after it (:func:`phase`: ``rollout`` inside ``update`` or ``eval``, shown as ``eval/rollout``).
-Linux only: it reads ``/proc/self/status``.
+Linux only: it reads ``/proc/self/status``. The phase itself is kept with the timeline off too (:func:`current_phase`,
+:func:`raised_in`): a run that runs out of memory says where (`klear.run.out_of_memory`).
 
 :func:`release_freed_memory` is not part of the timeline: it hands memory that was freed back to the operating
 system, which glibc's allocator does not do by itself for blocks under its mmap threshold (the threshold rises to
@@ -30,12 +31,17 @@ from pathlib import Path
 
 ENV = "KLEAR_MEMORY_TIMELINE"
 INTERVAL_S = 0.01
+PHASE_ATTRIBUTE = "klear_phase"
+"""The attribute of an exception that names the phase it was raised in (:func:`raised_in`)."""
 
 _timeline: _Timeline | None = None
+_current = ""
 
 
 def mark(label: str) -> None:
     """The run enters phase ``label`` (until the next mark)."""
+    global _current
+    _current = label
     timeline = _get()
     if timeline is not None:
         timeline.enter(label)
@@ -43,17 +49,35 @@ def mark(label: str) -> None:
 
 @contextlib.contextmanager
 def phase(label: str) -> Iterator[None]:
-    """Phase ``label`` nested in the current one for the duration of the block."""
+    """Phase ``label`` nested in the current one for the duration of the block. An exception raised inside carries
+    the innermost phase it was raised in (`raised_in`), read once the blocks it left have given theirs back."""
+    global _current
+    outer = _current
+    _current = f"{outer}/{label}" if outer else label
     timeline = _get()
-    if timeline is None:
-        yield
-        return
-    outer = timeline.label
-    timeline.enter(f"{outer}/{label}" if outer else label)
+    if timeline is not None:
+        timeline.enter(_current)
     try:
         yield
+    except BaseException as error:
+        if not hasattr(error, PHASE_ATTRIBUTE):
+            with contextlib.suppress(AttributeError, TypeError):  # an exception that takes no attribute
+                setattr(error, PHASE_ATTRIBUTE, _current)
+        raise
     finally:
-        timeline.enter(outer)
+        _current = outer
+        if timeline is not None:
+            timeline.enter(outer)
+
+
+def current_phase() -> str:
+    """The phase the run is in (``""`` before the first mark), kept whether or not the timeline is on."""
+    return _current
+
+
+def raised_in(error: BaseException) -> str:
+    """The phase ``error`` was raised in: the innermost :func:`phase` block it left, else the phase marked now."""
+    return getattr(error, PHASE_ATTRIBUTE, _current)
 
 
 def watch_optimizer(optimizer) -> None:
