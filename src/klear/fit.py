@@ -148,15 +148,14 @@ def train(
     finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), by a loss, gradient norm or log-prob that is not
     finite (4, before the update commits: `klear.run.stopping.check_finite`), interrupted with Ctrl-C (130), stopped by
     SIGTERM (143), SIGHUP (129) or SIGUSR1 (138; every rank at the same step or update: `klear.run.stopping`), a
-    write that failed (a full disk: one line, exit 1) or failed otherwise (the exception propagates after the
-    summary). The last complete checkpoint is kept in every case, and a report that cannot be written never hides how
-    the run ended."""
+    write that failed (a full disk: one line, exit 1) or failed otherwise (1: `failed`). The last complete checkpoint
+    is kept in every case, and a report that cannot be written never hides how the run ended."""
     import time
 
     from klear.rollout.refresh import LogprobGapError
-    from klear.run.out_of_memory import is_out_of_memory, out_of_memory_line
+    from klear.run.out_of_memory import is_out_of_memory
     from klear.run.out_of_memory import status as oom_status
-    from klear.run.rank_failure import PEER_WAIT_S, Failure, RankFailures, watch_started_ranks
+    from klear.run.rank_failure import Failure, RankFailures, watch_started_ranks
     from klear.run.stopping import EXIT_DIVERGED, Diverged, SignalStop, StopRequested
     from klear.runtime import lightning_compat, memory
     from klear.runtime.distributed import RankFailure
@@ -228,22 +227,7 @@ def train(
             code, outcome, detail = 1, "failed", f": {kind}: {first_line(error)}"
         except Exception as error:
             code, outcome = 1, "failed"
-            first = failures.first(wait_s=PEER_WAIT_S if trainer.world_size > 1 else 0.0)
-            if first is not None and first.rank != trainer.global_rank:  # this rank failed because another did
-                if trainer.is_global_zero:
-                    print(f"error: {first.line()}", file=sys.stderr)
-                detail = f": {first.describe()}"
-            elif is_out_of_memory(error):  # where, and what to lower, is one line: no traceback
-                phase, step = memory.raised_in(error), lightning_compat.completed_steps(trainer)
-                rank = f"rank {trainer.global_rank}" if trainer.world_size > 1 else ""
-                print(
-                    f"error: {rank + ': ' if rank else ''}{out_of_memory_line(error, phase, config, step)}",
-                    file=sys.stderr,
-                )
-                detail = f": {oom_status(error, phase, config)}{' on ' + rank if rank else ''}"
-            else:  # its own failure: the traceback follows the summary
-                where = f" on rank {trainer.global_rank}" if trainer.world_size > 1 else ""
-                detail, failure = f": {type(error).__name__}{where}: {first_line(error)}", error
+            detail, failure = failed(error, trainer, failures, config)
         finally:
             failures.close()
         with stop.closing:  # a forced exit from here on would print a second summary
@@ -256,6 +240,28 @@ def train(
     if failure is not None:
         raise failure
     return code
+
+
+def failed(error: Exception, trainer, failures, config: DictConfig) -> tuple[str, Exception | None]:
+    """The status detail of a run that ``error`` ended on this rank, and the exception to raise after the summary
+    (its traceback), if any. On several ranks the first rank's failure is the run's (`klear.run.rank_failure`):
+    a rank that failed because another did prints no traceback, and rank 0 names that rank in one line. An
+    allocation that failed is one line with what to lower instead of a traceback (`klear.run.out_of_memory`)."""
+    from klear.run.out_of_memory import is_out_of_memory, out_of_memory_line, status
+    from klear.run.rank_failure import PEER_WAIT_S
+    from klear.runtime import lightning_compat, memory
+
+    first = failures.first(wait_s=PEER_WAIT_S if trainer.world_size > 1 else 0.0)
+    if first is not None and first.rank != trainer.global_rank:  # this rank failed because another did
+        if trainer.is_global_zero:
+            print(f"error: {first.line()}", file=sys.stderr)
+        return f": {first.describe()}", None
+    rank = f"rank {trainer.global_rank}" if trainer.world_size > 1 else ""
+    if is_out_of_memory(error):
+        phase, step = memory.raised_in(error), lightning_compat.completed_steps(trainer)
+        print(f"error: {rank + ': ' if rank else ''}{out_of_memory_line(error, phase, config, step)}", file=sys.stderr)
+        return f": {status(error, phase, config)}{' on ' + rank if rank else ''}", None
+    return f": {type(error).__name__}{' on ' + rank if rank else ''}: {first_line(error)}", error
 
 
 def diverged(error: Exception, step: int, config: DictConfig) -> str:
