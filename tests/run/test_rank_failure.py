@@ -104,6 +104,7 @@ def test_a_store_that_stops_answering_is_rank_0_gone():
     one = board(1, client)
     assert one.first() is None
     del server
+    one.rank_exited(2, -signal.SIGKILL)  # a rank it started ended too: nothing to write it to, and no error
     assert one.first() == Failure(0, "exited", "is gone (the process group's store stopped answering)")
     assert one.settled()
 

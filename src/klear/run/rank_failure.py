@@ -242,7 +242,7 @@ class RankFailures(L.Callback):
         failure = Failure(rank, "exited", exit_message(returncode))
         if self.store is None:
             self._force(failure)
-        elif all(written.rank != rank for written in self._read()):
+        elif all(written.rank != rank for written in self._read() or []):  # a store gone: this write fails too
             self.write(failure)
 
 
