@@ -12,7 +12,9 @@
 - ``start``: the module cannot be imported there, so that rank's config does not load (exit status 2) while rank 0
   waits for it to join the process group.
 
-``FAIL_GRACE_S`` sets `klear.run.rank_failure.GRACE_S` in every rank (the module is imported by each)."""
+``FAIL_GRACE_S`` sets `klear.run.rank_failure.GRACE_S` in every rank (the module is imported by each).
+`allocating_engine` builds the ``hf`` engine whose sampling asks the CPU allocator for a petabyte, inside the
+engine's own ``rollout`` phase: a run or command out of memory while it samples."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import time
 import torch
 
 from klear.objectives.ppo import PPOClip
+from klear.rollout.hf import HFEngine, build_hf_engine
 from klear.run import rank_failure
 
 if os.environ.get("FAIL_HOW") == "start" and os.environ.get("LOCAL_RANK") == os.environ.get("FAIL_RANK"):
@@ -48,3 +51,15 @@ class FailingPPO(PPOClip):
                 atexit.register(time.sleep, 600)
             raise RuntimeError(f"boom on rank {rank}")
         return super().surrogate(ratio, advantages)
+
+
+class AllocatingEngine(HFEngine):
+    def _generate_batch(self, jobs, sampling):
+        torch.empty(10**15, dtype=torch.uint8)
+
+
+def allocating_engine(*args, **kwargs) -> AllocatingEngine:
+    """As `build_hf_engine`, an `AllocatingEngine`."""
+    engine = build_hf_engine(*args, **kwargs)
+    engine.__class__ = AllocatingEngine
+    return engine

@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from klear.config.load import load_config
-from klear.run.out_of_memory import asked, is_out_of_memory, out_of_memory_line, status, what_it_held
+from klear.run.out_of_memory import asked, is_out_of_memory, out_of_memory_line, sampling_line, status, what_it_held
 from klear.runtime import memory
 from tests.runs import RL_SHORT
 
@@ -116,3 +117,64 @@ def test_a_run_out_of_memory_is_one_line_and_its_summary(tmp_path):
     assert result.stdout.splitlines()[0].startswith(f"run {status_line}: 0 steps in "), result.stdout
     assert json.loads((output / "summary.json").read_text())["status"] == status_line
     assert (output / "report.md").is_file() and not (output / ".klear.lock").exists()
+
+
+def test_a_sampling_command_names_its_options(phase_reset):
+    assert sampling_line(cpu_refusal(), "rollout", 256, 96) == (
+        "out of memory while sampling (could not allocate 909.5 TiB): lower --batch-size (now 256), the sequences "
+        "sampled together, or --max-new-tokens (now 96)"
+    )
+    assert sampling_line(MemoryError(), "load", 256, 96) == (
+        "out of memory while loading the model (MemoryError): the model does not fit in this device's memory"
+    )
+
+
+@pytest.mark.end_to_end  # `python -m klear.data synthetic`, `klear.eval` and `klear.data curate`, in subprocesses
+def test_klear_eval_and_curate_out_of_memory_while_sampling_is_one_line(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    data = [sys.executable, "-m", "klear.data", "synthetic", "--split", "eval", "--num", "4", "--out", "eval.jsonl"]
+    subprocess.run(data, env=env, cwd=tmp_path, check=True, capture_output=True, timeout=300)
+    command = [sys.executable, "-m", "klear.eval", "--model", "tiny-sft", "--data", "eval.jsonl", "--k", "2"]
+    command += ["--max-new-tokens", "96", "--engine", "tests.run.failing_rank:allocating_engine"]
+    root = str(Path(__file__).parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert [line for line in result.stderr.splitlines() if line.startswith("error: ")] == [
+        "error: out of memory while sampling (could not allocate 909.5 TiB): lower --batch-size (now 256), the "
+        "sequences sampled together, or --max-new-tokens (now 96)"
+    ]
+    assert not (tmp_path / "outputs" / "eval" / "eval" / "results.jsonl").exists()
+    curate = [sys.executable, "-m", "klear.data", "curate", "--model", "tiny-sft", "--data", "eval.jsonl"]
+    curate += ["--out", "kept", "--preset", "math", "--max-new-tokens", "96"]
+    curate += ["--engine", "tests.run.failing_rank:allocating_engine"]
+    result = subprocess.run(curate, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert [line for line in result.stderr.splitlines() if line.startswith("error: ")] == [
+        "error: out of memory while sampling (could not allocate 909.5 TiB): lower --batch-size (now 256), the "
+        "sequences sampled together, or --max-new-tokens (now 96)"
+    ]
+    assert not list((tmp_path / "kept").glob(".klear*"))  # its output's lock released
+
+
+@pytest.mark.end_to_end  # `python -m klear.fit` in a subprocess
+def test_a_run_out_of_memory_while_it_samples_names_the_sampling_settings(tmp_path):
+    output = tmp_path / "rl"
+    args = ["--config", "configs/rl.yaml", *RL_SHORT, "rollout.engine=tests.run.failing_rank:allocating_engine"]
+    result = subprocess.run(
+        [sys.executable, "-m", "klear.fit", *args, f"output_dir={output}"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: out of memory while sampling the evaluation at step 0 (could not allocate 909.5 TiB): lower "
+        "eval.batch_size (now 100) or eval.max_new_tokens (now 8) "
+        "(docs/scale-out.md#memory-per-gpu-sizing-algorithmmicro_batch_tokens)"
+    ]

@@ -126,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         code, outcome, cause = stop_outcome(stop)
         print(f"eval {outcome} ({cause}): {', '.join(wrote) or 'nothing'} written", file=sys.stderr)
         return code
+    except Exception as error:  # out of memory: one line (`klear.run.out_of_memory`)
+        from klear.run.out_of_memory import sampling_exit
+
+        return sampling_exit(error, args.batch_size, args.max_new_tokens)
 
 
 def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:

@@ -186,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
             kept = "no output written"
         print(f"{outcome} ({cause}): {kept}", file=sys.stderr)
         return code
+    except Exception as error:
+        if args.command != "curate":
+            raise
+        from klear.run.out_of_memory import sampling_exit
+
+        return sampling_exit(error, args.batch_size, args.max_new_tokens)  # out of memory: one line
     finally:
         release(locks)
     if summary:  # show --json prints its summary to stderr, leaving stdout to the JSON lines

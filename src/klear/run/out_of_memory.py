@@ -4,7 +4,9 @@ lower what that phase holds, instead of a traceback that ends in the allocator's
 The allocator's error is the same wherever it comes from (``torch.OutOfMemoryError`` on a GPU, a ``RuntimeError``
 from the CPU allocator, ``MemoryError``), but what to change is not: sampling holds ``rollout.batch_size`` sequences
 of up to ``rollout.max_new_tokens`` new tokens, a forward and backward pass holds a micro-batch and its activations,
-loading holds the whole model. The phase is the one `klear.runtime.memory` kept as the error was raised. A process
+loading holds the whole model. The phase is the one `klear.runtime.memory` kept as the error was raised.
+``klear.fit`` names its config's settings (`out_of_memory_line`), ``klear.eval`` and ``klear.data curate`` their
+command-line options (`sampling_line`). A process
 ended by the kernel's out-of-memory killer cannot say anything; on several ranks, `klear.run.rank_failure` names it.
 """
 
@@ -114,3 +116,30 @@ def status(error: BaseException, phase: str, config: DictConfig) -> str:
     where, _ = what_it_held(phase, config)
     amount = asked(error)
     return f"out of memory {where}" + (f" (could not allocate {amount})" if amount else "")
+
+
+def sampling_line(error: BaseException, phase: str, batch_size: int, max_new_tokens: int) -> str:
+    """The one line (without ``error: ``) of a command that samples (``klear.eval``, ``klear.data curate``) for
+    ``error``, an allocation that failed in ``phase``: its ``--batch-size`` and ``--max-new-tokens`` when it was
+    sampling."""
+    amount = asked(error)
+    what = f"could not allocate {amount}" if amount else first_line(error)
+    if phase.split("/")[0] == "load":
+        return f"out of memory while loading the model ({what}): the model does not fit in this device's memory"
+    return (
+        f"out of memory while sampling ({what}): lower --batch-size (now {batch_size}), the sequences sampled "
+        f"together, or --max-new-tokens (now {max_new_tokens})"
+    )
+
+
+def sampling_exit(error: Exception, batch_size: int, max_new_tokens: int) -> int:
+    """How a sampling command ends on ``error``: an allocation that failed is its one line (`sampling_line`) and exit
+    status 1; any other exception is raised on (a traceback)."""
+    import sys
+
+    from klear.runtime import memory
+
+    if not is_out_of_memory(error):
+        raise error
+    print(f"error: {sampling_line(error, memory.raised_in(error), batch_size, max_new_tokens)}", file=sys.stderr)
+    return 1
