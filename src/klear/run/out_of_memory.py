@@ -6,8 +6,8 @@ from the CPU allocator, ``MemoryError``), but what to change is not: sampling ho
 of up to ``rollout.max_new_tokens`` new tokens, a forward and backward pass holds a micro-batch and its activations,
 loading holds the whole model. The phase is the one `klear.runtime.memory` kept as the error was raised.
 ``klear.fit`` names its config's settings (`out_of_memory_line`), ``klear.eval`` and ``klear.data curate`` their
-command-line options (`sampling_line`). A process
-ended by the kernel's out-of-memory killer cannot say anything; on several ranks, `klear.run.rank_failure` names it.
+command-line options (`sampling_line`). A process ended by the kernel's out-of-memory killer cannot say anything;
+on several ranks, `klear.run.rank_failure` names it.
 """
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ def asked(error: BaseException) -> str | None:
             amount = found.group(1)
             return size(int(amount)) if amount.isdigit() else amount
     return None
+
+
+def refused(error: BaseException) -> str:
+    """What the allocation that failed asked for, in words: ``could not allocate 7.42 GiB``, else the first line."""
+    amount = asked(error)
+    return f"could not allocate {amount}" if amount else first_line(error)
 
 
 def size(count: int) -> str:
@@ -105,9 +111,7 @@ def what_it_held(phase: str, config: DictConfig) -> tuple[str, str]:
 def out_of_memory_line(error: BaseException, phase: str, config: DictConfig, step: int) -> str:
     """The one line (without ``error: ``) for ``error``, an allocation that failed in ``phase`` at ``step``."""
     where, knobs = what_it_held(phase, config)
-    amount = asked(error)
-    what = f"could not allocate {amount}" if amount else first_line(error)
-    return f"out of memory {where} at step {step} ({what}): {knobs} ({GUIDE})"
+    return f"out of memory {where} at step {step} ({refused(error)}): {knobs} ({GUIDE})"
 
 
 def status(error: BaseException, phase: str, config: DictConfig) -> str:
@@ -122,8 +126,7 @@ def sampling_line(error: BaseException, phase: str, batch_size: int, max_new_tok
     """The one line (without ``error: ``) of a command that samples (``klear.eval``, ``klear.data curate``) for
     ``error``, an allocation that failed in ``phase``: its ``--batch-size`` and ``--max-new-tokens`` when it was
     sampling."""
-    amount = asked(error)
-    what = f"could not allocate {amount}" if amount else first_line(error)
+    what = refused(error)
     if phase.split("/")[0] == "load":
         return f"out of memory while loading the model ({what}): the model does not fit in this device's memory"
     return (
