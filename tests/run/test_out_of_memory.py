@@ -16,6 +16,9 @@ from klear.run.out_of_memory import asked, is_out_of_memory, out_of_memory_line,
 from klear.runtime import memory
 from tests.runs import RL_SHORT
 
+ROOT = Path(__file__).parents[2]
+"""The checkout: where the commands run that name its configs."""
+
 CUDA_MESSAGE = (
     "CUDA out of memory. Tried to allocate 7.42 GiB. GPU 0 has a total capacity of 79.19 GiB of which 3.10 GiB is "
     "free. Including non-PyTorch memory, this process has 76.08 GiB memory in use."
@@ -28,6 +31,23 @@ def cpu_refusal() -> RuntimeError:
     except RuntimeError as error:
         return error
     raise AssertionError("the CPU allocator gave a petabyte")
+
+
+SAMPLING_LINE = (
+    "error: out of memory while sampling (could not allocate 909.5 TiB): lower --batch-size (now 256), the sequences "
+    "sampled together, or --max-new-tokens (now 96)"
+)
+"""What `klear.eval` and `curate` print when the engine's sampling asks for a petabyte."""
+
+
+def out_of_memory_errors(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[list[str], str]:
+    """The ``error:`` lines and the standard output of ``command`` run in ``cwd`` with one CPU thread, which must end
+    with exit status 1 and no traceback."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    result = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return [line for line in result.stderr.splitlines() if line.startswith("error: ")], result.stdout
 
 
 @pytest.fixture
@@ -99,14 +119,8 @@ def test_an_error_carries_the_innermost_phase_it_was_raised_in(phase_reset):
 def test_a_run_out_of_memory_is_one_line_and_its_summary(tmp_path):
     output = tmp_path / "rl"
     args = ["--config", "configs/rl.yaml", *RL_SHORT, "objective.name=tests.run.failing_rank:FailingPPO"]
-    args += [f"output_dir={output}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIL_RANK": "0", "FAIL_HOW": "allocate"}
-    result = subprocess.run(
-        [sys.executable, "-m", "klear.fit", *args], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    command = [sys.executable, "-m", "klear.fit", *args, f"output_dir={output}"]
+    errors, stdout = out_of_memory_errors(command, ROOT, {"FAIL_RANK": "0", "FAIL_HOW": "allocate"})
     assert errors == [
         "error: out of memory in a forward and backward pass at step 0 (could not allocate 909.5 TiB): lower "
         "algorithm.micro_batch_size (now 5), or set algorithm.micro_batch_tokens to a token budget per pass, set "
@@ -114,7 +128,7 @@ def test_a_run_out_of_memory_is_one_line_and_its_summary(tmp_path):
         "(docs/scale-out.md#memory-per-gpu-sizing-algorithmmicro_batch_tokens)"
     ]
     status_line = "failed at step 0: out of memory in a forward and backward pass (could not allocate 909.5 TiB)"
-    assert result.stdout.splitlines()[0].startswith(f"run {status_line}: 0 steps in "), result.stdout
+    assert stdout.splitlines()[0].startswith(f"run {status_line}: 0 steps in "), stdout
     assert json.loads((output / "summary.json").read_text())["status"] == status_line
     assert (output / "report.md").is_file() and not (output / ".klear.lock").exists()
 
@@ -131,49 +145,24 @@ def test_a_sampling_command_names_its_options(phase_reset):
 
 @pytest.mark.end_to_end  # `python -m klear.data synthetic`, `klear.eval` and `klear.data curate`, in subprocesses
 def test_klear_eval_and_curate_out_of_memory_while_sampling_is_one_line(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     data = [sys.executable, "-m", "klear.data", "synthetic", "--split", "eval", "--num", "4", "--out", "eval.jsonl"]
-    subprocess.run(data, env=env, cwd=tmp_path, check=True, capture_output=True, timeout=300)
-    command = [sys.executable, "-m", "klear.eval", "--model", "tiny-sft", "--data", "eval.jsonl", "--k", "2"]
-    command += ["--max-new-tokens", "96", "--engine", "tests.run.failing_rank:allocating_engine"]
-    root = str(Path(__file__).parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert [line for line in result.stderr.splitlines() if line.startswith("error: ")] == [
-        "error: out of memory while sampling (could not allocate 909.5 TiB): lower --batch-size (now 256), the "
-        "sequences sampled together, or --max-new-tokens (now 96)"
-    ]
+    subprocess.run(data, cwd=tmp_path, check=True, capture_output=True, timeout=300)
+    sampling = ["--model", "tiny-sft", "--data", "eval.jsonl", "--max-new-tokens", "96"]
+    sampling += ["--engine", "tests.run.failing_rank:allocating_engine"]
+    path = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "klear.eval", *sampling, "--k", "2"]
+    assert out_of_memory_errors(command, tmp_path, path)[0] == [SAMPLING_LINE]
     assert not (tmp_path / "outputs" / "eval" / "eval" / "results.jsonl").exists()
-    curate = [sys.executable, "-m", "klear.data", "curate", "--model", "tiny-sft", "--data", "eval.jsonl"]
-    curate += ["--out", "kept", "--preset", "math", "--max-new-tokens", "96"]
-    curate += ["--engine", "tests.run.failing_rank:allocating_engine"]
-    result = subprocess.run(curate, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert [line for line in result.stderr.splitlines() if line.startswith("error: ")] == [
-        "error: out of memory while sampling (could not allocate 909.5 TiB): lower --batch-size (now 256), the "
-        "sequences sampled together, or --max-new-tokens (now 96)"
-    ]
+    command = [sys.executable, "-m", "klear.data", "curate", *sampling, "--out", "kept", "--preset", "math"]
+    assert out_of_memory_errors(command, tmp_path, path)[0] == [SAMPLING_LINE]
     assert not list((tmp_path / "kept").glob(".klear*"))  # its output's lock released
 
 
 @pytest.mark.end_to_end  # `python -m klear.fit` in a subprocess
 def test_a_run_out_of_memory_while_it_samples_names_the_sampling_settings(tmp_path):
-    output = tmp_path / "rl"
     args = ["--config", "configs/rl.yaml", *RL_SHORT, "rollout.engine=tests.run.failing_rank:allocating_engine"]
-    result = subprocess.run(
-        [sys.executable, "-m", "klear.fit", *args, f"output_dir={output}"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert errors == [
+    command = [sys.executable, "-m", "klear.fit", *args, f"output_dir={tmp_path / 'rl'}"]
+    assert out_of_memory_errors(command, ROOT)[0] == [
         "error: out of memory while sampling the evaluation at step 0 (could not allocate 909.5 TiB): lower "
         "eval.batch_size (now 100) or eval.max_new_tokens (now 8) "
         "(docs/scale-out.md#memory-per-gpu-sizing-algorithmmicro_batch_tokens)"
