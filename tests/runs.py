@@ -77,6 +77,21 @@ def assert_same_weights(one: Path, two: Path) -> None:
         torch.testing.assert_close(b[name], a[name], atol=2e-5, rtol=1e-4)
 
 
+def assert_export_is_hf(checkpoint, run) -> None:
+    """The checkpoint, exported as a model, is the model the run wrote to ``hf/``: every tensor and file equal."""
+    from klear.models import resolve_model_path
+
+    folder = resolve_model_path(str(checkpoint))
+    exported, written = (
+        load_file(Path(folder, "model.safetensors")),
+        load_file(run / "hf" / "model.safetensors"),
+    )
+    assert exported.keys() == written.keys()
+    assert all(exported[name].equal(written[name]) for name in written)
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (run / "hf" / name).read_bytes() == Path(folder, name).read_bytes(), name
+
+
 def base_model(folder: Path) -> Path:
     """The tiny model as a base release often ships: its tokenizer has no chat template."""
     from klear.models.loading import resolve_model_path

@@ -201,6 +201,10 @@ assert "gppo" in list_objectives()
     ("docs/configuration.md", "python -m klear.fit --config configs/rl.yaml --print-config"): Run(
         expect=("stage: rl", "max_steps: 5", "gppo: {'eps_low': 0.2, 'eps_high': 0.28"), timeout=120
     ),
+    ("docs/configuration.md", "python -m klear.eval --model outputs/rl/checkpoints/step-000200.ckpt"): Covered(
+        ("tests/models/test_checkpoint_models.py::test_every_kept_checkpoint_is_a_model_for_eval_and_fit",),
+        "a kept checkpoint given to klear.eval --model and to klear.fit model.path, on a short run's checkpoints",
+    ),
     ("docs/configuration.md", "python -m klear.fit --config configs/rl.yaml --help-config rollout"): Run(
         expect=("rollout.temperature", "rollout.vllm.dtype", "KEY"), timeout=120
     ),

@@ -34,6 +34,8 @@ RESUMABLE_CHANGES = {
     "trainer.max_steps",
     "trainer.progress_bar",
     "trainer.cpu_threads",
+    "trainer.keep_checkpoints",
+    "trainer.keep_best",
     "logging.tensorboard",
     "logging.wandb",
     "output_dir",
@@ -358,7 +360,7 @@ def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 
     data rows skipped, where the outputs are, and the command that resumes it (when it did not finish)."""
     import json
 
-    from klear.run.report import accuracy_course, duration, eval_flags, read_metrics, steps_logged
+    from klear.run.report import accuracy_course, duration, eval_flags, kept_checkpoints, read_metrics, steps_logged
 
     rows = read_metrics(run_dir.metrics)
     evals = accuracy_course(rows)
@@ -377,6 +379,13 @@ def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 
     if model and (run_dir.adapter / "adapter_config.json").is_file():  # a LoRA run: hf/ is the merged model
         model = f"model: {run_dir.hf} (merged), adapter: {run_dir.adapter}; "
     lines.append(f"{model}metrics: {run_dir.metrics}; report: {run_dir.root / 'report.md'} (curves.png)")
+    kept = [entry for entry in kept_checkpoints(run_dir.root, rows) if entry["eval_accuracy"] is not None]
+    if len(kept) > 1:  # a choice of models: the best scored one
+        best = max(kept, key=lambda entry: entry["eval_accuracy"])
+        lines.append(
+            f"{len(kept)} scored checkpoints kept, the best {best['path']} (eval/accuracy {best['eval_accuracy']:.3f} "
+            f"at step {best['step']}): each is a model for --model and model.path"
+        )
     if model and (flags := eval_flags(report)) is not None:
         lines.append(f"evaluate it as it was trained: python -m klear.eval --model {run_dir.hf} --data FILE {flags}")
     if resume and run_dir.last_checkpoint is not None:
@@ -426,7 +435,7 @@ def build_trainer(config: DictConfig, run_dir: RunDir, resume: bool, extra_callb
         from lightning.pytorch.loggers import WandbLogger
 
         loggers.append(WandbLogger(project=config.logging.wandb_project, save_dir=str(run_dir.root)))
-    callbacks = [*(extra_callbacks or []), StepCheckpoint(run_dir, config.trainer.checkpoint_every_n_steps)]
+    callbacks = [*(extra_callbacks or []), StepCheckpoint(run_dir, config.trainer)]
     if config.trainer.progress_bar:
         callbacks.append(StepProgressBar())
     return L.Trainer(

@@ -62,8 +62,8 @@ def test_a_cut_short_checkpoint_is_refused_by_name_and_nothing_changes(tmp_path)
     error = one_line(resume(run.root, "trainer.max_steps=12"))
     assert error.startswith(f"error: --resume: {run.checkpoint(8)} is damaged (not a complete torch checkpoint: ")
     assert error.endswith(
-        "no earlier checkpoint is kept (each save replaces the one before): start the run again with --overwrite, "
-        "or set output_dir=..."
+        "no earlier complete checkpoint is kept (trainer.keep_checkpoints=N keeps the newest N): start the run again "
+        "with --overwrite, or set output_dir=..."
     )
     assert digests(run.root) == before  # metrics.csv keeps its rows, report.md its status, config.yaml its steps
 

@@ -11,7 +11,14 @@ import re
 import pytest
 
 from klear.fit import main
-from tests.runs import RL_SHORT, assert_same_metrics, assert_same_weights, fit_in_subprocess, read_metrics
+from tests.runs import (
+    RL_SHORT,
+    assert_export_is_hf,
+    assert_same_metrics,
+    assert_same_weights,
+    fit_in_subprocess,
+    read_metrics,
+)
 
 pytestmark = pytest.mark.end_to_end  # runs two ranks of the CLI in subprocesses
 
@@ -72,10 +79,10 @@ def test_sft_on_two_ranks_matches_one_process(tmp_path):
     assert checkpoint.is_dir() and len(list(checkpoint.glob("*.distcp"))) == 2
 
 
-def test_rl_on_two_ranks_matches_one_process(rl_one_process, tmp_path):
+def test_rl_on_two_ranks_matches_one_process(rl_one_process, tmp_path, monkeypatch):
     """Without ``OMP_NUM_THREADS``: klear divides the cores between the two ranks, each rank logs the count it
     computes with (rank 1 under ``--verbose``), the same one, and the run's summary.json records it (as torch still
-    had it at the end)."""
+    had it at the end). The sharded checkpoint, read in one process as a model, is the run's ``hf/``."""
     args = [*RL, "trainer.max_steps=4", f"output_dir={tmp_path}", *SHARDED, "--verbose"]
     log = fit_in_subprocess(args, omp_threads=None)
     assert_same_metrics(rl_one_process, tmp_path)
@@ -90,6 +97,10 @@ def test_rl_on_two_ranks_matches_one_process(rl_one_process, tmp_path):
     rows = read_metrics(tmp_path / "metrics.csv")
     assert all(float(row["rollout/logprob_gap"]) < 1e-4 for row in rows[:4])  # the engine got the gathered weights
     assert any(float(row["actor/grad_norm"]) > 0 for row in rows[:4])
+    monkeypatch.setenv("KLEAR_CACHE", str(tmp_path / "cache"))
+    (checkpoint,) = (tmp_path / "checkpoints").glob("step-*.ckpt")
+    assert checkpoint.is_dir()
+    assert_export_is_hf(checkpoint, tmp_path)
 
 
 @pytest.mark.slow  # the default run keeps the token budget in one process and at real width

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from klear.compare.cli import parse_args, plan
 from klear.models import resolve_model_path
 from tests.compare.test_compare import SHORT as COMPARE_SHORT
-from tests.runs import RL_SHORT, assert_same_metrics, fit_in_subprocess, read_metrics
+from tests.runs import RL_SHORT, assert_export_is_hf, assert_same_metrics, fit_in_subprocess, read_metrics
 from tests.stages.test_determinism import SFT_SHORT as DETERMINISM_SFT
 from tests.test_user_errors import klear
 
@@ -74,10 +74,13 @@ def assert_lora_run(straight, resumed, first) -> None:
 
 
 @pytest.mark.parametrize("kl", [pytest.param("0.01", id="kl"), pytest.param("0.0", id="no-kl", marks=pytest.mark.slow)])
-def test_rl_with_lora_resumes_exactly_and_exports_both_folders(tmp_path, kl):
+def test_rl_with_lora_resumes_exactly_and_exports_both_folders(tmp_path, kl, monkeypatch):
     # kl_coef > 0: the KL reference is the base model, adapters switched off, in the straight and the resumed run.
     straight, resumed, first = straight_and_resumed(tmp_path, [*COMMANDS["rl"], f"algorithm.kl_coef={kl}"])
     assert_lora_run(straight, resumed, first)
+    # The last checkpoint (adapters only), exported as a model over the run's base model: the merged hf/.
+    monkeypatch.setenv("KLEAR_CACHE", str(tmp_path / "cache"))
+    assert_export_is_hf(straight / "checkpoints" / "step-000004.ckpt", straight)
     rows = read_metrics(straight / "metrics.csv")[:4]
     assert all(float(row["rollout/logprob_gap"]) < 1e-4 for row in rows)  # the hf engine samples the adapted policy
     if float(kl):

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import inspect
-import json
 import math
 import re
 import types
@@ -24,9 +23,10 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from klear.config.model_path import model_path_problem
 from klear.errors import UserError, did_you_mean, first_line
 from klear.schema import SCHEMAS
-from klear.schema.sections import ROPE_TYPES, finite, interpolation, is_hub_name, shape_problem
+from klear.schema.sections import ROPE_TYPES, finite, interpolation, shape_problem
 
 
 class ConfigError(UserError):
@@ -162,6 +162,7 @@ def check_config(config: DictConfig) -> None:
         )
     if config.eval.temperature == 0 and config.eval.samples != 1:
         raise ConfigError("eval.samples > 1 needs eval.temperature > 0 (greedy decoding gives one answer)")
+    _check_keep_best(config)
     if config.optim.min_lr > config.optim.lr:
         raise ConfigError(f"optim.min_lr ({config.optim.min_lr}) must not exceed optim.lr ({config.optim.lr})")
     if not all(0 <= beta < 1 for beta in config.optim.betas):
@@ -179,6 +180,17 @@ def check_config(config: DictConfig) -> None:
             raise ConfigError(f"logging.{switch}=true needs the {package} package: pip install {package}")
     for check in STAGE_CHECKS.get(config.stage, ()):
         check(config)
+
+
+def _check_keep_best(config: DictConfig) -> None:
+    """``trainer.keep_best`` compares the checkpoints by their evaluations, so every checkpoint must have one."""
+    save, scored = config.trainer.checkpoint_every_n_steps, config.eval.every_n_steps
+    if config.trainer.keep_best and not (save and scored and save % scored == 0):
+        raise ConfigError(
+            f"trainer.keep_best=true keeps the checkpoint that scored best, so each checkpoint needs an evaluation: "
+            f"set trainer.checkpoint_every_n_steps (now {save}) to a multiple of eval.every_n_steps (now {scored}), "
+            "both above 0"
+        )
 
 
 def check_rl(config: DictConfig) -> None:
@@ -408,61 +420,6 @@ def _levels_accepted(known: collections.abc.Iterable[int] | None = None) -> str:
     from klear.data import synthetic
 
     return f"a list of {', '.join(map(str, sorted(synthetic.LEVELS if known is None else known)))}"
-
-
-BUILTIN_MODELS = ("tiny", "tiny-sft", "tiny-sft-code", "tiny-sft-testbed")
-"""``model.path`` values of the built-in models (see `klear.models`)."""
-
-
-def model_path_problem(path: str) -> str | None:
-    """Why ``path`` cannot be a model, when it can only be a local path (hub names are ``name`` or ``org/name``)
-    and holds no model directory; None when it may be one (a hub name is only checked when it is loaded). A PEFT
-    adapter folder (a LoRA run's ``adapter/``) is a model when the base model it names is one."""
-    if path in BUILTIN_MODELS:
-        return None
-    local = Path(path).expanduser()
-    if is_adapter_folder(path):
-        return _adapter_base_problem(local / ADAPTER_CONFIG)
-    looks_local = not is_hub_name(path)
-    if looks_local and not (local / "config.json").is_file():
-        return (
-            "no model directory there (a folder with config.json); give a Hugging Face model directory or hub "
-            f"name, or a built-in model: {', '.join(BUILTIN_MODELS)}"
-        )
-    if looks_local:  # transformers picks the model's classes by config.json's model_type, and has no other way
-        try:
-            fields = json.loads((local / "config.json").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            return f"{local / 'config.json'} cannot be read as JSON ({_first_line(error)})"
-        if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):
-            return (
-                f"{local / 'config.json'} has no model_type, which transformers reads the architecture from; "
-                'add it (e.g. "model_type": "qwen3"), or give the folder of a saved model'
-            )
-    return None
-
-
-ADAPTER_CONFIG = "adapter_config.json"
-"""The file that makes a folder a PEFT adapter folder (`klear.models.lora` loads it)."""
-
-
-def is_adapter_folder(path: str) -> bool:
-    """Whether ``path`` is a PEFT adapter folder: a folder with an ``adapter_config.json``."""
-    return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
-
-
-def _adapter_base_problem(file: Path) -> str | None:
-    """Why the adapter folder of ``file`` (its ``adapter_config.json``) cannot be loaded over the base model it
-    names (``base_model_name_or_path``); None when that base may be a model."""
-    try:
-        fields = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return f"{file} cannot be read as JSON ({_first_line(error)})"
-    base = fields.get("base_model_name_or_path") if isinstance(fields, dict) else None
-    if not isinstance(base, str) or not base:
-        return f"{file} names no base model (base_model_name_or_path)"
-    problem = model_path_problem(base)
-    return f"the base model {base} that {file} names: {problem}" if problem else None
 
 
 def _check_synthetic_rewards(config: DictConfig) -> None:

@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klear import cli
-from klear.config.load import BUILTIN_MODELS, ConfigError, check_rope_scaling
+from klear.config.load import ConfigError, check_rope_scaling
+from klear.config.model_path import BUILTIN_MODELS
 from klear.data.problems import Problem
 from klear.data.readers import data_stem, parse_json, write_jsonl
 from klear.errors import UserError
@@ -105,8 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_sampling_arguments(
         parser,
         model_help=(
-            "HF model directory or hub name, or a LoRA run's adapter/ folder (over its base model, or --base); "
-            f"built-in: {', '.join(BUILTIN_MODELS)}"
+            "HF model directory or hub name, a LoRA run's adapter/ folder (over its base model, or --base), or a "
+            f"run's checkpoint (OUTPUT_DIR/checkpoints/step-N.ckpt); built-in: {', '.join(BUILTIN_MODELS)}"
         ),
         temperature=0.6,
         temperature_help="0: greedy",

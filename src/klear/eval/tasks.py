@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from klear.config.load import is_adapter_folder, model_path_problem
+from klear.config.model_path import is_adapter_folder, model_path_problem
 from klear.data.problems import ProblemSet, Task, choose_task, load_problems
 from klear.data.prompts import AS_GIVEN, PromptFormat
 from klear.data.readers import read_numbered, warn_bad_rows

@@ -23,19 +23,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from klear.errors import first_line
 from klear.models import attention
-from klear.models.lora import adapter_base, adapter_config, merge_adapter
+from klear.models.lora import adapter_base, adapter_config, merge_adapter, with_lora
+from klear.models.run_checkpoint import export_folder, is_run_checkpoint, load_weights, run_config, saved_dtype
 from klear.models.tiny import TINY_SIZES, build_tiny
 from klear.runtime import memory, threads
 from klear.runtime.hub import check_hub_access
-from klear.schema import ModelConfig
+from klear.schema import LoraConfig, ModelConfig
 from klear.schema.sections import is_hub_name
 
 CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
@@ -47,6 +52,10 @@ SHIPPED: dict[str, str] = {
 """Shipped checkpoints (folders of ``CHECKPOINTS_DIR``) -> the SFT config that made them (tools/build_tiny_sft.py)."""
 TINY_SFT_DIR = CHECKPOINTS_DIR / "tiny-sft"
 """The shipped ``tiny-sft`` checkpoint: the tiny model after ``configs/sft.yaml``."""
+SAVED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+"""``model.dtype`` of a checkpoint's weights by their dtype (others load as ``auto`` and are cast)."""
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -64,6 +73,8 @@ def resolve_model_path(path: str) -> str:
                 f"rebuild it with: python tools/build_tiny_sft.py --name {path}"
             )
         return str(folder)
+    if is_run_checkpoint(path):  # a run's checkpoint: exported once as a model folder
+        return str(export_checkpoint(path))
     base = adapter_base(path)
     if base is not None:  # a PEFT adapter folder: its base model's config, tokenizer and weights, adapters merged
         return resolve_model_path(base)
@@ -74,6 +85,50 @@ def resolve_model_path(path: str) -> str:
     if is_hub_name(path):  # loaded without network retries (`klear.runtime.hub`)
         check_hub_access(path)
     return path
+
+
+def export_checkpoint(path: str) -> Path:
+    """The Hugging Face folder of the run checkpoint at ``path`` (`klear.models.run_checkpoint`): the model the run
+    started from, with the checkpoint's weights (a LoRA run's adapters merged), its config as the run loaded it and
+    its tokenizer; exported on first use and reused afterwards.
+
+    Raises:
+        ValueError: the file is no klear checkpoint, or its weights do not fit the run's model.
+        OSError: the run's model cannot be found or loaded, or the export cannot be written.
+    """
+    folder = export_folder(path, cache_dir())
+    if (folder / "config.json").is_file():
+        return folder
+    run = run_config(path)
+    log.info("model: %s is a run's checkpoint: exporting it once as a Hugging Face model to %s", path, folder)
+    settings = run["model"]
+    config = ModelConfig(
+        path=settings["path"],
+        dtype=SAVED_DTYPES.get(saved_dtype(path), "auto"),
+        rope_scaling=settings.get("rope_scaling") or {},
+    )
+    try:
+        model = load_model(config, cpu_threads=None)  # the command chooses its threads when it loads the export
+    except (OSError, ValueError) as error:
+        kind = OSError if isinstance(error, OSError) else ValueError
+        raise kind(f"the model {path} was trained from, model.path={config.path!r}: {first_line(error)}") from error
+    lora = settings.get("lora")
+    if lora:
+        model = with_lora(model, LoraConfig(**lora), int(run.get("seed", 0)))
+    load_weights(model, path)
+    if lora:
+        model = model.merge_and_unload()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        model.save_pretrained(staging)
+        load_tokenizer(config).save_pretrained(staging)
+        os.rename(staging, folder)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (folder / "config.json").is_file():  # not another process's export, renamed into place first
+            raise
+    return folder
 
 
 def model_context(config: ModelConfig) -> int:
@@ -139,12 +194,16 @@ def load_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:
 
 
 def load_model(
-    config: ModelConfig, on_cuda: bool = False, cpu_threads: int = 0, processes: int = 1, adapter: str | None = None
+    config: ModelConfig,
+    on_cuda: bool = False,
+    cpu_threads: int | None = 0,
+    processes: int = 1,
+    adapter: str | None = None,
 ) -> PreTrainedModel:
     """The causal LM of ``config.path`` in the configured dtype, in train mode. Every command loads its model here,
     so this is where torch's CPU threads are chosen, by the model's size (`klear.runtime.threads`; ``cpu_threads``:
-    ``trainer.cpu_threads`` or ``--threads``, 0 = chosen by klear; ``processes``: the run's processes on this
-    machine, ``trainer.devices``, which share its cores).
+    ``trainer.cpu_threads`` or ``--threads``, 0 = chosen by klear, None = left to the command's own load;
+    ``processes``: the run's processes on this machine, ``trainer.devices``, which share its cores).
 
     A PEFT adapter folder as ``config.path`` (a LoRA run's ``adapter/``) loads the base model its
     ``adapter_config.json`` names with the adapters merged; ``adapter`` merges that folder's adapters into the model
@@ -163,5 +222,6 @@ def load_model(
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    threads.configure(cpu_threads, sum(parameter.numel() for parameter in model.parameters()), processes)
+    if cpu_threads is not None:
+        threads.configure(cpu_threads, sum(parameter.numel() for parameter in model.parameters()), processes)
     return model.train()

@@ -99,7 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="discard earlier results in --out")
     add_sampling_arguments(
         parser,
-        model_help="HF model directory or hub name; built-in: tiny, tiny-sft",
+        model_help=(
+            "HF model directory or hub name, or a run's checkpoint (OUTPUT_DIR/checkpoints/step-N.ckpt); "
+            "built-in: tiny, tiny-sft"
+        ),
         model_required=True,
         temperature=1.0,
         temperature_help="as RL samples",

@@ -22,10 +22,11 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 from torch.distributed.checkpoint.api import CheckpointException
 
-from klear.run.directory import CHECKPOINT_GLOB, RunDir, remove_path, with_path
+from klear.run.directory import RunDir, remove_path, with_path
 from klear.run.stopping import StopRequested, agreement_point
 from klear.runtime import lightning_compat, memory
 from klear.runtime.distributed import agree_on_failure
+from klear.schema import TrainerConfig
 
 
 class StepCheckpoint(Checkpoint):
@@ -35,13 +36,19 @@ class StepCheckpoint(Checkpoint):
     end of a step where a stop on SIGTERM is agreed (:meth:`stop_point`).
 
     The file (a directory of per-rank shards under fsdp2) is written under a temporary name and renamed into
-    place, then older checkpoints are removed, so
-    a crash at any moment (``kill -9`` included) leaves a complete newest checkpoint whose name is its step.
+    place, then the checkpoints that are not kept are removed, so a crash at any moment (``kill -9`` included)
+    leaves a complete newest checkpoint whose name is its step. Kept are the newest ``trainer.keep_checkpoints``
+    (0: all) and, with ``trainer.keep_best``, the one whose step scored the highest ``eval/accuracy`` of the
+    evaluations logged so far (the scores are part of the checkpoint, so a resumed run knows them).
     """
 
-    def __init__(self, run_dir: RunDir, every_n_steps: int) -> None:
+    def __init__(self, run_dir: RunDir, trainer: TrainerConfig) -> None:
         self.run_dir = run_dir
-        self.every_n_steps = every_n_steps
+        self.every_n_steps = trainer.checkpoint_every_n_steps
+        self.keep = trainer.keep_checkpoints
+        self.keep_best = trainer.keep_best
+        self.scores: dict[int, float] = {}
+        """``eval/accuracy`` by the step whose weights were evaluated (the row it is logged in)."""
 
     def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
         # Lightning's default writer only: a checkpoint_io the Trainer was given on purpose stays.
@@ -49,6 +56,9 @@ class StepCheckpoint(Checkpoint):
             trainer.strategy.checkpoint_io = StreamingCheckpointIO()
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        score = getattr(module, "step_metrics", {}).get("eval/accuracy")  # the row of batch_idx: its start's weights
+        if score is not None:
+            self.scores[batch_idx] = float(score)
         step = batch_idx + 1
         if self.every_n_steps and step % self.every_n_steps == 0:
             self.save(trainer, step)
@@ -71,6 +81,23 @@ class StepCheckpoint(Checkpoint):
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.save(trainer, lightning_compat.completed_steps(trainer))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scores": dict(self.scores)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scores = {int(step): float(score) for step, score in state_dict.get("scores", {}).items()}
+
+    def kept(self) -> list[Path]:
+        """The checkpoints to keep of those saved (oldest first)."""
+        saved = self.run_dir.saved_checkpoints()
+        kept = saved[-self.keep :] if self.keep else saved
+        scored = {self.run_dir.checkpoint(step): score for step, score in self.scores.items()}
+        candidates = [path for path in saved if path in scored]
+        if self.keep_best and candidates:
+            best = max(candidates, key=lambda path: scored[path])  # the earliest of equal scores
+            kept = sorted({*kept, best}, key=saved.index)
+        return kept
 
     def on_load_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Let ``--resume trainer.max_steps=N`` extend a finished run: the checkpoint saved at the end of training
@@ -111,9 +138,10 @@ class StepCheckpoint(Checkpoint):
         trainer.strategy.barrier("klear-checkpoint-saved")
         if trainer.is_global_zero:
             os.replace(temporary, target)
-            for older in self.run_dir.checkpoints.glob(CHECKPOINT_GLOB):
-                if older != target:
-                    remove_path(older)
+            kept = self.kept()
+            for path in self.run_dir.saved_checkpoints():
+                if path not in kept:
+                    remove_path(path)
         trainer.strategy.barrier("klear-checkpoint")
 
 

@@ -8,7 +8,8 @@ Layout of ``<output_dir>``::
                            digest of the content, which ``--resume`` checks
     metrics.csv            one row per logged step (Lightning's CSV layout: sorted columns, a ``step`` column)
     checkpoints/step-000040.ckpt  the latest resumable checkpoint (model, optimizer, scheduler, data position),
-                           named after the number of steps it completed
+                           named after the number of steps it completed (``trainer.keep_checkpoints``: the newest
+                           N stay), each a model too (`klear.models.run_checkpoint`)
     hf/                    the final model, tokenizer and generation config in Hugging Face format
     .klear.lock            while a run is live: the lock that keeps a second run out (`klear.run.folder_lock`);
                            removed when the run ends, left behind only by a run killed outright
@@ -23,12 +24,12 @@ import errno
 import json
 import os
 import shutil
-import zipfile
 from pathlib import Path
 from typing import Any
 
 from klear.errors import UserError
 from klear.run.folder_lock import LOCK_NAME, FolderLock
+from klear.runtime.checkpoint_files import checkpoint_problem
 
 CHECKPOINT_GLOB = "step-*.ckpt"
 ELSEWHERE = "set output_dir=..."
@@ -57,10 +58,16 @@ class RunDir:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"step-{step:06d}.ckpt"
 
+    def saved_checkpoints(self) -> list[Path]:
+        """The checkpoints in ``checkpoints/``, oldest step first (a checkpoint is only ever renamed into place
+        whole; ``trainer.keep_checkpoints`` says how many stay)."""
+        found = [path for path in self.checkpoints.glob(CHECKPOINT_GLOB) if path.stem.removeprefix("step-").isdigit()]
+        return sorted(found, key=lambda path: int(path.stem.removeprefix("step-")))
+
     @property
     def last_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint (a checkpoint is only ever renamed into place whole), or None."""
-        found = sorted(self.checkpoints.glob(CHECKPOINT_GLOB))
+        """The newest complete checkpoint, or None."""
+        found = self.saved_checkpoints()
         return found[-1] if found else None
 
     def resume_step(self) -> int:
@@ -82,14 +89,14 @@ class RunDir:
         problem = checkpoint_problem(last)
         if problem is None:
             return
-        earlier = [path for path in sorted(self.checkpoints.glob(CHECKPOINT_GLOB)) if path != last]
+        earlier = [path for path in self.saved_checkpoints() if path != last]
         complete = [path for path in earlier if checkpoint_problem(path) is None]
         if complete:
             advice = f"the earlier checkpoint {complete[-1]} is complete: remove {last} and resume again"
         else:
             advice = (
-                "no earlier checkpoint is kept (each save replaces the one before): start the run again with "
-                "--overwrite, or set output_dir=..."
+                "no earlier complete checkpoint is kept (trainer.keep_checkpoints=N keeps the newest N): start the "
+                "run again with --overwrite, or set output_dir=..."
             )
         raise RunError(f"--resume: {last} is damaged ({problem}); {advice}")
 
@@ -144,31 +151,6 @@ class RunDir:
             written(self.data_report, lambda path: path.write_text(text))
         except OSError as error:  # a full disk before the first step: one line, not a model that "cannot be loaded"
             raise RunError(write_failure(error, self.root)) from None
-
-
-def checkpoint_problem(path: Path) -> str | None:
-    """Why the checkpoint at ``path`` cannot be loaded, or None. A one-file checkpoint is a torch zip archive whose
-    index sits at its end, so a file cut short has none, or members that end past the file; a sharded (fsdp2) one
-    is a directory with torch.distributed.checkpoint's ``.metadata`` and Lightning's ``meta.pt``. The values
-    themselves are not read (that would cost a full load)."""
-    if path.is_dir():
-        shards = list(path.glob("*.distcp"))
-        for required in (path / ".metadata", path / "meta.pt"):
-            if not required.is_file() or required.stat().st_size == 0:
-                return f"{required.name} is missing or empty"
-        if not shards:
-            return "it holds no .distcp shard"
-        path = path / "meta.pt"
-    try:
-        size = path.stat().st_size
-        with zipfile.ZipFile(path) as archive:
-            members = archive.infolist()
-    except (zipfile.BadZipFile, OSError) as error:
-        return f"not a complete torch checkpoint: {error}"
-    if not any(member.filename.endswith("/data.pkl") for member in members):
-        return "not a torch checkpoint: no data.pkl in the archive"
-    cut = [member.filename for member in members if member.header_offset + member.compress_size > size]
-    return f"{cut[0]} ends past the end of the file" if cut else None
 
 
 WRITE_HINTS = {

@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from klear.run.directory import written
+from klear.run.directory import RunDir, written
 
 Series = tuple[str, list[float], list[float], list[float] | list[tuple[float, float]] | None]
 """One line of a panel: label, steps, values, and a band around it (or None): half-widths, or ``(low, high)`` per
@@ -98,6 +98,7 @@ def write_run_report(
     text = _markdown(output_dir, config, rows, wall_seconds, status, first_step, bool(panels), threads)
     written(report, lambda path: path.write_text(text))
     record = _summary(config, rows, wall_seconds, status, first_step, threads)
+    record["checkpoints"] = kept_checkpoints(output_dir, rows)
     written(summary, lambda path: path.write_text(json.dumps(record, indent=2) + "\n"))
     if failed is not None:
         raise failed
@@ -206,6 +207,17 @@ def _markdown(
     lines += ["", f"Not logged: {', '.join(f'`{key}`' for key in missing)}.", ""] if missing else [""]
     lines += _data(output_dir / "data_report.json") + _files(output_dir, curves)
     return "\n".join(lines) + "\n"
+
+
+def kept_checkpoints(output_dir: Path, rows: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """``summary.json``'s ``checkpoints``: each checkpoint kept in ``output_dir`` (oldest first) with its step and
+    the ``eval/accuracy`` of its weights (null when its step was not evaluated): which to give ``--model``."""
+    scores = dict(accuracy_course(rows))
+    return [
+        {"path": str(path), "step": step, "eval_accuracy": scores.get(step)}
+        for path in RunDir(output_dir).saved_checkpoints()
+        for step in [int(path.stem.removeprefix("step-"))]
+    ]
 
 
 def accuracy_course(rows: list[dict[str, float]]) -> list[tuple[int, float]]:

@@ -238,6 +238,12 @@ class TrainerConfig:
     log_every_n_steps: int = at_least(1, 1)
     checkpoint_every_n_steps: int = at_least(100, 0)
     """Save a resumable checkpoint every this many steps (and at the end); 0 only at the end."""
+    keep_checkpoints: int = at_least(1, 0)
+    """Checkpoints kept in ``checkpoints/``: the newest this many (each is a model too: ``model.path``, ``--model``);
+    0 keeps every one."""
+    keep_best: bool = False
+    """Also keep the checkpoint whose step scored the highest ``eval/accuracy`` (the earliest of equal ones);
+    ``checkpoint_every_n_steps`` must then be a multiple of ``eval.every_n_steps``, so every checkpoint is scored."""
     progress_bar: bool = True
     cpu_threads: int = at_least(0, 0)
     """torch's CPU threads; 0: chosen by klear from the free cores and the model's size, logged at start and

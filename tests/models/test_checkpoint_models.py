@@ -1,0 +1,87 @@
+"""Kept checkpoints as models, through the commands as a user types them: a run with ``trainer.keep_checkpoints=0``
+keeps every checkpoint, ``python -m klear.eval --model RUN/checkpoints/step-N.ckpt`` scores one, ``klear.fit
+model.path=...ckpt`` starts a run from one, the last one's export is the run's ``hf/`` to the byte, and
+``trainer.keep_best`` keeps the best scored one beside the newest, across a ``--resume``."""
+
+import json
+
+import pytest
+import torch
+
+from tests.runs import RL_SHORT, assert_export_is_hf, fit_in_subprocess, read_metrics
+from tests.test_user_errors import klear
+
+pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` and `python -m klear.eval` in subprocesses
+
+
+def test_every_kept_checkpoint_is_a_model_for_eval_and_fit(tmp_path, monkeypatch):
+    monkeypatch.setenv("KLEAR_CACHE", str(tmp_path / "cache"))  # the exports, and the commands' too
+    run = tmp_path / "rl"
+    fit_in_subprocess(["--config", "configs/rl.yaml", *RL_SHORT, "trainer.keep_checkpoints=0", f"output_dir={run}"])
+    kept = sorted(path.name for path in (run / "checkpoints").iterdir())
+    assert kept == ["step-000002.ckpt", "step-000004.ckpt"]
+    assert_export_is_hf(run / "checkpoints" / "step-000004.ckpt", run)
+
+    problems = tmp_path / "eval.jsonl"
+    problems.write_text(
+        "".join(json.dumps({"problem": f"Start with {n}. Add 1.", "answer": str(n + 1)}) + "\n" for n in range(4))
+    )
+    step_2 = run / "checkpoints" / "step-000002.ckpt"
+    result = klear(
+        "klear.eval",
+        "--model",
+        str(step_2),
+        "--data",
+        str(problems),
+        "--max-new-tokens",
+        "8",
+        "--output",
+        str(tmp_path / "scored"),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((tmp_path / "scored" / "summary.json").read_text())
+    assert summary["model"] == str(step_2) and summary["rows"] == 4
+    assert (
+        f"model: {step_2} is a run's checkpoint: exporting it once as a Hugging Face model to {tmp_path / 'cache'}"
+        in result.stderr
+    )
+
+    started = tmp_path / "from-step-2"
+    fit_in_subprocess(
+        [
+            "--config",
+            "configs/rl.yaml",
+            *RL_SHORT,
+            f"model.path={step_2}",
+            "trainer.max_steps=2",
+            f"output_dir={started}",
+        ]
+    )
+    # Every evaluation samples with one seed: the new run's first one scores step 2's weights as the first run did.
+    evaluated = [row for row in read_metrics(run / "metrics.csv") if row["step"] == "2" and row["eval/accuracy"]]
+    first = read_metrics(started / "metrics.csv")[0]
+    assert first["step"] == "0" and len(evaluated) == 1
+    for name in ("eval/accuracy", "eval/response_length", "eval/pass_at_4"):
+        assert first[name] == evaluated[0][name], name
+    assert evaluated[0]["eval/accuracy"] != read_metrics(run / "metrics.csv")[0]["eval/accuracy"]  # not the start
+
+
+def test_the_best_scored_checkpoint_is_kept_across_a_resume(tmp_path):
+    run = tmp_path / "rl"
+    command = ["--config", "configs/rl.yaml", *RL_SHORT, "trainer.keep_best=true", f"output_dir={run}"]
+    fit_in_subprocess([*command, "trainer.max_steps=4"])
+    resumed = klear("klear.fit", *command, "trainer.max_steps=8", "--resume", env={"OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = read_metrics(run / "metrics.csv")
+    scores = {int(row["step"]): float(row["eval/accuracy"]) for row in rows if row["eval/accuracy"]}
+    assert sorted(scores) == [0, 2, 4, 6, 8]
+    best = max((2, 4, 6), key=lambda step: scores[step])  # the earliest of equal scores; step 0 has no checkpoint
+    kept = sorted(int(path.stem.removeprefix("step-")) for path in (run / "checkpoints").iterdir())
+    assert kept == sorted({best, 8})
+    # The scores travel in the checkpoint: the resumed run knew those of the steps before it.
+    state = torch.load(run / "checkpoints" / "step-000008.ckpt", weights_only=False)["callbacks"]["StepCheckpoint"]
+    assert state == {"scores": {step: scores[step] for step in (0, 2, 4, 6)}}
+    summary = json.loads((run / "summary.json").read_text())["checkpoints"]
+    assert [(entry["step"], entry["eval_accuracy"]) for entry in summary] == [(step, scores[step]) for step in kept]
+    top = max(kept, key=lambda step: scores[step])
+    assert f"the best {run / 'checkpoints' / f'step-{top:06d}.ckpt'} (eval/accuracy {scores[top]:.3f}" in resumed.stdout
