@@ -78,7 +78,8 @@ def assert_same_weights(one: Path, two: Path) -> None:
 
 
 def assert_export_is_hf(checkpoint, run) -> None:
-    """The checkpoint, exported as a model, is the model the run wrote to ``hf/``: every tensor and file equal."""
+    """The checkpoint, exported as a model, is the model the run wrote to ``hf/``: every tensor and file equal
+    (the tokenizer's settings but for whether the loading process was offline)."""
     from klear.models import resolve_model_path
 
     folder = resolve_model_path(str(checkpoint))
@@ -88,8 +89,16 @@ def assert_export_is_hf(checkpoint, run) -> None:
     )
     assert exported.keys() == written.keys()
     assert all(exported[name].equal(written[name]) for name in written)
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("config.json", "generation_config.json", "tokenizer.json"):
         assert (run / "hf" / name).read_bytes() == Path(folder, name).read_bytes(), name
+    # transformers records whether the process that loaded the tokenizer was offline (HF_HUB_OFFLINE): the rest agrees.
+    written_settings, exported_settings = (
+        json.loads(path.read_text())
+        for path in (run / "hf" / "tokenizer_config.json", Path(folder, "tokenizer_config.json"))
+    )
+    for settings in (written_settings, exported_settings):
+        settings.pop("local_files_only", None)
+    assert exported_settings == written_settings
 
 
 def base_model(folder: Path) -> Path:

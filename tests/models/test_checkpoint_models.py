@@ -1,6 +1,6 @@
 """Kept checkpoints as models, through the commands as a user types them: a run with ``trainer.keep_checkpoints=0``
 keeps every checkpoint, ``python -m klear.eval --model RUN/checkpoints/step-N.ckpt`` scores one, ``klear.fit
-model.path=...ckpt`` starts a run from one, the last one's export is the run's ``hf/`` to the byte, and
+model.path=...ckpt`` starts a run from one, the last one's export is the run's ``hf/`` (tensors and files), and
 ``trainer.keep_best`` keeps the best scored one beside the newest, across a ``--resume``."""
 
 import json

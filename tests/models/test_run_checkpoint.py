@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from klear.config.model_path import model_path_problem
 from klear.models import resolve_model_path
 from klear.models.lora import with_lora
-from klear.models.run_checkpoint import export_folder, is_run_checkpoint
+from klear.models.run_checkpoint import export_folder, is_run_checkpoint, load_weights
 from klear.run.directory import RunDir
 from klear.schema import LoraConfig
 
@@ -165,3 +165,26 @@ def test_checkpoints_are_ordered_by_step_past_six_digits(tmp_path):
         "step-1000000.ckpt",
     ]
     assert run.last_checkpoint.name == "step-1000000.ckpt" and run.resume_step() == 1_000_000
+
+
+def file_mappings(path) -> list[tuple[int, int]]:
+    """The address ranges of this process that map the file at ``path`` (``/proc/self/maps``)."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(Path(path).resolve()):
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's memory map (Linux)")
+def test_a_one_file_checkpoint_is_read_in_place_not_copied(tmp_path):
+    path = save(tmp_path / "run" / "checkpoints" / "step-000003.ckpt", trained(tiny()).state_dict(), run_config())
+    model = tiny()
+    load_weights(model, path)
+    mapped = file_mappings(path)
+    assert mapped
+    for name, parameter in model.named_parameters():
+        address = parameter.data_ptr()
+        assert any(start <= address < end for start, end in mapped), name  # the checkpoint's own pages

@@ -68,7 +68,8 @@ def hub_settings(tmp_path, monkeypatch) -> Path:
     """huggingface_hub's settings for this test (put back after it): a cache holding ``acme/tiny``, online mode."""
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache_with_tiny(tmp_path)))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "")  # recorded, so that what a test's check sets is undone after it
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     return tmp_path
 
 

@@ -1,6 +1,7 @@
 """tools/bench_checkpoint_export.py at Qwen3-0.6B's width and vocabulary (2 of its 28 layers): exporting a run's
 checkpoint as a model checks every tensor against the checkpoint and peaks no higher than loading the model (1.00x
-measured at 2 and at 28 layers); about 20 s, in the default run."""
+measured at 2 and at 28 layers); about 25 s, hence ``slow``: the default run checks that a checkpoint's tensors are
+read in place (tests/models/test_run_checkpoint.py)."""
 
 import re
 import subprocess
@@ -14,6 +15,7 @@ pytestmark = pytest.mark.end_to_end  # runs a benchmark script in a subprocess
 TOOL = Path(__file__).parents[2] / "tools" / "bench_checkpoint_export.py"
 
 
+@pytest.mark.slow
 def test_export_peaks_no_higher_than_a_load(tmp_path):
     result = subprocess.run(
         [sys.executable, str(TOOL), "--layers", "2", "--work", str(tmp_path)],
