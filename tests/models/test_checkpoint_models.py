@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.runs import RL_SHORT, assert_export_is_hf, fit_in_subprocess, read_metrics
-from tests.test_user_errors import klear
+from tests.test_user_errors import klear, one_line_error
 
 pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` and `python -m klear.eval` in subprocesses
 
@@ -85,3 +85,30 @@ def test_the_best_scored_checkpoint_is_kept_across_a_resume(tmp_path):
     assert [(entry["step"], entry["eval_accuracy"]) for entry in summary] == [(step, scores[step]) for step in kept]
     top = max(kept, key=lambda step: scores[step])
     assert f"the best {run / 'checkpoints' / f'step-{top:06d}.ckpt'} (eval/accuracy {scores[top]:.3f}" in resumed.stdout
+
+
+@pytest.mark.parametrize("command", ["klear.fit", "klear.eval"])
+def test_a_checkpoint_that_cannot_be_a_model_is_one_line_before_anything_runs(tmp_path, command):
+    foreign = tmp_path / "other" / "checkpoints" / "step-000001.ckpt"  # a torch file, but no run's checkpoint
+    foreign.parent.mkdir(parents=True)
+    torch.save({"state_dict": {"model.w": torch.zeros(2)}}, foreign)
+    gone = tmp_path / "moved" / "checkpoints" / "step-000001.ckpt"  # its run's starting model is gone
+    gone.parent.mkdir(parents=True)
+    run = {"seed": 0, "model": {"path": str(tmp_path / "no-such-model"), "rope_scaling": {}, "lora": None}}
+    torch.save({"state_dict": {"model.w": torch.zeros(2)}, "hyper_parameters": {"config": run}}, gone)
+    problems = tmp_path / "eval.jsonl"
+    problems.write_text(json.dumps({"problem": "Start with 1. Add 1.", "answer": "2"}) + "\n")
+    output = tmp_path / "out"
+    for checkpoint, expected in [
+        (foreign, f"{foreign} is no klear checkpoint: it records no run config (hyper_parameters.config)"),
+        (gone, f"the model {gone} was trained from, model.path='{tmp_path / 'no-such-model'}', is not there"),
+    ]:
+        if command == "klear.fit":
+            args = ["--config", "configs/rl.yaml", f"model.path={checkpoint}", f"output_dir={output}"]
+            prefix = f"error: model.path = '{checkpoint}': "
+        else:
+            args = ["--model", str(checkpoint), "--data", str(problems), "--output", str(output)]
+            prefix = f"error: --model {checkpoint}: "
+        line = one_line_error(klear(command, *args, env={"KLEAR_CACHE": str(tmp_path / "cache")}))
+        assert line.startswith(prefix + expected), line
+        assert not output.exists()

@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM
 from klear.config.model_path import model_path_problem
 from klear.models import resolve_model_path
 from klear.models.lora import with_lora
-from klear.models.run_checkpoint import export_folder, is_run_checkpoint, load_weights
+from klear.models.run_checkpoint import RunCheckpoint, export_folder
 from klear.run.directory import RunDir
+from klear.runtime.checkpoint_files import is_run_checkpoint
 from klear.schema import LoraConfig
 
 
@@ -117,7 +118,7 @@ def test_a_sharded_checkpoint_is_read_in_one_process(tmp_path, cache):
         ("shape", "holds 'model.norm.weight' of shape (3,), the model's is (128,)"),
         ("missing", "lacks 'model.norm.weight' (1 of the model's trained tensors missing)"),
         ("no config", "is no klear checkpoint: it records no run config (hyper_parameters.config)"),
-        ("gone base", "the model {path} was trained from, model.path='gone/base/model':"),
+        ("gone base", "the model {path} was trained from, model.path='gone/base/model', is not there"),
     ],
 )
 def test_a_checkpoint_that_does_not_fit_its_run_is_refused_in_one_line(tmp_path, cache, change, error):
@@ -182,7 +183,7 @@ def file_mappings(path) -> list[tuple[int, int]]:
 def test_a_one_file_checkpoint_is_read_in_place_not_copied(tmp_path):
     path = save(tmp_path / "run" / "checkpoints" / "step-000003.ckpt", trained(tiny()).state_dict(), run_config())
     model = tiny()
-    load_weights(model, path)
+    RunCheckpoint(path).load_into(model)
     mapped = file_mappings(path)
     assert mapped
     for name, parameter in model.named_parameters():

@@ -8,15 +8,11 @@ import json
 from pathlib import Path
 
 from klear.errors import first_line
-from klear.runtime.checkpoint_files import checkpoint_problem
+from klear.runtime.checkpoint_files import checkpoint_problem, is_run_checkpoint
 from klear.schema.sections import is_hub_name
 
 BUILTIN_MODELS = ("tiny", "tiny-sft", "tiny-sft-code", "tiny-sft-testbed")
 """``model.path`` values of the built-in models (see `klear.models`)."""
-
-
-CHECKPOINT_SUFFIX = ".ckpt"
-"""The name a run's checkpoint ends in (``<output_dir>/checkpoints/step-N.ckpt``), a model too."""
 
 
 def model_path_problem(path: str) -> str | None:
@@ -27,7 +23,7 @@ def model_path_problem(path: str) -> str | None:
     if path in BUILTIN_MODELS:
         return None
     local = Path(path).expanduser()
-    if local.suffix == CHECKPOINT_SUFFIX and local.exists():  # a run's checkpoint (`klear.models.run_checkpoint`)
+    if is_run_checkpoint(local):  # a run's checkpoint, a model too (`klear.models.run_checkpoint`)
         problem = checkpoint_problem(local)
         return f"a damaged checkpoint ({problem})" if problem else None
     if is_adapter_folder(path):

@@ -36,9 +36,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from klear.errors import first_line
 from klear.models import attention
 from klear.models.lora import adapter_base, adapter_config, merge_adapter, with_lora
-from klear.models.run_checkpoint import export_folder, is_run_checkpoint, load_weights, run_config, saved_dtype
+from klear.models.run_checkpoint import RunCheckpoint, export_folder
 from klear.models.tiny import TINY_SIZES, build_tiny
 from klear.runtime import memory, threads
+from klear.runtime.checkpoint_files import is_run_checkpoint
 from klear.runtime.hub import check_hub_access
 from klear.schema import LoraConfig, ModelConfig
 from klear.schema.sections import is_hub_name
@@ -99,14 +100,19 @@ def export_checkpoint(path: str) -> Path:
     folder = export_folder(path, cache_dir())
     if (folder / "config.json").is_file():
         return folder
-    run = run_config(path)
+    checkpoint = RunCheckpoint(path)
     log.info("model: %s is a run's checkpoint: exporting it once as a Hugging Face model to %s", path, folder)
-    settings = run["model"]
+    settings = checkpoint.config["model"]
     config = ModelConfig(
         path=settings["path"],
-        dtype=SAVED_DTYPES.get(saved_dtype(path), "auto"),
+        dtype=SAVED_DTYPES.get(checkpoint.dtype, "auto"),
         rope_scaling=settings.get("rope_scaling") or {},
     )
+    if not is_hub_name(config.path) and not Path(config.path).expanduser().exists():
+        raise OSError(
+            f"the model {path} was trained from, model.path={config.path!r}, is not there (a relative path is read "
+            "from the current directory, as the run read it from the one it started in)"
+        )
     try:
         model = load_model(config, cpu_threads=None)  # the command chooses its threads when it loads the export
     except (OSError, ValueError) as error:
@@ -114,8 +120,8 @@ def export_checkpoint(path: str) -> Path:
         raise kind(f"the model {path} was trained from, model.path={config.path!r}: {first_line(error)}") from error
     lora = settings.get("lora")
     if lora:
-        model = with_lora(model, LoraConfig(**lora), int(run.get("seed", 0)))
-    load_weights(model, path)
+        model = with_lora(model, LoraConfig(**lora), int(checkpoint.config.get("seed", 0)))
+    checkpoint.load_into(model)
     if lora:
         model = model.merge_and_unload()
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ leaves no ``config.yaml`` behind and says why in one line.
   the ones Lightning's cluster environments detect (`lightning.fabric.plugins.environments`): SLURM's ``srun``,
   torchrun (torchelastic), LSF's ``jsrun``, MPI, and Lightning's own, ``MASTER_ADDR`` and ``NODE_RANK`` set on each
   node by hand;
+- a run's checkpoint as ``model.path`` must export as a model (`check_model`);
 - the data files (`klear.data.preflight`).
 """
 
@@ -23,6 +24,7 @@ from omegaconf import DictConfig
 
 from klear.config.load import ConfigError
 from klear.data.preflight import check_data
+from klear.errors import first_line
 
 LAUNCHERS: dict[str, tuple[str, ...]] = {
     "SLURM (srun)": ("SLURM_NTASKS",),
@@ -40,7 +42,24 @@ def preflight(config: DictConfig) -> None:
     """Raise `ConfigError` (or `klear.data.readers.DataError`) with one line when this machine cannot run
     ``config``: the checks of the module docstring."""
     check_machine(config)
+    check_model(config)
     check_data(config)
+
+
+def check_model(config: DictConfig) -> None:
+    """A run's checkpoint as ``model.path`` is exported here (`klear.models.run_checkpoint`), once, by the job's
+    first process: one that cannot be (no klear checkpoint, weights that do not fit its run's model, that model gone)
+    stops the run in one line before anything is written."""
+    from klear.runtime.checkpoint_files import is_run_checkpoint
+
+    if not is_run_checkpoint(config.model.path):
+        return
+    from klear.models import resolve_model_path
+
+    try:
+        resolve_model_path(config.model.path)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"model.path = {config.model.path!r}: {first_line(error)}") from error
 
 
 def check_machine(config: DictConfig) -> None:

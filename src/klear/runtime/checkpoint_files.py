@@ -1,12 +1,21 @@
 """What a checkpoint file of a run is made of, checked without loading it (nothing heavy is imported): a one-file
 checkpoint is a torch zip archive, a sharded one (``trainer.strategy=fsdp2``) a directory of
 ``torch.distributed.checkpoint`` shards with Lightning's ``meta.pt``. `klear.run.directory` checks the checkpoint a
-``--resume`` starts from with it, and `klear.config.model_path` one given as a model."""
+``--resume`` starts from with it, and `klear.config.model_path` one given as a model (`is_run_checkpoint`)."""
 
 from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+
+SUFFIX = ".ckpt"
+"""The name a run's checkpoint ends in (``<output_dir>/checkpoints/step-N.ckpt``), a file or a directory."""
+
+
+def is_run_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` names a run's checkpoint that exists: a ``.ckpt`` file, or a ``.ckpt`` directory of shards."""
+    path = Path(path).expanduser()
+    return path.suffix == SUFFIX and path.exists()
 
 
 def checkpoint_problem(path: Path) -> str | None:
