@@ -131,6 +131,25 @@ def test_a_model_path_that_is_no_model_is_one_line(tmp_path):
     assert "model.path = 'nobody-klear/no-such-model' cannot be loaded" in error
 
 
+def test_a_damaged_weights_file_is_one_line_in_fit_and_eval(tmp_path):
+    from klear.models.loading import resolve_model_path
+
+    damaged = tmp_path / "damaged-model"
+    shutil.copytree(resolve_model_path("tiny"), damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a download or copy cut short
+    cause = "the weights cannot be read (Error while deserializing header: "
+    args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path / 'rl'}", *RL_QUICK, f"model.path={damaged}"]
+    error = one_line_error(klear("klear.fit", *args))
+    assert error.startswith(f"error: model.path = '{damaged}' cannot be loaded: {cause}"), error
+    assert not (tmp_path / "rl").exists()
+    problems = tmp_path / "eval.jsonl"
+    problems.write_text(json.dumps({"problem": "Start with 1. Add 1.", "answer": "2"}) + "\n")
+    args = ["--model", str(damaged), "--data", str(problems), "--max-new-tokens", "8", "--output", str(tmp_path / "e")]
+    error = one_line_error(klear("klear.eval", *args))
+    assert error.startswith(f"error: --model {damaged}: {cause}"), error
+
+
 def test_a_model_that_changes_its_logits_after_the_head_is_refused_before_its_data(tmp_path):
     from transformers import AutoConfig
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from klear.errors import first_line
@@ -215,13 +216,15 @@ def load_model(
     ``adapter_config.json`` names with the adapters merged; ``adapter`` merges that folder's adapters into the model
     of ``config.path`` (an adapter given with its base). ``model.lora`` is applied by the stages
     (`klear.models.lora.with_lora`), not here."""
+    folder, settings = resolve_model_path(config.path), hf_config(config)
+    kernel = attention.NAME if config.attn_implementation == "sdpa" else config.attn_implementation
     with memory.phase("load"):
-        model = AutoModelForCausalLM.from_pretrained(
-            resolve_model_path(config.path),
-            config=hf_config(config),
-            dtype=model_dtype(config, on_cuda),
-            attn_implementation=attention.NAME if config.attn_implementation == "sdpa" else config.attn_implementation,
-        )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, config=settings, dtype=model_dtype(config, on_cuda), attn_implementation=kernel
+            )
+        except SafetensorError as error:  # a weights file damaged or cut short: an OSError, as a missing one is
+            raise OSError(f"the weights cannot be read ({first_line(error)})") from error
     adapter = adapter or (config.path if adapter_config(config.path) is not None else None)
     if adapter is not None:
         model = merge_adapter(model, adapter)
