@@ -11,7 +11,7 @@ leaves no ``config.yaml`` behind and says why in one line.
   the ones Lightning's cluster environments detect (`lightning.fabric.plugins.environments`): SLURM's ``srun``,
   torchrun (torchelastic), LSF's ``jsrun``, MPI, and Lightning's own, ``MASTER_ADDR`` and ``NODE_RANK`` set on each
   node by hand;
-- a run's checkpoint as ``model.path`` must export as a model (`check_model`);
+- a run's checkpoint as ``model.path`` must export as a model (`check_model`; transformers is imported for it);
 - the data files (`klear.data.preflight`).
 """
 
