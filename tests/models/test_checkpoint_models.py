@@ -85,6 +85,13 @@ def test_the_best_scored_checkpoint_is_kept_across_a_resume(tmp_path):
     assert [(entry["step"], entry["eval_accuracy"]) for entry in summary] == [(step, scores[step]) for step in kept]
     top = max(kept, key=lambda step: scores[step])
     assert f"the best {run / 'checkpoints' / f'step-{top:06d}.ckpt'} (eval/accuracy {scores[top]:.3f}" in resumed.stdout
+    listed = ", ".join(
+        f"[step-{step:06d}.ckpt](checkpoints/step-{step:06d}.ckpt) (`eval/accuracy` {scores[step]:.3f})"
+        for step in kept
+    )
+    assert (
+        f"Checkpoints kept, each a model for `--model` and `model.path`: {listed}." in (run / "report.md").read_text()
+    )
 
 
 @pytest.mark.parametrize("command", ["klear.fit", "klear.eval"])

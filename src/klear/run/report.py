@@ -205,7 +205,7 @@ def _markdown(
             )
     missing = [key for key in KEY_METRICS.get(config.stage, []) if key not in present and not key.endswith("/*")]
     lines += ["", f"Not logged: {', '.join(f'`{key}`' for key in missing)}.", ""] if missing else [""]
-    lines += _data(output_dir / "data_report.json") + _files(output_dir, curves)
+    lines += _data(output_dir / "data_report.json") + _files(output_dir, curves, rows)
     return "\n".join(lines) + "\n"
 
 
@@ -305,7 +305,7 @@ def eval_flags(data_report: dict[str, Any]) -> str | None:
     return None if recorded is None else PromptFormat.described(recorded).flags()
 
 
-def _files(output_dir: Path, curves: bool) -> list[str]:
+def _files(output_dir: Path, curves: bool, rows: list[dict[str, float]]) -> list[str]:
     files = [
         ("curves.png", curves),
         ("metrics.csv", (output_dir / "metrics.csv").is_file()),
@@ -315,7 +315,15 @@ def _files(output_dir: Path, curves: bool) -> list[str]:
     model = "[hf/](hf/) (the final model)" if (output_dir / "hf").is_dir() else "no `hf/` (written when a run ends)"
     if (output_dir / "adapter").is_dir():
         model += ", [adapter/](adapter/) (its LoRA adapters; hf/ is merged)"
-    return ["## Files", "", f"{', '.join(links)}; {model}."]
+    lines = ["## Files", "", f"{', '.join(links)}; {model}."]
+    kept = [
+        f"[{Path(entry['path']).name}](checkpoints/{Path(entry['path']).name})"
+        + ("" if entry["eval_accuracy"] is None else f" (`eval/accuracy` {entry['eval_accuracy']:.3f})")
+        for entry in kept_checkpoints(output_dir, rows)
+    ]
+    if kept:
+        lines += ["", f"Checkpoints kept, each a model for `--model` and `model.path`: {', '.join(kept)}."]
+    return lines
 
 
 def _num(value: float) -> str:
