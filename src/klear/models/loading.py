@@ -25,8 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ from klear.errors import first_line
 from klear.models import attention
 from klear.models.lora import adapter_base, adapter_config, merge_adapter, with_lora
 from klear.models.run_checkpoint import RunCheckpoint, export_folder
-from klear.models.tiny import TINY_SIZES, build_tiny
+from klear.models.tiny import TINY_SIZES, build_tiny, write_folder_once
 from klear.runtime import memory, threads
 from klear.runtime.checkpoint_files import is_run_checkpoint
 from klear.runtime.hub import check_hub_access
@@ -125,16 +123,13 @@ def export_checkpoint(path: str) -> Path:
     checkpoint.load_into(model)
     if lora:
         model = model.merge_and_unload()
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    tokenizer = load_tokenizer(config)
+
+    def write(staging: Path) -> None:
         model.save_pretrained(staging)
-        load_tokenizer(config).save_pretrained(staging)
-        os.rename(staging, folder)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (folder / "config.json").is_file():  # not another process's export, renamed into place first
-            raise
+        tokenizer.save_pretrained(staging)
+
+    write_folder_once(folder, write, lambda: (folder / "config.json").is_file())
     return folder
 
 

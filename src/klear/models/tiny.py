@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -112,19 +113,29 @@ def build_tiny(path: str | Path, seed: int = 0, **overrides: int) -> Path:
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
         do_sample=False,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+
+    def write(staging: Path) -> None:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / STAMP).write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+
+    write_folder_once(path, write, lambda: _matches(path, spec))
+    return path
+
+
+def write_folder_once(path: Path, write: Callable[[Path], None], present: Callable[[], bool]) -> None:
+    """Build a cached folder at ``path``: ``write`` fills a staging folder beside it, renamed into place whole, so
+    a reader never sees half of one. When the rename fails because another process renamed its own copy into place
+    first (``present()`` then says so), that copy stays; any other failure raises."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        write(staging)
         os.rename(staging, path)
     except OSError:
-        # Another process renamed its copy into place first (or `path` held something else): check, don't clobber.
         shutil.rmtree(staging, ignore_errors=True)
-        if not _matches(path, spec):
+        if not present():
             raise
-    return path
 
 
 def load_tiny(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:

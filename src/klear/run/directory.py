@@ -61,8 +61,8 @@ class RunDir:
     def saved_checkpoints(self) -> list[Path]:
         """The checkpoints in ``checkpoints/``, oldest step first (a checkpoint is only ever renamed into place
         whole; ``trainer.keep_checkpoints`` says how many stay)."""
-        found = [path for path in self.checkpoints.glob(CHECKPOINT_GLOB) if path.stem.removeprefix("step-").isdigit()]
-        return sorted(found, key=lambda path: int(path.stem.removeprefix("step-")))
+        found = [path for path in self.checkpoints.glob(CHECKPOINT_GLOB) if checkpoint_step(path) is not None]
+        return sorted(found, key=checkpoint_step)
 
     @property
     def last_checkpoint(self) -> Path | None:
@@ -72,7 +72,7 @@ class RunDir:
 
     def resume_step(self) -> int:
         """The step the last checkpoint resumes at (steps completed before it)."""
-        return int(self.last_checkpoint.stem.removeprefix("step-"))
+        return checkpoint_step(self.last_checkpoint)
 
     def check_resumable(self) -> None:
         """Raise `RunError` when the last checkpoint cannot be resumed (missing, or cut short by a full disk or a
@@ -151,6 +151,12 @@ class RunDir:
             written(self.data_report, lambda path: path.write_text(text))
         except OSError as error:  # a full disk before the first step: one line, not a model that "cannot be loaded"
             raise RunError(write_failure(error, self.root)) from None
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step a checkpoint's name says it completed (``step-000040.ckpt``: 40), or None for another name."""
+    digits = path.stem.removeprefix("step-")
+    return int(digits) if path.stem.startswith("step-") and digits.isdigit() else None
 
 
 WRITE_HINTS = {

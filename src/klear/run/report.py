@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from klear.run.directory import RunDir, written
+from klear.run.directory import RunDir, checkpoint_step, written
 
 Series = tuple[str, list[float], list[float], list[float] | list[tuple[float, float]] | None]
 """One line of a panel: label, steps, values, and a band around it (or None): half-widths, or ``(low, high)`` per
@@ -216,7 +216,7 @@ def kept_checkpoints(output_dir: Path, rows: list[dict[str, float]]) -> list[dic
     return [
         {"path": str(path), "step": step, "eval_accuracy": scores.get(step)}
         for path in RunDir(output_dir).saved_checkpoints()
-        for step in [int(path.stem.removeprefix("step-"))]
+        if (step := checkpoint_step(path)) is not None
     ]
 
 
