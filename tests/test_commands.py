@@ -301,6 +301,37 @@ def test_the_verl_layout_run_routes_math_and_code_rows_to_their_verifiers(tmp_pa
     assert "`coder1_longcot`" in result.stdout
 
 
+def test_several_eval_sets_are_each_scored_and_reported(tmp_path):
+    """docs/evaluation.md, Several held-out sets: the built-in task beside a file of Klear's training layout, each
+    scored at every evaluation, reported apart and together."""
+    verl = tmp_path / "verl_eval.jsonl"
+    klear("klear.data", "synthetic", "--layout", "verl", "--split", "eval", "--num", "100", "--out", str(verl))
+    output = tmp_path / "rl"
+    sets = f"data.eval={{arith: synthetic, verl: {verl}}}"
+    short = ["trainer.max_steps=2", "trainer.checkpoint_every_n_steps=1", "eval.num_prompts=12", "eval.samples=2"]
+    result = klear("klear.fit", "--config", "configs/rl.yaml", sets, f"output_dir={output}", *short)
+    run_outputs(output)
+    scored = [row for row in read_metrics(output / "metrics.csv") if row["eval/accuracy"]]
+    assert len(scored) == 2
+    for row in scored:  # 12 problems x 2 samples of each set
+        arith, verl_accuracy = float(row["eval/accuracy/arith"]), float(row["eval/accuracy/verl"])
+        assert float(row["eval/accuracy"]) == pytest.approx((arith + verl_accuracy) / 2)
+        assert 0 < arith <= 1 and 0 < verl_accuracy <= 1  # tiny-sft solves some of each
+        assert row["eval/accuracy/math_longcot_math_verify"] == row["eval/accuracy/verl"]  # the verl rows' source
+        assert all(0 <= float(row[f"eval/pass_at_2/{name}"]) <= 1 for name in ("arith", "verl"))
+    report = json.loads((output / "data_report.json").read_text())
+    assert list(report) == ["train", "eval/arith", "eval/verl"]
+    assert report["eval/verl"]["problems"] == 100 and report["eval/verl"]["layout"]["name"] == "verl"
+    assert report["eval/arith"]["source"] == "synthetic"
+    first, last = scored[0], scored[-1]
+    course = ", ".join(
+        f"{name} {float(first[f'eval/accuracy/{name}']):.3f} -> {float(last[f'eval/accuracy/{name}']):.3f}"
+        for name in ("arith", "verl")
+    )
+    assert f"eval/accuracy of each set: {course}\n" in result.stdout
+    assert f"**Each eval set** (`eval/accuracy/<set>`): {course}." in (output / "report.md").read_text()
+
+
 def test_eval_scores_saved_completions_as_documented(tmp_path):
     """docs/evaluation.md, Saved generations: the built-in task's reference solutions scored with no model."""
     data, gen, out = tmp_path / "eval.jsonl", tmp_path / "gen.jsonl", tmp_path / "out"

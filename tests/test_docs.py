@@ -264,6 +264,10 @@ assert "gppo" in list_objectives()
         ("tests/test_commands.py::test_eval_scores_saved_completions_as_documented",),
         "the three commands, the python -c one with its output redirected by the test",
     ),
+    ("docs/evaluation.md", "python -m klear.data synthetic --layout verl --split eval --num 100"): Covered(
+        ("tests/test_commands.py::test_several_eval_sets_are_each_scored_and_reported",),
+        "both commands, the run shortened to 2 steps and 12 problems of each set",
+    ),
     ("docs/evaluation.md", "python -m klear.eval --model Kwai-Klear/Klear-Reasoner-8B"): NotOnCPU(
         "an 8B model downloaded from the hub, sampled 64 x 64K tokens per problem on GPUs with vLLM",
         (

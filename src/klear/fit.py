@@ -356,21 +356,31 @@ def begin_run(config: DictConfig, run_dir: RunDir, resume: bool, overwrite: bool
 
 
 def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 0, resume: str | None = None) -> str:
-    """The closing lines of a run: how it ended, where ``eval/accuracy`` went (best at which step), the time, the
-    data rows skipped, where the outputs are, and the command that resumes it (when it did not finish)."""
-    import json
-
-    from klear.run.report import accuracy_course, duration, eval_flags, kept_checkpoints, read_metrics, steps_logged
+    """The closing lines of a run: how it ended, where ``eval/accuracy`` went (best at which step; and each eval
+    set's), the time, the data rows skipped, where the outputs are, and the command that resumes it (when it did not
+    finish)."""
+    from klear.run.report import (
+        accuracy_course,
+        duration,
+        eval_flags,
+        eval_set_courses,
+        kept_checkpoints,
+        read_data_report,
+        read_metrics,
+        steps_logged,
+    )
 
     rows = read_metrics(run_dir.metrics)
     evals = accuracy_course(rows)
+    report = read_data_report(run_dir.data_report)
     steps = steps_logged(rows) - first_step
     rate = f", {steps / seconds:.2f} steps/s" if seconds > 0 and steps > 0 else ""
     lines = [f"run {status}: {steps} step{'' if steps == 1 else 's'} in {duration(seconds)}{rate}"]
     if evals:
         best_step, best = max(evals, key=lambda item: item[1])
         lines.append(f"eval/accuracy {evals[0][1]:.3f} -> {evals[-1][1]:.3f} (best {best:.3f} at step {best_step})")
-    report = json.loads(run_dir.data_report.read_text()) if run_dir.data_report.is_file() else {}
+    if courses := eval_set_courses(rows, report):
+        lines.append(f"eval/accuracy of each set: {courses}")
     skipped = {name: source["skipped"] for name, source in report.items() if source.get("skipped")}
     if skipped:
         counts = ", ".join(f"{count} of {report[name]['rows']} {name} rows" for name, count in skipped.items())

@@ -88,3 +88,49 @@ def test_eval_records_count_right_answers_at_a_score_of_half() -> None:
     assert [record["correct"] for record in records] == [2, 2]
     summary = summarize(records, k=2)
     assert (summary["avg@k"], summary["pass@k"]) == (1.0, 1.0)
+
+
+class AnsweringEngine:
+    """Answers each prompt from ``answers[problem text]`` (its ``j``-th sample the ``j``-th answer), wherever the
+    prompt stands in the call."""
+
+    def __init__(self, answers: dict[str, list[str]]) -> None:
+        self.answers, self.tokenizer = answers, build_tokenizer()
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Rollout]:
+        texts = [self.tokenizer.decode(prompt) for prompt in prompts]
+        chosen = [next(answers for key, answers in self.answers.items() if key in text) for text in texts]
+        return [Rollout(i, prompt, [5], chosen[i][j]) for i, prompt in enumerate(prompts) for j in range(sampling.n)]
+
+
+def test_each_eval_set_is_scored_on_its_first_num_prompts_and_on_its_own():
+    """Sets of 3 and 2 problems with ``num_prompts=2``: the first 2 of each are scored; each set's accuracy and
+    pass@k are of its own problems, ``eval/accuracy`` of all of them, and a set scores as it does alone."""
+    problems = [
+        Problem("Add 1 to 1.", "2", eval_set="aime"),
+        Problem("Add 1 to 2.", "3", eval_set="aime"),
+        Problem("Add 1 to 3.", "4", eval_set="aime"),  # past num_prompts: never asked
+        Problem("Add 2 to 2.", "4", eval_set="hmmt", source="hmmt_src"),
+        Problem("Add 2 to 3.", "5", eval_set="hmmt", source="hmmt_src"),
+    ]
+    answers = {
+        "Add 1 to 1.": ["\\boxed{2}", "\\boxed{2}"],  # 2 of 2
+        "Add 1 to 2.": ["\\boxed{0}", "\\boxed{0}"],  # 0 of 2
+        "Add 2 to 2.": ["\\boxed{4}", "\\boxed{1}"],  # 1 of 2
+        "Add 2 to 3.": ["\\boxed{5}", "\\boxed{1}"],  # 1 of 2
+    }
+    engine, scorer = AnsweringEngine(answers), RewardScorer("math", {})
+    settings = EvalConfig(num_prompts=2, max_new_tokens=8, temperature=1.0, samples=2)
+    metrics = evaluate(engine, engine.tokenizer, problems, settings, scorer.correctness)
+    assert metrics == {
+        "eval/accuracy": 4 / 8,
+        "eval/response_length": 1.0,
+        "eval/pass_at_2": 3 / 4,
+        "eval/accuracy/aime": 2 / 4,
+        "eval/pass_at_2/aime": 1 / 2,
+        "eval/accuracy/hmmt": 2 / 4,
+        "eval/pass_at_2/hmmt": 1.0,
+        "eval/accuracy/hmmt_src": 2 / 4,  # a data source's, as before
+    }
+    alone = evaluate(engine, engine.tokenizer, problems[:3], settings, scorer.correctness)
+    assert alone["eval/accuracy/aime"] == alone["eval/accuracy"] == metrics["eval/accuracy/aime"]

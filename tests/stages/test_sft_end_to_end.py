@@ -98,6 +98,31 @@ def test_resume_after_crash_continues_exactly(finished_run, tmp_path):
         torch.testing.assert_close(tensor, AutoModelForCausalLM.from_pretrained(finished_run / "hf").state_dict()[name])
 
 
+def test_several_eval_sets_score_each_and_resume_only_on_the_same_rows(tmp_path, capsys):
+    """SFT with ``data.eval`` a list (the built-in task and a file of our own rows, named ``held_out``): each set's
+    accuracy beside the whole's, ``data_report.json`` by set, and a ``--resume`` over one set's changed rows refused
+    naming the set."""
+    held_out = tmp_path / "held_out.jsonl"
+    write_jsonl([{"problem": f"Start with {n}. Add 1.", "answer": str(n + 1)} for n in range(6)], held_out)
+    output = tmp_path / "run"
+    args = ["--config", "configs/sft.yaml", f"output_dir={output}", *SHORT, "trainer.max_steps=2"]
+    sets = f"data.eval=[synthetic,{held_out}]"
+    assert main([*args, sets, "eval.num_prompts=4"]) == 0
+    scored = [row for row in read_metrics(output / "metrics.csv") if row["eval/accuracy"]]
+    assert [row["step"] for row in scored] == ["0", "2"]
+    for row in scored:  # 4 problems of each set, greedy
+        together = (float(row["eval/accuracy/synthetic"]) + float(row["eval/accuracy/held_out"])) / 2
+        assert float(row["eval/accuracy"]) == pytest.approx(together)
+    report = json.loads((output / "data_report.json").read_text())
+    assert list(report) == ["train", "eval/synthetic", "eval/held_out"] and report["eval/held_out"]["problems"] == 6
+    capsys.readouterr()
+
+    write_jsonl([{"problem": "Start with 9. Add 1.", "answer": "10"}], held_out)
+    assert main([*args, "trainer.max_steps=3", sets, "eval.num_prompts=4", "--resume"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"error: --resume: the eval/held_out data ({held_out}) differs from the data the run")
+
+
 def test_tensorboard_logger_writes_events(tmp_path):
     pytest.importorskip("tensorboard")
     args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path}", *SHORT, "trainer.max_steps=2"]

@@ -167,6 +167,7 @@ def check_config(config: DictConfig) -> None:
         raise ConfigError(f"optim.min_lr ({config.optim.min_lr}) must not exceed optim.lr ({config.optim.lr})")
     if not all(0 <= beta < 1 for beta in config.optim.betas):
         raise ConfigError(f"optim.betas = {list(config.optim.betas)} is not accepted; accepted: two numbers in [0, 1)")
+    _check_eval_sets(config.data)
     _check_levels(config.data)
     _check_prompt_format(config.data)
     _check_synthetic_rewards(config)
@@ -404,12 +405,32 @@ def _check_prompt_format(data: DictConfig) -> None:
         raise ConfigError(f"data.{key} = {data[key]!r}: {reason}{fix}")
 
 
+def _check_eval_sets(data: DictConfig) -> None:
+    """``data.eval`` is a source, a list of sources or a mapping of names to sources (`klear.data.eval_sets`)."""
+    from klear.data.eval_sets import eval_sets_problem
+
+    value = data.eval if isinstance(data.eval, str) else OmegaConf.to_container(data.eval)
+    if problem := eval_sets_problem(value):
+        raise ConfigError(f"data.eval = {value!r} {problem}")
+
+
+def _data_sources(data: DictConfig) -> list[tuple[str, str]]:
+    """``(key, source)`` of every data source of ``data``: ``data.train``, then each of ``data.eval``'s sets."""
+    from klear.data.eval_sets import eval_sets
+
+    value = data.eval if isinstance(data.eval, str) else OmegaConf.to_container(data.eval)
+    sets = eval_sets(value)
+    listed = isinstance(value, list)
+    keys = [f"eval[{i}]" if listed else f"eval.{name}" if name else "eval" for i, name in enumerate(sets)]
+    return [("train", data.train), *zip(keys, sets.values(), strict=True)]
+
+
 def _check_levels(data: DictConfig) -> None:
     from klear.data import synthetic, synthetic_code
 
     levels = OmegaConf.to_container(data.levels)
-    for key in ("train", "eval"):
-        task = {"synthetic": synthetic, "synthetic-code": synthetic_code}.get(data[key])
+    for _, source in _data_sources(data):
+        task = {"synthetic": synthetic, "synthetic-code": synthetic_code}.get(source)
         known = task.LEVELS if task else synthetic.LEVELS
         unknown = [level for level in levels if not isinstance(level, int) or (task is not None and level not in known)]
         if unknown or not levels:
@@ -429,11 +450,13 @@ def _check_synthetic_rewards(config: DictConfig) -> None:
     reward_key = "reward.name" if config.stage == "rl" else "eval.reward"
     reward = config.reward.name if config.stage == "rl" else config.eval.reward
     task_of = {checked_by: task for task, checked_by in SYNTHETIC_REWARDS.items()}
-    for key in ("train", "eval") if config.stage == "rl" else ("eval",):
-        wanted = SYNTHETIC_REWARDS.get(config.data[key])
+    for key, source in _data_sources(config.data):
+        if key == "train" and config.stage != "rl":
+            continue
+        wanted = SYNTHETIC_REWARDS.get(source)
         if wanted and reward in SYNTHETIC_REWARDS.values() and reward != wanted:
             raise ConfigError(
-                f"data.{key}={config.data[key]} is checked by the {wanted} reward, not {reward}; set "
+                f"data.{key}={source} is checked by the {wanted} reward, not {reward}; set "
                 f"{reward_key}={wanted}, or data.{key}={task_of[reward]} (or a file of {reward} problems)"
             )
 

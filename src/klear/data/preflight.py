@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from klear.data.eval_sets import eval_sources
 from klear.data.problems import SYNTHETIC_REWARDS, Task, load_problems
 from klear.data.prompts import AS_GIVEN, PromptFormat
 from klear.data.readers import DataError, keep_read
@@ -25,8 +26,8 @@ from klear.data.sft import check_sft_rows
 
 def check_data(config: DictConfig) -> None:
     """Read and check every data file of ``config``'s stage (RL: ``data.train`` and ``data.eval`` as problems;
-    SFT: ``data.train``'s layout and conversations, ``data.eval`` as problems); raises `DataError` naming the
-    file."""
+    SFT: ``data.train``'s layout and conversations, ``data.eval`` as problems; each of ``data.eval``'s sets); raises
+    `DataError` naming the file."""
     from klear.rewards.routing import routed_reward
 
     data = config.data
@@ -41,7 +42,8 @@ def check_data(config: DictConfig) -> None:
             if not rows:  # the stage's message for it, said before the model is loaded
                 raise DataError(f"{data.train}: no rows")
             check_sft_rows(rows, data.train, data)  # the layout, and a row that reads in it
-    check_problems(data.eval, task, reward, "eval", PromptFormat.of(data))
+    for source in eval_sources(data.eval):
+        check_problems(source, task, reward, "eval", PromptFormat.of(data))
 
 
 def check_problems(source: str, task: Task, reward: Any, split: str, prompt_format: PromptFormat = AS_GIVEN) -> None:

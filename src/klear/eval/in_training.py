@@ -5,7 +5,9 @@ The problems, their order and (when sampling) the seed are the same at every eva
 likely answer; with a temperature, ``samples`` answers per problem are drawn and ``eval/accuracy`` is their
 mean (avg@k), with ``eval/pass_at_k`` alongside (`klear.eval.metrics.pass_at_k` with ``n = k = samples``: the
 share of problems with at least one correct answer), and, when the problems carry data sources,
-``eval/accuracy/<source>`` for each. Whether an answer is correct is the reward's verdict
+``eval/accuracy/<source>`` for each. When ``data.eval`` names several sets (`klear.data.eval_sets`), each set's
+first ``num_prompts`` problems are scored and each set has its ``eval/accuracy/<name>`` (and pass@k) too;
+``eval/accuracy`` is over all of them. Whether an answer is correct is the reward's verdict
 (`klear.rewards.scorer.RewardScorer.correctness`), not a threshold on its score. Sampling and scoring are
 `klear.rollout.sample_and_score`'s, as RL's step, ``klear.eval`` and ``klear.data curate`` sample and score.
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from klear.data.eval_sets import ONE, first_of_each, metric_suffix
 from klear.data.problems import Problem
 from klear.eval.metrics import pass_at_k
 from klear.rewards.scorer import ScoredRollouts
@@ -59,7 +62,7 @@ def evaluate(
     batches one call would make), and every rank calls ``stop_point`` between two chunks: a stop does not wait for
     the whole evaluation. The seeds are those of one call, so the metrics are too.
     """
-    problems = problems[: config.num_prompts]
+    problems = first_of_each(problems, [problem.eval_set for problem in problems], config.num_prompts)
     samples = config.samples if config.temperature > 0 else 1
     sampling = SamplingParams(
         max_new_tokens=config.max_new_tokens,
@@ -82,9 +85,14 @@ def evaluate(
         "eval/accuracy": sum(correct) / len(correct),
         "eval/response_length": sum(lengths) / len(lengths),
     }
-    if samples > 1:
-        counts = [sum(correct[i * samples : (i + 1) * samples]) for i in range(len(problems))]
-        metrics[f"eval/pass_at_{samples}"] = sum(pass_at_k(samples, c, samples) for c in counts) / len(counts)
+    counts = [sum(correct[i * samples : (i + 1) * samples]) for i in range(len(problems))]
+    for name in [ONE, *dict.fromkeys(problem.eval_set for problem in problems if problem.eval_set)]:
+        mine = [i for i, problem in enumerate(problems) if problem.eval_set == name or name == ONE]
+        if name != ONE:
+            metrics[f"eval/accuracy/{name}"] = sum(counts[i] for i in mine) / (len(mine) * samples)
+        if samples > 1:
+            passed = sum(pass_at_k(samples, counts[i], samples) for i in mine) / len(mine)
+            metrics[f"eval/pass_at_{samples}{metric_suffix(name)}"] = passed
     for source in sorted({problem.source for problem in problems} - {""}):
         hits = [value for i, value in enumerate(correct) if problems[i // samples].source == source]
         metrics[f"eval/accuracy/{source}"] = sum(hits) / len(hits)

@@ -177,7 +177,7 @@ def _markdown(
             "step, so there are no curves.",
             "",
         ]
-    lines += [*_accuracy(rows), ""]
+    lines += [*_accuracy(rows, read_data_report(output_dir / "data_report.json")), ""]
     if curves:
         lines += ["![curves](curves.png)", ""]
     lines += ["## Settings", "", "| key | value |", "|---|---|"]
@@ -220,21 +220,45 @@ def kept_checkpoints(output_dir: Path, rows: list[dict[str, float]]) -> list[dic
     ]
 
 
-def accuracy_course(rows: list[dict[str, float]]) -> list[tuple[int, float]]:
-    """``[(step, eval/accuracy)]`` of the logged evaluations, in order (what the report and the summary quote)."""
-    return [(int(row["step"]), row["eval/accuracy"]) for row in rows if "eval/accuracy" in row]
+def accuracy_course(rows: list[dict[str, float]], key: str = "eval/accuracy") -> list[tuple[int, float]]:
+    """``[(step, eval/accuracy)]`` (or ``key``'s) of the logged evaluations, in order (what the report and the
+    summary quote)."""
+    return [(int(row["step"]), row[key]) for row in rows if key in row]
 
 
-def _accuracy(rows: list[dict[str, float]]) -> list[str]:
+def read_data_report(path: Path) -> dict[str, Any]:
+    """``data_report.json`` as written, or ``{}`` when the run wrote none."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def eval_set_names(data_report: dict[str, Any]) -> list[str]:
+    """The names of ``data.eval``'s sets when it has several (``data_report.json``'s ``eval/<name>``), else []."""
+    return [key.removeprefix("eval/") for key in data_report if key.startswith("eval/")]
+
+
+def eval_set_courses(rows: list[dict[str, float]], data_report: dict[str, Any]) -> str | None:
+    """Where each of ``data.eval``'s sets went, ``aime24 0.100 -> 0.200, aime25 ...`` (its ``eval/accuracy/<name>``
+    first and last), when it has several; else None."""
+    courses = []
+    for name in eval_set_names(data_report):
+        if points := accuracy_course(rows, f"eval/accuracy/{name}"):
+            courses.append(f"{name} {points[0][1]:.3f} -> {points[-1][1]:.3f}")
+    return ", ".join(courses) or None
+
+
+def _accuracy(rows: list[dict[str, float]], data_report: dict[str, Any]) -> list[str]:
     points = accuracy_course(rows)
     if not points:
         return ["`eval/accuracy`: no evaluation was logged."]
     best_step, best = max(points, key=lambda point: point[1])  # the first step that reached the best
     (_, start), (end_step, end) = points[0], points[-1]
-    return [
+    lines = [
         f"**`eval/accuracy`:** {start:.3f} -> {end:.3f} ({end - start:+.3f}) at step {end_step:.0f}; "
         f"best {best:.3f} at step {best_step:.0f} ({len(points)} evaluation{'s' if len(points) > 1 else ''})."
     ]
+    if courses := eval_set_courses(rows, data_report):
+        lines += ["", f"**Each eval set** (`eval/accuracy/<set>`): {courses}."]
+    return lines
 
 
 def _settings(config: DictConfig) -> list[tuple[str, object]]:
@@ -283,7 +307,7 @@ def _data(path: Path) -> list[str]:
     if not path.is_file():
         return []
     lines = ["## Data", "", "| split | source | rows | used | skipped |", "|---|---|---|---|---|"]
-    report = json.loads(path.read_text())
+    report = read_data_report(path)
     for split, source in report.items():
         used = source.get("problems", source.get("examples", "—"))
         lines.append(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,12 @@ def shape_problem(value: Any, hint: Any, metadata: Mapping[str, Any]) -> str | N
     a mapping for a dict (with its ``example`` metadata), a list (of the tuple's length) whose items the merge
     converts for a list or a tuple, a number a float holds for a float; else None (the merge decides)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) not in args:  # str | list[str] | dict[str, str]
+        if any(_fits_union_arm(value, arm) for arm in args):
+            return None
+        kinds = [{str: "a string"}.get(arm) or shape_problem(object(), arm, {}) for arm in args]
+        example = metadata.get("example")
+        return f"{', '.join(kinds[:-1])} or {kinds[-1]}{f', e.g. {example}' if example else ''}"
     if origin is dict:
         example = metadata.get("example")
         return None if isinstance(value, dict) else f"a mapping{f', e.g. {example}' if example else ''}"
@@ -53,6 +60,16 @@ def shape_problem(value: Any, hint: Any, metadata: Mapping[str, Any]) -> str | N
     if hint is float and isinstance(value, int) and not isinstance(value, bool) and not finite(value):
         return f"a finite number {metadata['range']}" if "range" in metadata else "a finite number"
     return None
+
+
+def _fits_union_arm(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the type ``hint`` as a union's member: a union converts nothing (``[1]`` is no
+    ``list[str]``)."""
+    origin, args = typing.get_origin(hint) or hint, typing.get_args(hint)
+    items = value if origin is list else value.values() if origin is dict and isinstance(value, dict) else None
+    if items is not None and args:
+        return isinstance(value, origin) and all(isinstance(item, args[-1]) or interpolation(item) for item in items)
+    return isinstance(value, origin) or interpolation(value)
 
 
 def _item_fits(value: Any, hint: Any) -> bool:
@@ -304,9 +321,12 @@ class SFTDataConfig(PromptFormatConfig):
     layout (``messages``, ShareGPT ``conversations``, TRL's ``text`` and ``prompt``/``completion``, s1K, LIMO,
     OpenMathReasoning, Llama-Nemotron, ``input``/``output``, Alpaca, ...), detected from its first row
     (docs/data-formats.md#sft-layouts)."""
-    eval: str = "synthetic"
+    eval: str | list[str] | dict[str, str] = field(
+        default="synthetic", metadata={"example": "{aime24: aime24.jsonl, aime25: aime25.jsonl}"}
+    )
     """Held-out problems with ``problem`` and ``answer`` fields, ``synthetic`` or ``synthetic-code``; checked by
-    ``eval.reward``."""
+    ``eval.reward``. Several sets, each scored on its own (``eval/accuracy/<name>``): a list of sources, named by
+    their files, or a mapping ``{name: source}``."""
     sft_layout: str = ""
     """The layout of ``data.train`` (``messages``, ``sharegpt``, ``prompt-completion``, ``text``, ``nemotron``,
     ``alpaca``, ``s1k``, ``openmathreasoning``, ``input-output``, ``question-solution``, ``problem-solution``,
@@ -368,8 +388,12 @@ class RLDataConfig(PromptFormatConfig):
     any published layout (klear's ``problem``/``answer``, verl's ``prompt``/``reward_model``/``data_source``, Klear's
     benchmarks, GSM8K, MATH, LiveCodeBench, ...; docs/data-formats.md), detected from the first row. Rows the reward
     cannot check, or whose prompt is too long, are skipped by file and line and counted."""
-    eval: str = "synthetic"
-    """Held-out problems scored by ``eval/accuracy``: ``synthetic``, ``synthetic-code`` or a file, as ``train``."""
+    eval: str | list[str] | dict[str, str] = field(
+        default="synthetic", metadata={"example": "{aime24: aime24.jsonl, aime25: aime25.jsonl}"}
+    )
+    """Held-out problems scored by ``eval/accuracy``: ``synthetic``, ``synthetic-code`` or a file, as ``train``.
+    Several sets, each scored on its own (``eval/accuracy/<name>``; ``eval.num_prompts`` caps each): a list of
+    sources, named by their files, or a mapping ``{name: source}``."""
     prompt_key: str = ""
     """Dotted path of the prompt field (``question``, ``prompt``); empty: the detected layout's."""
     reference_key: str = ""

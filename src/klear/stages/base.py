@@ -20,10 +20,11 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from klear.config.load import ConfigError
+from klear.data.eval_sets import EvalSets, eval_sets
 from klear.data.problems import ProblemSet, Task, load_problems
 from klear.data.prompts import PromptFormat, char_bound, chat_template_problem, encode_prompt
 from klear.data.readers import warn_bad_rows
-from klear.eval.in_training import evaluate
+from klear.eval.in_training import EVAL_DATA_SEED, evaluate
 from klear.experience.sampling import step_seed
 from klear.kernels.logprobs import post_processing
 from klear.models import hf_config, prompt_budget
@@ -194,8 +195,11 @@ def stage_problems(
     reward: Any,
     seed: int,
     max_new_tokens: int,
+    source: str | None = None,
+    name: str = "",
 ) -> ProblemSet:
-    """The checked problems of ``config.data.<split>`` (``train`` or ``eval``), skipped rows warned about.
+    """The checked problems of ``config.data.<split>`` (``train`` or ``eval``), or of ``source``, the set ``name``
+    of ``data.eval`` (`stage_eval_sets`), skipped rows warned about.
 
     Prompts longer than ``data.max_prompt_tokens`` are handled by ``data.truncation`` (RL; skipped in SFT's
     evaluation); when that is 0 (or the stage has no such key), the limit is what the model's context leaves after
@@ -205,7 +209,8 @@ def stage_problems(
     prompt_format = PromptFormat.of(data)
     if prompt_format.chat and (problem := chat_template_problem(tokenizer, "data.apply_chat_template=false")):
         raise ConfigError(f"model.path = {config.model.path!r}: {problem}")
-    source = getattr(data, split)  # data.train or data.eval
+    source = getattr(data, split) if source is None else source  # data.train or data.eval
+    label = f"data.{split}{f'.{name}' if name else ''}"
     limit = getattr(data, "max_prompt_tokens", 0)
     too_long = "set a larger data.max_prompt_tokens within the model's context"  # what to change when no row fits
     if not limit:
@@ -232,7 +237,22 @@ def stage_problems(
         too_long=too_long,
         prompt_format=prompt_format,
     )
-    problems.log(f"data.{split}")
+    problems.log(label)
     warn_bad_rows(problems.bad, {source: problems.rows})
-    log.info("data.%s: %d problems from %s (%d rows skipped)", split, len(problems.problems), source, len(problems.bad))
+    log.info("%s: %d problems from %s (%d rows skipped)", label, len(problems.problems), source, len(problems.bad))
     return problems
+
+
+def stage_eval_sets(
+    config: RLRunConfig | SFTRunConfig, tokenizer: PreTrainedTokenizerBase, task: Task, reward: Any
+) -> EvalSets:
+    """The checked problems of each of ``data.eval``'s sets (`stage_problems`)."""
+    sets = eval_sets(config.data.eval)
+    return EvalSets(
+        {
+            name: stage_problems(
+                config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens, source, name
+            )
+            for name, source in sets.items()
+        }
+    )

@@ -40,7 +40,6 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.data.batches import ResumableBatches
 from klear.data.problems import Problem, Task
-from klear.eval.in_training import EVAL_DATA_SEED
 from klear.experience.async_rollouts import start_async_rollouts
 from klear.experience.rollouts import Rollouts
 from klear.experience.sampling import start_sync_rollouts
@@ -58,7 +57,7 @@ from klear.runtime.device import policy_on_cuda
 from klear.runtime.distributed import Ranks
 from klear.runtime.strategies import full_tensors
 from klear.schema import RLRunConfig
-from klear.stages.base import StageModule, check_trainable, stage_problems
+from klear.stages.base import StageModule, check_trainable, stage_eval_sets, stage_problems
 from klear.update.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
@@ -271,8 +270,8 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatch
     task = Task(config.reward.name, data.prompt_key, data.reference_key)
     reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)
     train = stage_problems(config, "train", tokenizer, task, reward, config.seed, config.rollout.max_new_tokens)
-    evaluation = stage_problems(config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens)
-    run_dir.record_data({"train": train.report(), "eval": evaluation.report()})
+    evaluation = stage_eval_sets(config, tokenizer, task, reward)
+    run_dir.record_data({"train": train.report(), **evaluation.reports()})
     # The engine serves the rollouts and the in-training evaluation: it must hold the longer of the two. The
     # prompts were measured by their checks (each is at most the model's context minus its max_new_tokens).
     need = max(

@@ -24,7 +24,6 @@ from klear.data.packing import collate, plan_batches
 from klear.data.problems import Problem, Task, content_digest
 from klear.data.readers import warn_bad_rows
 from klear.data.sft import IGNORE_INDEX, build_sft_examples, file_layout, sft_source
-from klear.eval.in_training import EVAL_DATA_SEED
 from klear.kernels.logprobs import token_logprobs
 from klear.models import load_model, load_tokenizer
 from klear.models.lora import with_lora
@@ -38,7 +37,7 @@ from klear.runtime.device import compute_precision, policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
 from klear.schema import RolloutConfig, SFTRunConfig
-from klear.stages.base import StageModule, check_trainable, stage_problems
+from klear.stages.base import StageModule, check_trainable, stage_eval_sets
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +195,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
         log.info("data.train: %s", note)
     log.info("SFT data: %s", stats)
     task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
-    eval_problems = stage_problems(config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens)
+    eval_problems = stage_eval_sets(config, tokenizer, task, reward)
     train_report = {
         "source": data.train,
         "rows": stats.rows + len(bad),
@@ -209,7 +208,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
         "bad_rows": [row.to_dict() for row in stats.bad],
         **({"notes": notes} if notes else {}),
     }
-    run_dir.record_data({"train": train_report, "eval": eval_problems.report()})
+    run_dir.record_data({"train": train_report, **eval_problems.reports()})
     module = SFTModule(config, eval_problems.problems, tokenizer, reward)
     plan = plan_batches(
         [len(example["input_ids"]) for example in examples],
