@@ -233,6 +233,32 @@ def test_bands_of_fractions_stay_in_their_range(tmp_path, capsys):
     assert all(low < mean < high for (low, high), mean in zip(reward_band, reward_means, strict=True))
 
 
+def test_each_eval_set_has_its_final_accuracy_in_the_table(tmp_path, capsys):
+    """Runs whose ``data.eval`` named two sets (``data_report.json``'s ``eval/<set>``): comparison.md gives each
+    label's final ``eval/accuracy/<set>`` over its seeds; a data source's column is not a set's."""
+    finals = {("ppo", 0): (0.2, 0.1), ("ppo", 1): (0.4, 0.3), ("gppo", 0): (0.5, 0.2), ("gppo", 1): (0.7, 0.2)}
+    for (objective, seed), (aime24, aime25) in finals.items():
+        directory = tmp_path / "runs" / f"{objective}-seed{seed}"
+        directory.mkdir(parents=True)
+        lines = ["step,eval/accuracy,eval/accuracy/aime24,eval/accuracy/aime25,eval/accuracy/src"]
+        lines += ["0,0.1,0.1,0.1,0.1", f"1,{(aime24 + aime25) / 2},{aime24},{aime25},0.9"]
+        (directory / "metrics.csv").write_text("\n".join(lines) + "\n")
+        (directory / "data_report.json").write_text('{"train": {}, "eval/aime24": {}, "eval/aime25": {}}')
+        (directory / "done.json").write_text('{"seconds": 1.0}')
+    args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--seeds", "0,1", f"output_dir={tmp_path}"]
+    assert main(args) == 0  # every run is finished: nothing trains
+    capsys.readouterr()
+    table = (tmp_path / "comparison.md").read_text()
+
+    def cell(values):
+        mean, half = mean_ci(values)
+        return f"{mean:.3f} ± {half:.3f}"
+
+    assert "| run | aime24 | aime25 |\n|---|---|---|\n" in table and "| src |" not in table
+    assert f"| ppo | {cell([0.2, 0.4])} | {cell([0.1, 0.3])} |" in table
+    assert f"| gppo | {cell([0.5, 0.7])} | {cell([0.2, 0.2])} |" in table
+
+
 def test_the_last_output_dir_given_is_the_comparisons(tmp_path):
     args = parse_args(
         [

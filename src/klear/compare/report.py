@@ -3,7 +3,8 @@ verdicts against a baseline, and a figure of the curves and the diagnostics with
 
 Per label (objective or objective+variant), over seeds: start, final and best ``eval/accuracy``, the area under the
 accuracy curve (the mean accuracy over the steps of the run, trapezoid rule, so early learners score higher) and
-the drop (final minus best, 0 for a run that ends at its best), each as a mean with its 95% Student-t interval.
+the drop (final minus best, 0 for a run that ends at its best), each as a mean with its 95% Student-t interval; when
+``data.eval`` names several sets, each set's final ``eval/accuracy/<set>`` too.
 Each label other than the baseline is compared with it on each of the three, pairing runs by seed (runs with the
 same seed share their step-0 rollouts, which is what makes pairing right): the mean paired difference, its
 interval, and the paired t-test's p-value Holm-corrected over the labels compared, with a one-line verdict, and
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from klear.compare.runs import Run
 from klear.compare.stats import holm, mean_ci, paired_difference, seeds_needed
-from klear.run.report import Series, draw_panels, read_metrics
+from klear.run.report import Series, draw_panels, eval_set_names, read_data_report, read_metrics
 
 PANELS = [
     ("eval/accuracy", "eval accuracy", "fraction correct"),
@@ -150,6 +151,12 @@ def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> d
         "auc": [area_under_curve(curve) for curve in curves],
         "drop": [curve[-1][1] - max(a for _, a in curve) for curve in curves],
         "wall": [run.wall_seconds for run in runs],
+        "sets": {
+            name: [last_of(f"eval/accuracy/{name}", metrics[id(run)]) for run in runs]
+            for name in dict.fromkeys(
+                name for run in runs for name in eval_set_names(read_data_report(run.directory / "data_report.json"))
+            )
+        },
     }
     for key, _ in DIAGNOSTICS:
         summary[key] = [mean_of(key, metrics[id(run)]) for run in runs]
@@ -212,6 +219,18 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
             f"| {label} | {len(s['seeds'])} | {_fmt(s['start'])} | {_fmt(s['final'])} | {_fmt(s['best'])} | "
             f"{_fmt(s['auc'])} | {_fmt(s['drop'])} | {_fmt(s['wall'], 0)} |"
         )
+    sets = list(dict.fromkeys(name for s in summary.values() if s for name in s["sets"]))
+    if sets:  # data.eval named several sets: each one's final accuracy
+        lines += [
+            "",
+            "Final accuracy of each eval set (`eval/accuracy/<set>` at the last evaluation):",
+            "",
+            "| run | " + " | ".join(sets) + " |",
+            "|---|" + "---|" * len(sets),
+        ]
+        for label, s in summary.items():
+            if s:
+                lines.append(f"| {label} | " + " | ".join(_fmt(s["sets"].get(name, [])) for name in sets) + " |")
     names = [name for _, name in DIAGNOSTICS + FINAL_DIAGNOSTICS]
     lines += [
         "",
