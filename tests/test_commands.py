@@ -131,6 +131,26 @@ def test_eval_on_synthetic_code_runs_the_sandbox(tmp_path):
     assert 0.0 < summary["avg@k"] < 1.0
 
 
+def test_eval_on_both_built_in_tasks_in_one_command(tmp_path):
+    """docs/evaluation.md, Several benchmarks in one command: the math and the code file, each scored by its reward
+    into the folder a command of its own would write."""
+    for task in ("math", "code"):
+        out = "eval.jsonl" if task == "math" else "code.jsonl"
+        klear("klear.data", "synthetic", "--task", task, "--split", "eval", "--num", "8", "--out", out, cwd=tmp_path)
+    args = ["--model", "tiny-sft-code", "--data", "eval.jsonl", "code.jsonl", "--k", "4", "--max-new-tokens", "160"]
+    result = klear("klear.eval", *args, cwd=tmp_path)
+    summaries = {
+        name: json.loads((tmp_path / "outputs" / "eval" / name / "summary.json").read_text())
+        for name in ("eval", "code")
+    }
+    assert {name: summary["reward"] for name, summary in summaries.items()} == {"eval": "math", "code": "code"}
+    assert all(summary["problems"] == 8 and summary["samples"] == 32 for summary in summaries.values())
+    assert 0.0 < summaries["code"]["avg@k"] < 1.0  # tiny-sft-code writes programs that pass some tests
+    table = result.stdout[result.stdout.index("| set | problems | avg@4 | pass@4 | results |") :]
+    for name, summary in summaries.items():
+        assert f"| {name} | 8 | {summary['avg@k']:.4f} | {summary['pass@k']:.4f} | `outputs/eval/{name}` |" in table
+
+
 def test_data_commands_on_the_embedded_default(tmp_path):
     """docs/data.md, on the embedded default (fewer rows and samples), ending in an RL run on the curated problems;
     then its mix and filter-tests commands."""

@@ -268,6 +268,17 @@ assert "gppo" in list_objectives()
         ("tests/test_commands.py::test_several_eval_sets_are_each_scored_and_reported",),
         "both commands, the run shortened to 2 steps and 12 problems of each set",
     ),
+    ("docs/evaluation.md", "python -m klear.eval --model Kwai-Klear/Klear-Reasoner-8B --engine vllm"): NotOnCPU(
+        "an 8B model downloaded from the hub, sampled 64 x 64K tokens per problem on GPUs with vLLM",
+        (
+            "tests/eval/test_eval.py::test_several_data_files_are_each_scored_as_alone_with_the_model_loaded_once",
+            "tests/test_commands.py::test_eval_on_both_built_in_tasks_in_one_command",
+        ),
+    ),
+    ("docs/evaluation.md", "python -m klear.eval --model tiny-sft-code --data eval.jsonl code.jsonl"): Covered(
+        ("tests/test_commands.py::test_eval_on_both_built_in_tasks_in_one_command",),
+        "with 8 problems in each file",
+    ),
     ("docs/evaluation.md", "python -m klear.eval --model Kwai-Klear/Klear-Reasoner-8B"): NotOnCPU(
         "an 8B model downloaded from the hub, sampled 64 x 64K tokens per problem on GPUs with vLLM",
         (

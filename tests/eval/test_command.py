@@ -91,6 +91,10 @@ def test_a_data_file_that_is_missing_or_unreadable_is_named_before_the_model_loa
     result = run_command("klear.eval", "--model", "tiny-sft", "--data", missing, env=PROFILE, timeout=60)
     assert one_line_error(result).startswith(f"error: {missing}: no such file")
     assert heavy_imports(result.stderr) == []
+    several = ("--data", math_file(tmp_path), missing)  # the second of several: before the first loads the model
+    result = run_command("klear.eval", "--model", "tiny-sft", *several, env=PROFILE, timeout=60)
+    assert one_line_error(result).startswith(f"error: {missing}: no such file")
+    assert heavy_imports(result.stderr) == []
 
 
 def test_vllm_not_installed_is_one_line_with_the_install_and_hf(tmp_path):

@@ -173,6 +173,45 @@ def test_math_end_to_end_on_tiny_sft(tmp_path, capsys):
     assert read_results(output)[0] == records
 
 
+def test_several_data_files_are_each_scored_as_alone_with_the_model_loaded_once(tmp_path, capsys):
+    """Two files (one named ``NAME=FILE``): each set's files in a folder of its name, equal to a command of its own;
+    a closing table of both; the bad uses of several files refused in one line before any sampling."""
+    first = write_jsonl(generate_problems(5, split="eval", seed=1, levels=[1, 2]), tmp_path / "first.jsonl.gz")
+    second = write_jsonl(generate_problems(4, split="eval", seed=2, levels=[1]), tmp_path / "b.jsonl")
+    argv = ["--model", "tiny-sft", "--k", "2", "--max-new-tokens", "64"]
+    output = tmp_path / "sets"
+    assert main([*argv, "--data", str(first), f"second={second}", "--output", str(output)]) == 0
+    out = capsys.readouterr().out
+    assert sorted(path.name for path in output.iterdir()) == ["first", "second"]
+    for name, data in (("first", first), ("second", second)):
+        records, summary = read_results(output / name)
+        alone = tmp_path / f"alone-{name}"
+        assert main([*argv, "--data", str(data), "--output", str(alone)]) == 0
+        assert read_results(alone)[0] == records  # the samples it gets alone
+        assert summary["data"] == str(data) and (output / name / "summary.md").read_text().strip() in out
+        assert f"| {name} | {summary['problems']} | {summary['avg@k']:.4f} | {summary['pass@k']:.4f} |" in out
+    assert out.index("| set | problems | avg@2 | pass@2 | results |") > out.index("## second:")
+    capsys.readouterr()
+
+    fresh = ["--output", str(tmp_path / "refused")]
+    refused = [
+        (["--data", str(first), str(tmp_path / "x" / "first.jsonl"), *fresh], "--data names the set 'first' twice"),
+        (["--data", str(first), str(second), "--output", str(output)], f"{output / 'first'} already holds results"),
+        (["--data", str(second), f"first={tmp_path / 'missing.jsonl'}", *fresh], f"{tmp_path / 'missing.jsonl'}: no"),
+    ]
+    for extra, message in refused:
+        assert main([*argv, *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.startswith(f"error: {message}") and captured.err.count("\n") == 1, captured.err
+        assert "sampling" not in captured.err + captured.out
+    saved = ["--completions", str(tmp_path / "gen.jsonl"), "--data", str(first), str(second), *fresh]
+    assert main(saved) == 2
+    assert capsys.readouterr().err == (
+        "error: --completions holds the generations of one --data file: give one --data with it\n"
+    )
+    assert not (tmp_path / "refused").exists()
+
+
 HALF_MATH = MathReward(correct=0.5, wrong=-0.5)
 """A math reward whose correct score is 0.5, for ``--reward tests.eval.test_eval:HALF_MATH``."""
 

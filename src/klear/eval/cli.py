@@ -7,7 +7,10 @@ test), whatever the reward's score values (see :mod:`klear.eval.metrics` for the
 directory gets ``results.jsonl`` (one line per problem: its row index in the data, text, reference, every
 sample's text, score, correctness, reward status, length and finish reason, with the reward's reason where it gives
 one, such as the code reward's ``wrong_answer`` or ``timeout``, and the problem's correct count, avg and pass@k),
-``summary.json`` and ``summary.md``; the summary table is also printed.
+``summary.json`` and ``summary.md``; the summary table is also printed. Several ``--data`` (``--data aime24.jsonl
+aime25.jsonl``, or ``NAME=FILE`` each) are each read and checked, the model is loaded once, and each set is sampled
+in a call of its own (its samples are those it gets alone), its files written into a folder of its name in
+``--output``; a table of every set closes the output.
 
 ``--model`` takes what a LoRA run writes too (``model.lora``, docs/lora.md): its ``hf/`` folder (the merged model)
 as any model, and its ``adapter/`` folder over the base model its ``adapter_config.json`` names, or over
@@ -32,7 +35,7 @@ problem's position alone (each sample has its own seeded stream), whatever ``--b
 
 Everything that can be wrong with the arguments, the data or the model is checked before sampling starts and
 reported as one line (exit code 2), including data in which no row is usable. ``--help``, the arguments, the
-engine's name (and for ``vllm`` whether it is installed), the model folder's ``config.json`` and the data file are
+engine's name (and for ``vllm`` whether it is installed), the model folder's ``config.json`` and every data file are
 checked before torch, transformers or Lightning are imported: they are imported once a model is loaded.
 Ctrl-C (exit code 130) or SIGTERM (143) stops it with one line saying which files it wrote (none, unless the
 signal came as they were written; each file is whole or absent); the reward workers are closed either way.
@@ -45,14 +48,16 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klear import cli
 from klear.config.load import ConfigError, check_rope_scaling
 from klear.config.model_path import BUILTIN_MODELS
-from klear.data.problems import Problem
-from klear.data.readers import data_stem, parse_json, write_jsonl
+from klear.data.eval_sets import set_name
+from klear.data.problems import Problem, ProblemSet, Task
+from klear.data.readers import keep_read, parse_json, write_jsonl
 from klear.errors import UserError
 from klear.eval.completions import agreement, read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
@@ -79,7 +84,12 @@ log = logging.getLogger(__name__)
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = cli.OneLineParser(prog=cli.prog("eval"), description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--data", required=True, help="jsonl/json/parquet file (.gz/.bz2/.xz too) or HF dataset of problems"
+        "--data",
+        required=True,
+        nargs="+",
+        metavar="FILE",
+        help="jsonl/json/parquet file (.gz/.bz2/.xz too) or HF dataset of problems; several: each scored on its own "
+        "with the model loaded once, into --output/NAME/ (NAME: the file's name without suffixes, or NAME=FILE)",
     )
     parser.add_argument(
         "--completions",
@@ -96,8 +106,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reward", help="reward name or import path (default: from the fields: math or code)")
     parser.add_argument("--prompt-key", help="field with the prompt text (default: problem / question)")
     parser.add_argument("--reference-key", help="field with the reference (default: answer / tests)")
-    parser.add_argument("--limit", type=int, help="evaluate only the first LIMIT problems")
-    parser.add_argument("--output", help="output directory (default: outputs/eval/<data file stem>)")
+    parser.add_argument("--limit", type=int, help="evaluate only the first LIMIT problems (of each --data)")
+    parser.add_argument(
+        "--output", help="output directory (default: outputs/eval/<data file stem>; several --data: one each in it)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace earlier results in the output directory")
     parser.add_argument(
         "--base",
@@ -134,47 +146,126 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
-    """The command, from checking ``args`` to writing the results; each file written is added to ``wrote``."""
+    """The command, from checking ``args`` to writing the results; each file written is added to ``wrote``. Every
+    ``--data`` set is read and checked, and the model loaded once, before the first is sampled."""
     options = SamplingOptions.from_args(args)
     try:
         check_args(args, options)
-        output = Path(args.output or Path("outputs") / "eval" / data_stem(args.data))
-        if (output / "results.jsonl").exists() and not args.overwrite:
-            raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
-        check_output(output)
-        problems, task, reward = load_eval_problems(
-            args.data,
-            reward=args.reward,
-            prompt_key=args.prompt_key,
-            reference_key=args.reference_key,
-            model=args.model,
-            max_new_tokens=options.max_new_tokens,
-            max_prompt_tokens=options.max_prompt_tokens,
-            rope_scaling=options.rope_scaling,
-            base=args.base,
-            prompt_format=options.prompt_format,
-        )
-        chosen = problems.problems[: args.limit]
+        planned = data_sets(args)
+        for _, data, output in planned:  # every file and folder before a model's tokenizer is loaded
+            if (output / "results.jsonl").exists() and not args.overwrite:
+                raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
+            check_output(output)
+            keep_read(data)  # read once: kept for its load below
+        sets = []
+        for name, data, output in planned:
+            problems, task, reward = load_eval_problems(
+                data,
+                reward=args.reward,
+                prompt_key=args.prompt_key,
+                reference_key=args.reference_key,
+                model=args.model,
+                max_new_tokens=options.max_new_tokens,
+                max_prompt_tokens=options.max_prompt_tokens,
+                rope_scaling=options.rope_scaling,
+                base=args.base,
+                prompt_format=options.prompt_format,
+            )
+            sets.append(EvalSet(name, data, output, problems, task, reward, problems.problems[: args.limit]))
         n = args.k if args.n is None else args.n
         if args.completions is not None:
-            saved = read_completions(args.completions, problems, args.k).limit(args.limit)
+            saved = read_completions(args.completions, sets[0].problems, args.k).limit(args.limit)
             n = len(saved.completions[0])
         else:
-            engine, tokenizer = build_engine(options, chosen)
+            engine, tokenizer = build_engine(options, [problem for one in sets for problem in one.chosen])
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    finals = []
+    for one in sets:
+        if len(sets) > 1:
+            print(f"\n## {one.name}: {one.data}\n")
+        scorer = RewardScorer(one.reward, num_workers=options.num_workers, timeout=options.reward_timeout)
+        try:
+            if args.completions is not None:
+                records, timing = score_saved(one.chosen, saved.completions, scorer, args.k, options.seed)
+            else:
+                records, timing = run(engine, tokenizer, one.chosen, scorer, args.k, n, options)
+        finally:
+            scorer.close()
+        summary = set_summary(one, args, options, n, records, timing, start)
+        if args.completions is not None and (compared := agreement(saved, records)) is not None:
+            summary["saved_verdicts"] = compared  # the file's own grader against klear's reward
+        start = time.perf_counter()  # the next set's wall time starts here (the first's includes the loading)
+        if write_results(one.output, summary, records, wrote) != 0:
+            return 1
+        finals.append((one, summary))
+    if len(sets) > 1:
+        print(f"\n{sets_table(finals, args.k)}")
+    return 0
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One ``--data``: its name and source, its output folder, its checked problems and their reward, and the
+    problems sampled (``--limit``)."""
+
+    name: str
+    data: str
+    output: Path
+    problems: ProblemSet
+    task: Task
+    reward: Any
+    chosen: list[Problem]
+
+
+def data_sets(args: argparse.Namespace) -> list[tuple[str, str, Path]]:
+    """``(name, source, output folder)`` of each ``--data``: ``NAME=SOURCE``, or a source named by its file's name
+    without suffixes (`klear.data.eval_sets.set_name`); one goes to ``--output`` (default
+    ``outputs/eval/<name>``), several each to a folder of its name in ``--output`` (default ``outputs/eval``)."""
+    pairs = [_named(item) or (set_name(item), item) for item in args.data]
+    names = [name for name, _ in pairs]
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        raise EvalError(
+            f"--data names the set {twice[0]!r} twice (a file is named by its name without suffixes); name each "
+            "NAME=FILE"
+        )
+    if len(pairs) == 1:
+        name, data = pairs[0]
+        return [(name, data, Path(args.output or Path("outputs") / "eval" / name))]
+    root = Path(args.output or Path("outputs") / "eval")
+    return [(name, data, root / name) for name, data in pairs]
+
+
+def _named(item: str) -> tuple[str, str] | None:
+    """``(NAME, SOURCE)`` of a ``--data`` written ``NAME=SOURCE`` (a name without ``/``), else None."""
+    name, equals, source = item.partition("=")
+    return (name, source) if equals and name and "/" not in name and source else None
+
+
+def set_summary(
+    one: EvalSet,
+    args: argparse.Namespace,
+    options: SamplingOptions,
+    n: int,
+    records: list[dict[str, Any]],
+    timing: dict[str, float],
+    start: float,
+) -> dict[str, Any]:
+    """One set's ``summary.json``: the run's settings, the set's data and rows, its metrics (`summarize`) and
+    timings, its wall time since ``start``."""
+    problems = one.problems
     layout = problems.layout.describe() if problems.layout is not None else {}
     summary = {
         "model": args.model,
         "base": args.base,
         "completions": args.completions,
-        "data": args.data,
-        "reward": task.reward,
-        "prompt_key": layout.get("prompt", task.prompt_key),
-        "reference_key": layout.get("reference", task.reference_key),
+        "data": one.data,
+        "reward": one.task.reward,
+        "prompt_key": layout.get("prompt", one.task.prompt_key),
+        "reference_key": layout.get("reference", one.task.reference_key),
         "layout": layout,
-        "routed": task.route and bool(problems.sources()),
+        "routed": one.task.route and bool(problems.sources()),
         "rows": problems.rows,
         "rows_skipped": len(problems.bad),
         "bad_rows": [row.to_dict() for row in problems.bad],
@@ -186,23 +277,19 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
         "engine": options.engine if args.completions is None else None,
         "device": _device(),
     }
-    scorer = RewardScorer(reward, num_workers=options.num_workers, timeout=options.reward_timeout)
-    try:
-        if args.completions is not None:
-            records, timing = score_saved(chosen, saved.completions, scorer, args.k, options.seed)
-        else:
-            records, timing = run(engine, tokenizer, chosen, scorer, args.k, n, options)
-    finally:
-        scorer.close()
     summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
-    if args.completions is not None and (compared := agreement(saved, records)) is not None:
-        summary["saved_verdicts"] = compared  # the file's own grader against klear's reward
     from klear.runtime.threads import recorded  # torch: imported by the engine or the scorer already
 
     summary["cpu_threads"] = recorded()  # None when no model was loaded here (--completions)
+    return summary
+
+
+def write_results(output: Path, summary: dict[str, Any], records: list[dict[str, Any]], wrote: list[str]) -> int:
+    """Print a set's table, then write ``results.jsonl``, ``summary.json`` and ``summary.md`` into ``output``, each
+    whole or not at all; 1 (after one line) when the disk refuses them, else 0."""
     table = markdown_table(summary)
     print(table)  # first: a disk too full for the files below still shows the numbers
-    try:  # each file whole or not at all
+    try:
         output.mkdir(parents=True, exist_ok=True)
         files = {
             "results.jsonl": lambda path: write_jsonl(records, path),
@@ -217,6 +304,16 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
         return 1
     log.info("wrote %s, summary.json and summary.md", output / "results.jsonl")
     return 0
+
+
+def sets_table(finals: list[tuple[EvalSet, dict[str, Any]]], k: int) -> str:
+    """Every set's problems, avg@n and pass@k, and where its results are, as a markdown table."""
+    n = finals[0][1]["n"]
+    rows = [
+        f"| {one.name} | {summary['problems']} | {summary['avg@k']:.4f} | {summary['pass@k']:.4f} | `{one.output}` |"
+        for one, summary in finals
+    ]
+    return "\n".join([f"| set | problems | avg@{n} | pass@{k} | results |", "|---|---|---|---|---|", *rows])
 
 
 def check_output(output: Path) -> None:
@@ -250,6 +347,8 @@ def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
     if args.base is not None and args.model is None:
         raise EvalError("--base goes with --model ADAPTER_FOLDER (the adapter/ folder of a LoRA run); give both")
     if args.completions is not None:
+        if len(args.data) > 1:
+            raise EvalError("--completions holds the generations of one --data file: give one --data with it")
         if args.model is not None:
             raise EvalError("--model and --completions exclude each other: sample with a model, or score saved ones")
         return
