@@ -409,16 +409,21 @@ def _check_eval_sets(data: DictConfig) -> None:
     """``data.eval`` is a source, a list of sources or a mapping of names to sources (`klear.data.eval_sets`)."""
     from klear.data.eval_sets import eval_sets_problem
 
-    value = data.eval if isinstance(data.eval, str) else OmegaConf.to_container(data.eval)
+    value = _eval_value(data)
     if problem := eval_sets_problem(value):
         raise ConfigError(f"data.eval = {value!r} {problem}")
+
+
+def _eval_value(data: DictConfig) -> Any:
+    """``data.eval`` as plain Python: a string, a list or a dict."""
+    return data.eval if isinstance(data.eval, str) else OmegaConf.to_container(data.eval)
 
 
 def _data_sources(data: DictConfig) -> list[tuple[str, str]]:
     """``(key, source)`` of every data source of ``data``: ``data.train``, then each of ``data.eval``'s sets."""
     from klear.data.eval_sets import eval_sets
 
-    value = data.eval if isinstance(data.eval, str) else OmegaConf.to_container(data.eval)
+    value = _eval_value(data)
     sets = eval_sets(value)
     listed = isinstance(value, list)
     keys = [f"eval[{i}]" if listed else f"eval.{name}" if name else "eval" for i, name in enumerate(sets)]

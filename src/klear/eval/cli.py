@@ -238,9 +238,11 @@ def data_sets(args: argparse.Namespace) -> list[tuple[str, str, Path]]:
 
 
 def _named(item: str) -> tuple[str, str] | None:
-    """``(NAME, SOURCE)`` of a ``--data`` written ``NAME=SOURCE`` (a name without ``/``), else None."""
+    """``(NAME, SOURCE)`` of a ``--data`` written ``NAME=SOURCE`` (a name without ``/``), else None (a file whose
+    name holds a ``=`` is that file)."""
     name, equals, source = item.partition("=")
-    return (name, source) if equals and name and "/" not in name and source else None
+    named = equals and name and "/" not in name and source and not Path(item).exists()
+    return (name, source) if named else None
 
 
 def set_summary(
