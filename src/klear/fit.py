@@ -326,7 +326,7 @@ def check_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir:
     run_dir.check_writable()
     if resume:
         run_dir.check_resumable()
-        changed = _changed_keys(read_yaml(run_dir.config), config) - RESUMABLE_CHANGES
+        changed = {key for key in _changed_keys(read_yaml(run_dir.config), config) if not _resumable(key)}
         if changed:
             raise RunError(
                 f"--resume: the config differs from the run's {run_dir.config} in {', '.join(sorted(changed))}; "
@@ -481,6 +481,11 @@ def _changed_keys(old: DictConfig, new: DictConfig) -> set[str]:
         for key in a.keys() | b.keys()
         if a.get(key) != b.get(key) and not (key not in a and key in defaults and b.get(key) == defaults[key])
     }
+
+
+def _resumable(key: str) -> bool:
+    """Whether a changed dotted key is one of `RESUMABLE_CHANGES` or inside one (``data.eval.aime24`` of a mapping)."""
+    return any(key == allowed or key.startswith(f"{allowed}.") for allowed in RESUMABLE_CHANGES)
 
 
 def _flatten(config: DictConfig) -> dict[str, object]:

@@ -117,10 +117,19 @@ def test_several_eval_sets_score_each_and_resume_only_on_the_same_rows(tmp_path,
     assert list(report) == ["train", "eval/synthetic", "eval/held_out"] and report["eval/held_out"]["problems"] == 6
     capsys.readouterr()
 
+    rows = held_out.read_text()
     write_jsonl([{"problem": "Start with 9. Add 1.", "answer": "10"}], held_out)
     assert main([*args, "trainer.max_steps=3", sets, "eval.num_prompts=4", "--resume"]) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith(f"error: --resume: the eval/held_out data ({held_out}) differs from the data the run")
+
+    # the same rows again, and a third set named in a mapping: the run goes on and scores it too
+    held_out.write_text(rows)
+    more = write_jsonl([{"problem": "Start with 3. Add 2.", "answer": "5"}], tmp_path / "more.jsonl")
+    mapping = f"data.eval={{synthetic: synthetic, held_out: {held_out}, more: {more}}}"
+    assert main([*args, "trainer.max_steps=3", mapping, "eval.num_prompts=4", "--resume"]) == 0
+    last = read_metrics(output / "metrics.csv")[-1]
+    assert last["step"] == "3" and 0 <= float(last["eval/accuracy/more"]) <= 1 and last["eval/accuracy/held_out"]
 
 
 def test_tensorboard_logger_writes_events(tmp_path):
