@@ -282,7 +282,8 @@ class EvalConfig:
     every_n_steps: int = at_least(50, 0)
     """Evaluate before the first update, every this many steps, and after the last; 0: only before and after."""
     num_prompts: int = at_least(200, 1)
-    """Held-out prompts scored at each evaluation (the same ones every time)."""
+    """Held-out prompts scored at each evaluation (the same ones every time): the first of ``data.eval``, or of each
+    of its sets."""
     max_new_tokens: int = at_least(96, 1)
     temperature: float = at_least(0.0, 0)
     """0: greedy decoding, accuracy of the single answer. Above 0: sampled, ``samples`` per prompt (avg@k)."""
