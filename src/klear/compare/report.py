@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from klear.compare.runs import Run
@@ -201,6 +202,12 @@ def verdicts(summary: dict[str, dict], baseline: str, outcome: str) -> list[str]
     return lines
 
 
+def _label_table(summary: dict, columns: list[str], cells: Callable[[dict], list[str]]) -> list[str]:
+    """A markdown table with a row per label that has finished runs: ``run`` and ``columns``, ``cells(summary)``."""
+    rows = [f"| {label} | " + " | ".join(cells(s)) + " |" for label, s in summary.items() if s]
+    return ["| run | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns), *rows]
+
+
 def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
     lines = [
         "# Comparison",
@@ -221,30 +228,20 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
         )
     sets = list(dict.fromkeys(name for s in summary.values() if s for name in s["sets"]))
     if sets:  # data.eval named several sets: each one's final accuracy
-        lines += [
-            "",
-            "Final accuracy of each eval set (`eval/accuracy/<set>` at the last evaluation):",
-            "",
-            "| run | " + " | ".join(sets) + " |",
-            "|---|" + "---|" * len(sets),
-        ]
-        for label, s in summary.items():
-            if s:
-                lines.append(f"| {label} | " + " | ".join(_fmt(s["sets"].get(name, [])) for name in sets) + " |")
-    names = [name for _, name in DIAGNOSTICS + FINAL_DIAGNOSTICS]
+        lines += ["", "Final accuracy of each eval set (`eval/accuracy/<set>` at the last evaluation):", ""]
+        lines += _label_table(summary, sets, lambda s: [_fmt(s["sets"].get(name, [])) for name in sets])
     lines += [
         "",
         "Diagnostics: token shares and gradient shares are means over each run's steps (the tokens that left the "
         "clip band in the direction their advantage pushes, and their share of the update's sum of |dL/dlogp|); "
         "entropies and response length at the last step.",
         "",
-        "| run | " + " | ".join(names) + " |",
-        "|---|" + "---|" * len(names),
     ]
-    for label, s in summary.items():
-        if s:
-            cells = [_fmt(s[key], 1, "e") for key, _ in DIAGNOSTICS] + [_fmt(s[key]) for key, _ in FINAL_DIAGNOSTICS]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += _label_table(
+        summary,
+        [name for _, name in DIAGNOSTICS + FINAL_DIAGNOSTICS],
+        lambda s: [_fmt(s[key], 1, "e") for key, _ in DIAGNOSTICS] + [_fmt(s[key]) for key, _ in FINAL_DIAGNOSTICS],
+    )
     lines += [
         "",
         f"## Against the baseline, {baseline}",

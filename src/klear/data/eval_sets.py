@@ -67,13 +67,17 @@ def eval_sets_problem(value: Any) -> str | None:
                 f"names a set {name!r}: a set's name is a metric's last part (eval/accuracy/<name>), without '/' "
                 "or surrounding spaces; name the sets with a mapping {name: source}"
             )
-    names = [name for name, _ in pairs]
-    if twice := sorted({name for name in names if names.count(name) > 1}):
+    if twice := repeated([name for name, _ in pairs]):
         return (
-            f"names the set {twice[0]!r} twice (a listed file is named by its name without suffixes); name the sets "
+            f"names the set {twice!r} twice (a listed file is named by its name without suffixes); name the sets "
             "with a mapping {name: source}"
         )
     return None
+
+
+def repeated(names: Sequence[str]) -> str | None:
+    """The first name (in sorted order) that ``names`` holds more than once, or None."""
+    return min((name for name in names if names.count(name) > 1), default=None)
 
 
 def metric_suffix(name: str) -> str:

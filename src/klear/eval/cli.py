@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 from klear import cli
 from klear.config.load import ConfigError, check_rope_scaling
 from klear.config.model_path import BUILTIN_MODELS
-from klear.data.eval_sets import set_name
+from klear.data.eval_sets import repeated, set_name
 from klear.data.problems import Problem, ProblemSet, Task
 from klear.data.readers import keep_read, parse_json, write_jsonl
 from klear.errors import UserError
@@ -224,11 +224,9 @@ def data_sets(args: argparse.Namespace) -> list[tuple[str, str, Path]]:
     without suffixes (`klear.data.eval_sets.set_name`); one goes to ``--output`` (default
     ``outputs/eval/<name>``), several each to a folder of its name in ``--output`` (default ``outputs/eval``)."""
     pairs = [_named(item) or (set_name(item), item) for item in args.data]
-    names = [name for name, _ in pairs]
-    if twice := sorted({name for name in names if names.count(name) > 1}):
+    if twice := repeated([name for name, _ in pairs]):
         raise EvalError(
-            f"--data names the set {twice[0]!r} twice (a file is named by its name without suffixes); name each "
-            "NAME=FILE"
+            f"--data names the set {twice!r} twice (a file is named by its name without suffixes); name each NAME=FILE"
         )
     if len(pairs) == 1:
         name, data = pairs[0]

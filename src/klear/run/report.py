@@ -177,7 +177,8 @@ def _markdown(
             "step, so there are no curves.",
             "",
         ]
-    lines += [*_accuracy(rows, read_data_report(output_dir / "data_report.json")), ""]
+    data_report = read_data_report(output_dir / "data_report.json")
+    lines += [*_accuracy(rows, data_report), ""]
     if curves:
         lines += ["![curves](curves.png)", ""]
     lines += ["## Settings", "", "| key | value |", "|---|---|"]
@@ -205,7 +206,7 @@ def _markdown(
             )
     missing = [key for key in KEY_METRICS.get(config.stage, []) if key not in present and not key.endswith("/*")]
     lines += ["", f"Not logged: {', '.join(f'`{key}`' for key in missing)}.", ""] if missing else [""]
-    lines += _data(output_dir / "data_report.json") + _files(output_dir, curves, rows)
+    lines += _data(data_report) + _files(output_dir, curves, rows)
     return "\n".join(lines) + "\n"
 
 
@@ -303,11 +304,10 @@ def _settings(config: DictConfig) -> list[tuple[str, object]]:
     ]
 
 
-def _data(path: Path) -> list[str]:
-    if not path.is_file():
+def _data(report: dict[str, Any]) -> list[str]:
+    if not report:
         return []
     lines = ["## Data", "", "| split | source | rows | used | skipped |", "|---|---|---|---|---|"]
-    report = read_data_report(path)
     for split, source in report.items():
         used = source.get("problems", source.get("examples", "—"))
         lines.append(
