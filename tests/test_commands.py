@@ -275,15 +275,15 @@ def test_the_readme_snippet_turning_humaneval_rows_into_klear_rows(tmp_path, mon
 
 
 def test_the_verl_layout_run_routes_math_and_code_rows_to_their_verifiers(tmp_path):
-    """docs/data-formats.md, Try it on the embedded tasks: Klear-Reasoner's training layout, math and code mixed in
-    one file, trained on with each row scored by its source's verifier; then saved generations scored by klear.eval."""
+    """docs/data-formats.md, Try it on the embedded tasks: Klear-Reasoner's training layout, a file of math and one
+    of code listed as ``data.train`` and ``data.eval``, trained on with each row scored by its source's verifier and
+    each set reported apart; then saved generations of both files in one scored by klear.eval."""
     math, code, mixed = tmp_path / "verl_math.jsonl", tmp_path / "verl_code.jsonl", tmp_path / "verl_mixed.jsonl"
     klear("klear.data", "synthetic", "--layout", "verl", "--num", "40", "--out", str(math))
     klear("klear.data", "synthetic", "--layout", "verl", "--task", "code", "--num", "40", "--out", str(code))
-    lines = math.read_text().splitlines() + code.read_text().splitlines()
-    mixed.write_text("\n".join(lines) + "\n")  # cat verl_math.jsonl verl_code.jsonl > verl_mixed.jsonl
     output = tmp_path / "rl"
-    args = ["--config", "configs/rl.yaml", f"data.train={mixed}", f"data.eval={mixed}", "eval.num_prompts=80"]
+    files = f"[{math}, {code}]"
+    args = ["--config", "configs/rl.yaml", f"data.train={files}", f"data.eval={files}", "eval.num_prompts=40"]
     klear("klear.fit", *args, "trainer.max_steps=2", "trainer.checkpoint_every_n_steps=1", f"output_dir={output}")
     rows = read_metrics(output / "metrics.csv")
     first = rows[0]
@@ -292,6 +292,10 @@ def test_the_verl_layout_run_routes_math_and_code_rows_to_their_verifiers(tmp_pa
     assert 0 < float(first["eval/accuracy/math_longcot_math_verify"]) <= 1
     assert float(first["eval/accuracy/coder1_longcot"]) == 0.0
     assert float(first["eval/accuracy"]) == pytest.approx(float(first["eval/accuracy/math_longcot_math_verify"]) / 2)
+    for source, name in (("math_longcot_math_verify", "verl_math"), ("coder1_longcot", "verl_code")):
+        assert first[f"eval/accuracy/{name}"] == first[f"eval/accuracy/{source}"]  # each file holds one source
+        trained = [row for row in rows if row.get(f"reward/mean/{source}")]
+        assert trained and all(row[f"reward/mean/{name}"] == row[f"reward/mean/{source}"] for row in trained)
     assert 0 <= float(first["reward/mean/math_longcot_math_verify"]) <= 1
     means = [float(row["reward/mean/coder1_longcot"]) for row in rows if row.get("reward/mean/coder1_longcot")]
     assert means and all(value == 0.0 for value in means)
@@ -300,10 +304,14 @@ def test_the_verl_layout_run_routes_math_and_code_rows_to_their_verifiers(tmp_pa
     assert timeouts and all(float(value) == 0.0 for value in timeouts)
     assert "reward/code_timeouts/math_longcot_math_verify" not in first
     report = json.loads((output / "data_report.json").read_text())
-    assert report["train"]["layout"]["name"] == "verl" and report["train"]["problems"] == 80
-    assert report["train"]["sources"] == {"coder1_longcot": 40, "math_longcot_math_verify": 40}
+    assert list(report) == ["train/verl_math", "train/verl_code", "eval/verl_math", "eval/verl_code"]
+    for name, source in (("verl_math", "math_longcot_math_verify"), ("verl_code", "coder1_longcot")):
+        assert report[f"train/{name}"]["layout"]["name"] == "verl" and report[f"train/{name}"]["problems"] == 40
+        assert report[f"train/{name}"]["sources"] == {source: 40}
     assert "| `eval/accuracy/coder1_longcot` | 0 |" in (output / "report.md").read_text()  # a row per source
 
+    lines = math.read_text().splitlines() + code.read_text().splitlines()
+    mixed.write_text("\n".join(lines) + "\n")  # cat verl_math.jsonl verl_code.jsonl > verl_mixed.jsonl
     solutions = tmp_path / "verl_solutions.jsonl"
     solutions.write_text(
         "".join(json.dumps({"completions": [json.loads(line)["extra_info"]["solution"]]}) + "\n" for line in lines)

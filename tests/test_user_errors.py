@@ -60,6 +60,7 @@ def one_line_error(result: subprocess.CompletedProcess, code: int = 2) -> str:
             "data.eval=synthetic is checked by the math reward, not code; set reward.name=math, or "
             "data.eval=synthetic-code (or a file of code problems)",
         ),
+        (["data.train=[synthetic, no/such/gsm8k.parquet]"], "error: no/such/gsm8k.parquet: no such file; accepted"),
     ],
 )
 def test_bad_values_are_one_line_naming_the_key_before_heavy_imports(overrides, message):
@@ -233,10 +234,11 @@ def test_bad_rl_rows_are_skipped_by_file_line_before_training_and_counted(tmp_pa
 
 def test_data_without_a_usable_row_is_refused_before_training(tmp_path):
     data = write_rows(tmp_path / "empty_refs.jsonl", [{"problem": "a", "answer": ""}, {"problem": "b", "answer": " "}])
-    args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path / 'run'}", *RL_QUICK, f"data.train={data}"]
-    error = one_line_error(klear("klear.fit", *args, "reward.name=math"))
-    assert f"{data}: no usable problem in 2 rows" in error and f"first: {data}:1: " in error
-    assert not (tmp_path / "run" / "metrics.csv").exists()
+    for train in (data, f"[synthetic, {data}]"):  # alone, or one of several sets
+        args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path / 'run'}", *RL_QUICK, f"data.train={train}"]
+        error = one_line_error(klear("klear.fit", *args, "reward.name=math"))
+        assert f"{data}: no usable problem in 2 rows" in error and f"first: {data}:1: " in error
+        assert not (tmp_path / "run" / "metrics.csv").exists()
     # Every prompt over what the tiny model's context leaves: the line says what to change.
     long = write_rows(tmp_path / "long.jsonl", [{"problem": f"{i} " + "word " * 400, "answer": "1"} for i in range(3)])
     args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path / 'run'}", *RL_QUICK, f"data.train={long}"]
@@ -266,6 +268,8 @@ def test_an_empty_or_broken_sft_file_is_one_line_naming_it(tmp_path):
     empty = write_rows(tmp_path / "empty.jsonl", [])
     args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path / 'run'}", "trainer.max_steps=1"]
     assert one_line_error(klear("klear.fit", *args, f"data.train={empty}")) == f"error: {empty}: no rows"
+    listed = f"data.train={{chats: synthetic, empty: {empty}}}"  # a set of several: each checked on its own
+    assert one_line_error(klear("klear.fit", *args, listed)) == f"error: {empty}: no rows"
     unknown = write_rows(tmp_path / "unknown.jsonl", [{"prompt": "p"}, {"messages": []}])
     error = one_line_error(klear("klear.fit", *args, f"data.train={unknown}"))
     assert error.startswith(f"error: {unknown}: cannot tell the SFT layout from the fields ['prompt']: ")

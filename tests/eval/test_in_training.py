@@ -107,11 +107,11 @@ def test_each_eval_set_is_scored_on_its_first_num_prompts_and_on_its_own():
     """Sets of 3 and 2 problems with ``num_prompts=2``: the first 2 of each are scored; each set's accuracy and
     pass@k are of its own problems, ``eval/accuracy`` of all of them, and a set scores as it does alone."""
     problems = [
-        Problem("Add 1 to 1.", "2", eval_set="aime"),
-        Problem("Add 1 to 2.", "3", eval_set="aime"),
-        Problem("Add 1 to 3.", "4", eval_set="aime"),  # past num_prompts: never asked
-        Problem("Add 2 to 2.", "4", eval_set="hmmt", source="hmmt_src"),
-        Problem("Add 2 to 3.", "5", eval_set="hmmt", source="hmmt_src"),
+        Problem("Add 1 to 1.", "2", set_name="aime"),
+        Problem("Add 1 to 2.", "3", set_name="aime"),
+        Problem("Add 1 to 3.", "4", set_name="aime"),  # past num_prompts: never asked
+        Problem("Add 2 to 2.", "4", set_name="hmmt", source="hmmt_src"),
+        Problem("Add 2 to 3.", "5", set_name="hmmt", source="hmmt_src"),
     ]
     answers = {
         "Add 1 to 1.": ["\\boxed{2}", "\\boxed{2}"],  # 2 of 2

@@ -4,6 +4,7 @@ prompts when the filter drops groups."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,31 @@ def test_groups_without_variance_are_dropped_and_refilled_only_while_rounds_are_
     assert once.scorer.reward.counts["ok"] == 3 * 4
     kept, metrics = sampler(engine, always_one, AlgorithmConfig(filter_groups=False)).rollout(PROBLEMS[:3], 0)
     assert len(kept) == 3 and metrics["rollout/filtered_groups"] == 0.0
+
+
+def by_prompt(completion: str, reference: object) -> float:
+    """1 for the problems whose answer is a multiple of 4: the reward is a function of the problem alone."""
+    return float(int(str(reference)) % 4 == 0)
+
+
+def test_each_train_set_and_each_source_logs_its_mean_reward(engine):
+    """``reward/mean/<set>`` and ``reward/mean/<source>`` are the means over their own groups' rollouts."""
+    tagged = [
+        replace(PROBLEMS[0], set_name="gsm", source="openai/gsm8k"),
+        replace(PROBLEMS[1], set_name="math"),
+        replace(PROBLEMS[2], set_name="math", source="openai/gsm8k"),
+    ]
+    assert [by_prompt("", problem.reference) for problem in tagged] == [1.0, 1.0, 0.0]  # answers 12, 64, 18
+    step = sampler(engine, by_prompt, AlgorithmConfig(filter_groups=False))
+    _, metrics = step.rollout(tagged, 0)
+    assert metrics["reward/mean"] == pytest.approx(2 / 3)
+    assert (metrics["reward/mean/gsm"], metrics["reward/mean/math"], metrics["reward/mean/openai/gsm8k"]) == (
+        1,
+        0.5,
+        0.5,
+    )
+    _, untagged = step.rollout(PROBLEMS[:3], 0)
+    assert [key for key in untagged if key.startswith("reward/mean/")] == []
 
 
 def test_sync_rollouts_are_built_from_the_loaded_config_as_dataclasses(engine):

@@ -132,6 +132,46 @@ def test_several_eval_sets_score_each_and_resume_only_on_the_same_rows(tmp_path,
     assert last["step"] == "3" and 0 <= float(last["eval/accuracy/more"]) <= 1 and last["eval/accuracy/held_out"]
 
 
+def test_several_train_sets_train_as_their_rows_in_one_file_and_resume_only_on_the_same_sets(tmp_path, capsys):
+    """SFT with ``data.train`` a list of two files of our own rows, in ShareGPT's and in TRL's ``messages`` layouts:
+    each read in its own layout and reported by set, and the run's numbers those of one file holding both sets' rows
+    in order (read in one layout); a ``--resume`` with the sets in another order is refused, the same sets in a
+    mapping go on."""
+
+    def chat(n, sharegpt):
+        question, answer = f"Start with {n}. Add 1.", f"<think>{n} + 1 = {n + 1}</think> \\boxed{{{n + 1}}}"
+        if sharegpt:
+            return {"conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]}
+        return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+
+    shared, messages = tmp_path / "shared.jsonl", tmp_path / "msgs.jsonl"
+    write_jsonl([chat(n, True) for n in range(12)], shared)
+    write_jsonl([chat(n, False) for n in range(12, 30)], messages)
+    both = write_jsonl([chat(n, False) for n in range(30)], tmp_path / "both.jsonl")
+    args = ["--config", "configs/sft.yaml", *SHORT, "trainer.max_steps=2", "eval.every_n_steps=0"]
+    listed = f"data.train=[{shared},{messages}]"
+    assert main([*args, listed, f"output_dir={tmp_path / 'listed'}"]) == 0
+    assert main([*args, f"data.train={both}", f"output_dir={tmp_path / 'one'}"]) == 0
+    report = json.loads((tmp_path / "listed" / "data_report.json").read_text())
+    assert list(report) == ["train/shared", "train/msgs", "eval"]
+    assert [report[key]["layout"]["name"] for key in ("train/shared", "train/msgs")] == ["sharegpt", "messages"]
+    assert (report["train/shared"]["examples"], report["train/msgs"]["examples"]) == (12, 18)
+    runs = [read_metrics(tmp_path / name / "metrics.csv") for name in ("listed", "one")]
+    assert [row["train/loss"] for row in runs[0]] == [row["train/loss"] for row in runs[1]]
+    assert runs[0][0]["train/loss"] != ""
+    capsys.readouterr()
+
+    resume = [*args, "trainer.max_steps=3", f"output_dir={tmp_path / 'listed'}", "--resume"]
+    assert main([*resume, f"data.train=[{messages},{shared}]"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --resume: data.train is the sets msgs, shared; the run started on the sets shared, msgs, and its "
+        "data position counts through those sets' problems in that order: resume with the same data.train, or "
+        "start a new run in another output_dir"
+    )
+    assert main([*resume, f"data.train={{shared: {shared}, msgs: {messages}}}"]) == 0
+    assert read_metrics(tmp_path / "listed" / "metrics.csv")[-1]["step"] == "3"
+
+
 def test_tensorboard_logger_writes_events(tmp_path):
     pytest.importorskip("tensorboard")
     args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path}", *SHORT, "trainer.max_steps=2"]

@@ -167,7 +167,7 @@ def check_config(config: DictConfig) -> None:
         raise ConfigError(f"optim.min_lr ({config.optim.min_lr}) must not exceed optim.lr ({config.optim.lr})")
     if not all(0 <= beta < 1 for beta in config.optim.betas):
         raise ConfigError(f"optim.betas = {list(config.optim.betas)} is not accepted; accepted: two numbers in [0, 1)")
-    _check_eval_sets(config.data)
+    _check_sets(config.data)
     _check_levels(config.data)
     _check_prompt_format(config.data)
     _check_synthetic_rewards(config)
@@ -405,29 +405,35 @@ def _check_prompt_format(data: DictConfig) -> None:
         raise ConfigError(f"data.{key} = {data[key]!r}: {reason}{fix}")
 
 
-def _check_eval_sets(data: DictConfig) -> None:
-    """``data.eval`` is a source, a list of sources or a mapping of names to sources (`klear.data.eval_sets`)."""
-    from klear.data.eval_sets import eval_sets_problem
+def _check_sets(data: DictConfig) -> None:
+    """``data.train`` and ``data.eval`` are each a source, a list of sources or a mapping of names to sources
+    (`klear.data.sets`)."""
+    from klear.data.sets import sets_problem
 
-    value = _eval_value(data)
-    if problem := eval_sets_problem(value):
-        raise ConfigError(f"data.eval = {value!r} {problem}")
+    for split in ("train", "eval"):
+        value = _sets_value(data, split)
+        if problem := sets_problem(value, split):
+            raise ConfigError(f"data.{split} = {value!r} {problem}")
 
 
-def _eval_value(data: DictConfig) -> Any:
-    """``data.eval`` as plain Python: a string, a list or a dict."""
-    return data.eval if isinstance(data.eval, str) else OmegaConf.to_container(data.eval)
+def _sets_value(data: DictConfig, split: str) -> Any:
+    """``data.<split>`` as plain Python: a string, a list or a dict."""
+    value = data[split]
+    return value if isinstance(value, str) else OmegaConf.to_container(value)
 
 
 def _data_sources(data: DictConfig) -> list[tuple[str, str]]:
-    """``(key, source)`` of every data source of ``data``: ``data.train``, then each of ``data.eval``'s sets."""
-    from klear.data.eval_sets import eval_sets
+    """``(key, source)`` of every data source of ``data``: each of ``data.train``'s sets, then ``data.eval``'s."""
+    from klear.data.sets import named_sets
 
-    value = _eval_value(data)
-    sets = eval_sets(value)
-    listed = isinstance(value, list)
-    keys = [f"eval[{i}]" if listed else f"eval.{name}" if name else "eval" for i, name in enumerate(sets)]
-    return [("train", data.train), *zip(keys, sets.values(), strict=True)]
+    pairs = []
+    for split in ("train", "eval"):
+        value = _sets_value(data, split)
+        sets = named_sets(value, split)
+        listed = isinstance(value, list)
+        keys = [f"{split}[{i}]" if listed else f"{split}.{name}" if name else split for i, name in enumerate(sets)]
+        pairs += zip(keys, sets.values(), strict=True)
+    return pairs
 
 
 def _check_levels(data: DictConfig) -> None:
@@ -456,7 +462,7 @@ def _check_synthetic_rewards(config: DictConfig) -> None:
     reward = config.reward.name if config.stage == "rl" else config.eval.reward
     task_of = {checked_by: task for task, checked_by in SYNTHETIC_REWARDS.items()}
     for key, source in _data_sources(config.data):
-        if key == "train" and config.stage != "rl":
+        if key.startswith("train") and config.stage != "rl":
             continue
         wanted = SYNTHETIC_REWARDS.get(source)
         if wanted and reward in SYNTHETIC_REWARDS.values() and reward != wanted:

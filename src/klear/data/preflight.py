@@ -17,32 +17,34 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from klear.data.eval_sets import eval_sources
 from klear.data.problems import SYNTHETIC_REWARDS, Task, load_problems
 from klear.data.prompts import AS_GIVEN, PromptFormat
 from klear.data.readers import DataError, keep_read
+from klear.data.sets import sources
 from klear.data.sft import check_sft_rows
 
 
 def check_data(config: DictConfig) -> None:
-    """Read and check every data file of ``config``'s stage (RL: ``data.train`` and ``data.eval`` as problems;
-    SFT: ``data.train``'s layout and conversations, ``data.eval`` as problems; each of ``data.eval``'s sets); raises
-    `DataError` naming the file."""
+    """Read and check every data file of ``config``'s stage, each set of ``data.train`` and ``data.eval`` (RL: as
+    problems; SFT: ``data.train``'s layout and conversations, ``data.eval`` as problems); raises `DataError` naming
+    the file."""
     from klear.rewards.routing import routed_reward
 
     data = config.data
     if config.stage == "rl":
         task = Task(config.reward.name, data.prompt_key, data.reference_key)
         reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)
-        check_problems(data.train, task, reward, "train", PromptFormat.of(data))
+        for source in sources(data.train):
+            check_problems(source, task, reward, "train", PromptFormat.of(data))
     else:
         task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
-        if data.train not in SYNTHETIC_REWARDS:
-            rows, _ = keep_read(data.train)
-            if not rows:  # the stage's message for it, said before the model is loaded
-                raise DataError(f"{data.train}: no rows")
-            check_sft_rows(rows, data.train, data)  # the layout, and a row that reads in it
-    for source in eval_sources(data.eval):
+        for source in sources(data.train):
+            if source not in SYNTHETIC_REWARDS:
+                rows, _ = keep_read(source)
+                if not rows:  # the stage's message for it, said before the model is loaded
+                    raise DataError(f"{source}: no rows")
+                check_sft_rows(rows, source, data)  # the layout, and a row that reads in it
+    for source in sources(data.eval):
         check_problems(source, task, reward, "eval", PromptFormat.of(data))
 
 

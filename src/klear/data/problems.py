@@ -93,8 +93,8 @@ class Problem:
     """The row's data source (else its ``ability``); "" when it has none."""
     max_prompt_tokens: int = 0
     """Left truncation: keep only the last this-many prompt tokens (`encode_problem`); 0: all."""
-    eval_set: str = ""
-    """The name of its set when ``data.eval`` has several (`klear.data.eval_sets`); "" otherwise."""
+    set_name: str = ""
+    """The name of its set when ``data.train`` or ``data.eval`` has several (`klear.data.sets`); "" otherwise."""
 
     @property
     def plain_reference(self) -> Any:

@@ -55,9 +55,9 @@ from typing import TYPE_CHECKING, Any
 from klear import cli
 from klear.config.load import ConfigError, check_rope_scaling
 from klear.config.model_path import BUILTIN_MODELS
-from klear.data.eval_sets import repeated, set_name
 from klear.data.problems import Problem, ProblemSet, Task
 from klear.data.readers import keep_read, parse_json, write_jsonl
+from klear.data.sets import repeated, set_name
 from klear.errors import UserError
 from klear.eval.completions import agreement, read_completions
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
@@ -221,7 +221,7 @@ class EvalSet:
 
 def data_sets(args: argparse.Namespace) -> list[tuple[str, str, Path]]:
     """``(name, source, output folder)`` of each ``--data``: ``NAME=SOURCE``, or a source named by its file's name
-    without suffixes (`klear.data.eval_sets.set_name`); one goes to ``--output`` (default
+    without suffixes (`klear.data.sets.set_name`); one goes to ``--output`` (default
     ``outputs/eval/<name>``), several each to a folder of its name in ``--output`` (default ``outputs/eval``)."""
     pairs = [_named(item) or (set_name(item), item) for item in args.data]
     if twice := repeated([name for name, _ in pairs]):

@@ -5,7 +5,7 @@ The problems, their order and (when sampling) the seed are the same at every eva
 likely answer; with a temperature, ``samples`` answers per problem are drawn and ``eval/accuracy`` is their
 mean (avg@k), with ``eval/pass_at_k`` alongside (`klear.eval.metrics.pass_at_k` with ``n = k = samples``: the
 share of problems with at least one correct answer), and, when the problems carry data sources,
-``eval/accuracy/<source>`` for each. When ``data.eval`` names several sets (`klear.data.eval_sets`), each set's
+``eval/accuracy/<source>`` for each. When ``data.eval`` names several sets (`klear.data.sets`), each set's
 first ``num_prompts`` problems are scored and each set has its ``eval/accuracy/<name>`` (and pass@k) too;
 ``eval/accuracy`` is over all of them. Whether an answer is correct is the reward's verdict
 (`klear.rewards.scorer.RewardScorer.correctness`), not a threshold on its score. Sampling and scoring are
@@ -21,8 +21,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from klear.data.eval_sets import ONE, first_of_each, metric_suffix
 from klear.data.problems import Problem
+from klear.data.sets import ONE, first_of_each, metric_suffix
 from klear.eval.metrics import pass_at_k
 from klear.rewards.scorer import ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
@@ -62,7 +62,7 @@ def evaluate(
     batches one call would make), and every rank calls ``stop_point`` between two chunks: a stop does not wait for
     the whole evaluation. The seeds are those of one call, so the metrics are too.
     """
-    problems = first_of_each(problems, [problem.eval_set for problem in problems], config.num_prompts)
+    problems = first_of_each(problems, [problem.set_name for problem in problems], config.num_prompts)
     samples = config.samples if config.temperature > 0 else 1
     sampling = SamplingParams(
         max_new_tokens=config.max_new_tokens,
@@ -86,8 +86,8 @@ def evaluate(
         "eval/response_length": sum(lengths) / len(lengths),
     }
     counts = [sum(correct[i * samples : (i + 1) * samples]) for i in range(len(problems))]
-    for name in [ONE, *dict.fromkeys(problem.eval_set for problem in problems if problem.eval_set)]:
-        mine = [i for i, problem in enumerate(problems) if problem.eval_set == name or name == ONE]
+    for name in [ONE, *dict.fromkeys(problem.set_name for problem in problems if problem.set_name)]:
+        mine = [i for i, problem in enumerate(problems) if problem.set_name == name or name == ONE]
         if name != ONE:
             metrics[f"eval/accuracy/{name}"] = sum(counts[i] for i in mine) / (len(mine) * samples)
         if samples > 1:

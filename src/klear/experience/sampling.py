@@ -236,7 +236,8 @@ class StepSampler:
             if attempt == 0:
                 sources = [problem.source for problem in problems]
                 counts = sampled.scores.metrics([source for source in sources for _ in range(n)])
-                metrics = rollout_metrics(scored, counts, filtered, sampled.sampling_s, sources)
+                sets = [problem.set_name for problem in problems]
+                metrics = rollout_metrics(scored, counts, filtered, sampled.sampling_s, sources, sets)
             kept.append(scored.select([i for i in range(len(scored)) if not filtered[i]]))
             if sum(len(part) for part in kept) >= wanted:
                 break
@@ -280,16 +281,23 @@ def build_engine(
 
 
 def rollout_metrics(
-    scored: ScoredGroups, counts: dict[str, float], filtered, seconds: float, sources: list[str] | None = None
+    scored: ScoredGroups,
+    counts: dict[str, float],
+    filtered,
+    seconds: float,
+    sources: list[str] | None = None,
+    sets: list[str] | None = None,
 ) -> dict[str, float]:
     """The ``reward/*`` and ``rollout/*`` metrics of a step's first sampling round; with the data ``sources`` of its
-    groups (when rows carry one), ``reward/mean/<source>`` too."""
+    groups (when rows carry one), ``reward/mean/<source>`` too, and with their ``sets`` (when ``data.train`` has
+    several), ``reward/mean/<set>``."""
     rollouts = scored.rollouts
     tokens = sum(len(rollout.response_ids) for rollout in rollouts)
     by_source = {}
-    for source in sorted(set(sources or []) - {""}):
-        rows = [i for i, name in enumerate(sources) if name == source]
-        by_source[f"reward/mean/{source}"] = float(scored.shaped[rows].mean())
+    for names in (sources or [], sets or []):
+        for source in sorted(set(names) - {""}):
+            rows = [i for i, name in enumerate(names) if name == source]
+            by_source[f"reward/mean/{source}"] = float(scored.shaped[rows].mean())
     return {
         "reward/mean": float(scored.shaped.mean()),
         "reward/raw_mean": float(scored.raw.mean()),

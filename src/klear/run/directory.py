@@ -146,11 +146,26 @@ class RunDir:
                         f"{source.get('problems', source.get('examples'))}; content digest {old['digest']} != "
                         f"{source['digest']}); resume with the same data, or start a new run in another output_dir"
                     )
+            if (started := _train_sets(before)) and started != (now := _train_sets(report)):
+                raise RunError(
+                    f"--resume: data.train is {now}; the run started on {started}, and its data position counts "
+                    "through those sets' problems in that order: resume with the same data.train, or start a new run "
+                    "in another output_dir"
+                )
         text = json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n"
         try:
             written(self.data_report, lambda path: path.write_text(text))
         except OSError as error:  # a full disk before the first step: one line, not a model that "cannot be loaded"
             raise RunError(write_failure(error, self.root)) from None
+
+
+def _train_sets(report: dict[str, Any]) -> str:
+    """The sets of ``data.train`` a data report records, in order (``one source``, or ``the sets a, b``), or "" for
+    a report without any."""
+    names = [key.removeprefix("train/") for key in report if key.startswith("train/")]
+    if not names:
+        return "one source" if "train" in report else ""
+    return f"the set{'s' if len(names) > 1 else ''} {', '.join(names)}"
 
 
 def checkpoint_step(path: Path) -> int | None:

@@ -316,12 +316,16 @@ class PromptFormatConfig:
 
 @dataclass
 class SFTDataConfig(PromptFormatConfig):
-    train: str = "synthetic"
+    train: str | list[str] | dict[str, str] = field(
+        default="synthetic", metadata={"example": "[openthoughts.jsonl, limo.jsonl]"}
+    )
     """``synthetic`` (the built-in arithmetic task), ``synthetic-code`` (the built-in programming task) or a
     jsonl/json/parquet file (jsonl/json also .gz, .bz2, .xz) or Hugging Face dataset of SFT rows in any published
     layout (``messages``, ShareGPT ``conversations``, TRL's ``text`` and ``prompt``/``completion``, s1K, LIMO,
     OpenMathReasoning, Llama-Nemotron, ``input``/``output``, Alpaca, ...), detected from its first row
-    (docs/data-formats.md#sft-layouts)."""
+    (docs/data-formats.md#sft-layouts). Several sets trained on together, each read in its own layout and reported
+    apart (``train/<name>`` in ``data_report.json``): a list of sources, named by their files, or a mapping
+    ``{name: source}``."""
     eval: str | list[str] | dict[str, str] = field(
         default="synthetic", metadata={"example": "{aime24: aime24.jsonl, aime25: aime25.jsonl}"}
     )
@@ -383,12 +387,17 @@ class SFTRunConfig:
 
 @dataclass
 class RLDataConfig(PromptFormatConfig):
-    train: str = "synthetic"
+    train: str | list[str] | dict[str, str] = field(
+        default="synthetic", metadata={"example": "[gsm8k.parquet, math.parquet]"}
+    )
     """``synthetic`` (the built-in arithmetic task), ``synthetic-code`` (the built-in programming task), or a
     jsonl/json/parquet file (jsonl/json also .gz, .bz2, .xz) or Hugging Face dataset of problems with a reference, in
     any published layout (klear's ``problem``/``answer``, verl's ``prompt``/``reward_model``/``data_source``, Klear's
     benchmarks, GSM8K, MATH, LiveCodeBench, ...; docs/data-formats.md), detected from the first row. Rows the reward
-    cannot check, or whose prompt is too long, are skipped by file and line and counted."""
+    cannot check, or whose prompt is too long, are skipped by file and line and counted. Several sets drawn from as
+    one pool, as verl's ``data.train_files`` list, each read in its own layout (``reward/mean/<name>``,
+    ``train/<name>`` in ``data_report.json``): a list of sources, named by their files, or a mapping
+    ``{name: source}``."""
     eval: str | list[str] | dict[str, str] = field(
         default="synthetic", metadata={"example": "{aime24: aime24.jsonl, aime25: aime25.jsonl}"}
     )

@@ -20,10 +20,10 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from klear.config.load import ConfigError
-from klear.data.eval_sets import EvalSets, eval_sets
 from klear.data.problems import ProblemSet, Task, load_problems
 from klear.data.prompts import PromptFormat, char_bound, chat_template_problem, encode_prompt
 from klear.data.readers import warn_bad_rows
+from klear.data.sets import DataSets, named_sets, set_key
 from klear.eval.in_training import EVAL_DATA_SEED, evaluate
 from klear.experience.sampling import step_seed
 from klear.kernels.logprobs import post_processing
@@ -195,11 +195,11 @@ def stage_problems(
     reward: Any,
     seed: int,
     max_new_tokens: int,
-    source: str | None = None,
+    source: str,
     name: str = "",
 ) -> ProblemSet:
-    """The checked problems of ``config.data.<split>`` (``train`` or ``eval``), or of ``source``, the set ``name``
-    of ``data.eval`` (`stage_eval_sets`), skipped rows warned about.
+    """The checked problems of ``source``, the set ``name`` of ``config.data.<split>`` (``train`` or ``eval``;
+    `stage_sets`), skipped rows warned about.
 
     Prompts longer than ``data.max_prompt_tokens`` are handled by ``data.truncation`` (RL; skipped in SFT's
     evaluation); when that is 0 (or the stage has no such key), the limit is what the model's context leaves after
@@ -209,8 +209,7 @@ def stage_problems(
     prompt_format = PromptFormat.of(data)
     if prompt_format.chat and (problem := chat_template_problem(tokenizer, "data.apply_chat_template=false")):
         raise ConfigError(f"model.path = {config.model.path!r}: {problem}")
-    source = getattr(data, split) if source is None else source  # data.train or data.eval
-    label = f"data.{split}{f'.{name}' if name else ''}"
+    label = set_key(split, name)
     limit = getattr(data, "max_prompt_tokens", 0)
     too_long = "set a larger data.max_prompt_tokens within the model's context"  # what to change when no row fits
     if not limit:
@@ -243,16 +242,20 @@ def stage_problems(
     return problems
 
 
-def stage_eval_sets(
-    config: RLRunConfig | SFTRunConfig, tokenizer: PreTrainedTokenizerBase, task: Task, reward: Any
-) -> EvalSets:
-    """The checked problems of each of ``data.eval``'s sets (`stage_problems`)."""
-    sets = eval_sets(config.data.eval)
-    return EvalSets(
+def stage_sets(
+    config: RLRunConfig | SFTRunConfig, split: str, tokenizer: PreTrainedTokenizerBase, task: Task, reward: Any
+) -> DataSets:
+    """The checked problems of each of ``data.<split>``'s sets (`stage_problems`): the held-out sets, or RL's
+    training sets (seeded by the run's seed, measured against ``rollout.max_new_tokens``)."""
+    if split == "eval":
+        seed, max_new_tokens = EVAL_DATA_SEED, config.eval.max_new_tokens
+    else:
+        seed, max_new_tokens = config.seed, config.rollout.max_new_tokens
+    sets = named_sets(getattr(config.data, split), split)
+    return DataSets(
+        split,
         {
-            name: stage_problems(
-                config, "eval", tokenizer, task, reward, EVAL_DATA_SEED, config.eval.max_new_tokens, source, name
-            )
+            name: stage_problems(config, split, tokenizer, task, reward, seed, max_new_tokens, source, name)
             for name, source in sets.items()
-        }
+        },
     )

@@ -57,7 +57,7 @@ from klear.runtime.device import policy_on_cuda
 from klear.runtime.distributed import Ranks
 from klear.runtime.strategies import full_tensors
 from klear.schema import RLRunConfig
-from klear.stages.base import StageModule, check_trainable, stage_eval_sets, stage_problems
+from klear.stages.base import StageModule, check_trainable, stage_sets
 from klear.update.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
@@ -269,24 +269,25 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatch
     data, tokenizer = config.data, load_tokenizer(config.model)
     task = Task(config.reward.name, data.prompt_key, data.reference_key)
     reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)
-    train = stage_problems(config, "train", tokenizer, task, reward, config.seed, config.rollout.max_new_tokens)
-    evaluation = stage_eval_sets(config, tokenizer, task, reward)
-    run_dir.record_data({"train": train.report(), **evaluation.reports()})
+    train = stage_sets(config, "train", tokenizer, task, reward)
+    evaluation = stage_sets(config, "eval", tokenizer, task, reward)
+    run_dir.record_data({**train.reports(), **evaluation.reports()})
     # The engine serves the rollouts and the in-training evaluation: it must hold the longer of the two. The
     # prompts were measured by their checks (each is at most the model's context minus its max_new_tokens).
     need = max(
         needed_model_len([train.longest_prompt], config.rollout.max_new_tokens),
         needed_model_len([evaluation.longest_prompt], config.eval.max_new_tokens),
     )
+    problems = train.problems  # every set's, in order: the pool the seeded batches draw from
     batches = ResumableBatches(
-        train.problems,
+        problems,
         batch_size=math.ceil(config.rollout.prompts_per_step * config.algorithm.oversample),  # dynamic sampling
         num_batches=config.trainer.max_steps,
         seed=config.seed,
     )
     module = RLModule(
         config,
-        train.problems,
+        problems,
         evaluation.problems,
         tokenizer,
         reward,

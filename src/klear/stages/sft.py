@@ -23,6 +23,7 @@ from klear.data.batches import ResumableBatches
 from klear.data.packing import collate, plan_batches
 from klear.data.problems import Problem, Task, content_digest
 from klear.data.readers import warn_bad_rows
+from klear.data.sets import metric_suffix, named_sets, set_key
 from klear.data.sft import IGNORE_INDEX, build_sft_examples, file_layout, sft_source
 from klear.kernels.logprobs import token_logprobs
 from klear.models import load_model, load_tokenizer
@@ -37,7 +38,7 @@ from klear.runtime.device import compute_precision, policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
 from klear.schema import RolloutConfig, SFTRunConfig
-from klear.stages.base import StageModule, check_trainable, stage_eval_sets
+from klear.stages.base import StageModule, check_trainable, stage_sets
 
 log = logging.getLogger(__name__)
 
@@ -170,45 +171,18 @@ def _micro_batches(batch: dict[str, torch.Tensor], targets: torch.Tensor, size: 
 
 def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatches]:
     """The SFT module and its resumable batches. Every row is checked here, before any training: a row that is not
-    a conversation is skipped by file and line (and listed in ``data_report.json``); no usable row stops the run.
-    The loaded config becomes the schema's `SFTRunConfig` here, once: everything below reads that."""
+    a conversation is skipped by file and line (and listed in ``data_report.json``); a set with no usable row stops
+    the run. The loaded config becomes the schema's `SFTRunConfig` here, once: everything below reads that."""
     config = OmegaConf.to_object(config)
     check_trainable(config.model)
     data, tokenizer = config.data, load_tokenizer(config.model)
-    lines, rows, bad = sft_source(data.train, data.num_train, config.seed, data.levels, data.plain_fraction)
-    layout = file_layout(rows, data.train, vars(data))
-    log.info("data.train: %s: %s", data.train, layout.summary())
-    examples, stats = build_sft_examples(
-        rows,
-        tokenizer,
-        data.max_length,
-        data.truncation,
-        source=data.train,
-        lines=lines,
-        layout=layout,
-        thought_markers=data.thought_markers,
-    )
-    stats.bad = sorted(bad + stats.bad, key=lambda row: row.line)  # file order, as the problem loader reports
-    warn_bad_rows(stats.bad, {data.train: stats.rows + len(bad)})
-    notes = stats.notes(data.thought_markers)
-    for note in notes:
-        log.info("data.train: %s", note)
-    log.info("SFT data: %s", stats)
+    examples, train_reports = [], {}
+    for name, source in named_sets(data.train, "train").items():
+        made, train_reports[f"train{metric_suffix(name)}"] = sft_set(config, source, name, tokenizer)
+        examples += made
     task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
-    eval_problems = stage_eval_sets(config, tokenizer, task, reward)
-    train_report = {
-        "source": data.train,
-        "rows": stats.rows + len(bad),
-        "layout": layout.describe(),
-        "thought_markers": data.thought_markers,
-        "examples": len(examples),
-        "split_rows": stats.split_rows,
-        "skipped": len(stats.bad),
-        "digest": content_digest(examples),
-        "bad_rows": [row.to_dict() for row in stats.bad],
-        **({"notes": notes} if notes else {}),
-    }
-    run_dir.record_data({"train": train_report, **eval_problems.reports()})
+    eval_problems = stage_sets(config, "eval", tokenizer, task, reward)
+    run_dir.record_data({**train_reports, **eval_problems.reports()})
     module = SFTModule(config, eval_problems.problems, tokenizer, reward)
     plan = plan_batches(
         [len(example["input_ids"]) for example in examples],
@@ -226,3 +200,41 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
         collate=lambda planned: collate(examples, planned[0], pad, packed=data.batching == "packed"),
     )
     return module, batches
+
+
+def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedTokenizerBase) -> tuple[list, dict]:
+    """The tokenized examples of ``source``, the set ``name`` of ``data.train`` (read in its own layout, its bad rows
+    warned about by file and line), and its report for ``data_report.json``."""
+    data, label = config.data, set_key("train", name)
+    lines, rows, bad = sft_source(source, data.num_train, config.seed, data.levels, data.plain_fraction)
+    layout = file_layout(rows, source, vars(data))
+    log.info("%s: %s: %s", label, source, layout.summary())
+    examples, stats = build_sft_examples(
+        rows,
+        tokenizer,
+        data.max_length,
+        data.truncation,
+        source=source,
+        lines=lines,
+        layout=layout,
+        thought_markers=data.thought_markers,
+    )
+    stats.bad = sorted(bad + stats.bad, key=lambda row: row.line)  # file order, as the problem loader reports
+    warn_bad_rows(stats.bad, {source: stats.rows + len(bad)})
+    notes = stats.notes(data.thought_markers)
+    for note in notes:
+        log.info("%s: %s", label, note)
+    log.info("%s: %s", label, stats)
+    report = {
+        "source": source,
+        "rows": stats.rows + len(bad),
+        "layout": layout.describe(),
+        "thought_markers": data.thought_markers,
+        "examples": len(examples),
+        "split_rows": stats.split_rows,
+        "skipped": len(stats.bad),
+        "digest": content_digest(examples),
+        "bad_rows": [row.to_dict() for row in stats.bad],
+        **({"notes": notes} if notes else {}),
+    }
+    return examples, report

@@ -1,10 +1,16 @@
-"""The held-out sets of ``data.eval``: one source, or several each scored on its own.
+"""The named sets of ``data.train`` and ``data.eval``: one source, or several.
 
-``data.eval`` is one source (a file, a Hugging Face dataset, ``synthetic`` or ``synthetic-code``), a list of
+Each of them is one source (a file, a Hugging Face dataset, ``synthetic`` or ``synthetic-code``), a list of
 sources, each named by its file's name without format and compression suffixes (``aime24`` for
-``benchmarks/aime24.qs.jsonl``: ``aime24.qs``), or a mapping ``{name: source}``. With several, every evaluation
-scores each set and logs ``eval/accuracy/<name>`` beside ``eval/accuracy`` over all of them, and ``eval.num_prompts``
-caps each set. Nothing here imports more than the standard library: the config check reads it.
+``benchmarks/aime24.qs.jsonl``: ``aime24.qs``), or a mapping ``{name: source}``. Each set is read in its own layout
+and checked on its own, and ``data_report.json`` reports it under ``<split>/<name>``.
+
+- ``data.eval``: every evaluation scores each set and logs ``eval/accuracy/<name>`` beside ``eval/accuracy`` over
+  all of them, and ``eval.num_prompts`` caps each set.
+- ``data.train``: the sets' problems (SFT: examples) are trained on together, one pool drawn in one seeded order,
+  as verl's ``data.train_files`` list is.
+
+Nothing here imports more than the standard library: the config check reads it.
 """
 
 from __future__ import annotations
@@ -19,13 +25,20 @@ if TYPE_CHECKING:
     from klear.data.problems import Problem, ProblemSet
 
 ONE = ""
-"""The name of the set when ``data.eval`` is a single source: its metrics are ``eval/...`` alone."""
+"""The name of the set when the value is a single source: its metrics are ``eval/...`` alone, its report
+``train`` or ``eval``."""
+
+ROLE = {
+    "eval": "a set's name is a metric's last part (eval/accuracy/<name>)",
+    "train": "a set's name is the last part of its keys (reward/mean/<name>, train/<name> in data_report.json)",
+}
+"""What a set's name becomes, for the message that refuses a name, by split."""
 
 
-def eval_sets(value: Any) -> dict[str, str]:
-    """``data.eval`` as ``{name: source}`` in the order given (``{ONE: source}`` for a single source); raises
+def named_sets(value: Any, split: str = "eval") -> dict[str, str]:
+    """``data.<split>`` as ``{name: source}`` in the order given (``{ONE: source}`` for a single source); raises
     `ValueError` with what is accepted when it is none of the accepted shapes, or two sets share a name."""
-    if problem := eval_sets_problem(value):
+    if problem := sets_problem(value, split):
         raise ValueError(problem)
     if isinstance(value, str):
         return {ONE: value}
@@ -34,9 +47,9 @@ def eval_sets(value: Any) -> dict[str, str]:
     return {set_name(source): source for source in value}
 
 
-def eval_sources(value: Any) -> list[str]:
-    """The sources of ``data.eval``, in order (what the checks of each source go through)."""
-    return list(eval_sets(value).values())
+def sources(value: Any) -> list[str]:
+    """The sources of ``data.train`` or ``data.eval``, in order (what the checks of each source go through)."""
+    return list(named_sets(value).values())
 
 
 def set_name(source: str) -> str:
@@ -45,8 +58,8 @@ def set_name(source: str) -> str:
     return data_stem(source.rstrip("/"))
 
 
-def eval_sets_problem(value: Any) -> str | None:
-    """Why ``value`` is not an accepted ``data.eval`` (a source, a non-empty list of distinct sources whose names
+def sets_problem(value: Any, split: str = "eval") -> str | None:
+    """Why ``value`` is not an accepted ``data.<split>`` (a source, a non-empty list of distinct sources whose names
     differ, or a mapping of names to sources), as the end of a config error line; None when it is."""
     accepted = "a source (a file, a dataset, synthetic), a list of sources, or a mapping {name: source}"
     if isinstance(value, str):
@@ -64,8 +77,8 @@ def eval_sets_problem(value: Any) -> str | None:
             return f"has {source!r} where a source belongs; accepted: {accepted}"
         if not name or "/" in name or name != name.strip():
             return (
-                f"names a set {name!r}: a set's name is a metric's last part (eval/accuracy/<name>), without '/' "
-                "or surrounding spaces; name the sets with a mapping {name: source}"
+                f"names a set {name!r}: {ROLE[split]}, without '/' or surrounding spaces; name the sets with a "
+                "mapping {name: source}"
             )
     if twice := repeated([name for name, _ in pairs]):
         return (
@@ -78,6 +91,11 @@ def eval_sets_problem(value: Any) -> str | None:
 def repeated(names: Sequence[str]) -> str | None:
     """The first name (in sorted order) that ``names`` holds more than once, or None."""
     return min((name for name in names if names.count(name) > 1), default=None)
+
+
+def set_key(split: str, name: str) -> str:
+    """The config key of the set ``name`` of ``data.<split>``, for the log: ``data.eval.aime24``, or ``data.eval``."""
+    return f"data.{split}{f'.{name}' if name else ''}"
 
 
 def metric_suffix(name: str) -> str:
@@ -96,29 +114,36 @@ def first_of_each(items: Sequence[Any], names: Sequence[str], limit: int) -> lis
     return kept
 
 
-@dataclasses.dataclass
-class EvalSets:
-    """The checked problems of each of ``data.eval``'s sets, by name (`ONE` alone for a single source)."""
+METRIC = {"eval": "eval/accuracy", "train": "reward/mean"}
+"""The metric each set of a split logs under ``<metric>/<name>``, beside the data sources' own."""
 
+
+@dataclasses.dataclass
+class DataSets:
+    """The checked problems of each of ``data.<split>``'s sets, by name (`ONE` alone for a single source)."""
+
+    split: str
     sets: dict[str, ProblemSet]
 
     def __post_init__(self) -> None:
-        """A set's metric is not also a data source's: ``eval/accuracy/<name>`` would mean two things."""
+        """A set's metric is not also a data source's: ``eval/accuracy/<name>`` (``reward/mean/<name>``) would mean
+        two things."""
+        metric = METRIC[self.split]
         for name, problem_set in self.sets.items():
             if not name:
                 continue
             sourced = [other for other, one in self.sets.items() for problem in one.problems if problem.source == name]
             if sourced and (len(sourced) != len(problem_set.problems) or set(sourced) != {name}):
                 raise DataError(
-                    f"data.eval: the set {name!r} has the name of a data source of the rows, whose metric "
-                    f"eval/accuracy/{name} would then mean two things; name the sets with a mapping {{name: source}}"
+                    f"data.{self.split}: the set {name!r} has the name of a data source of the rows, whose metric "
+                    f"{metric}/{name} would then mean two things; name the sets with a mapping {{name: source}}"
                 )
 
     @property
     def problems(self) -> list[Problem]:
         """Every set's problems in order, each carrying its set's name when there are several."""
         return [
-            dataclasses.replace(problem, eval_set=name) if name else problem
+            dataclasses.replace(problem, set_name=name) if name else problem
             for name, problem_set in self.sets.items()
             for problem in problem_set.problems
         ]
@@ -128,5 +153,5 @@ class EvalSets:
         return max(problem_set.longest_prompt for problem_set in self.sets.values())
 
     def reports(self) -> dict[str, dict[str, Any]]:
-        """Each set's report for ``data_report.json``, under ``eval`` or ``eval/<name>``."""
-        return {f"eval{metric_suffix(name)}": problem_set.report() for name, problem_set in self.sets.items()}
+        """Each set's report for ``data_report.json``, under ``<split>`` or ``<split>/<name>``."""
+        return {f"{self.split}{metric_suffix(name)}": problem_set.report() for name, problem_set in self.sets.items()}
