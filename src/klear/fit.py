@@ -36,6 +36,7 @@ RESUMABLE_CHANGES = {
     "trainer.cpu_threads",
     "trainer.keep_checkpoints",
     "trainer.keep_best",
+    "trainer.best_metric",
     "logging.tensorboard",
     "logging.wandb",
     "output_dir",
@@ -179,7 +180,7 @@ def train(
             seconds = time.perf_counter() - started
             if with_report:
                 report(run_dir, config, seconds, status, first_step, must_succeed=False)
-            print(run_summary(run_dir, status, seconds, first_step, resume), flush=True)
+            print(run_summary(run_dir, status, seconds, first_step, resume, config.trainer.best_metric), flush=True)
         if run_dir.lock is not None:
             run_dir.lock.release()
 
@@ -238,7 +239,8 @@ def train(
             if trainer.is_global_zero:
                 seconds = time.perf_counter() - started
                 report(run_dir, config, seconds, status, first_step, must_succeed=code == 0 and failure is None)
-                print(run_summary(run_dir, status, seconds, first_step, None if code == 0 else resume))
+                resumed = None if code == 0 else resume
+                print(run_summary(run_dir, status, seconds, first_step, resumed, config.trainer.best_metric))
     if failure is not None:
         raise failure
     return code
@@ -355,7 +357,14 @@ def begin_run(config: DictConfig, run_dir: RunDir, resume: bool, overwrite: bool
     save_config(config, run_dir.config)
 
 
-def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 0, resume: str | None = None) -> str:
+def run_summary(
+    run_dir: RunDir,
+    status: str,
+    seconds: float,
+    first_step: int = 0,
+    resume: str | None = None,
+    best_metric: str = "eval/accuracy",
+) -> str:
     """The closing lines of a run: how it ended, where ``eval/accuracy`` went (best at which step; and each eval
     set's), the time, the data rows skipped, where the outputs are, and the command that resumes it (when it did not
     finish)."""
@@ -389,12 +398,12 @@ def run_summary(run_dir: RunDir, status: str, seconds: float, first_step: int = 
     if model and (run_dir.adapter / "adapter_config.json").is_file():  # a LoRA run: hf/ is the merged model
         model = f"model: {run_dir.hf} (merged), adapter: {run_dir.adapter}; "
     lines.append(f"{model}metrics: {run_dir.metrics}; report: {run_dir.root / 'report.md'} (curves.png)")
-    kept = [entry for entry in kept_checkpoints(run_dir.root, rows) if entry["eval_accuracy"] is not None]
+    kept = [entry for entry in kept_checkpoints(run_dir.root, rows, best_metric) if entry["score"] is not None]
     if len(kept) > 1:  # a choice of models: the best scored one
-        best = max(kept, key=lambda entry: entry["eval_accuracy"])
+        best = max(kept, key=lambda entry: entry["score"])
         lines.append(
-            f"{len(kept)} scored checkpoints kept, the best {best['path']} (eval/accuracy {best['eval_accuracy']:.3f} "
-            f"at step {best['step']}): each is a model for --model and model.path"
+            f"{len(kept)} scored checkpoints kept, the best {best['path']} ({best_metric} {best['score']:.3f} at step "
+            f"{best['step']}): each is a model for --model and model.path"
         )
     if model and (flags := eval_flags(report)) is not None:
         lines.append(f"evaluate it as it was trained: python -m klear.eval --model {run_dir.hf} --data FILE {flags}")

@@ -1,7 +1,8 @@
 """Kept checkpoints as models, through the commands as a user types them: a run with ``trainer.keep_checkpoints=0``
 keeps every checkpoint, ``python -m klear.eval --model RUN/checkpoints/step-N.ckpt`` scores one, ``klear.fit
 model.path=...ckpt`` starts a run from one, the last one's export is the run's ``hf/`` (tensors and files), and
-``trainer.keep_best`` keeps the best scored one beside the newest, across a ``--resume``."""
+``trainer.keep_best`` keeps the best scored one beside the newest (by ``trainer.best_metric``), across a
+``--resume``."""
 
 import json
 
@@ -67,26 +68,48 @@ def test_every_kept_checkpoint_is_a_model_for_eval_and_fit(tmp_path, monkeypatch
 
 
 def test_the_best_scored_checkpoint_is_kept_across_a_resume(tmp_path):
-    run = tmp_path / "rl"
-    command = ["--config", "configs/rl.yaml", *RL_SHORT, "trainer.keep_best=true", f"output_dir={run}"]
+    """Two held-out sets; the run ranks by ``eval/accuracy``, then is resumed ranking by one set's accuracy: the
+    checkpoint kept is the best by that set over every evaluation, those before the resume included."""
+    run, other = tmp_path / "rl", tmp_path / "other.jsonl"
+    other.write_text(
+        "".join(json.dumps({"problem": f"Start with {n}. Add 2.", "answer": str(n + 2)}) + "\n" for n in range(4))
+    )
+    sets = f"data.eval={{arith: synthetic, other: {other}}}"
+    command = ["--config", "configs/rl.yaml", *RL_SHORT, sets, "trainer.keep_best=true", f"output_dir={run}"]
     fit_in_subprocess([*command, "trainer.max_steps=4"])
-    resumed = klear("klear.fit", *command, "trainer.max_steps=8", "--resume", env={"OMP_NUM_THREADS": "1"})
+    metric = "eval/accuracy/other"
+    resumed = klear(
+        "klear.fit",
+        *command,
+        "trainer.max_steps=8",
+        f"trainer.best_metric={metric}",
+        "--resume",
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = read_metrics(run / "metrics.csv")
-    scores = {int(row["step"]): float(row["eval/accuracy"]) for row in rows if row["eval/accuracy"]}
+    evaluated = [row for row in rows if row["eval/accuracy"]]
+    accuracy = {int(row["step"]): float(row["eval/accuracy"]) for row in evaluated}
+    scores = {int(row["step"]): float(row[metric]) for row in evaluated}
     assert sorted(scores) == [0, 2, 4, 6, 8]
     best = max((2, 4, 6), key=lambda step: scores[step])  # the earliest of equal scores; step 0 has no checkpoint
     kept = sorted(int(path.stem.removeprefix("step-")) for path in (run / "checkpoints").iterdir())
     assert kept == sorted({best, 8})
-    # The scores travel in the checkpoint: the resumed run knew those of the steps before it.
+    # Every evaluation's metrics travel in the checkpoint: the resumed run ranked those of the steps before it.
     state = torch.load(run / "checkpoints" / "step-000008.ckpt", weights_only=False)["callbacks"]["StepCheckpoint"]
-    assert state == {"scores": {step: scores[step] for step in (0, 2, 4, 6)}}
-    summary = json.loads((run / "summary.json").read_text())["checkpoints"]
-    assert [(entry["step"], entry["eval_accuracy"]) for entry in summary] == [(step, scores[step]) for step in kept]
+    assert sorted(state["evaluations"]) == [0, 2, 4, 6]
+    assert all(state["evaluations"][step][metric] == scores[step] for step in (0, 2, 4, 6))
+    assert all(state["evaluations"][step]["eval/accuracy"] == accuracy[step] for step in (0, 2, 4, 6))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_metric"] == metric
+    assert [(entry["step"], entry["eval_accuracy"], entry["score"]) for entry in summary["checkpoints"]] == [
+        (step, accuracy[step], scores[step]) for step in kept
+    ]
     top = max(kept, key=lambda step: scores[step])
-    assert f"the best {run / 'checkpoints' / f'step-{top:06d}.ckpt'} (eval/accuracy {scores[top]:.3f}" in resumed.stdout
+    assert f"the best {run / 'checkpoints' / f'step-{top:06d}.ckpt'} ({metric} {scores[top]:.3f}" in resumed.stdout
     listed = ", ".join(
-        f"[step-{step:06d}.ckpt](checkpoints/step-{step:06d}.ckpt) (`eval/accuracy` {scores[step]:.3f})"
+        f"[step-{step:06d}.ckpt](checkpoints/step-{step:06d}.ckpt) (`eval/accuracy` {accuracy[step]:.3f}, "
+        f"`{metric}` {scores[step]:.3f})"
         for step in kept
     )
     assert (

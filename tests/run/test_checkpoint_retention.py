@@ -1,6 +1,7 @@
 """Which checkpoints a run keeps (`klear.run.checkpoints.StepCheckpoint.kept`): the newest
-``trainer.keep_checkpoints`` (0: every one) and, with ``trainer.keep_best``, the best scored; the scores survive a
-checkpoint; and the config refuses ``keep_best`` where a checkpoint would have no evaluation. A run that keeps them,
+``trainer.keep_checkpoints`` (0: every one) and, with ``trainer.keep_best``, the best scored by
+``trainer.best_metric``; the evaluations survive a checkpoint; and the config refuses ``keep_best`` where a checkpoint
+would have no evaluation, and a ``best_metric`` the evaluation does not log. A run that keeps them,
 resumed: tests/models/test_checkpoint_models.py."""
 
 import pytest
@@ -38,19 +39,56 @@ def steps(paths) -> list[int]:
 )
 def test_the_newest_and_the_best_scored_checkpoints_are_kept(tmp_path, settings, scores, expected):
     callback = saving(tmp_path, [2, 4, 6, 8], **settings)
-    callback.scores = scores
+    callback.evaluations = {step: {"eval/accuracy": score} for step, score in scores.items()}
     assert steps(callback.kept()) == expected
 
 
-def test_the_scores_are_part_of_the_checkpoint(tmp_path):
+def test_the_best_is_ranked_by_the_best_metric(tmp_path):
+    """Chosen on one set (``aime24``) while ``eval/accuracy`` over every set would choose another checkpoint."""
+    evaluations = {
+        2: {"eval/accuracy": 0.6, "eval/accuracy/aime24": 0.2, "eval/accuracy/aime25": 1.0},
+        4: {"eval/accuracy": 0.5, "eval/accuracy/aime24": 0.7, "eval/accuracy/aime25": 0.3},
+        6: {"eval/accuracy": 0.4, "eval/accuracy/aime24": 0.3, "eval/accuracy/aime25": 0.5},
+    }
+    for metric, best in (("eval/accuracy", 2), ("eval/accuracy/aime24", 4), ("eval/accuracy/aime25", 2)):
+        callback = saving(tmp_path / metric.replace("/", "-"), [2, 4, 6, 8], keep_best=True, best_metric=metric)
+        callback.evaluations = evaluations
+        assert steps(callback.kept()) == [best, 8], metric
+
+
+def test_the_evaluations_are_part_of_the_checkpoint(tmp_path):
     callback = saving(tmp_path, [2], keep_best=True)
-    callback.scores = {0: 0.25, 2: 0.5}
+    callback.evaluations = {0: {"eval/accuracy": 0.25}, 2: {"eval/accuracy": 0.5, "eval/accuracy/aime": 0.75}}
     state = callback.state_dict()
     resumed = saving(tmp_path / "resumed", [], keep_best=True)
     resumed.load_state_dict(state)
-    assert resumed.scores == {0: 0.25, 2: 0.5}
+    assert resumed.evaluations == callback.evaluations
+    resumed.load_state_dict({"scores": {0: 0.25, 2: 0.5}})  # a checkpoint that kept eval/accuracy alone
+    assert resumed.evaluations == {0: {"eval/accuracy": 0.25}, 2: {"eval/accuracy": 0.5}}
     resumed.load_state_dict({})  # a checkpoint saved before scores were kept
-    assert resumed.scores == {}
+    assert resumed.evaluations == {}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "accepted"),
+    [
+        (["eval.temperature=0", "eval.samples=1"], "eval/accuracy"),
+        ([], "eval/accuracy, eval/pass_at_4"),
+        (
+            ["data.eval=[a/aime24.jsonl,b/aime25.jsonl]"],
+            "eval/accuracy, eval/accuracy/aime24, eval/accuracy/aime25, eval/pass_at_4, eval/pass_at_4/aime24, "
+            "eval/pass_at_4/aime25",
+        ),
+    ],
+)
+def test_a_best_metric_the_evaluation_does_not_log_is_refused(overrides, accepted):
+    for metric in accepted.split(", "):
+        assert load_config("configs/rl.yaml", [f"trainer.best_metric={metric}", *overrides])
+    with pytest.raises(ConfigError) as refused:
+        load_config("configs/rl.yaml", ["trainer.best_metric=eval/accuracy/aime", *overrides])
+    assert str(refused.value) == (
+        "trainer.best_metric = 'eval/accuracy/aime' is not a metric this run's evaluation logs; accepted: " + accepted
+    )
 
 
 @pytest.mark.parametrize(

@@ -168,6 +168,7 @@ def check_config(config: DictConfig) -> None:
     if not all(0 <= beta < 1 for beta in config.optim.betas):
         raise ConfigError(f"optim.betas = {list(config.optim.betas)} is not accepted; accepted: two numbers in [0, 1)")
     _check_sets(config.data)
+    _check_best_metric(config)
     _check_levels(config.data)
     _check_prompt_format(config.data)
     _check_synthetic_rewards(config)
@@ -191,6 +192,22 @@ def _check_keep_best(config: DictConfig) -> None:
             f"trainer.keep_best=true keeps the checkpoint that scored best, so each checkpoint needs an evaluation: "
             f"set trainer.checkpoint_every_n_steps (now {save}) to a multiple of eval.every_n_steps (now {scored}), "
             "both above 0"
+        )
+
+
+def _check_best_metric(config: DictConfig) -> None:
+    """``trainer.best_metric`` is a metric every evaluation of the run logs (`klear.eval.in_training.evaluate`)."""
+    from klear.data.sets import metric_suffix, named_sets
+
+    suffixes = [metric_suffix(name) for name in named_sets(_sets_value(config.data, "eval"))]
+    logged = ["eval/accuracy", *(f"eval/accuracy{suffix}" for suffix in suffixes if suffix)]
+    samples = config.eval.samples if config.eval.temperature > 0 else 1
+    if samples > 1:
+        logged += [f"eval/pass_at_{samples}{suffix}" for suffix in dict.fromkeys(["", *suffixes])]
+    if config.trainer.best_metric not in logged:
+        raise ConfigError(
+            f"trainer.best_metric = {config.trainer.best_metric!r} is not a metric this run's evaluation logs; "
+            f"accepted: {', '.join(logged)}"
         )
 
 

@@ -38,8 +38,9 @@ class StepCheckpoint(Checkpoint):
     The file (a directory of per-rank shards under fsdp2) is written under a temporary name and renamed into
     place, then the checkpoints that are not kept are removed, so a crash at any moment (``kill -9`` included)
     leaves a complete newest checkpoint whose name is its step. Kept are the newest ``trainer.keep_checkpoints``
-    (0: all) and, with ``trainer.keep_best``, the one whose step scored the highest ``eval/accuracy`` of the
-    evaluations logged so far (the scores are part of the checkpoint, so a resumed run knows them).
+    (0: all) and, with ``trainer.keep_best``, the one whose step scored the highest ``trainer.best_metric`` of the
+    evaluations logged so far (every evaluation's metrics are part of the checkpoint, so a resumed run knows them,
+    whichever metric it ranks by).
     """
 
     def __init__(self, run_dir: RunDir, trainer: TrainerConfig) -> None:
@@ -47,8 +48,9 @@ class StepCheckpoint(Checkpoint):
         self.every_n_steps = trainer.checkpoint_every_n_steps
         self.keep = trainer.keep_checkpoints
         self.keep_best = trainer.keep_best
-        self.scores: dict[int, float] = {}
-        """``eval/accuracy`` by the step whose weights were evaluated (the row it is logged in)."""
+        self.best_metric = trainer.best_metric
+        self.evaluations: dict[int, dict[str, float]] = {}
+        """The ``eval/*`` metrics by the step whose weights were evaluated (the row they are logged in)."""
 
     def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
         # Lightning's default writer only: a checkpoint_io the Trainer was given on purpose stays.
@@ -56,9 +58,10 @@ class StepCheckpoint(Checkpoint):
             trainer.strategy.checkpoint_io = StreamingCheckpointIO()
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        score = getattr(module, "step_metrics", {}).get("eval/accuracy")  # the row of batch_idx: its start's weights
-        if score is not None:
-            self.scores[batch_idx] = float(score)
+        metrics = getattr(module, "step_metrics", {})  # the row of batch_idx: its start's weights
+        evaluation = {key: float(value) for key, value in metrics.items() if key.startswith("eval/")}
+        if evaluation:
+            self.evaluations[batch_idx] = evaluation
         step = batch_idx + 1
         if self.every_n_steps and step % self.every_n_steps == 0:
             self.save(trainer, step)
@@ -83,16 +86,25 @@ class StepCheckpoint(Checkpoint):
         self.save(trainer, lightning_compat.completed_steps(trainer))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scores": dict(self.scores)}
+        return {"evaluations": {step: dict(evaluation) for step, evaluation in self.evaluations.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.scores = {int(step): float(score) for step, score in state_dict.get("scores", {}).items()}
+        # A checkpoint written before every evaluation metric was kept holds ``scores``: eval/accuracy alone.
+        old = {step: {"eval/accuracy": score} for step, score in state_dict.get("scores", {}).items()}
+        self.evaluations = {
+            int(step): {key: float(value) for key, value in evaluation.items()}
+            for step, evaluation in state_dict.get("evaluations", old).items()
+        }
 
     def kept(self) -> list[Path]:
         """The checkpoints to keep of those saved (oldest first)."""
         saved = self.run_dir.saved_checkpoints()
         kept = saved[-self.keep :] if self.keep else saved
-        scored = {self.run_dir.checkpoint(step): score for step, score in self.scores.items()}
+        scored = {
+            self.run_dir.checkpoint(step): evaluation[self.best_metric]
+            for step, evaluation in self.evaluations.items()
+            if self.best_metric in evaluation
+        }
         candidates = [path for path in saved if path in scored]
         if self.keep_best and candidates:
             best = max(candidates, key=lambda path: scored[path])  # the earliest of equal scores

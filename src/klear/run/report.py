@@ -98,7 +98,8 @@ def write_run_report(
     text = _markdown(output_dir, config, rows, wall_seconds, status, first_step, bool(panels), threads)
     written(report, lambda path: path.write_text(text))
     record = _summary(config, rows, wall_seconds, status, first_step, threads)
-    record["checkpoints"] = kept_checkpoints(output_dir, rows)
+    record["best_metric"] = config.trainer.best_metric
+    record["checkpoints"] = kept_checkpoints(output_dir, rows, config.trainer.best_metric)
     written(summary, lambda path: path.write_text(json.dumps(record, indent=2) + "\n"))
     if failed is not None:
         raise failed
@@ -206,16 +207,19 @@ def _markdown(
             )
     missing = [key for key in KEY_METRICS.get(config.stage, []) if key not in present and not key.endswith("/*")]
     lines += ["", f"Not logged: {', '.join(f'`{key}`' for key in missing)}.", ""] if missing else [""]
-    lines += _data(data_report) + _files(output_dir, curves, rows)
+    lines += _data(data_report) + _files(output_dir, curves, rows, config.trainer.best_metric)
     return "\n".join(lines) + "\n"
 
 
-def kept_checkpoints(output_dir: Path, rows: list[dict[str, float]]) -> list[dict[str, Any]]:
-    """``summary.json``'s ``checkpoints``: each checkpoint kept in ``output_dir`` (oldest first) with its step and
-    the ``eval/accuracy`` of its weights (null when its step was not evaluated): which to give ``--model``."""
-    scores = dict(accuracy_course(rows))
+def kept_checkpoints(
+    output_dir: Path, rows: list[dict[str, float]], metric: str = "eval/accuracy"
+) -> list[dict[str, Any]]:
+    """``summary.json``'s ``checkpoints``: each checkpoint kept in ``output_dir`` (oldest first) with its step, the
+    ``eval/accuracy`` of its weights and their ``score``, the ``metric`` that ranks them (``trainer.best_metric``;
+    both null when its step was not evaluated): which to give ``--model``."""
+    accuracy, scores = dict(accuracy_course(rows)), dict(accuracy_course(rows, metric))
     return [
-        {"path": str(path), "step": step, "eval_accuracy": scores.get(step)}
+        {"path": str(path), "step": step, "eval_accuracy": accuracy.get(step), "score": scores.get(step)}
         for path in RunDir(output_dir).saved_checkpoints()
         if (step := checkpoint_step(path)) is not None
     ]
@@ -329,7 +333,7 @@ def eval_flags(data_report: dict[str, Any]) -> str | None:
     return None if recorded is None else PromptFormat.described(recorded).flags()
 
 
-def _files(output_dir: Path, curves: bool, rows: list[dict[str, float]]) -> list[str]:
+def _files(output_dir: Path, curves: bool, rows: list[dict[str, float]], metric: str) -> list[str]:
     files = [
         ("curves.png", curves),
         ("metrics.csv", (output_dir / "metrics.csv").is_file()),
@@ -341,13 +345,19 @@ def _files(output_dir: Path, curves: bool, rows: list[dict[str, float]]) -> list
         model += ", [adapter/](adapter/) (its LoRA adapters; hf/ is merged)"
     lines = ["## Files", "", f"{', '.join(links)}; {model}."]
     kept = [
-        f"[{Path(entry['path']).name}](checkpoints/{Path(entry['path']).name})"
-        + ("" if entry["eval_accuracy"] is None else f" (`eval/accuracy` {entry['eval_accuracy']:.3f})")
-        for entry in kept_checkpoints(output_dir, rows)
+        f"[{Path(entry['path']).name}](checkpoints/{Path(entry['path']).name}){_scores(entry, metric)}"
+        for entry in kept_checkpoints(output_dir, rows, metric)
     ]
     if kept:
         lines += ["", f"Checkpoints kept, each a model for `--model` and `model.path`: {', '.join(kept)}."]
     return lines
+
+
+def _scores(checkpoint: dict[str, Any], metric: str) -> str:
+    """`` (`eval/accuracy` 0.500)`` of a kept checkpoint, with its ``metric`` when that is another; "" unscored."""
+    scores = [("eval/accuracy", checkpoint["eval_accuracy"]), (metric, checkpoint["score"])]
+    shown = [f"`{name}` {value:.3f}" for name, value in dict(scores).items() if value is not None]
+    return f" ({', '.join(shown)})" if shown else ""
 
 
 def _num(value: float) -> str:

@@ -259,8 +259,12 @@ class TrainerConfig:
     """Checkpoints kept in ``checkpoints/``: the newest this many (each is a model too: ``model.path``, ``--model``);
     0 keeps every one."""
     keep_best: bool = False
-    """Also keep the checkpoint whose step scored the highest ``eval/accuracy`` (the earliest of equal ones);
+    """Also keep the checkpoint whose step scored the highest ``best_metric`` (the earliest of equal ones);
     ``checkpoint_every_n_steps`` must then be a multiple of ``eval.every_n_steps``, so every checkpoint is scored."""
+    best_metric: str = field(default="eval/accuracy", metadata={"example": "eval/accuracy/aime24"})
+    """The evaluation metric that ranks the checkpoints (``keep_best``, and the best kept one the closing lines and
+    ``summary.json`` name): ``eval/accuracy``, one of ``data.eval``'s sets' ``eval/accuracy/<set>`` (choose on a
+    validation set, report on another), or ``eval/pass_at_K`` (``/<set>``) when the evaluation samples K > 1."""
     progress_bar: bool = True
     cpu_threads: int = at_least(0, 0)
     """torch's CPU threads; 0: chosen by klear from the free cores and the model's size, logged at start and
