@@ -360,6 +360,50 @@ def test_several_eval_sets_are_each_scored_and_reported(tmp_path):
     assert f"**Each eval set** (`eval/accuracy/<set>`): {course}." in (output / "report.md").read_text()
 
 
+def test_a_dataset_folder_as_the_hub_ships_it_trains_and_scores_by_split(tmp_path):
+    """docs/data-formats.md, Files: a dataset downloaded from the Hub as it ships (a card, ``data/<split>-*.parquet``
+    shards; here the built-in task's rows in Klear-Reasoner's layout), trained on with ``FOLDER:train`` and held out
+    with ``FOLDER:test``, then scored by ``klear.eval`` from its saved solutions."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows_file = tmp_path / "rows.jsonl"
+    klear("klear.data", "synthetic", "--layout", "verl", "--num", "50", "--out", str(rows_file))
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    folder = tmp_path / "downloaded"
+    (folder / "data").mkdir(parents=True)
+    (folder / "README.md").write_text("# arithmetic\n")
+    shards = {"train-00000-of-00002": rows[:20], "train-00001-of-00002": rows[20:40], "test-00000-of-00001": rows[40:]}
+    for name, part in shards.items():
+        pq.write_table(pa.Table.from_pylist(part), folder / "data" / f"{name}.parquet")
+    output = tmp_path / "rl"
+    splits = [f"data.train={folder}:train", f"data.eval={folder}:test", "eval.num_prompts=10"]
+    klear("klear.fit", "--config", "configs/rl.yaml", *splits, "trainer.max_steps=1", f"output_dir={output}")
+    report = json.loads((output / "data_report.json").read_text())
+    assert (report["train"]["source"], report["train"]["problems"]) == (f"{folder}:train", 40)
+    assert (report["eval"]["source"], report["eval"]["problems"]) == (f"{folder}:test", 10)
+    assert report["train"]["layout"]["name"] == "verl"
+    assert read_metrics(output / "metrics.csv")[0]["eval/accuracy"] != ""
+
+    solutions = tmp_path / "solutions.jsonl"
+    solutions.write_text(
+        "".join(json.dumps({"completions": [row["extra_info"]["solution"]]}) + "\n" for row in rows[40:])
+    )
+    out = tmp_path / "eval"
+    klear("klear.eval", "--data", f"{folder}:test", "--completions", str(solutions), "--k", "1", "--output", str(out))
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["problems"], summary["avg@k"]) == (10, 1.0)
+    refused = subprocess.run(  # a dataset of several splits, named without one: one line before the model loads
+        [sys.executable, "-m", "klear.fit", "--config", "configs/rl.yaml", f"data.train={folder}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+        f"error: {folder}: has splits ['test', 'train']; name one after a colon: {folder}:train"
+    )
+
+
 def test_eval_scores_saved_completions_as_documented(tmp_path):
     """docs/evaluation.md, Saved generations: the built-in task's reference solutions scored with no model."""
     data, gen, out = tmp_path / "eval.jsonl", tmp_path / "gen.jsonl", tmp_path / "out"

@@ -115,10 +115,59 @@ def test_datasets_saved_folder_and_splits(tmp_path):
     train.save_to_disk(tmp_path / "single")
     assert read_rows(tmp_path / "dd", split="train") == [{"prompt": "a", "response": "b"}]
     assert read_rows(tmp_path / "single") == [{"prompt": "a", "response": "b"}]
-    with pytest.raises(DataError, match=r"has splits \['test', 'train'\]; pass split="):
+    assert read_rows(f"{tmp_path / 'dd'}:test") == [{"prompt": "a", "response": "b"}]  # SOURCE:SPLIT
+    with pytest.raises(
+        DataError, match=rf"has splits \['test', 'train'\]; name one after a colon: {tmp_path}/dd:train$"
+    ):
         read_rows(tmp_path / "dd")
     with pytest.raises(DataError, match="no split 'eval'"):
         read_rows(tmp_path / "dd", split="eval")
+
+
+def shipped(folder, shards):
+    """A dataset folder as the Hub ships it (``huggingface-cli download --repo-type dataset``): a card and
+    ``data/<split>-<i>-of-<n>.parquet`` shards."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pytest.importorskip("datasets")
+    (folder / "data").mkdir(parents=True)
+    (folder / "README.md").write_text("# rows\n")
+    for name, rows in shards.items():
+        pq.write_table(pa.Table.from_pylist(rows), folder / "data" / f"{name}.parquet")
+    return folder
+
+
+def test_a_dataset_folder_as_the_hub_ships_it_reads_by_split_shard_by_shard(tmp_path):
+    rows = [{"problem": f"p{n}", "answer": str(n)} for n in range(7)]
+    folder = shipped(
+        tmp_path / "gsm8k",
+        {"train-00000-of-00002": rows[:3], "train-00001-of-00002": rows[3:5], "test-00000-of-00001": rows[5:]},
+    )
+    assert read_numbered(f"{folder}:train") == ([(i + 1, row) for i, row in enumerate(rows[:5])], [])
+    assert read_rows(f"{folder}:test") == rows[5:] == read_rows(f"{folder / 'data'}:test")
+    with pytest.raises(DataError, match=rf"^{folder}: has splits \['test', 'train'\]; name one after a colon: "):
+        read_rows(folder)
+    with pytest.raises(DataError, match=rf"^{folder}: no split 'validation'; it has \['test', 'train'\]"):
+        read_rows(f"{folder}:validation")
+    one = shipped(tmp_path / "one", {"train-00000-of-00001": rows})  # a single split needs no name
+    assert read_rows(one) == rows == read_rows(f"{one}:train")
+    (tmp_path / "card_only").mkdir()
+    (tmp_path / "card_only" / "README.md").write_text("# no data\n")
+    with pytest.raises(DataError, match="card_only: a folder that holds no data files and that save_to_disk did not"):
+        read_rows(tmp_path / "card_only")
+    broken = shipped(tmp_path / "broken", {"train-00000-of-00001": rows})
+    (broken / "data" / "train-00000-of-00001.parquet").write_bytes(b"PAR1 not parquet")
+    with pytest.raises(DataError, match=rf"^{broken}: datasets could not (read|load) it \("):
+        read_rows(broken)
+
+
+def test_a_colon_is_a_split_only_where_the_whole_name_is_no_file(tmp_path):
+    named = write_jsonl(ROWS, tmp_path / "a:b.jsonl")  # a file whose name holds a colon is that file
+    assert read_rows(named) == ROWS
+    rows = write_jsonl(ROWS, tmp_path / "rows.jsonl")
+    with pytest.raises(DataError, match=r"rows\.jsonl: split='train' only applies to a Hugging Face dataset"):
+        read_rows(f"{rows}:train")
 
 
 @pytest.mark.parametrize("name", ["missing.jsonl", "missing.parquet", "./data/missing"])
@@ -137,7 +186,7 @@ def test_unknown_format_and_foreign_folder(tmp_path):
     with pytest.raises(DataError, match=r"rows.csv: not a readable data input; accepted inputs: \.jsonl"):
         read_rows(tmp_path / "rows.csv")
     (tmp_path / "folder").mkdir()
-    with pytest.raises(DataError, match="a folder that save_to_disk did not write"):
+    with pytest.raises(DataError, match="a folder that holds no data files and that save_to_disk did not write"):
         read_rows(tmp_path / "folder")
 
 
@@ -149,7 +198,7 @@ def test_split_with_a_file_is_an_error(tmp_path):
 
 def test_folder_with_a_file_suffix(tmp_path):
     (tmp_path / "dir.jsonl").mkdir()  # exists, has the suffix, but is a folder datasets did not write
-    with pytest.raises(DataError, match=r"dir\.jsonl: a folder that save_to_disk did not write"):
+    with pytest.raises(DataError, match=r"dir\.jsonl: a folder that holds no data files and that save_to_disk did"):
         read_rows(tmp_path / "dir.jsonl")
 
 

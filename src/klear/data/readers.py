@@ -5,8 +5,11 @@ data commands): it returns each row with its 1-based line (jsonl) or position (o
 row can be reported by where it sits; `read_rows` is the same without the numbers. It accepts ``.jsonl`` (one
 JSON object per line), ``.json`` (one list of objects; or JSON lines under that name, as some publishers ship them,
 Kwai-Klear's validation set ``aime960_math_verify.json`` among them: read and numbered as ``.jsonl``), ``.parquet``
-(through pyarrow), and a Hugging Face ``datasets`` name or a folder written by ``Dataset.save_to_disk``. pyarrow
-and datasets are imported only when such an input is read, so the core install does not need them.
+(through pyarrow), and a Hugging Face ``datasets`` name, a folder written by ``Dataset.save_to_disk``, or a folder
+of data files as the Hub ships a dataset (what ``huggingface-cli download --repo-type dataset`` writes: parquet or
+JSON shards, split by their names or the card's ``configs``), read as ``datasets`` reads it, file by file. A dataset
+of several splits is read as ``SOURCE:SPLIT`` (``data/gsm8k:test``). pyarrow and datasets are imported only when such
+an input is read, so the core install does not need them.
 
 A ``.jsonl`` or ``.json`` file may be compressed as publishers ship it (``HumanEval.jsonl.gz``): gzip, bzip2 or xz,
 told by its last suffix (`COMPRESSIONS`, the standard library's decompressors) and read as the file inside it, lines
@@ -51,14 +54,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from klear.errors import UserError
+from klear.errors import UserError, first_line
 
 logger = logging.getLogger(__name__)
 
 ACCEPTED_FORMATS = (
     ".jsonl (one JSON object per line), .json (a list of objects, or one per line), either of them gzip, bzip2 or "
-    "xz compressed (.jsonl.gz, .json.bz2, .jsonl.xz, ...), .parquet, or a Hugging Face datasets name or save_to_disk "
-    "folder"
+    "xz compressed (.jsonl.gz, .json.bz2, .jsonl.xz, ...), .parquet, or a Hugging Face datasets name, save_to_disk "
+    "folder or downloaded dataset folder (SOURCE:SPLIT for one of its splits)"
 )
 JSON_SHAPES = "a .json input is one list of objects, or one object per line"
 """What a ``.json`` file may hold, said by its errors."""
@@ -69,6 +72,10 @@ _DECOMPRESSION_ERRORS = (EOFError, zlib.error, lzma.LZMAError)
 MAX_ROW_WARNINGS = 10
 """Broken rows warned about one by one per file; the rest are only counted in the summary warning."""
 _DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
+_SHIPPED_FILES = ("*.parquet", "*.jsonl", "*.json", "*.jsonl.gz", "*.json.gz", "*.arrow")
+"""Data files that make a folder a dataset as the Hub ships it (read by ``datasets``' packaged builders)."""
+_WITH_SPLIT = re.compile(r"(?P<source>.+):(?P<split>[A-Za-z0-9_][A-Za-z0-9_.-]*)")
+"""``SOURCE:SPLIT``: one split of a dataset of several."""
 TOO_DEEP = "nested deeper than Python's JSON reader allows"
 """Why a JSON text whose lists and objects nest past the interpreter's recursion limit is not read."""
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -146,6 +153,10 @@ def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tupl
     kept = _KEPT.pop((text, split), None)
     if kept is not None and kept[0] == _signature(local):
         return kept[1]
+    if split is None and not local.exists() and (named := _WITH_SPLIT.fullmatch(text)):
+        text, split = named["source"], named["split"]
+        local = Path(os.path.expanduser(text))
+        refuse_special_file(local, text)
     if local.is_dir():
         return _numbered(_read_datasets(text, local, split))
     suffix = data_suffix(local)
@@ -502,34 +513,45 @@ def _read_parquet(path: Path) -> list[dict]:
 
 
 def _read_datasets(name: str, folder: Path | None, split: str | None) -> list[dict]:
-    if folder is not None and not any((folder / marker).is_file() for marker in _DATASETS_MARKERS):
-        raise DataError(f"{name}: a folder that save_to_disk did not write; accepted inputs: {ACCEPTED_FORMATS}")
+    saved = folder is not None and any((folder / marker).is_file() for marker in _DATASETS_MARKERS)
+    if folder is not None and not saved and not any(next(folder.rglob(files), None) for files in _SHIPPED_FILES):
+        raise DataError(
+            f"{name}: a folder that holds no data files and that save_to_disk did not write; accepted inputs: "
+            f"{ACCEPTED_FORMATS}"
+        )
     try:
         import datasets
     except ImportError:
         raise DataError(f"{name}: reading a Hugging Face dataset needs datasets: pip install datasets") from None
     from klear.runtime.hub import check_hub_access
+    from klear.runtime.logs import quiet
 
     try:
-        if folder is not None:
+        if saved:
             loaded = datasets.load_from_disk(str(folder))
+        elif folder is not None:  # the files as they are, read by datasets' packaged builders: no cache written
+            with quiet("huggingface_hub.repocard"):  # a card without metadata is no news
+                loaded = datasets.load_dataset(str(folder), streaming=True)
         else:  # ask for the split directly, so the other splits are not downloaded
             check_hub_access(name, "dataset")  # no network retries on a machine without the Hub
             loaded = datasets.load_dataset(name, split=split)
             split = None
     except Exception as error:  # datasets raises many unrelated types (hub, network, file errors)
         raise DataError(f"{name}: datasets could not load it ({type(error).__name__}: {error})") from None
-    if isinstance(loaded, datasets.DatasetDict):
+    if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         splits = sorted(loaded)
         if split is None and len(splits) != 1:
-            raise DataError(f"{name}: has splits {splits}; pass split= one of them")
+            raise DataError(f"{name}: has splits {splits}; name one after a colon: {name}:{splits[-1]}")
         split = splits[0] if split is None else split
         if split not in loaded:
-            raise DataError(f"{name}: no split {split!r}; it has {splits}")
+            raise DataError(f"{name}: no split {split!r}; it has {splits} ({name}:{splits[-1]})")
         loaded = loaded[split]
     elif split is not None:
         raise DataError(f"{name}: a single dataset without splits; drop split={split!r}")
-    return loaded.to_list()
+    try:
+        return loaded.to_list() if isinstance(loaded, datasets.Dataset) else list(loaded)
+    except Exception as error:  # a shard that does not parse: datasets raises its own types
+        raise DataError(f"{name}: datasets could not read it ({type(error).__name__}: {first_line(error)})") from None
 
 
 def _read_error(path: Path, error: BaseException, lines: int = 0) -> DataError:

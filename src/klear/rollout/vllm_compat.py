@@ -7,7 +7,6 @@ another release is installed, so an upstream change shows up here rather than as
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import warnings
@@ -22,6 +21,8 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 from vllm.platforms import current_platform
+
+from klear.runtime import logs
 
 WRITTEN_FOR = "0.32"
 _checked = False
@@ -79,7 +80,7 @@ def finish_reload(model: nn.Module, model_config, quiet: bool = True) -> None:
     """Close the layerwise reload, then process again the layers that share a parameter (a tied output head
     receives no weights of its own and would keep what vLLM derived from the old ones)."""
     if quiet:
-        with _quiet(finalize_layerwise_reload.__module__):  # "failed to load" for the tied head and rotary tables
+        with logs.quiet(finalize_layerwise_reload.__module__):  # "failed to load" for the tied head and rotary tables
             finalize_layerwise_reload(model, model_config)
     else:
         finalize_layerwise_reload(model, model_config)
@@ -134,15 +135,3 @@ def global_state_kept() -> Iterator[None]:
         random.setstate(python_rng)
         np.random.set_state(numpy_rng)
         torch.set_num_threads = set_num_threads
-
-
-@contextmanager
-def _quiet(logger: str) -> Iterator[None]:
-    """Only errors from ``logger`` meanwhile."""
-    handle = logging.getLogger(logger)
-    level = handle.level
-    handle.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        handle.setLevel(level)
