@@ -158,8 +158,34 @@ def test_a_dataset_folder_as_the_hub_ships_it_reads_by_split_shard_by_shard(tmp_
         read_rows(tmp_path / "card_only")
     broken = shipped(tmp_path / "broken", {"train-00000-of-00001": rows})
     (broken / "data" / "train-00000-of-00001.parquet").write_bytes(b"PAR1 not parquet")
-    with pytest.raises(DataError, match=rf"^{broken}: datasets could not (read|load) it \("):
-        read_rows(broken)
+    with pytest.raises(DataError, match=rf"^{broken}/data/train-00000-of-00001\.parquet: cannot read as parquet"):
+        read_rows(broken)  # the shard that does not read is named
+
+
+def test_a_shipped_folder_s_splits_may_differ_in_fields_and_its_jsonl_shards_name_their_bad_lines(tmp_path):
+    """Skywork-OR1 ships a math and a code split, declared by its card's ``configs``, whose rows hold other fields;
+    each shard is read as the file it is, so nothing is cast to another split's fields, and a broken line of a jsonl
+    shard is a bad row naming that shard and line."""
+    folder = shipped(
+        tmp_path / "or1",
+        {
+            "math-00000-of-00001": [{"prompt": "p", "extra_info": {"index": 1}}],
+            "code-00000-of-00001": [{"prompt": "q", "extra_info": {"index": 2, "reference_response": "r"}}],
+        },
+    )
+    (folder / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: math\n    path: data/math-*\n"
+        "  - split: code\n    path: data/code-*\n---\n# or1\n"
+    )
+    assert read_rows(f"{folder}:code") == [{"prompt": "q", "extra_info": {"index": 2, "reference_response": "r"}}]
+    assert read_rows(f"{folder}:math") == [{"prompt": "p", "extra_info": {"index": 1}}]
+    lines = tmp_path / "lines"
+    (lines / "data").mkdir(parents=True)
+    (lines / "data" / "train-00000-of-00002.jsonl").write_text('{"prompt": "a"}\n')
+    (lines / "data" / "train-00001-of-00002.jsonl").write_text('{"prompt": "b"}\nnot json\n{"prompt": "c"}\n')
+    numbered, bad = read_numbered(lines)
+    assert numbered == [(1, {"prompt": "a"}), (2, {"prompt": "b"}), (3, {"prompt": "c"})]
+    assert [(row.path, row.line) for row in bad] == [(str(lines / "data" / "train-00001-of-00002.jsonl"), 2)]
 
 
 def test_a_colon_is_a_split_only_where_the_whole_name_is_no_file(tmp_path):

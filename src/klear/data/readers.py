@@ -7,9 +7,9 @@ JSON object per line), ``.json`` (one list of objects; or JSON lines under that 
 Kwai-Klear's validation set ``aime960_math_verify.json`` among them: read and numbered as ``.jsonl``), ``.parquet``
 (through pyarrow), and a Hugging Face ``datasets`` name, a folder written by ``Dataset.save_to_disk``, or a folder
 of data files as the Hub ships a dataset (what ``huggingface-cli download --repo-type dataset`` writes: parquet or
-JSON shards, split by their names or the card's ``configs``), read as ``datasets`` reads it, file by file. A dataset
-of several splits is read as ``SOURCE:SPLIT`` (``data/gsm8k:test``). pyarrow and datasets are imported only when such
-an input is read, so the core install does not need them.
+JSON shards, split by their names or the card's ``configs``), its files of a split told by ``datasets`` and each read
+here as the file it is. A dataset of several splits is read as ``SOURCE:SPLIT`` (``data/gsm8k:test``). pyarrow and
+datasets are imported only when such an input is read, so the core install does not need them.
 
 A ``.jsonl`` or ``.json`` file may be compressed as publishers ship it (``HumanEval.jsonl.gz``): gzip, bzip2 or xz,
 told by its last suffix (`COMPRESSIONS`, the standard library's decompressors) and read as the file inside it, lines
@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from klear.errors import UserError, first_line
+from klear.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ _DECOMPRESSION_ERRORS = (EOFError, zlib.error, lzma.LZMAError)
 MAX_ROW_WARNINGS = 10
 """Broken rows warned about one by one per file; the rest are only counted in the summary warning."""
 _DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
-_SHIPPED_FILES = ("*.parquet", "*.jsonl", "*.json", "*.jsonl.gz", "*.json.gz", "*.arrow")
+_SHIPPED_FILES = ("*.parquet", "*.jsonl", "*.json", "*.jsonl.gz", "*.json.gz")
 """Data files that make a folder a dataset as the Hub ships it (read by ``datasets``' packaged builders)."""
 _WITH_SPLIT = re.compile(r"(?P<source>.+):(?P<split>[A-Za-z0-9_][A-Za-z0-9_.-]*)")
 """``SOURCE:SPLIT``: one split of a dataset of several."""
@@ -158,6 +158,8 @@ def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tupl
         local = Path(os.path.expanduser(text))
         refuse_special_file(local, text)
     if local.is_dir():
+        if not any((local / marker).is_file() for marker in _DATASETS_MARKERS):
+            return _read_shipped(text, local, split)
         return _numbered(_read_datasets(text, local, split))
     suffix = data_suffix(local)
     if suffix in (".jsonl", ".json", ".parquet"):
@@ -513,45 +515,67 @@ def _read_parquet(path: Path) -> list[dict]:
 
 
 def _read_datasets(name: str, folder: Path | None, split: str | None) -> list[dict]:
-    saved = folder is not None and any((folder / marker).is_file() for marker in _DATASETS_MARKERS)
-    if folder is not None and not saved and not any(next(folder.rglob(files), None) for files in _SHIPPED_FILES):
-        raise DataError(
-            f"{name}: a folder that holds no data files and that save_to_disk did not write; accepted inputs: "
-            f"{ACCEPTED_FORMATS}"
-        )
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(f"{name}: reading a Hugging Face dataset needs datasets: pip install datasets") from None
+    """The rows of a ``save_to_disk`` folder (``folder``) or of a hub dataset ``name``, of ``split``."""
+    datasets = _datasets(name)
     from klear.runtime.hub import check_hub_access
-    from klear.runtime.logs import quiet
 
     try:
-        if saved:
+        if folder is not None:
             loaded = datasets.load_from_disk(str(folder))
-        elif folder is not None:  # the files as they are, read by datasets' packaged builders: no cache written
-            with quiet("huggingface_hub.repocard"):  # a card without metadata is no news
-                loaded = datasets.load_dataset(str(folder), streaming=True)
         else:  # ask for the split directly, so the other splits are not downloaded
             check_hub_access(name, "dataset")  # no network retries on a machine without the Hub
             loaded = datasets.load_dataset(name, split=split)
             split = None
     except Exception as error:  # datasets raises many unrelated types (hub, network, file errors)
         raise DataError(f"{name}: datasets could not load it ({type(error).__name__}: {error})") from None
-    if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
-        splits = sorted(loaded)
-        if split is None and len(splits) != 1:
-            raise DataError(f"{name}: has splits {splits}; name one after a colon: {name}:{splits[-1]}")
-        split = splits[0] if split is None else split
-        if split not in loaded:
-            raise DataError(f"{name}: no split {split!r}; it has {splits} ({name}:{splits[-1]})")
-        loaded = loaded[split]
+    if isinstance(loaded, datasets.DatasetDict):
+        loaded = loaded[_one_split(name, sorted(loaded), split)]
     elif split is not None:
         raise DataError(f"{name}: a single dataset without splits; drop split={split!r}")
+    return loaded.to_list()
+
+
+def _read_shipped(name: str, folder: Path, split: str | None) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    """The rows of ``split`` of a dataset folder as the Hub ships it: its files of that split, as ``datasets``
+    resolves them (by their names, or the card's ``configs``), each read as the file it is, in order, numbered by
+    their position in the split; a bad row of a jsonl shard names that shard and its line."""
+    if not any(next(folder.rglob(files), None) for files in _SHIPPED_FILES):
+        raise DataError(
+            f"{name}: a folder that holds no data files and that save_to_disk did not write; accepted inputs: "
+            f"{ACCEPTED_FORMATS}"
+        )
+    datasets = _datasets(name)
+    from klear.runtime.logs import quiet
+
     try:
-        return loaded.to_list() if isinstance(loaded, datasets.Dataset) else list(loaded)
-    except Exception as error:  # a shard that does not parse: datasets raises its own types
-        raise DataError(f"{name}: datasets could not read it ({type(error).__name__}: {first_line(error)})") from None
+        with quiet("huggingface_hub.repocard"):  # a card without metadata is no news
+            files = datasets.load_dataset_builder(str(folder)).config.data_files or {}
+    except Exception as error:  # datasets raises many unrelated types
+        raise DataError(f"{name}: datasets could not tell its files ({type(error).__name__}: {error})") from None
+    splits = {str(key): value for key, value in files.items()}
+    rows, bad = [], []
+    for shard in splits[_one_split(name, sorted(splits), split)]:
+        numbered, broken = read_numbered(shard)
+        rows += [row for _, row in numbered]
+        bad += broken
+    return _numbered(rows)[0], bad
+
+
+def _one_split(name: str, splits: list[str], split: str | None) -> str:
+    """``split``, or the only one of ``splits`` when none is named; `DataError` saying how to name one."""
+    if split is None and len(splits) != 1:
+        raise DataError(f"{name}: has splits {splits}; name one after a colon: {name}:{splits[-1]}")
+    if split is not None and split not in splits:
+        raise DataError(f"{name}: no split {split!r}; it has {splits} ({name}:{splits[-1]})")
+    return splits[0] if split is None else split
+
+
+def _datasets(name: str) -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{name}: reading a Hugging Face dataset needs datasets: pip install datasets") from None
+    return datasets
 
 
 def _read_error(path: Path, error: BaseException, lines: int = 0) -> DataError:
