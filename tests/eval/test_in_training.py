@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from klear.config import EvalConfig
+from klear.config.load import ConfigError, load_config
 from klear.data.problems import Problem
 from klear.eval.in_training import evaluate
 from klear.eval.metrics import pass_at_k, problem_record, summarize
@@ -134,3 +135,10 @@ def test_each_eval_set_is_scored_on_its_first_num_prompts_and_on_its_own():
     }
     alone = evaluate(engine, engine.tokenizer, problems[:3], settings, scorer.correctness)
     assert alone["eval/accuracy/aime"] == alone["eval/accuracy"] == metrics["eval/accuracy/aime"]
+    # trainer.best_metric accepts exactly the set and pass@K metrics this evaluation logs (the config check names
+    # them without running one)
+    overrides = ["data.eval={aime: a.jsonl, hmmt: b.jsonl}", "eval.temperature=1.0", "eval.samples=2"]
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, ["stage=rl", *overrides, "trainer.best_metric=?"])
+    accepted = str(refused.value).split("accepted: ")[1].split(", ")
+    assert sorted(accepted) == sorted(key for key in metrics if key != "eval/response_length" and "src" not in key)
