@@ -363,7 +363,8 @@ def test_several_eval_sets_are_each_scored_and_reported(tmp_path):
 def test_a_dataset_folder_as_the_hub_ships_it_trains_and_scores_by_split(tmp_path):
     """docs/data-formats.md, Files: a dataset downloaded from the Hub as it ships (a card, ``data/<split>-*.parquet``
     shards; here the built-in task's rows in Klear-Reasoner's layout), trained on with ``FOLDER:train`` and held out
-    with ``FOLDER:test``, then scored by ``klear.eval`` from its saved solutions."""
+    with ``FOLDER:test``, then scored by ``klear.eval`` from its saved solutions; then a dataset of two configs, one
+    scored as ``FOLDER:CONFIG:SPLIT``."""
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
@@ -389,18 +390,38 @@ def test_a_dataset_folder_as_the_hub_ships_it_trains_and_scores_by_split(tmp_pat
     solutions.write_text(
         "".join(json.dumps({"completions": [row["extra_info"]["solution"]]}) + "\n" for row in rows[40:])
     )
-    out = tmp_path / "eval"
-    klear("klear.eval", "--data", f"{folder}:test", "--completions", str(solutions), "--k", "1", "--output", str(out))
-    summary = json.loads((out / "summary.json").read_text())
-    assert (summary["problems"], summary["avg@k"]) == (10, 1.0)
-    refused = subprocess.run(  # a dataset of several splits, named without one: one line before the model loads
-        [sys.executable, "-m", "klear.fit", "--config", "configs/rl.yaml", f"data.train={folder}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+
+    def scored(data: str) -> tuple[int, float]:
+        """``klear.eval --data DATA`` of the saved solutions: its problems and avg@1."""
+        out = tmp_path / "eval" / str(len(list(tmp_path.glob("eval/*"))))
+        klear("klear.eval", "--data", data, "--completions", str(solutions), "--k", "1", "--output", str(out))
+        summary = json.loads((out / "summary.json").read_text())
+        return summary["problems"], summary["avg@k"]
+
+    def refusal(train: str) -> str:
+        """The last line ``klear.fit data.train=TRAIN`` prints, refused before the model loads (exit status 2)."""
+        command = [sys.executable, "-m", "klear.fit", "--config", "configs/rl.yaml", f"data.train={train}"]
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2, refused.stderr
+        return refused.stderr.strip().splitlines()[-1]
+
+    assert scored(f"{folder}:test") == (10, 1.0)
+    assert refusal(str(folder)) == (
         f"error: {folder}: has splits ['test', 'train']; name one after a colon: {folder}:train"
+    )
+
+    # A dataset of several configs, as GSM8K ships `main` and `socratic`: each a folder of its splits' shards that
+    # the card declares; one is named as FOLDER:CONFIG:SPLIT.
+    configs = tmp_path / "configs"
+    card = ["---", "configs:"]
+    for config in ("main", "other"):
+        (configs / config).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows[40:]), configs / config / "test-00000-of-00001.parquet")
+        card += [f"- config_name: {config}", "  data_files:", "  - split: test", f"    path: {config}/test-*"]
+    (configs / "README.md").write_text("\n".join([*card, "---", "# two configs", ""]))
+    assert scored(f"{configs}:main:test") == (10, 1.0)
+    assert refusal(f"{configs}:test") == (
+        f"error: {configs}: has configs ['main', 'other']; name one and its split: {configs}:main:test"
     )
 
 

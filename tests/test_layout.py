@@ -125,7 +125,7 @@ MODULES = {module_name(path): path for path in sources()}
 
 
 def resolve(name: str) -> str:
-    """The module of the package that an imported name is, or is defined in: ``klear.data.readers.parse_json`` ->
+    """The module of the package that an imported name is, or is defined in: ``klear.data.readers.read_rows`` ->
     ``klear.data.readers``; ``klear.__version__`` -> ``klear``."""
     while name not in MODULES:
         name = name.rpartition(".")[0]

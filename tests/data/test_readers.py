@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from klear.data.json_text import parse_json
 from klear.data.readers import (
     MAX_ROW_WARNINGS,
     BadRow,
@@ -16,7 +17,6 @@ from klear.data.readers import (
     data_stem,
     data_suffix,
     open_data,
-    parse_json,
     read_data_bytes,
     read_numbered,
     read_rows,
@@ -186,6 +186,113 @@ def test_a_shipped_folder_s_splits_may_differ_in_fields_and_its_jsonl_shards_nam
     numbered, bad = read_numbered(lines)
     assert numbered == [(1, {"prompt": "a"}), (2, {"prompt": "b"}), (3, {"prompt": "c"})]
     assert [(row.path, row.line) for row in bad] == [(str(lines / "data" / "train-00001-of-00002.jsonl"), 2)]
+
+
+GSM8K_CARD = """---
+configs:
+- config_name: main
+  data_files:
+  - split: train
+    path: main/train-*
+  - split: test
+    path: main/test-*
+- config_name: socratic
+  data_files:
+  - split: train
+    path: socratic/train-*
+  - split: test
+    path: socratic/test-*
+---
+# gsm8k
+"""
+
+
+def configs_folder(folder, card=GSM8K_CARD):
+    """GSM8K as ``hf download openai/gsm8k --repo-type dataset`` leaves it: configs ``main`` and ``socratic``, each
+    a folder of ``train`` and ``test`` shards, declared by the card; every row says where it comes from."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pytest.importorskip("datasets")
+    for config in ("main", "socratic"):
+        (folder / config).mkdir(parents=True)
+        for split, count in (("train", 3), ("test", 2)):
+            rows = [{"question": f"{config} {split} {n}", "answer": f"#### {n}"} for n in range(count)]
+            pq.write_table(pa.Table.from_pylist(rows), folder / config / f"{split}-00000-of-00001.parquet")
+    (folder / "README.md").write_text(card)
+    return folder
+
+
+def questions(source):
+    return [row["question"] for row in read_rows(source)]
+
+
+def test_a_dataset_of_several_configs_is_read_by_config_and_split(tmp_path):
+    folder = configs_folder(tmp_path / "gsm8k")
+    assert questions(f"{folder}:main:test") == ["main test 0", "main test 1"]
+    assert questions(f"{folder}:socratic:train") == ["socratic train 0", "socratic train 1", "socratic train 2"]
+    assert questions(f"{folder / 'main'}:test") == ["main test 0", "main test 1"]  # the config's own folder, as before
+    refusals = {
+        f"{folder}:test": f"{folder}: has configs ['main', 'socratic']; name one and its split: {folder}:main:test",
+        str(folder): f"{folder}: has configs ['main', 'socratic']; name one and its split: {folder}:main:train",
+        f"{folder}:main": f"{folder}:main: has splits ['test', 'train']; name one after a colon: {folder}:main:train",
+        f"{folder}:nope:test": f"{folder}: no config 'nope'; it has ['main', 'socratic'] ({folder}:main:test)",
+        f"{folder}:main:dev": f"{folder}:main: no split 'dev'; it has ['test', 'train'] ({folder}:main:train)",
+    }
+    for source, message in refusals.items():
+        with pytest.raises(DataError) as error:
+            read_rows(source)
+        assert str(error.value) == message
+    one = shipped(tmp_path / "one", {"test-00000-of-00001": [{"question": "q"}]})
+    assert read_rows(f"{one}:default:test") == read_rows(f"{one}:default") == [{"question": "q"}]
+    with pytest.raises(DataError, match=rf"^{one}: no config 'main'; it has \['default'\] \({one}:default:test\)$"):
+        read_rows(f"{one}:main:test")
+
+
+def test_a_default_config_is_read_when_none_is_named(tmp_path):
+    card = GSM8K_CARD.replace("- config_name: socratic\n", "- config_name: socratic\n  default: true\n")
+    folder = configs_folder(tmp_path / "gsm8k", card)
+    assert questions(f"{folder}:test") == ["socratic test 0", "socratic test 1"]
+    assert questions(f"{folder}:main:test") == ["main test 0", "main test 1"]
+
+
+def test_a_hub_dataset_is_read_by_config_and_split(tmp_path, monkeypatch):
+    """The hub branch, given a local folder for a hub name (``datasets`` loads both alike) with the Hub switched
+    off, so nothing is asked of the network: its config and split are those named."""
+    from huggingface_hub import constants
+
+    from klear.data.readers import _read_datasets
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")  # its arrow copy, not the user's
+    folder = str(configs_folder(tmp_path / "gsm8k"))
+    assert [row["question"] for row in _read_datasets(folder, None, "test", "socratic")] == [
+        "socratic test 0",
+        "socratic test 1",
+    ]
+    with pytest.raises(DataError) as error:
+        _read_datasets(folder, None, "test")
+    assert str(error.value) == f"{folder}: has configs ['main', 'socratic']; name one and its split: {folder}:main:test"
+    with pytest.raises(DataError) as error:
+        _read_datasets(folder, None, None, "main")
+    assert (
+        str(error.value) == f"{folder}:main: has splits ['test', 'train']; name one after a colon: {folder}:main:train"
+    )
+
+
+def test_a_config_and_split_are_the_path_s_own_where_it_exists(tmp_path):
+    """``SOURCE:CONFIG:SPLIT`` is ``SOURCE:SPLIT`` where ``SOURCE:CONFIG`` is a path that exists; a file or a
+    ``save_to_disk`` folder has no configs."""
+    one = shipped(tmp_path / "x:main", {"test-00000-of-00001": [{"question": "q"}]})
+    assert read_rows(f"{one}:test") == [{"question": "q"}]
+    rows = write_jsonl(ROWS, tmp_path / "rows.jsonl")
+    with pytest.raises(DataError, match=r"rows\.jsonl: config='main' and split='test' only applies to a Hugging Face"):
+        read_rows(f"{rows}:main:test")
+    datasets = pytest.importorskip("datasets")
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)}).save_to_disk(tmp_path / "dd")
+    with pytest.raises(DataError, match=r"dd: a folder save_to_disk wrote has no configs; drop :main \(.*dd:train\)$"):
+        read_rows(f"{tmp_path / 'dd'}:main:train")
 
 
 def test_a_colon_is_a_split_only_where_the_whole_name_is_no_file(tmp_path):

@@ -64,7 +64,8 @@ from klear.data.code_layouts import (
     rllm_code_row,
     taco_apps_row,
 )
-from klear.data.readers import BadRow, parse_json
+from klear.data.json_text import parse_json
+from klear.data.readers import BadRow
 
 MAX_DECOMPRESSED_BYTES = 512 << 20
 """Most bytes a compressed LiveCodeBench test field may inflate to (the largest real ones are far smaller)."""

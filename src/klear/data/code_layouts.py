@@ -36,7 +36,7 @@ import contextlib
 import json
 from typing import Any
 
-from klear.data.readers import decode_json_text, parse_json
+from klear.data.json_text import decode_json_text, parse_json
 
 RLLM_SOURCES = (
     "taco",

@@ -42,9 +42,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from klear.data.json_text import decode_json_text
 from klear.data.layouts import Layout, detect_layout, get_path
 from klear.data.prompts import AS_GIVEN, CharBound, PromptFormat
-from klear.data.readers import BadRow, DataError, decode_json_text, read_numbered
+from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.synthetic import generate_problems
 from klear.errors import first_line
 

@@ -8,8 +8,9 @@ Kwai-Klear's validation set ``aime960_math_verify.json`` among them: read and nu
 (through pyarrow), and a Hugging Face ``datasets`` name, a folder written by ``Dataset.save_to_disk``, or a folder
 of data files as the Hub ships a dataset (what ``huggingface-cli download --repo-type dataset`` writes: parquet or
 JSON shards, split by their names or the card's ``configs``), its files of a split told by ``datasets`` and each read
-here as the file it is. A dataset of several splits is read as ``SOURCE:SPLIT`` (``data/gsm8k:test``). pyarrow and
-datasets are imported only when such an input is read, so the core install does not need them.
+here as the file it is. A dataset of several splits is read as ``SOURCE:SPLIT`` (``data/gsm8k:test``), one of several
+configs as ``SOURCE:CONFIG:SPLIT`` (``openai/gsm8k:main:test``). pyarrow and datasets are imported only when such an
+input is read, so the core install does not need them.
 
 A ``.jsonl`` or ``.json`` file may be compressed as publishers ship it (``HumanEval.jsonl.gz``): gzip, bzip2 or xz,
 told by its last suffix (`COMPRESSIONS`, the standard library's decompressors) and read as the file inside it, lines
@@ -26,13 +27,13 @@ A row that is a JSON list of objects (Open-Reasoner-Zero's training rows are two
 
 Broken rows are never dropped silently: a jsonl line that is not valid JSON, not UTF-8, or not an object (nor a list
 of objects), or that holds an integer longer than Python reads, nesting deeper than Python's JSON reader allows or
-an unpaired surrogate escape (``"\\ud800"``, a string that is no text: `parse_json`), is a `BadRow`; `read_rows`
-skips it with a logging warning naming the file and line (the first `MAX_ROW_WARNINGS` of them, `warn_bad_rows`),
-and a summary warning gives the total. Blank lines are not rows and are skipped without a warning. A UTF-8
-byte-order mark at the start of a file (what some Windows editors write) is read as the encoding mark it is, not as
-part of the first row. A missing or unreadable file, an input of no accepted format, or a path that is neither a
-file nor a folder (a named pipe, a device: refused before it is opened, as reading one could wait forever), raises
-`DataError` with one line naming it and what is wrong.
+an unpaired surrogate escape (``"\\ud800"``, a string that is no text: `klear.data.json_text`), is a `BadRow`;
+`read_rows` skips it with a logging warning naming the file and line (the first `MAX_ROW_WARNINGS` of them,
+`warn_bad_rows`), and a summary warning gives the total. Blank lines are not rows and are skipped without a warning.
+A UTF-8 byte-order mark at the start of a file (what some Windows editors write) is read as the encoding mark it is,
+not as part of the first row. A missing or unreadable file, an input of no accepted format, or a path that is
+neither a file nor a folder (a named pipe, a device: refused before it is opened, as reading one could wait
+forever), raises `DataError` with one line naming it and what is wrong.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import lzma
 import os
 import re
 import stat
-import sys
+import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -54,14 +55,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from klear.errors import UserError
+from klear.data.json_text import UnusableJSON, json_error_reason, parse_json, parse_json_items
+from klear.errors import UserError, first_line
 
 logger = logging.getLogger(__name__)
 
 ACCEPTED_FORMATS = (
     ".jsonl (one JSON object per line), .json (a list of objects, or one per line), either of them gzip, bzip2 or "
     "xz compressed (.jsonl.gz, .json.bz2, .jsonl.xz, ...), .parquet, or a Hugging Face datasets name, save_to_disk "
-    "folder or downloaded dataset folder (SOURCE:SPLIT for one of its splits)"
+    "folder or downloaded dataset folder (SOURCE:SPLIT for one of its splits, SOURCE:CONFIG:SPLIT of a config)"
 )
 JSON_SHAPES = "a .json input is one list of objects, or one object per line"
 """What a ``.json`` file may hold, said by its errors."""
@@ -74,15 +76,11 @@ MAX_ROW_WARNINGS = 10
 _DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
 _SHIPPED_FILES = ("*.parquet", "*.jsonl", "*.json", "*.jsonl.gz", "*.json.gz")
 """Data files that make a folder a dataset as the Hub ships it (read by ``datasets``' packaged builders)."""
-_WITH_SPLIT = re.compile(r"(?P<source>.+):(?P<split>[A-Za-z0-9_][A-Za-z0-9_.-]*)")
-"""``SOURCE:SPLIT``: one split of a dataset of several."""
-TOO_DEEP = "nested deeper than Python's JSON reader allows"
-"""Why a JSON text whose lists and objects nest past the interpreter's recursion limit is not read."""
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
-"""A JSON escape of a UTF-16 surrogate (``\\ud800`` to ``\\udfff``): only a text holding one can decode to a string
-with an unpaired surrogate, so only such a text is searched for one."""
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+_WITH_SPLIT = re.compile(rf"(?P<source>.+):(?P<split>{_NAME})")
+"""``SOURCE:SPLIT``: one split of a dataset of several (or, where the dataset has several configs, one config)."""
+_WITH_CONFIG = re.compile(rf"(?P<source>.+):(?P<config>{_NAME}):(?P<split>{_NAME})")
+"""``SOURCE:CONFIG:SPLIT``: one split of one config of a dataset of several configs (GSM8K's ``main:test``)."""
 _SPECIAL_FILES = (
     (stat.S_ISFIFO, "a named pipe"),
     (stat.S_ISCHR, "a character device"),
@@ -93,21 +91,6 @@ _SPECIAL_FILES = (
 
 class DataError(UserError):
     """A data input that cannot be read: missing, unreadable, of an unknown format, or without a needed field."""
-
-
-class UnusableJSON(json.JSONDecodeError):
-    """Well-formed JSON that is no data row: nested deeper than Python's JSON reader allows (`TOO_DEEP`), or holding
-    a string with an unpaired surrogate (no text: a tokenizer refuses it, UTF-8 cannot write it). Its ``msg`` is the
-    whole reason, without "not valid JSON"; a `json.JSONDecodeError`, so every caller of `parse_json` that handles
-    malformed JSON handles it."""
-
-
-def json_error_reason(error: json.JSONDecodeError) -> str:
-    """Why a JSON text of `parse_json` was refused, for a bad row or an error line: ``not valid JSON (Expecting
-    value at column 3)``, or the `UnusableJSON` reason as it is."""
-    if isinstance(error, UnusableJSON):
-        return error.msg
-    return f"not valid JSON ({error.msg} at column {error.colno})"
 
 
 @dataclass(frozen=True)
@@ -130,7 +113,8 @@ def read_rows(path: str | Path, split: str | None = None) -> list[dict]:
 
     Args:
         path: a ``.jsonl``, ``.json`` or ``.parquet`` file; a folder saved with ``datasets``' ``save_to_disk``;
-            or a dataset name for ``datasets.load_dataset`` (e.g. ``"org/name"``, needs the network).
+            or a dataset name for ``datasets.load_dataset`` (e.g. ``"org/name"``, needs the network); a dataset's
+            split named in it as ``SOURCE:SPLIT``, or of one of its configs as ``SOURCE:CONFIG:SPLIT``.
         split: the split of a ``datasets`` input (``"train"``); optional when it has exactly one split. Files
             have no splits, so passing one with a file is an error.
     """
@@ -153,18 +137,22 @@ def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tupl
     kept = _KEPT.pop((text, split), None)
     if kept is not None and kept[0] == _signature(local):
         return kept[1]
-    if split is None and not local.exists() and (named := _WITH_SPLIT.fullmatch(text)):
-        text, split = named["source"], named["split"]
+    config = None
+    if split is None and not local.exists() and (named := _named_split(text)):
+        text, config, split = named
         local = Path(os.path.expanduser(text))
         refuse_special_file(local, text)
     if local.is_dir():
         if not any((local / marker).is_file() for marker in _DATASETS_MARKERS):
-            return _read_shipped(text, local, split)
+            return _read_shipped(text, local, split, config)
+        if config is not None:
+            raise DataError(f"{text}: a folder save_to_disk wrote has no configs; drop :{config} ({text}:{split})")
         return _numbered(_read_datasets(text, local, split))
     suffix = data_suffix(local)
     if suffix in (".jsonl", ".json", ".parquet"):
         if split is not None:
-            raise DataError(f"{text}: split={split!r} only applies to a Hugging Face dataset, not to a {suffix} file")
+            named = f"split={split!r}" if config is None else f"config={config!r} and split={split!r}"
+            raise DataError(f"{text}: {named} only applies to a Hugging Face dataset, not to a {suffix} file")
         if not local.is_file():
             raise DataError(f"{text}: no such file; accepted inputs: {ACCEPTED_FORMATS}")
         if suffix == ".jsonl":
@@ -174,7 +162,19 @@ def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tupl
         return _numbered(_read_parquet(local))
     if local.exists() or suffix or _looks_like_path(text):
         raise DataError(f"{text}: not a readable data input; accepted inputs: {ACCEPTED_FORMATS}")
-    return _numbered(_read_datasets(text, None, split))
+    return _numbered(_read_datasets(text, None, split, config))
+
+
+def _named_split(text: str) -> tuple[str, str | None, str] | None:
+    """``(source, config, split)`` of ``SOURCE:SPLIT`` or ``SOURCE:CONFIG:SPLIT`` (the first where ``SOURCE:CONFIG``
+    is a path that exists), or None when ``text`` names no split."""
+    two = _WITH_SPLIT.fullmatch(text)
+    if two is None:
+        return None
+    three = _WITH_CONFIG.fullmatch(text)
+    if three is None or Path(os.path.expanduser(two["source"])).exists():
+        return two["source"], None, two["split"]
+    return three["source"], three["config"], three["split"]
 
 
 def keep_read(path: str | Path, split: str | None = None) -> tuple[list[tuple[int, dict]], list[BadRow]]:
@@ -286,120 +286,6 @@ def warn_bad_rows(bad: list[BadRow], totals: dict[str, int] | None = None) -> No
         logger.warning("%s: skipped %d bad rows%s%s", path, len(rows), of, shown)
 
 
-def parse_json(text: str | bytes) -> object:
-    """``json.loads(text)``, where what would stop a command with a traceback, or later a training run, is a
-    `json.JSONDecodeError` as any other malformed JSON is: an integer of more digits than Python converts
-    (``sys.get_int_max_str_digits()``, 4300 by default) at that number, instead of a bare ValueError; lists or
-    objects nested past the recursion limit (`TOO_DEEP`), instead of a RecursionError; a string holding an unpaired
-    surrogate (the escape ``\\ud800`` alone), which no tokenizer takes and UTF-8 cannot write (`UnusableJSON`, both).
-    Every reader of data rows parses with it; a text without such a number and without a surrogate escape
-    (``\\ud800`` to ``\\udfff``, the only way to one) costs what ``json.loads`` costs."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        raise
-    except RecursionError:
-        raise _too_deep(text) from None
-    except ValueError:  # the other ValueError of the scanner: the int-string conversion limit
-        document = _document(text)
-        try:
-            long = _loads(document)[1]
-        except RecursionError:
-            raise _too_deep(document) from None
-        if not long:
-            raise
-        raise json.JSONDecodeError(_too_long(long[0]), document, max(document.find(long[0].digits), 0)) from None
-    if (_SURROGATE_ESCAPE_BYTES if isinstance(text, bytes) else _SURROGATE_ESCAPE).search(text):
-        surrogate = unpaired_surrogate(value)
-        if surrogate is not None:
-            document = _document(text)
-            raise UnusableJSON(_not_text(surrogate), document, max(document.lower().find(surrogate.lower()), 0))
-    return value
-
-
-def unpaired_surrogate(value: object) -> str | None:
-    """The JSON escape (``\\ud800``) of the first unpaired surrogate in a string of ``value`` (parsed JSON: its keys
-    and values, however deep), else None. Walked without recursion, so any value JSON gives can be walked."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            found = _SURROGATE.search(item)
-            if found is not None:
-                return f"\\u{ord(found.group()):04x}"
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-            stack.extend(item.keys())
-        elif isinstance(item, list):
-            stack.extend(reversed(item))
-    return None
-
-
-def _not_text(surrogate: str) -> str:
-    return f"holds an unpaired surrogate {surrogate} (not text)"
-
-
-def _too_deep(text: str | bytes) -> UnusableJSON:
-    reason = f"{TOO_DEEP} (about {sys.getrecursionlimit()} levels)"
-    return UnusableJSON(reason, _document(text), 0)
-
-
-def _document(text: str | bytes) -> str:
-    return text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-
-
-class _LongInteger:
-    """An integer of the JSON text that Python would not convert, in place of its value."""
-
-    def __init__(self, digits: str) -> None:
-        self.digits = digits.lstrip("-")
-
-
-def decode_json_text(value: Any) -> Any:
-    """``value`` decoded when it is a string holding a JSON list or object (publishers store references so), else
-    ``value`` unchanged. A string that merely looks like one (an interval ``[1, 2)``) is kept."""
-    if isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
-        try:
-            return parse_json(value)
-        except (json.JSONDecodeError, RecursionError):
-            return value
-    return value
-
-
-def _loads(text: str) -> tuple[object, list[_LongInteger]]:
-    """``json.loads(text)`` with every integer Python would not convert kept as a `_LongInteger`, and those (slower
-    than ``json.loads``: only for a text that holds one)."""
-    long: list[_LongInteger] = []
-
-    def parse_int(digits: str) -> int | _LongInteger:
-        try:
-            return int(digits)
-        except ValueError:  # only the digit limit: the JSON scanner hands over an optional '-' and digits
-            long.append(_LongInteger(digits))
-            return long[-1]
-
-    return json.loads(text, parse_int=parse_int), long
-
-
-def _too_long(number: _LongInteger) -> str:
-    return f"a {len(number.digits)}-digit integer, over Python's {sys.get_int_max_str_digits()}-digit limit"
-
-
-def _long_in(value: object) -> _LongInteger | None:
-    """The first `_LongInteger` inside ``value`` (parsed JSON), else None; walked without recursion, as a value
-    nested as deep as the JSON reader allows would overflow the stack of a recursive walk."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, _LongInteger):
-            return item
-        if isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
-        elif isinstance(item, list):
-            stack.extend(reversed(item))
-    return None
-
-
 def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
     """Write one JSON object per line (UTF-8, non-ASCII kept as is), creating parent folders, compressed when the
     name ends in one of `COMPRESSIONS`' suffixes; returns the path. A string holding an unpaired surrogate, which
@@ -445,7 +331,7 @@ def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadR
     content = read_data_bytes(path)
     try:
         text = content.decode("utf-8-sig")
-        data, long = _read_json_text(text)
+        data, item_problem = parse_json_items(text)
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except UnusableJSON as error:  # too deep: one object may be a line of JSON lines, else the file is lost
@@ -461,34 +347,16 @@ def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadR
     if not isinstance(data, list):
         raise DataError(f"{path}: a JSON {type(data).__name__}; {JSON_SHAPES}")
     rows, bad = [], []
-    surrogates = _SURROGATE_ESCAPE.search(text) is not None  # else no item can hold one
     for position, item in enumerate(data, start=1):
         item = as_row(item)
-        number = _long_in(item) if long else None
-        surrogate = unpaired_surrogate(item) if surrogates else None
-        if number is not None:
-            bad.append(BadRow(name, position, f"item {position} holds {_too_long(number)}"))
-        elif surrogate is not None:
-            bad.append(BadRow(name, position, f"item {position} {_not_text(surrogate)}"))
+        problem = item_problem(item)
+        if problem is not None:
+            bad.append(BadRow(name, position, f"item {position} {problem}"))
         elif isinstance(item, dict):
             rows.append((position, item))
         else:
             bad.append(BadRow(name, position, f"item {position} is a JSON {type(item).__name__}, not an object"))
     return rows, bad
-
-
-def _read_json_text(text: str) -> tuple[object, bool]:
-    """A .json input's value, and whether an integer of it is too long for Python (then kept as a `_LongInteger`,
-    so that only the items holding one are bad rows)."""
-    try:
-        try:
-            return json.loads(text), False
-        except json.JSONDecodeError:
-            raise
-        except ValueError:  # the int-string conversion limit
-            return _loads(text)[0], True
-    except RecursionError:
-        raise _too_deep(text) from None
 
 
 def as_row(value: object) -> object:
@@ -514,31 +382,40 @@ def _read_parquet(path: Path) -> list[dict]:
         raise DataError(f"{path}: cannot read as parquet ({error})") from None
 
 
-def _read_datasets(name: str, folder: Path | None, split: str | None) -> list[dict]:
-    """The rows of a ``save_to_disk`` folder (``folder``) or of a hub dataset ``name``, of ``split``."""
+def _read_datasets(name: str, folder: Path | None, split: str | None, config: str | None = None) -> list[dict]:
+    """The rows of a ``save_to_disk`` folder (``folder``) or of a hub dataset ``name`` (of ``config``, when it has
+    several), of ``split``."""
     datasets = _datasets(name)
     from klear.runtime.hub import check_hub_access
 
+    label = name
     try:
         if folder is not None:
             loaded = datasets.load_from_disk(str(folder))
         else:  # ask for the split directly, so the other splits are not downloaded
             check_hub_access(name, "dataset")  # no network retries on a machine without the Hub
-            loaded = datasets.load_dataset(name, split=split)
+            config, split = _pick_config(name, datasets, config, split)
+            label = name if config is None else f"{name}:{config}"
+            loaded = datasets.load_dataset(name, config, split=split)
             split = None
+    except DataError:
+        raise
     except Exception as error:  # datasets raises many unrelated types (hub, network, file errors)
-        raise DataError(f"{name}: datasets could not load it ({type(error).__name__}: {error})") from None
+        raise DataError(f"{name}: datasets could not load it ({type(error).__name__}: {first_line(error)})") from None
     if isinstance(loaded, datasets.DatasetDict):
-        loaded = loaded[_one_split(name, sorted(loaded), split)]
+        loaded = loaded[_one_split(label, sorted(loaded), split)]
     elif split is not None:
         raise DataError(f"{name}: a single dataset without splits; drop split={split!r}")
     return loaded.to_list()
 
 
-def _read_shipped(name: str, folder: Path, split: str | None) -> tuple[list[tuple[int, dict]], list[BadRow]]:
-    """The rows of ``split`` of a dataset folder as the Hub ships it: its files of that split, as ``datasets``
-    resolves them (by their names, or the card's ``configs``), each read as the file it is, in order, numbered by
-    their position in the split; a bad row of a jsonl shard names that shard and its line."""
+def _read_shipped(
+    name: str, folder: Path, split: str | None, config: str | None
+) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    """The rows of ``split`` (of ``config``, when the card declares several) of a dataset folder as the Hub ships
+    it: its files of that split, as ``datasets`` resolves them (by their names, or the card's ``configs``), each read
+    as the file it is, in order, numbered by their position in the split; a bad row of a jsonl shard names that
+    shard and its line."""
     if not any(next(folder.rglob(files), None) for files in _SHIPPED_FILES):
         raise DataError(
             f"{name}: a folder that holds no data files and that save_to_disk did not write; accepted inputs: "
@@ -549,16 +426,46 @@ def _read_shipped(name: str, folder: Path, split: str | None) -> tuple[list[tupl
 
     try:
         with quiet("huggingface_hub.repocard"):  # a card without metadata is no news
-            files = datasets.load_dataset_builder(str(folder)).config.data_files or {}
+            config, split = _pick_config(name, datasets, config, split, str(folder))
+            splits = _config_splits(datasets, str(folder), config, files=True)
+    except DataError:
+        raise
     except Exception as error:  # datasets raises many unrelated types
-        raise DataError(f"{name}: datasets could not tell its files ({type(error).__name__}: {error})") from None
-    splits = {str(key): value for key, value in files.items()}
+        raise DataError(
+            f"{name}: datasets could not tell its files ({type(error).__name__}: {first_line(error)})"
+        ) from None
     rows, bad = [], []
-    for shard in splits[_one_split(name, sorted(splits), split)]:
+    for shard in splits[_one_split(name if config is None else f"{name}:{config}", sorted(splits), split)]:
         numbered, broken = read_numbered(shard)
         rows += [row for _, row in numbered]
         bad += broken
     return _numbered(rows)[0], bad
+
+
+def _pick_config(
+    name: str, datasets: Any, config: str | None, split: str | None, path: str | None = None
+) -> tuple[str | None, str | None]:
+    """``(config, split)`` to read of the dataset at ``path`` (a folder, else the hub dataset ``name``): the named
+    config, or the one ``SOURCE:NAME`` names when ``NAME`` is a config of several (with no split yet), or None for
+    the dataset's own default; `DataError` saying how to name one when it has several and no default."""
+    path = name if path is None else path
+    try:
+        configs = datasets.get_dataset_config_names(path)
+    except Exception:  # a hub dataset that datasets reads offline from its own cache lists none: read as named
+        return config, split
+    if config is not None:
+        if config not in configs:
+            example = _config_example(datasets, name, path, configs[0], split)
+            raise DataError(f"{name}: no config {config!r}; it has {configs} ({example})")
+        return config, split
+    if split in configs:
+        return split, None
+    if len(configs) < 2:
+        return None, split
+    if datasets.get_dataset_default_config_name(path) is None:
+        example = _config_example(datasets, name, path, configs[0], split)
+        raise DataError(f"{name}: has configs {configs}; name one and its split: {example}")
+    return None, split
 
 
 def _one_split(name: str, splits: list[str], split: str | None) -> str:
@@ -568,6 +475,25 @@ def _one_split(name: str, splits: list[str], split: str | None) -> str:
     if split is not None and split not in splits:
         raise DataError(f"{name}: no split {split!r}; it has {splits} ({name}:{splits[-1]})")
     return splits[0] if split is None else split
+
+
+def _config_splits(datasets: Any, path: str, config: str | None, files: bool = False) -> Any:
+    """The splits of ``config`` of the dataset at ``path`` (sorted names), or with ``files`` each split's data files,
+    as ``datasets`` resolves them without reading them (nor leaving a lock file in its cache, as a builder does)."""
+    with tempfile.TemporaryDirectory(prefix="klear-datasets-") as cache:
+        found = datasets.load_dataset_builder(path, config, cache_dir=cache).config.data_files or {}
+    by_split = {str(key): value for key, value in found.items()}
+    return by_split if files else sorted(by_split)
+
+
+def _config_example(datasets: Any, name: str, path: str, config: str, split: str | None = None) -> str:
+    """``NAME:CONFIG:SPLIT`` with ``split`` when ``config`` has it, else one of its own splits, to show how a config
+    is named."""
+    try:
+        splits = _config_splits(datasets, path, config)
+    except Exception:  # only an example for an error line: the error is the line's own
+        splits = []
+    return f"{name}:{config}:{split if split in splits else splits[-1] if splits else 'SPLIT'}"
 
 
 def _datasets(name: str) -> Any:

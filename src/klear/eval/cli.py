@@ -55,8 +55,9 @@ from typing import TYPE_CHECKING, Any
 from klear import cli
 from klear.config.load import ConfigError, check_rope_scaling
 from klear.config.model_path import BUILTIN_MODELS
+from klear.data.json_text import parse_json
 from klear.data.problems import Problem, ProblemSet, Task
-from klear.data.readers import keep_read, parse_json, write_jsonl
+from klear.data.readers import keep_read, write_jsonl
 from klear.data.sets import repeated, set_name
 from klear.errors import UserError
 from klear.eval.completions import agreement, read_completions

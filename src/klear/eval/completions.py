@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from klear.data.json_text import UnusableJSON, parse_json
 from klear.data.problems import ProblemSet
-from klear.data.readers import DataError, UnusableJSON, parse_json, read_data_bytes
+from klear.data.readers import DataError, read_data_bytes
 from klear.eval.tasks import EvalError
 
 FIELDS = ("completions", "code")

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from klear.data.readers import BadRow, DataError, parse_json, read_numbered, special_file, warn_bad_rows
+from klear.data.json_text import parse_json
+from klear.data.readers import BadRow, DataError, read_numbered, special_file, warn_bad_rows
 from klear.data.sft import file_layout
 from klear.data.sft_layouts import SFTLayout, detect_sft_layout, messages_row, read_conversation
 from klear.errors import first_line
