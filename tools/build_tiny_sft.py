@@ -80,7 +80,7 @@ def boxed_rate(folder: Path, num: int = 200) -> float:
         config,
         lambda texts, _: [last_boxed(text, 10_000) is not None for text in texts],
     )
-    return boxed["eval/accuracy"]
+    return boxed.metrics["eval/accuracy"]
 
 
 if __name__ == "__main__":

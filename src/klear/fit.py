@@ -39,6 +39,7 @@ RESUMABLE_CHANGES = {
     "trainer.best_metric",
     "logging.tensorboard",
     "logging.wandb",
+    "logging.samples",
     "output_dir",
     "data.train",
     "data.eval",

@@ -39,7 +39,7 @@ def config(samples: int) -> EvalConfig:
 def test_right_answers_are_correct_at_a_score_of_half() -> None:
     scorer = RewardScorer("math", {"correct": 0.5, "wrong": -1.0})
     engine = ScriptedEngine([["\\boxed{2}"], ["\\boxed{3}"], ["\\boxed{0}"]])
-    metrics = evaluate(engine, build_tokenizer(), PROBLEMS, config(1), scorer.correctness)
+    metrics = evaluate(engine, build_tokenizer(), PROBLEMS, config(1), scorer.correctness).metrics
     assert metrics == {"eval/accuracy": 1.0, "eval/response_length": 1.0}
 
 
@@ -50,7 +50,7 @@ def test_accuracy_and_pass_at_k_from_the_verdicts() -> None:
         ["\\boxed{4}", "\\boxed{3.0}", "\\boxed{5}", "\\boxed{6}"],  # 1 of 4
         ["\\boxed{1}"] * 4,  # 0 of 4
     ]
-    metrics = evaluate(ScriptedEngine(answers), build_tokenizer(), PROBLEMS, config(4), scorer.correctness)
+    metrics = evaluate(ScriptedEngine(answers), build_tokenizer(), PROBLEMS, config(4), scorer.correctness).metrics
     assert metrics["eval/accuracy"] == pytest.approx(3 / 12)
     assert metrics["eval/response_length"] == pytest.approx(2.5)
     assert metrics["eval/pass_at_4"] == pytest.approx(2 / 3)  # problems with a correct sample
@@ -122,7 +122,8 @@ def test_each_eval_set_is_scored_on_its_first_num_prompts_and_on_its_own():
     }
     engine, scorer = AnsweringEngine(answers), RewardScorer("math", {})
     settings = EvalConfig(num_prompts=2, max_new_tokens=8, temperature=1.0, samples=2)
-    metrics = evaluate(engine, engine.tokenizer, problems, settings, scorer.correctness)
+    evaluation = evaluate(engine, engine.tokenizer, problems, settings, scorer.correctness, keep=1)
+    metrics = evaluation.metrics
     assert metrics == {
         "eval/accuracy": 4 / 8,
         "eval/response_length": 1.0,
@@ -133,7 +134,16 @@ def test_each_eval_set_is_scored_on_its_first_num_prompts_and_on_its_own():
         "eval/pass_at_2/hmmt": 1.0,
         "eval/accuracy/hmmt_src": 2 / 4,  # a data source's, as before
     }
-    alone = evaluate(engine, engine.tokenizer, problems[:3], settings, scorer.correctness)
+    # the answers kept for samples.jsonl: the first problem of each set, as klear.eval records it, with its set
+    kept = evaluation.samples
+    assert [(record["set"], record["problem"], record["correct"], record["pass@k"]) for record in kept] == [
+        ("aime", "Add 1 to 1.", 2, 1.0),
+        ("hmmt", "Add 2 to 2.", 1, 1.0),
+    ]
+    assert [sample["text"] for sample in evaluation.samples[1]["samples"]] == ["\\boxed{4}", "\\boxed{1}"]
+    assert [sample["correct"] for sample in evaluation.samples[1]["samples"]] == [True, False]
+    assert evaluation.samples[1]["source"] == "hmmt_src" and evaluation.samples[1]["reference"] == "4"
+    alone = evaluate(engine, engine.tokenizer, problems[:3], settings, scorer.correctness).metrics
     assert alone["eval/accuracy/aime"] == alone["eval/accuracy"] == metrics["eval/accuracy/aime"]
     # trainer.best_metric accepts exactly the set and pass@K metrics this evaluation logs (the config check names
     # them without running one)

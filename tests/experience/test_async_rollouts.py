@@ -85,6 +85,12 @@ def test_step_n_samples_from_the_weights_after_update_n_minus_k(runs, k):
 def test_an_async_run_is_reproducible_from_its_seed(runs, tmp_path):
     fit_in_subprocess([*SHORT, "rollout.max_staleness=1", f"output_dir={tmp_path}"])
     assert [compared(row) for row in read_metrics(tmp_path / "metrics.csv")] == [compared(r) for r in runs["k1"]]
+    samples = (tmp_path / "samples.jsonl").read_text()
+    assert samples == (runs["dirs"]["k1"] / "samples.jsonl").read_text()
+    # the worker's evaluation of the initial weights kept the answers the synchronous run kept
+    first = [line for line in samples.splitlines() if line.startswith('{"step": 0, "split": "eval"')]
+    frozen = (runs["dirs"]["frozen"] / "samples.jsonl").read_text().splitlines()
+    assert first == [line for line in frozen if line.startswith('{"step": 0, "split": "eval"')] and len(first) == 2
 
 
 def tagged_env() -> tuple[dict[str, str], str]:

@@ -58,7 +58,7 @@ def test_shipped_checkpoint_solves_held_out_problems(name):
     # the same mean as its avg@4, within the tolerance below (standard error about 0.035 on these 200 answers).
     config = EvalConfig(num_prompts=100, max_new_tokens=max_new_tokens, temperature=0.6, top_p=0.95, samples=2)
     engine = HFEngine(model, tokenizer)
-    metrics = evaluate(engine, tokenizer, problems.problems, config, RewardScorer(reward).correctness)
+    metrics = evaluate(engine, tokenizer, problems.problems, config, RewardScorer(reward).correctness).metrics
     stamp = json.loads((folder / "klear_tiny_sft.json").read_text())
     assert 0.1 <= metrics["eval/accuracy"] <= 0.9
     assert metrics["eval/accuracy"] == pytest.approx(stamp["eval_accuracy_end"], abs=0.15)

@@ -88,7 +88,7 @@ def test_an_evaluation_in_chunks_between_agreement_points_is_the_whole_call(engi
     problems = [Problem(row["problem"], row["answer"]) for row in generate_problems(7, seed=5, levels=[1])]
     config = EvalConfig(num_prompts=7, max_new_tokens=24, temperature=1.0, samples=2)
     scorer = RewardScorer("math")
-    whole = evaluate(engine, engine.tokenizer, problems, config, scorer.correctness)
+    whole = evaluate(engine, engine.tokenizer, problems, config, scorer.correctness, keep=7)
     calls = []
     chunked = evaluate(
         engine,
@@ -98,11 +98,13 @@ def test_an_evaluation_in_chunks_between_agreement_points_is_the_whole_call(engi
         scorer.correctness,
         stop_point=lambda: calls.append(1),
         engine_batch=4,
+        keep=7,
     )
     assert chunk_prompts(4, 2, 1) == 2 and chunk_prompts(4, 3, 2) == 8 and chunk_prompts(100, 4, 1) == 25
     assert len(calls) == 3  # 7 prompts in chunks of 2: four chunks
-    assert chunked == pytest.approx(whole, abs=1e-12)
-    assert 0 < whole["eval/accuracy"] < 1 or whole["eval/response_length"] > 1
+    assert chunked.metrics == pytest.approx(whole.metrics, abs=1e-12)
+    assert chunked.samples == whole.samples and len(whole.samples) == 7  # every answer, whatever the chunks
+    assert 0 < whole.metrics["eval/accuracy"] < 1 or whole.metrics["eval/response_length"] > 1
 
 
 def test_a_distribution_that_is_not_finite_samples_the_last_token_with_a_nan_logprob():

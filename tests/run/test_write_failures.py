@@ -58,7 +58,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_summary(tmp_pat
     fresh = " ".join(arg for arg in args)
     assert summary[-1] == f"no checkpoint was completed: start again with: python -m klear.fit {fresh} --overwrite"
     left = sorted(path.name for path in output.rglob("*") if path.is_file())
-    assert left == ["config.yaml", "data_report.json", "metrics.csv", "report.md", "summary.json"]
+    assert left == ["config.yaml", "data_report.json", "metrics.csv", "report.md", "samples.jsonl", "summary.json"]
     report = (output / "report.md").read_text()
     assert "**Status:** failed at step " in report and "curves.png" not in report
 

@@ -94,6 +94,8 @@ def test_rl_on_two_ranks_matches_one_process(rl_one_process, tmp_path, monkeypat
     recorded = json.loads((tmp_path / "summary.json").read_text())["cpu_threads"]
     assert recorded == {"threads": int(threads), "cores": int(cores), "reason": reason}
     assert_same_weights(rl_one_process, tmp_path)
+    # the first rank writes every rank's answers, as one process does
+    assert (tmp_path / "samples.jsonl").read_text() == (rl_one_process / "samples.jsonl").read_text()
     rows = read_metrics(tmp_path / "metrics.csv")
     assert all(float(row["rollout/logprob_gap"]) < 1e-4 for row in rows[:4])  # the engine got the gathered weights
     assert any(float(row["actor/grad_norm"]) > 0 for row in rows[:4])
@@ -121,3 +123,5 @@ def test_sharded_checkpoint_resumes_and_extends_the_run(rl_one_process, tmp_path
     run_two_ranks([*RL, "trainer.max_steps=4", f"output_dir={tmp_path}", "--resume"])
     assert_same_metrics(rl_one_process, tmp_path)
     assert_same_weights(rl_one_process, tmp_path)
+    # the evaluation after the first run's last step is that of the resumed run's first: kept once
+    assert (tmp_path / "samples.jsonl").read_text() == (rl_one_process / "samples.jsonl").read_text()

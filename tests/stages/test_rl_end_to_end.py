@@ -140,6 +140,8 @@ def test_resume_after_crash_is_exact(tmp_path, objective):
     assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT, *objective]) == 0
 
     a, b = read_metrics(straight / "metrics.csv"), read_metrics(crashed / "metrics.csv")
+    # samples.jsonl keeps the lines of the steps before the checkpoint and reads as if the run had never stopped
+    assert (crashed / "samples.jsonl").read_text() == (straight / "samples.jsonl").read_text() != ""
     if objective:
         assert any(float(row.get("objective/cov_selected_frac") or 0) > 0 for row in a[2:])  # drew after the crash
     assert [row["step"] for row in a] == [row["step"] for row in b]
@@ -211,3 +213,44 @@ def test_oversampled_steps_train_on_the_first_surviving_groups(tmp_path):
     config = load_config("configs/rl.yaml", [*SHORT, "algorithm.oversample=2.0", f"output_dir={tmp_path / 'b'}"])
     _, batches = build_stage(config, prepare_run_dir(config, resume=False, overwrite=False))
     assert batches.batch_size == 8  # 2 x rollout.prompts_per_step sampled per step
+
+
+def test_samples_jsonl_holds_what_the_model_wrote_at_each_evaluation(tmp_path):
+    """``logging.samples=4`` with 4 held-out problems: every evaluation's answers, whose verdicts make its
+    ``eval/accuracy``, and the groups each evaluated step trains on, with their rewards and advantages."""
+    import json
+
+    from klear.objectives.advantages import grpo
+    from klear.rewards import get_reward
+
+    overrides = ["rollout.prompts_per_step=4", "rollout.group_size=4", "algorithm.mini_batch_prompts=2"]
+    overrides += ["trainer.max_steps=3", "eval.every_n_steps=2", "eval.num_prompts=4", "logging.samples=4"]
+    overrides += ["trainer.progress_bar=false", f"output_dir={tmp_path}"]
+    assert main(["--config", "configs/rl.yaml", *overrides]) == 0
+    records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    rows = {int(row["step"]): row for row in read_metrics(tmp_path / "metrics.csv")}
+    kept = {step: min(4, int(float(rows[step]["rollout/kept_groups"]))) for step in (0, 2)}
+    assert [(record["step"], record["split"]) for record in records] == [
+        *[(0, "eval")] * 4,
+        *[(0, "train")] * kept[0],
+        *[(2, "eval")] * 4,
+        *[(2, "train")] * kept[2],
+        *[(3, "eval")] * 4,
+    ]
+    math = get_reward("math")
+    for step in (0, 2, 3):
+        evaluated = [record for record in records if record["step"] == step and record["split"] == "eval"]
+        for record in evaluated:
+            verdicts = [math.evaluate(sample["text"], record["reference"]).correct for sample in record["samples"]]
+            assert [sample["correct"] for sample in record["samples"]] == verdicts and len(verdicts) == 4
+            assert record["correct"] == sum(verdicts)
+        accuracy = sum(record["correct"] for record in evaluated) / 16
+        assert accuracy == pytest.approx(float(rows[step]["eval/accuracy"]), abs=1e-9)
+    for record in [record for record in records if record["split"] == "train"]:
+        prompt, samples = record["prompt"], record["samples"]
+        assert prompt.startswith("<|im_start|>user\n") and prompt.endswith("<|im_start|>assistant\n")
+        rewards = torch.tensor([[sample["reward"] for sample in samples]])
+        assert rewards.std() > 0 and [sample["correct"] for sample in samples] == (rewards[0] == 1).tolist()
+        advantages = [sample["advantage"] for sample in samples]
+        assert advantages == pytest.approx(grpo(rewards)[0].tolist(), abs=1e-6)
+        assert all(sample["length"] > 0 and sample["finish_reason"] in ("stop", "length") for sample in samples)

@@ -51,6 +51,12 @@ def test_files_metrics_and_falling_loss(finished_run):
     assert {"train/loss", "eval/accuracy", "train/grad_norm", "train/lr"} <= set(rows[0])
     # eval before the first update, on schedule, and after the last one
     assert [row["step"] for row in rows if row["eval/accuracy"]] == ["0", "3", "6"]
+    # each evaluation's answers to the first logging.samples (2) held-out problems, as klear.eval records them
+    samples = [json.loads(line) for line in (finished_run / "samples.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["split"], line["line"]) for line in samples] == [
+        (step, "eval", 0) for step in (0, 3, 6) for _ in range(2)
+    ]
+    assert all(len(line["samples"]) == line["n"] > 0 and line["reference"] for line in samples)
     losses = [float(row["train/loss"]) for row in rows[:6]]
     assert losses[-1] < losses[0] - 0.3, losses
 
@@ -87,8 +93,12 @@ def test_resume_after_crash_continues_exactly(finished_run, tmp_path):
     with pytest.raises(SimulatedCrash):
         trainer.fit(module, train_dataloaders=batches)
     assert [row["step"] for row in read_metrics(tmp_path / "metrics.csv")] == ["0", "1", "2", "3", "4"]
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["split"]) for line in samples] == [(0, "eval")] * 2 + [(3, "eval")] * 2
 
     assert main(["--config", "configs/sft.yaml", f"output_dir={tmp_path}", "--resume", *SHORT]) == 0
+    # step 3's answers were written before the crash, again by the resumed run (from the checkpoint of step 3): once
+    assert (tmp_path / "samples.jsonl").read_text() == (finished_run / "samples.jsonl").read_text()
     resumed, uninterrupted = read_metrics(tmp_path / "metrics.csv"), read_metrics(finished_run / "metrics.csv")
     assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted]
     for a, b in zip(resumed, uninterrupted, strict=True):

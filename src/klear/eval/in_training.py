@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from klear.data.problems import Problem
 from klear.data.sets import ONE, first_of_each, metric_suffix
-from klear.eval.metrics import pass_at_k
+from klear.eval.metrics import pass_at_k, problem_record
 from klear.rewards.scorer import ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 from klear.rollout.sample_and_score import sample_and_score
@@ -41,6 +42,16 @@ Scorer = Callable[[list[str], list[Any]], list[bool]]
 reference is whatever the reward checks (an answer, a test list)."""
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """What an evaluation gives: its ``eval/*`` metrics, and the records of the problems whose answers are kept
+    (``klear.eval``'s ``results.jsonl`` records, `klear.eval.metrics.problem_record`, with their ``set`` when
+    ``data.eval`` has several), for ``samples.jsonl`` (`klear.run.samples_log`)."""
+
+    metrics: dict[str, float]
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
 def evaluate(
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
@@ -51,8 +62,10 @@ def evaluate(
     world: int = 1,
     stop_point: Callable[[], None] | None = None,
     engine_batch: int = 0,
-) -> dict[str, float]:
-    """``eval/accuracy`` (the share of correct answers over problems x samples), response length and pass@k.
+    keep: int = 0,
+) -> Evaluation:
+    """``eval/accuracy`` (the share of correct answers over problems x samples), response length and pass@k; and
+    the records of the first ``keep`` problems of each set, every answer to them with its verdict.
 
     With ``world`` data-parallel ranks, each samples and scores its contiguous share of the problems (prompt
     ``i`` is seeded by ``EVAL_SEED + i`` wherever it runs) and all ranks return the metrics of the whole set.
@@ -73,7 +86,8 @@ def evaluate(
     )
     chunk = len(problems) if stop_point is None else chunk_prompts(engine_batch, samples, world)
     log.debug("evaluating %d problems x %d samples, %d prompts at a time", len(problems), samples, chunk)
-    correct, lengths = [], []
+    kept = set(first_of_each(range(len(problems)), [problem.set_name for problem in problems], keep))
+    correct, lengths, records = [], [], []
     for start in range(0, len(problems), chunk):
         if start:
             stop_point()
@@ -81,6 +95,11 @@ def evaluate(
         sampled = sample_and_score(engine, tokenizer, part, sampling, _verdicts(score), rank, world, first=start)
         correct += sampled.scores.correct
         lengths += [len(rollout.response_ids) for rollout in sampled.rollouts]
+        for i, (problem, group) in enumerate(zip(part, sampled.groups, strict=True)):
+            if start + i in kept:
+                scores = sampled.scores.slice(i * samples, (i + 1) * samples)
+                record = problem_record(problem, group, scores.raw, scores.statuses, scores.correct, samples)
+                records.append({"set": problem.set_name, **record} if problem.set_name else record)
     metrics = {
         "eval/accuracy": sum(correct) / len(correct),
         "eval/response_length": sum(lengths) / len(lengths),
@@ -96,7 +115,7 @@ def evaluate(
     for source in sorted({problem.source for problem in problems} - {""}):
         hits = [value for i, value in enumerate(correct) if problems[i // samples].source == source]
         metrics[f"eval/accuracy/{source}"] = sum(hits) / len(hits)
-    return metrics
+    return Evaluation(metrics, records)
 
 
 def chunk_prompts(engine_batch: int, samples: int, world: int) -> int:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from klear.eval.in_training import Evaluation
 from klear.experience.rollout_worker import WorkerSpec, worker_main
 from klear.experience.rollouts import RolloutsError
 from klear.kernels.rollout_batch import ScoredGroups
@@ -141,8 +142,8 @@ class AsyncRollouts:
                 f"the evaluation of version {version} was not issued with its push (eval_due({version}) is false)"
             )
 
-    def take_eval(self, version: int) -> dict[str, float]:
-        """The evaluation metrics of ``version``, waiting for them if needed."""
+    def take_eval(self, version: int) -> Evaluation:
+        """The evaluation of ``version`` (`klear.eval.in_training.Evaluation`), waiting for it if needed."""
         if version not in self.evaluations:
             raise RolloutWorkerError(f"the evaluation of version {version} was never requested")
         return self._result("eval", version)

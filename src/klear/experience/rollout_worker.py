@@ -40,6 +40,7 @@ from klear.runtime import threads
 from klear.runtime.terminal import leave_stops_to_parent
 
 if TYPE_CHECKING:
+    from klear.eval.in_training import Evaluation
     from klear.schema import RLRunConfig
 
 GAP_ROWS = 32
@@ -195,7 +196,7 @@ class _Service:
         _, gap, _ = measured_logprobs(self.passes, self.model, batch, ranks)
         return gap
 
-    def _evaluate(self, version: int) -> dict[str, float]:
+    def _evaluate(self, version: int) -> Evaluation:
         """The in-training evaluation of the weights loaded last (``version``)."""
         self.rollouts.request_eval(version)
         return self.rollouts.take_eval(version)

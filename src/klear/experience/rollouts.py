@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from klear.data.problems import Problem
+    from klear.eval.in_training import Evaluation
     from klear.kernels.rollout_batch import ScoredGroups
 
 
@@ -45,8 +46,8 @@ class Rollouts(Protocol):
         ones pushed last). Called before the update of step ``version``, or after the last step."""
         ...
 
-    def take_eval(self, version: int) -> dict[str, float]:
-        """The ``eval/*`` metrics of ``version``, asked for with `request_eval`."""
+    def take_eval(self, version: int) -> Evaluation:
+        """The evaluation of ``version`` (its ``eval/*`` metrics and kept answers), asked for with `request_eval`."""
         ...
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

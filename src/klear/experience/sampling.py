@@ -24,7 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from klear.data.problems import Problem
-from klear.eval.in_training import evaluate
+from klear.eval.in_training import Evaluation, evaluate
 from klear.experience.rollouts import RolloutsError
 from klear.kernels.rollout_batch import ScoredGroups
 from klear.models import load_tokenizer
@@ -52,6 +52,7 @@ class SyncRollouts:
             engine, colocated with the update); a rollout worker's engine stays awake.
         engine_batch: the engine's batch size (``rollout.batch_size``), by which an evaluation is split in chunks
             when `stop_point` is set.
+        keep_samples: the problems of each held-out set whose answers an evaluation keeps (``logging.samples``).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class SyncRollouts:
         world: int = 1,
         sleep_while_updating: bool = True,
         engine_batch: int = 0,
+        keep_samples: int = 0,
     ) -> None:
         self.sampler = sampler
         self.engine: RolloutEngine = sampler.engine
@@ -72,8 +74,9 @@ class SyncRollouts:
         self.eval_config = eval_config
         self.rank, self.world = rank, world
         self.sleep_while_updating = sleep_while_updating
-        self.evaluations: dict[int, dict[str, float]] = {}
+        self.evaluations: dict[int, Evaluation] = {}
         self.engine_batch = engine_batch
+        self.keep_samples = keep_samples
         self.stop_point: Callable[[], None] | None = None
         """The trainer's agreement point on SIGTERM, called between the chunks of an evaluation (`evaluate`)."""
 
@@ -103,7 +106,16 @@ class SyncRollouts:
         sampler = StepSampler(
             config.seed, config.rollout, config.algorithm, engine, tokenizer, scorer, train_problems, rank, world
         )
-        return cls(sampler, eval_problems, config.eval, rank, world, sleep_while_updating, config.rollout.batch_size)
+        return cls(
+            sampler,
+            eval_problems,
+            config.eval,
+            rank,
+            world,
+            sleep_while_updating,
+            config.rollout.batch_size,
+            config.logging.samples,
+        )
 
     def take(self, step: int, problems: list[Problem]) -> tuple[ScoredGroups, dict[str, float]]:
         """Sample, score and filter ``problems`` now (`StepSampler.rollout`); adds ``timing/rollout_s``."""
@@ -129,9 +141,10 @@ class SyncRollouts:
                 world=self.world,
                 stop_point=self.stop_point,
                 engine_batch=self.engine_batch,
+                keep=self.keep_samples,
             )
 
-    def take_eval(self, version: int) -> dict[str, float]:
+    def take_eval(self, version: int) -> Evaluation:
         if version not in self.evaluations:
             raise RolloutsError(f"the evaluation of version {version} was never requested")
         return self.evaluations.pop(version)

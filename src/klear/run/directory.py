@@ -7,6 +7,7 @@ Layout of ``<output_dir>``::
     data_report.json       the data sources: rows read, problems used, every skipped row by file and line, and a
                            digest of the content, which ``--resume`` checks
     metrics.csv            one row per logged step (Lightning's CSV layout: sorted columns, a ``step`` column)
+    samples.jsonl          what the model wrote at each evaluation (``logging.samples``: `klear.run.samples_log`)
     checkpoints/step-000040.ckpt  the latest resumable checkpoint (model, optimizer, scheduler, data position),
                            named after the number of steps it completed (``trainer.keep_checkpoints``: the newest
                            N stay), each a model too (`klear.models.run_checkpoint`)
@@ -48,6 +49,7 @@ class RunDir:
         """Whether this run continues the one in ``root`` (``--resume``)."""
         self.config = self.root / "config.yaml"
         self.metrics = self.root / "metrics.csv"
+        self.samples = self.root / "samples.jsonl"
         self.checkpoints = self.root / "checkpoints"
         self.hf = self.root / "hf"
         self.adapter = self.root / "adapter"

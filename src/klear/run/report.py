@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from klear.run.directory import RunDir, checkpoint_step, written
+from klear.run.samples_log import answers_section
 
 Series = tuple[str, list[float], list[float], list[float] | list[tuple[float, float]] | None]
 """One line of a panel: label, steps, values, and a band around it (or None): half-widths, or ``(low, high)`` per
@@ -207,7 +208,8 @@ def _markdown(
             )
     missing = [key for key in KEY_METRICS.get(config.stage, []) if key not in present and not key.endswith("/*")]
     lines += ["", f"Not logged: {', '.join(f'`{key}`' for key in missing)}.", ""] if missing else [""]
-    lines += _data(data_report) + _files(output_dir, curves, rows, config.trainer.best_metric)
+    lines += _data(data_report) + answers_section(RunDir(output_dir).samples)
+    lines += _files(output_dir, curves, rows, config.trainer.best_metric)
     return "\n".join(lines) + "\n"
 
 
@@ -338,6 +340,7 @@ def _files(output_dir: Path, curves: bool, rows: list[dict[str, float]], metric:
         ("curves.png", curves),
         ("metrics.csv", (output_dir / "metrics.csv").is_file()),
         ("config.yaml", (output_dir / "config.yaml").is_file()),
+        ("samples.jsonl", (output_dir / "samples.jsonl").is_file()),
     ]
     links = [f"[{name}]({name})" for name, present in files if present]
     model = "[hf/](hf/) (the final model)" if (output_dir / "hf").is_dir() else "no `hf/` (written when a run ends)"

@@ -279,6 +279,10 @@ class LoggingConfig:
     wandb: bool = False
     """Also log to Weights & Biases (needs ``pip install wandb``)."""
     wandb_project: str = "klear"
+    samples: int = at_least(2, 0)
+    """At each evaluation, ``samples.jsonl`` gets every answer to the first this-many problems of each held-out set,
+    with its verdict, and (RL) every response of the step's first this-many prompt groups trained on, with its reward
+    and advantage; 0: no ``samples.jsonl``."""
 
 
 @dataclass

@@ -24,15 +24,16 @@ from klear.data.problems import ProblemSet, Task, load_problems
 from klear.data.prompts import PromptFormat, char_bound, chat_template_problem, encode_prompt
 from klear.data.readers import warn_bad_rows
 from klear.data.sets import DataSets, named_sets, set_key
-from klear.eval.in_training import EVAL_DATA_SEED, evaluate
+from klear.eval.in_training import EVAL_DATA_SEED, Evaluation, evaluate
 from klear.experience.sampling import step_seed
 from klear.kernels.logprobs import post_processing
 from klear.models import hf_config, prompt_budget
 from klear.models.lora import is_lora, trainable_names, write_adapter, write_merged
 from klear.rollout.engine import RolloutEngine
 from klear.run.directory import RunDir
+from klear.run.samples_log import SamplesLog
 from klear.run.stopping import agreement_point
-from klear.runtime import memory
+from klear.runtime import lightning_compat, memory
 from klear.runtime.optim import build_optimizer, build_scheduler
 from klear.runtime.strategies import export_hf, shard_model, uses_fsdp2
 from klear.schema import ModelConfig, RLRunConfig, SFTRunConfig
@@ -60,6 +61,8 @@ class StageModule(L.LightningModule):
         """Whether each step seeds dropout (:meth:`seed_dropout`)."""
         self.agreement: Callable[[], None] | None = None
         """The fit's agreement point on SIGTERM (`klear.run.stopping.agreement_point`), found once as it starts."""
+        self.samples_log: SamplesLog | None = None
+        """``samples.jsonl`` (``logging.samples``), on the first rank, from the start of the fit."""
 
     def seed_dropout(self, step: int) -> None:
         """With ``model.lora.dropout`` > 0, seed torch's global generator, which dropout draws from, by the run's
@@ -98,12 +101,22 @@ class StageModule(L.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self.eval_due(batch_idx):
-            self._eval_metrics = self.run_eval()
+            self.evaluated(self.run_eval(), batch_idx)
             self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
         memory.mark("update")
 
+    def evaluated(self, evaluation: Evaluation, step: int) -> None:
+        """Take the evaluation of the weights ``step`` starts from: its metrics join the step's row, its kept answers
+        go to ``samples.jsonl``."""
+        self._eval_metrics = evaluation.metrics
+        if self.samples_log is not None:
+            self.samples_log.write(step, "eval", evaluation.samples)
+
     def on_train_start(self) -> None:
         self.agreement = agreement_point(self.trainer)
+        if self.trainer.is_global_zero and self.config.logging.samples:
+            first = lightning_compat.completed_steps(self.trainer)  # a resumed run's first step
+            self.samples_log = SamplesLog(RunDir(self.config.output_dir).samples, first)
 
     def stop_point(self) -> None:
         """An agreement point on SIGTERM inside a step (`klear.run.stopping`): every rank calls it at the same place
@@ -113,7 +126,8 @@ class StageModule(L.LightningModule):
             self.agreement()
 
     def on_train_end(self) -> None:
-        self._log_step(self.run_eval(), step=self.config.trainer.max_steps)
+        self.evaluated(self.run_eval(), self.config.trainer.max_steps)
+        self._log_step({}, step=self.config.trainer.max_steps)
         run_dir = RunDir(self.config.output_dir)
         if is_lora(self.model):  # hf/: the merged model, loadable by transformers alone; adapter/: PEFT's format
             export_hf(self, run_dir.hf, write=write_merged)
@@ -148,7 +162,7 @@ class StageModule(L.LightningModule):
         raise NotImplementedError
 
     @torch.no_grad()
-    def run_eval(self) -> dict[str, float]:
+    def run_eval(self) -> Evaluation:
         """Evaluation of the current weights, the problems split across data-parallel ranks."""
         with memory.phase("eval"):
             return evaluate(
@@ -161,6 +175,7 @@ class StageModule(L.LightningModule):
                 world=self.trainer.world_size,
                 stop_point=self.stop_point,
                 engine_batch=self.config.eval.batch_size,  # the batch size of the engine of `eval_engine`
+                keep=self.config.logging.samples,
             )
 
     # -------------------------------------------------------------------------------------------- output

@@ -40,6 +40,7 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.data.batches import ResumableBatches
 from klear.data.problems import Problem, Task
+from klear.eval.in_training import Evaluation
 from klear.experience.async_rollouts import start_async_rollouts
 from klear.experience.rollouts import Rollouts
 from klear.experience.sampling import start_sync_rollouts
@@ -52,6 +53,7 @@ from klear.rewards.routing import routed_reward
 from klear.rollout.engine import engine_holds_copy, needed_model_len
 from klear.rollout.refresh import RolloutRefresh
 from klear.run.directory import RunDir
+from klear.run.samples_log import train_records
 from klear.runtime import memory
 from klear.runtime.device import policy_on_cuda
 from klear.runtime.distributed import Ranks
@@ -193,8 +195,11 @@ class RLModule(StageModule):
             )
             metrics["timing/update_s"] = time.perf_counter() - timer
         if self.eval_due(batch_idx):  # asked for in on_train_batch_start
-            self._eval_metrics = self.rollouts.take_eval(batch_idx)
+            self.evaluated(self.rollouts.take_eval(batch_idx), batch_idx)
             self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
+            if self.samples_log is not None and scored.groups:
+                groups = self.config.logging.samples
+                self.samples_log.write(batch_idx, "train", train_records(scored, advantages, self.tokenizer, groups))
         self.lr_schedulers().step()  # also after a step whose groups were all filtered (`build_scheduler`)
         metrics["actor/lr"] = self.lr_schedulers().get_last_lr()[0]
         self.log("reward", metrics["reward/mean"], prog_bar=True, logger=False)
@@ -233,7 +238,7 @@ class RLModule(StageModule):
         memory.mark("update")
 
     @torch.no_grad()
-    def run_eval(self) -> dict[str, float]:
+    def run_eval(self) -> Evaluation:
         """The final evaluation, of the weights pushed after the last step."""
         version = self.config.trainer.max_steps
         self.rollouts.request_eval(version)

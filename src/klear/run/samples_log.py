@@ -1,0 +1,164 @@
+"""``<output_dir>/samples.jsonl``: what the model wrote at each evaluation, one JSON object per line, kept whole
+across resumes.
+
+At each evaluation (before the first step, every ``eval.every_n_steps`` and after the last) a run writes, when
+``logging.samples`` is N > 0:
+
+- ``"split": "eval"``: the first N problems of each held-out set, one line each, as ``klear.eval`` writes its
+  ``results.jsonl`` (`klear.eval.metrics.problem_record`: the data ``line``, ``problem``, ``reference``, ``source``,
+  every sample's ``text``, ``correct``, ``length`` and ``finish_reason``, the problem's ``avg`` and ``pass@k``),
+  with its ``set`` when ``data.eval`` has several;
+- ``"split": "train"`` (RL): the first N prompt groups the step trains on (`train_records`), one line each: the
+  ``prompt`` as the model read it (its chat template rendered) and every response's ``text``, ``reward`` (shaped,
+  what the advantage is computed from), ``score`` (the reward's own), ``correct``, ``advantage``, ``length`` and
+  ``finish_reason``.
+
+Each line starts with the ``step`` whose starting weights wrote it (``trainer.max_steps`` for the evaluation after
+the last step). The records hold no timing, so a seeded run writes the same file, and a resumed run keeps the lines
+of the steps before its checkpoint and drops the rest, as ``metrics.csv`` does: its file reads as if the run had
+never stopped. Only the first rank writes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from klear.run.directory import with_path, written
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PreTrainedTokenizerBase
+
+    from klear.kernels.rollout_batch import ScoredGroups
+
+
+class SamplesLog:
+    """``path`` (``samples.jsonl``), holding only the lines of steps before ``first_step`` (the step a resumed run
+    starts at; 0 for a new run, whose file starts empty)."""
+
+    def __init__(self, path: Path, first_step: int) -> None:
+        self.path = path
+        kept = [line for line in _lines(path) if _step(line) is not None and _step(line) < first_step]
+        if kept:
+            written(path, lambda temporary: temporary.write_text("".join(kept)))
+        else:
+            path.unlink(missing_ok=True)
+
+    def write(self, step: int, split: str, records: Iterable[dict[str, Any]]) -> None:
+        """Append ``records`` as lines that start with ``step`` and ``split``."""
+        lines = [json.dumps({"step": step, "split": split, **record}, ensure_ascii=False) + "\n" for record in records]
+        if not lines:
+            return
+        try:
+            with self.path.open("a", encoding="utf-8", errors="backslashreplace") as file:
+                file.writelines(lines)
+        except OSError as error:
+            raise with_path(error, self.path) from error
+
+
+def train_records(
+    scored: ScoredGroups, advantages: Tensor, tokenizer: PreTrainedTokenizerBase, groups: int
+) -> list[dict[str, Any]]:
+    """The records of the first ``groups`` of a step's prompt groups (see the module docstring); ``advantages``:
+    each response's, (G, n) or per token (G, n, T: their mean over the response's tokens is given)."""
+    records = []
+    for g, group in enumerate(scored.groups[:groups]):
+        responses = []
+        for i, rollout in enumerate(group):
+            advantage = advantages[g, i]
+            responses.append(
+                {
+                    "text": rollout.text,
+                    "reward": float(scored.shaped[g, i]),
+                    "score": float(scored.raw[g, i]),
+                    "correct": bool(scored.correct[g, i]),
+                    "advantage": float(advantage.float().mean()),
+                    "length": len(rollout.response_ids),
+                    "finish_reason": rollout.finish_reason,
+                }
+            )
+        prompt = tokenizer.decode(group[0].prompt_ids, skip_special_tokens=False) if group else ""
+        records.append({"prompt": prompt, "samples": responses})
+    return records
+
+
+SHOWN_CHARS = 1_200
+"""Characters of an answer ``report.md`` quotes; a longer one is quoted by its end, where its final answer is."""
+
+
+def answers_section(path: Path) -> list[str]:
+    """``report.md``'s "Answers": the first held-out problem of ``samples.jsonl`` and its first answer at the first
+    and at the last evaluation, each with its verdict; [] without evaluation lines."""
+    evaluations = [record for record in read_samples(path) if record.get("split") == "eval" and record.get("samples")]
+    if not evaluations:
+        return []
+    first, last_step = evaluations[0], evaluations[-1].get("step")
+    shown = [first, next(record for record in evaluations if record.get("step") == last_step)]
+    of_set = f", of the set `{first['set']}`" if first.get("set") else ""
+    lines = [
+        "## Answers",
+        "",
+        f"The first held-out problem of [samples.jsonl](samples.jsonl) (every answer kept at each evaluation: "
+        f"`logging.samples`){of_set}, and its first answer at the first and at the last evaluation:",
+        "",
+        f"> {_flat(first.get('problem'), 400)}",
+        "",
+        f"Reference: `{_flat(first.get('reference'), 200)}`.",
+    ]
+    for record in shown[: 1 if last_step == first.get("step") else 2]:
+        answer, samples = record["samples"][0], record["samples"]
+        verdict = "correct" if answer.get("correct") else "wrong"
+        correct = sum(bool(sample.get("correct")) for sample in samples)
+        lines += ["", f"Step {record.get('step')}, {verdict} ({correct} of {len(samples)} samples correct):", ""]
+        lines += _fenced(str(answer.get("text", "")))
+    return [*lines, ""]
+
+
+def read_samples(path: Path) -> list[dict[str, Any]]:
+    """The records of ``samples.jsonl`` (a damaged line left out), or [] when there is none."""
+    records = []
+    for line in _lines(path):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _flat(value: Any, limit: int) -> str:
+    """``value`` (a text, or chat messages whose last is quoted, or any JSON) on one line, cut at ``limit``."""
+    if isinstance(value, list) and value and isinstance(value[-1], dict):
+        value = value[-1].get("content", "")
+    text = " ".join((value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _fenced(text: str) -> list[str]:
+    """``text`` as a markdown code block (its end when longer than `SHOWN_CHARS`), fenced past its own backticks."""
+    if len(text) > SHOWN_CHARS:
+        text = f"... ({len(text) - SHOWN_CHARS:,} characters before)\n{text[-SHOWN_CHARS:]}"
+    longest = max((len(chunk) for chunk in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}text", text, fence]
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as file:
+            return [line for line in file if line.endswith("\n")]  # a line cut short by a crash is dropped
+    except FileNotFoundError:
+        return []
+
+
+def _step(line: str) -> int | None:
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
