@@ -8,7 +8,14 @@ import torch
 from klear.kernels.rollout_batch import ScoredGroups
 from klear.models.tokenizer import build_tokenizer
 from klear.rollout.engine import Rollout
-from klear.run.samples_log import SHOWN_CHARS, SamplesLog, answers_section, train_records
+from klear.run.samples_log import (
+    SHOWN_CHARS,
+    TABLE_COLUMNS,
+    SamplesLog,
+    answers_section,
+    to_trackers,
+    train_records,
+)
 
 
 def lines(path):
@@ -138,3 +145,54 @@ def test_the_report_quotes_the_first_problem_s_first_answer_at_the_first_and_las
     assert quoted.endswith(" \\boxed{2}")
     assert len(quoted.split("\n", 1)[1]) == SHOWN_CHARS
     assert answers_section(tmp_path / "none.jsonl") == []
+
+
+EVAL = {"problem": "Add 1 to 1.", "reference": "2", "samples": [{"text": "\\boxed{2}", "correct": True, "length": 4}]}
+TRAIN = {
+    "prompt": "<|im_start|>user\nAdd 1 to 1.",
+    "samples": [{"text": "2", "correct": False, "length": 1, "reward": 0.0, "advantage": -0.5}],
+}
+
+
+def test_the_answers_reach_tensorboard_as_text_at_their_step(tmp_path):
+    pytest.importorskip("tensorboard")
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = TensorBoardLogger(tmp_path, name="tb", version="")
+    to_trackers([CSVLogger(tmp_path / "csv"), board], 3, "eval", [EVAL])
+    to_trackers([board], 3, "train", [TRAIN])
+    to_trackers([board], 4, "train", [])  # nothing kept: nothing logged
+    board.experiment.flush()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    shown = {
+        tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)]
+        for tag in events.Tags()["tensors"]
+    }
+    assert shown == {
+        "samples/eval/text_summary": [
+            (3, "**Add 1 to 1.**\n\nreference: `2`\n\ncorrect, 4 tokens:\n\n```text\n\\boxed{2}\n```\n")
+        ],
+        "samples/train/text_summary": [
+            (3, "**<|im_start|>user Add 1 to 1.**\n\nwrong, reward 0, advantage -0.500, 1 tokens:\n\n```text\n2\n```\n")
+        ],
+    }
+    assert not list((tmp_path / "csv").rglob("*.csv"))  # the CSV logger takes metrics only
+
+
+@pytest.mark.end_to_end  # wandb starts a service process of its own
+def test_the_answers_reach_weights_and_biases_as_a_table(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = WandbLogger(project="klear-test", save_dir=str(tmp_path), offline=True)
+    to_trackers([logger], 3, "eval", [EVAL])
+    to_trackers([logger], 3, "train", [TRAIN])
+    logger.experiment.finish()
+    tables = {path.name.split("_")[0]: json.loads(path.read_text()) for path in tmp_path.rglob("*.table.json")}
+    assert tables["eval"]["columns"] == tables["train"]["columns"] == TABLE_COLUMNS
+    assert tables["eval"]["data"] == [[3, "", "Add 1 to 1.", "2", "\\boxed{2}", True, None, None, 4]]
+    assert tables["train"]["data"] == [[3, "", "<|im_start|>user Add 1 to 1.", "", "2", False, 0.0, -0.5, 1]]

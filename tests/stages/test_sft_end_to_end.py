@@ -183,10 +183,21 @@ def test_several_train_sets_train_as_their_rows_in_one_file_and_resume_only_on_t
 
 
 def test_tensorboard_logger_writes_events(tmp_path):
+    """The metrics, and each evaluation's kept answers as text (``samples/eval``) at its step."""
     pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path}", *SHORT, "trainer.max_steps=2"]
     assert main([*args, "logging.tensorboard=true", "eval.every_n_steps=0"]) == 0
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    assert "eval/accuracy" in events.Tags()["scalars"]
+    texts = events.Tensors("samples/eval/text_summary")
+    assert [event.step for event in texts] == [0, 2]
+    first = json.loads((tmp_path / "samples.jsonl").read_text().splitlines()[0])
+    shown = texts[0].tensor_proto.string_val[0].decode()
+    assert shown.startswith(f"**{first['problem']}**\n\nreference: `{first['reference']}`\n\n")
 
 
 def test_starting_over_a_finished_run_is_refused(finished_run, capsys):

@@ -118,6 +118,55 @@ def answers_section(path: Path) -> list[str]:
     return [*lines, ""]
 
 
+TABLE_COLUMNS = ["step", "set", "problem", "reference", "text", "correct", "reward", "advantage", "length"]
+"""The columns of the W&B table of kept answers, one row per answer (a train group's ``problem`` is its prompt, an
+eval answer's ``reward`` its score, its ``advantage`` empty)."""
+
+
+def to_trackers(loggers: Iterable[Any], step: int, split: str, records: list[dict[str, Any]]) -> None:
+    """``records`` (a step's lines of ``split``) in the experiment trackers a run logs to: TensorBoard's text panel
+    (``samples/<split>``, markdown, each answer's end as `answers_section` quotes it) and a W&B table
+    (``samples/<split>``, `TABLE_COLUMNS`); other loggers get nothing."""
+    from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger) and records:
+            logger.experiment.add_text(f"samples/{split}", "\n".join(_markdown(records)), global_step=step)
+        elif isinstance(logger, WandbLogger) and records:
+            rows = [
+                [
+                    step,
+                    record.get("set", ""),
+                    _flat(record.get("problem", record.get("prompt")), 10_000),
+                    _flat(record.get("reference", ""), 10_000),
+                    sample.get("text", ""),
+                    sample.get("correct"),
+                    sample.get("reward", sample.get("score")),
+                    sample.get("advantage"),
+                    sample.get("length"),
+                ]
+                for record in records
+                for sample in record.get("samples", [])
+            ]
+            logger.log_table(f"samples/{split}", columns=TABLE_COLUMNS, data=rows, step=step)
+
+
+def _markdown(records: list[dict[str, Any]]) -> list[str]:
+    """``records`` as TensorBoard's text panel shows them: each problem (or prompt) in bold, its reference, then each
+    answer's verdict (and reward and advantage, for a train group) and its text."""
+    lines = []
+    for record in records:
+        lines += [f"**{_flat(record.get('problem', record.get('prompt')), 400)}**", ""]
+        if "reference" in record:
+            lines += [f"reference: `{_flat(record['reference'], 200)}`", ""]
+        for sample in record.get("samples", []):
+            said = "correct" if sample.get("correct") else "wrong"
+            if "advantage" in sample:
+                said += f", reward {sample['reward']:g}, advantage {sample['advantage']:+.3f}"
+            lines += [f"{said}, {sample.get('length')} tokens:", "", *_fenced(str(sample.get("text", ""))), ""]
+    return lines
+
+
 def read_samples(path: Path) -> list[dict[str, Any]]:
     """The records of ``samples.jsonl`` (a damaged line left out), or [] when there is none."""
     records = []

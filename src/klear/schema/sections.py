@@ -282,7 +282,8 @@ class LoggingConfig:
     samples: int = at_least(2, 0)
     """At each evaluation, ``samples.jsonl`` gets every answer to the first this-many problems of each held-out set,
     with its verdict, and (RL) every response of the step's first this-many prompt groups trained on, with its reward
-    and advantage; 0: no ``samples.jsonl``."""
+    and advantage (also TensorBoard's text and a W&B table ``samples/<split>`` with ``tensorboard`` / ``wandb``); 0:
+    none."""
 
 
 @dataclass

@@ -31,7 +31,7 @@ from klear.models import hf_config, prompt_budget
 from klear.models.lora import is_lora, trainable_names, write_adapter, write_merged
 from klear.rollout.engine import RolloutEngine
 from klear.run.directory import RunDir
-from klear.run.samples_log import SamplesLog
+from klear.run.samples_log import SamplesLog, to_trackers
 from klear.run.stopping import agreement_point
 from klear.runtime import lightning_compat, memory
 from klear.runtime.optim import build_optimizer, build_scheduler
@@ -109,8 +109,13 @@ class StageModule(L.LightningModule):
         """Take the evaluation of the weights ``step`` starts from: its metrics join the step's row, its kept answers
         go to ``samples.jsonl``."""
         self._eval_metrics = evaluation.metrics
+        self.keep_samples(step, "eval", evaluation.samples)
+
+    def keep_samples(self, step: int, split: str, records: list[dict[str, Any]]) -> None:
+        """A step's kept answers of ``split`` into ``samples.jsonl`` and the run's experiment trackers (first rank)."""
         if self.samples_log is not None:
-            self.samples_log.write(step, "eval", evaluation.samples)
+            self.samples_log.write(step, split, records)
+            to_trackers(self.loggers, step, split, records)
 
     def on_train_start(self) -> None:
         self.agreement = agreement_point(self.trainer)

@@ -199,7 +199,7 @@ class RLModule(StageModule):
             self.log("eval_acc", self._eval_metrics["eval/accuracy"], prog_bar=True, logger=False)
             if self.samples_log is not None and scored.groups:
                 groups = self.config.logging.samples
-                self.samples_log.write(batch_idx, "train", train_records(scored, advantages, self.tokenizer, groups))
+                self.keep_samples(batch_idx, "train", train_records(scored, advantages, self.tokenizer, groups))
         self.lr_schedulers().step()  # also after a step whose groups were all filtered (`build_scheduler`)
         metrics["actor/lr"] = self.lr_schedulers().get_last_lr()[0]
         self.log("reward", metrics["reward/mean"], prog_bar=True, logger=False)
