@@ -4,6 +4,8 @@ right answers as correct, in the in-training `evaluate` and in the ``klear.eval`
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from klear.config import EvalConfig
@@ -152,3 +154,21 @@ def test_each_eval_set_is_scored_on_its_first_num_prompts_and_on_its_own():
         load_config(None, ["stage=rl", *overrides, "trainer.best_metric=?"])
     accepted = str(refused.value).split("accepted: ")[1].split(", ")
     assert sorted(accepted) == sorted(key for key in metrics if key != "eval/response_length" and "src" not in key)
+
+
+def test_kept_answers_copy_a_reference_up_to_its_bound_and_name_a_longer_one_by_its_size():
+    """A reference of megabytes (a code problem's tests) would be copied at every evaluation: past
+    ``KEPT_REFERENCE_CHARS`` of JSON its size stands in for it; the answers are scored against the whole of it."""
+    from klear.eval.in_training import KEPT_REFERENCE_CHARS
+
+    long = ["2"] * 500  # several acceptable answers, as a reference may list them: 2,500 characters of JSON
+    problems = [Problem("Add 1 to 1.", "2"), Problem("Add 1 to 1 again.", long)]
+    engine, scorer = AnsweringEngine({"again": ["\\boxed{2}"], "Add 1 to 1.": ["\\boxed{2}"]}), RewardScorer("math", {})
+    settings = EvalConfig(num_prompts=2, max_new_tokens=8)
+    evaluation = evaluate(engine, engine.tokenizer, problems, settings, scorer.correctness, keep=2)
+    assert evaluation.metrics["eval/accuracy"] == 1.0
+    assert [record["reference"] for record in evaluation.samples] == [
+        "2",
+        "(2,500 characters of JSON, not copied: the problem's data row holds them)",
+    ]
+    assert len(json.dumps(long)) == 2_500 > KEPT_REFERENCE_CHARS

@@ -14,6 +14,7 @@ first ``num_prompts`` problems are scored and each set has its ``eval/accuracy/<
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -36,6 +37,8 @@ EVAL_SEED = 1234
 """Sampling seed of every evaluation (independent of the training seed, so runs compare on equal terms)."""
 EVAL_DATA_SEED = 0
 """Seed of the synthetic held-out problems: the same set for every training seed."""
+KEPT_REFERENCE_CHARS = 2_000
+"""The longest reference (as JSON) an evaluation's kept answers copy (`Evaluation.samples`)."""
 
 Scorer = Callable[[list[str], list[Any]], list[bool]]
 """``(completions, references) -> correct``, whether each completion is correct (`RewardScorer.correctness`); a
@@ -99,6 +102,7 @@ def evaluate(
             if start + i in kept:
                 scores = sampled.scores.slice(i * samples, (i + 1) * samples)
                 record = problem_record(problem, group, scores.raw, scores.statuses, scores.correct, samples)
+                record["reference"] = _kept_reference(record["reference"])
                 records.append({"set": problem.set_name, **record} if problem.set_name else record)
     metrics = {
         "eval/accuracy": sum(correct) / len(correct),
@@ -116,6 +120,15 @@ def evaluate(
         hits = [value for i, value in enumerate(correct) if problems[i // samples].source == source]
         metrics[f"eval/accuracy/{source}"] = sum(hits) / len(hits)
     return Evaluation(metrics, records)
+
+
+def _kept_reference(reference: Any) -> Any:
+    """``reference`` as an evaluation keeps it, at every evaluation: itself, or, past `KEPT_REFERENCE_CHARS` as JSON
+    (a code problem's tests can run to megabytes), its size alone; the problem's data row holds it."""
+    size = len(json.dumps(reference, ensure_ascii=False, default=str))
+    if size <= KEPT_REFERENCE_CHARS:
+        return reference
+    return f"({size:,} characters of JSON, not copied: the problem's data row holds them)"
 
 
 def chunk_prompts(engine_batch: int, samples: int, world: int) -> int:
