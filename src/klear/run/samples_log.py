@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klear.run.directory import with_path, written
+from klear.run.directory import with_path
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -42,11 +42,21 @@ class SamplesLog:
 
     def __init__(self, path: Path, first_step: int) -> None:
         self.path = path
-        kept = [line for line in _lines(path) if _step(line) is not None and _step(line) < first_step]
-        if kept:
-            written(path, lambda temporary: temporary.write_text("".join(kept)))
-        else:
-            path.unlink(missing_ok=True)
+        try:
+            with path.open("rb+") as file:  # cut in place after the last whole line of an earlier step
+                kept = 0
+                for line in file:
+                    step = _LINE_START.match(line)
+                    if step is None or int(step[1]) >= first_step or not line.endswith(b"\n"):
+                        break
+                    kept += len(line)
+                file.truncate(kept)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            raise with_path(error, path) from error
+        if not kept:
+            path.unlink()
 
     def write(self, step: int, split: str, records: Iterable[dict[str, Any]]) -> None:
         """Append ``records`` as lines that start with ``step`` and ``split``."""
@@ -197,17 +207,13 @@ def _fenced(text: str) -> list[str]:
     return [f"{fence}text", text, fence]
 
 
+_LINE_START = re.compile(rb'\{"step": (\d+), "split": "')
+"""How every line of the file starts (`SamplesLog.write`): its step is read without parsing the line."""
+
+
 def _lines(path: Path) -> list[str]:
     try:
         with path.open(encoding="utf-8", errors="replace") as file:
             return [line for line in file if line.endswith("\n")]  # a line cut short by a crash is dropped
     except FileNotFoundError:
         return []
-
-
-def _step(line: str) -> int | None:
-    try:
-        step = json.loads(line).get("step")
-    except (ValueError, AttributeError):
-        return None
-    return step if isinstance(step, int) else None
