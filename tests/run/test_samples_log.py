@@ -196,3 +196,10 @@ def test_the_answers_reach_weights_and_biases_as_a_table(tmp_path, monkeypatch):
     assert tables["eval"]["columns"] == tables["train"]["columns"] == TABLE_COLUMNS
     assert tables["eval"]["data"] == [[3, "", "Add 1 to 1.", "2", "\\boxed{2}", True, None, None, 4]]
     assert tables["train"]["data"] == [[3, "", "<|im_start|>user Add 1 to 1.", "", "2", False, 0.0, -0.5, 1]]
+
+
+def test_a_run_evaluated_once_has_its_one_answer_quoted(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    SamplesLog(path, 0).write(0, "eval", [{"problem": "p", "reference": "1", "samples": [{"text": "a"}]}] * 2)
+    lines = answers_section(path)
+    assert [line for line in lines if line.startswith("Step ")] == ["Step 0, wrong (0 of 1 samples correct):"]

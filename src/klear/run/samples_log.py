@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from klear.kernels.rollout_batch import ScoredGroups
 
 
+_LINE_START = re.compile(rb'\{"step": (\d+), "split": "(\w+)"')
+"""How every line of the file starts (`SamplesLog.write`): its step and split are read without parsing the line."""
+
+
 class SamplesLog:
     """``path`` (``samples.jsonl``), holding only the lines of steps before ``first_step`` (the step a resumed run
     starts at; 0 for a new run, whose file starts empty)."""
@@ -103,11 +107,10 @@ SHOWN_CHARS = 1_200
 def answers_section(path: Path) -> list[str]:
     """``report.md``'s "Answers": the first held-out problem of ``samples.jsonl`` and its first answer at the first
     and at the last evaluation, each with its verdict; [] without evaluation lines."""
-    evaluations = [record for record in read_samples(path) if record.get("split") == "eval" and record.get("samples")]
-    if not evaluations:
+    shown = _first_evaluated(path)
+    if not shown:
         return []
-    first, last_step = evaluations[0], evaluations[-1].get("step")
-    shown = [first, next(record for record in evaluations if record.get("step") == last_step)]
+    first = shown[0]
     of_set = f", of the set `{first['set']}`" if first.get("set") else ""
     lines = [
         "## Answers",
@@ -119,7 +122,7 @@ def answers_section(path: Path) -> list[str]:
         "",
         f"Reference: `{_flat(first.get('reference'), 200)}`.",
     ]
-    for record in shown[: 1 if last_step == first.get("step") else 2]:
+    for record in shown:
         answer, samples = record["samples"][0], record["samples"]
         verdict = "correct" if answer.get("correct") else "wrong"
         correct = sum(bool(sample.get("correct")) for sample in samples)
@@ -177,15 +180,29 @@ def _markdown(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def read_samples(path: Path) -> list[dict[str, Any]]:
-    """The records of ``samples.jsonl`` (a damaged line left out), or [] when there is none."""
+def _first_evaluated(path: Path) -> list[dict[str, Any]]:
+    """The first ``eval`` record of the first evaluation of ``path`` and of its last (one when they are the same),
+    read line by line: only these two lines are parsed, however long the file; a damaged line is passed over."""
+    first = last = None
+    try:
+        with path.open("rb") as file:
+            for line in file:
+                start = _LINE_START.match(line)
+                if start is None or start[2] != b"eval" or not line.endswith(b"\n"):
+                    continue
+                if first is None:
+                    first = last = line
+                elif int(start[1]) != int(_LINE_START.match(last)[1]):
+                    last = line
+    except FileNotFoundError:
+        return []
     records = []
-    for line in _lines(path):
+    for line in dict.fromkeys(line for line in (first, last) if line is not None):
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict):
+        if isinstance(record, dict) and isinstance(record.get("samples"), list) and record["samples"]:
             records.append(record)
     return records
 
@@ -205,15 +222,3 @@ def _fenced(text: str) -> list[str]:
     longest = max((len(chunk) for chunk in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
     return [f"{fence}text", text, fence]
-
-
-_LINE_START = re.compile(rb'\{"step": (\d+), "split": "')
-"""How every line of the file starts (`SamplesLog.write`): its step is read without parsing the line."""
-
-
-def _lines(path: Path) -> list[str]:
-    try:
-        with path.open(encoding="utf-8", errors="replace") as file:
-            return [line for line in file if line.endswith("\n")]  # a line cut short by a crash is dropped
-    except FileNotFoundError:
-        return []
