@@ -142,3 +142,27 @@ def test_report_of_a_real_short_rl_run(tmp_path):
     assert "2 of 2 steps" in report and "[hf/](hf/)" in report and "Not logged" not in report
     assert "| `rollout.prompts_per_step x rollout.group_size` | 4 x 4 = 16 responses / step |" in report
     assert (tmp_path / "curves.png").stat().st_size > 20_000
+
+
+def test_a_legend_of_more_lines_than_an_axis_holds_goes_below_its_panel(tmp_path, monkeypatch):
+    """A reward panel of four sets' lines and the run's own keeps its legend off the points, below the panel; a panel
+    of two lines keeps its legend inside."""
+    import matplotlib.pyplot as plt
+
+    from klear.run.report import LEGEND_INSIDE, draw_panels
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at it
+    steps = [0.0, 1.0, 2.0]
+    many = [(f"reward/mean/{name}", steps, [0.1, 0.5, 0.9], None) for name in ("a", "b", "c", "d", "e")]
+    two = [(name, steps, [0.2, 0.2, 0.2], None) for name in ("objective/clip_frac_low", "objective/clip_frac_high")]
+    draw_panels(tmp_path / "curves.png", [("reward", "mean reward", many), ("clipped", "fraction", two)], "run")
+    (figure,) = figures
+    figure.canvas.draw()
+    reward, clipped = figure.axes[:2]
+    assert len(many) > LEGEND_INSIDE >= len(two)
+    below = reward.get_legend().get_window_extent()
+    assert below.y1 < reward.get_window_extent().y0  # under the panel, clear of its points
+    inside, axis = clipped.get_legend().get_window_extent(), clipped.get_window_extent()
+    assert axis.y0 <= inside.y0 and inside.y1 <= axis.y1
+    assert (tmp_path / "curves.png").stat().st_size > 0

@@ -386,11 +386,16 @@ def label_colours(labels: list[str]) -> dict[str, object]:
     return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
 
 
+LEGEND_INSIDE = 3
+"""The most lines a panel's legend names inside its axes (where it covers little); more go below the panel."""
+
+
 def draw_panels(path: Path, panels: list[tuple[str, str, list[Series]]], title: str) -> None:
     """Draw ``panels`` (title, y-axis label, series) over ``step``, three to a row, into the PNG ``path``.
 
     A label keeps its colour in every panel. When every panel with data holds the same labels (runs compared), one
-    legend serves the figure; otherwise a panel with several lines has its own, and its later lines are dashed.
+    legend serves the figure; otherwise a panel with several lines has its own (below it past `LEGEND_INSIDE`
+    lines), and its later lines are dashed.
     Series of up to 25 points get markers, so that a few evaluations read as points rather than a trend.
     """
     import matplotlib
@@ -401,10 +406,13 @@ def draw_panels(path: Path, panels: list[tuple[str, str, list[Series]]], title: 
 
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows + 0.6), squeeze=False)
-    colours = label_colours(list(dict.fromkeys(s[0] for p in panels for s in p[2])))
     drawn = [tuple(s[0] for s in series) for _, _, series in panels if series]
     shared = len(drawn) > 1 and len(set(drawn)) == 1
+    # A legend of more lines than an axis holds without covering them goes below its panel, two labels a line.
+    below = [0 if shared or len(panel[2]) <= LEGEND_INSIDE else math.ceil(len(panel[2]) / 2) for panel in panels]
+    room = sum(max(below[row * columns : (row + 1) * columns]) * 0.2 for row in range(rows))
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows + 0.6 + room), squeeze=False)
+    colours = label_colours(list(dict.fromkeys(s[0] for p in panels for s in p[2])))
     for axis, (name, unit, series) in zip(axes.reshape(-1), panels, strict=False):
         for index, (label, steps, values, half) in enumerate(series):
             style = {"color": colours[label], "marker": "o" if len(steps) <= 25 else None, "markersize": 3.5}
@@ -417,7 +425,9 @@ def draw_panels(path: Path, panels: list[tuple[str, str, list[Series]]], title: 
         axis.set(title=name, xlabel="step", ylabel=unit)
         axis.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
         axis.grid(alpha=0.3)
-        if len(series) > 1 and not shared:
+        if len(series) > LEGEND_INSIDE and not shared:
+            axis.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+        elif len(series) > 1 and not shared:
             axis.legend(fontsize=8)
     for axis in axes.reshape(-1)[len(panels) :]:
         axis.set_visible(False)
