@@ -153,6 +153,7 @@ def test_kill_9_and_resume_equals_an_uninterrupted_run(k, tmp_path):
     assert_no_process_left(tag)  # the worker died with its trainer
     fit_in_subprocess([*args, f"output_dir={killed}", "--resume"])
     assert_same_metrics(straight, killed, rel=1e-5)
+    assert (killed / "samples.jsonl").read_text() == (straight / "samples.jsonl").read_text()
 
 
 def test_ctrl_c_stops_the_worker_and_the_run(tmp_path):

@@ -126,9 +126,10 @@ DRAWING = ["objective.name=clip-cov", "objective.clip_cov_lb=0.0", "objective.cl
 @pytest.mark.parametrize("objective", [[], DRAWING], ids=["default", "clip-cov"])
 def test_resume_after_crash_is_exact(tmp_path, objective):
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
-    assert main(["--config", "configs/rl.yaml", f"output_dir={straight}", *SHORT, *objective]) == 0
+    every = [*objective, "eval.every_n_steps=1"]  # samples.jsonl gets lines at every step, the crashed one's too
+    assert main(["--config", "configs/rl.yaml", f"output_dir={straight}", *SHORT, *every]) == 0
 
-    config = load_config("configs/rl.yaml", [f"output_dir={crashed}", *SHORT, *objective])
+    config = load_config("configs/rl.yaml", [f"output_dir={crashed}", *SHORT, *every])
     run_dir = prepare_run_dir(config, resume=False, overwrite=False)
     module, batches = build_stage(config, run_dir)
     trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[Crash()])
@@ -137,7 +138,7 @@ def test_resume_after_crash_is_exact(tmp_path, objective):
     # The module attached the refresh: Lightning runs it after the Trainer's callbacks and before the checkpoint.
     kinds = [type(callback).__name__ for callback in trainer.callbacks]
     assert kinds[-3:] == ["Crash", "RolloutRefresh", "StepCheckpoint"], kinds
-    assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT, *objective]) == 0
+    assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT, *every]) == 0
 
     a, b = read_metrics(straight / "metrics.csv"), read_metrics(crashed / "metrics.csv")
     # samples.jsonl keeps the lines of the steps before the checkpoint and reads as if the run had never stopped
@@ -175,6 +176,7 @@ def test_kill_9_and_resume_equals_an_uninterrupted_run(tmp_path):
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     assert main([*args, f"output_dir={killed}", "--resume"]) == 0
+    assert (killed / "samples.jsonl").read_text() == (straight / "samples.jsonl").read_text()
     a, b = read_metrics(straight / "metrics.csv"), read_metrics(killed / "metrics.csv")
     assert [row["step"] for row in a] == [row["step"] for row in b]
     for row_a, row_b in zip(a, b, strict=True):

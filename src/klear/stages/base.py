@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -30,7 +31,7 @@ from klear.kernels.logprobs import post_processing
 from klear.models import hf_config, prompt_budget
 from klear.models.lora import is_lora, trainable_names, write_adapter, write_merged
 from klear.rollout.engine import RolloutEngine
-from klear.run.directory import RunDir
+from klear.run.directory import RunDir, checkpoint_step
 from klear.run.samples_log import SamplesLog, to_trackers
 from klear.run.stopping import agreement_point
 from klear.runtime import lightning_compat, memory
@@ -120,7 +121,12 @@ class StageModule(L.LightningModule):
     def on_train_start(self) -> None:
         self.agreement = agreement_point(self.trainer)
         if self.trainer.is_global_zero and self.config.logging.samples:
-            first = lightning_compat.completed_steps(self.trainer)  # a resumed run's first step
+            # A resumed run's first step: its checkpoint's, by the name metrics.csv is cut back by (Lightning's loop
+            # progress is restored later than this hook, and counts the step that saved the checkpoint as not done).
+            resumed = self.trainer.ckpt_path
+            first = checkpoint_step(Path(resumed)) if resumed else 0
+            if first is None:  # a checkpoint of another name, given by hand
+                first = lightning_compat.completed_steps(self.trainer)
             self.samples_log = SamplesLog(RunDir(self.config.output_dir).samples, first)
 
     def stop_point(self) -> None:
