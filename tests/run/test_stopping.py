@@ -116,6 +116,7 @@ def test_sigterm_between_steps_saves_the_step_and_the_resume_repeats_the_run_exa
     exact = ("step", "train/loss", "train/grad_norm", "train/lr", "train/tokens")
     rows = [{key: row[key] for key in exact} for row in read_metrics(output / "metrics.csv")]
     assert rows == [{key: row[key] for key in exact} for row in read_metrics(whole / "metrics.csv")]
+    assert (output / "samples.jsonl").read_text() == (whole / "samples.jsonl").read_text()  # steps 0 and 40
 
 
 def resume_one_step(args: list[str], steps: int) -> None:
