@@ -159,6 +159,7 @@ def test_an_export_that_cannot_be_written_leaves_no_hf_and_the_checkpoint_resume
         "data_report.json",
         "metrics.csv",
         "report.md",
+        "samples.jsonl",
         "summary.json",
     ]
     assert "no `hf/`" in (output / "report.md").read_text()
