@@ -101,3 +101,26 @@ def test_the_folders_a_lock_made_are_removed_when_its_command_is_refused(tmp_pat
 )
 def test_only_the_first_process_of_a_job_holds_its_outputs(environ, first):
     assert launching_process(environ) is first
+
+
+def test_a_stop_while_the_lock_is_being_taken_leaves_no_lock_file(tmp_path, monkeypatch):
+    """A stop signal raises wherever the command is; one that lands after this process locked the file, while it
+    reads the record there, removes the file it holds instead of leaving it behind. A refused take leaves another
+    holder's file alone."""
+    import klear.run.folder_lock as folder_lock
+
+    path = tmp_path / "out" / LOCK_NAME
+
+    def stopped(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(folder_lock, "_read", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        take(path)
+    assert not path.exists() and not path.parent.exists()  # neither the file nor the folder made for it
+    monkeypatch.undo()
+    held = take(path)
+    with pytest.raises(FolderInUse):
+        take(path)
+    assert path.exists()
+    held.release()

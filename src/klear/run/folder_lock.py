@@ -155,7 +155,7 @@ def _lock(path: Path, what: str, elsewhere: str) -> tuple[int, Holder | None, st
     """An open descriptor of ``path`` whose lock this process holds, the stale holder it replaces (or None) and
     why that one is stale."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd, locked = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), None
         try:
             locked = _flock(fd, path)
             if locked is not None and not _same_file(fd, path):  # its holder removed it on release: try again
@@ -170,7 +170,12 @@ def _lock(path: Path, what: str, elsewhere: str) -> tuple[int, Holder | None, st
                     f"{what} is held by {named}{live} (lock file {path}): wait for it to end, or {elsewhere}"
                 )
             return fd, record, _stale_reason(record, path)
-        except BaseException:
+        except FolderInUse:
+            os.close(fd)
+            raise
+        except BaseException:  # a stop signal (or an error) while this process held the lock: not left behind
+            if locked is True and _same_file(fd, path):
+                path.unlink(missing_ok=True)
             os.close(fd)
             raise
 
