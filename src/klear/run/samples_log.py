@@ -183,17 +183,15 @@ def _markdown(records: list[dict[str, Any]]) -> list[str]:
 def _first_evaluated(path: Path) -> list[dict[str, Any]]:
     """The first ``eval`` record of the first evaluation of ``path`` and of its last (one when they are the same),
     read line by line: only these two lines are parsed, however long the file; a damaged line is passed over."""
-    first = last = None
+    first = last = last_step = None
     try:
         with path.open("rb") as file:
             for line in file:
                 start = _LINE_START.match(line)
                 if start is None or start[2] != b"eval" or not line.endswith(b"\n"):
                     continue
-                if first is None:
-                    first = last = line
-                elif int(start[1]) != int(_LINE_START.match(last)[1]):
-                    last = line
+                if int(start[1]) != last_step:  # the first line of an evaluation
+                    first, last, last_step = first or line, line, int(start[1])
     except FileNotFoundError:
         return []
     records = []
