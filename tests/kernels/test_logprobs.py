@@ -384,7 +384,8 @@ def test_uniform_gradient_is_computed_in_the_forward_and_used_once(model):
     finally:
         torch.Tensor.__matmul__ = original
     assert in_first_backward == 0 < len(products)
-    torch.testing.assert_close(model.lm_head.weight.grad, first, rtol=1e-5, atol=1e-7)
+    # the recomputation may sum in another order: equal to float32 rounding of the largest entry
+    torch.testing.assert_close(model.lm_head.weight.grad, first, rtol=1e-5, atol=1e-6 * first.abs().max())
 
 
 def test_under_autocast_the_backward_uses_only_its_own_float32_logits(model):
