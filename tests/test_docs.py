@@ -316,6 +316,9 @@ assert "gppo" in list_objectives()
     ("docs/performance.md", "python tools/bench_sft_padding.py"): Run(
         extra=("--examples", "100", "--throughput-examples", "16"), expect=("summary (padded -> packed): synthetic",)
     ),
+    ("docs/performance.md", "python tools/bench_sft_data.py"): Run(
+        extra=("--rows", "30", "--tokens", "200", "--vocab", "4096"), expect=("bytes per token", "at 1e9 tokens")
+    ),
     ("docs/performance.md", "python tools/bench_memory.py"): Covered(
         ("tests/tools/test_bench_memory.py::test_memory_peaks_against_the_state",)
     ),

@@ -166,6 +166,8 @@ def test_several_train_sets_train_as_their_rows_in_one_file_and_resume_only_on_t
     assert list(report) == ["train/shared", "train/msgs", "eval"]
     assert [report[key]["layout"]["name"] for key in ("train/shared", "train/msgs")] == ["sharegpt", "messages"]
     assert (report["train/shared"]["examples"], report["train/msgs"]["examples"]) == (12, 18)
+    whole = json.loads((tmp_path / "one" / "data_report.json").read_text())["train"]
+    assert report["train/shared"]["tokens"] + report["train/msgs"]["tokens"] == whole["tokens"] > 30 * 20
     runs = [read_metrics(tmp_path / name / "metrics.csv") for name in ("listed", "one")]
     assert [row["train/loss"] for row in runs[0]] == [row["train/loss"] for row in runs[1]]
     assert runs[0][0]["train/loss"] != ""

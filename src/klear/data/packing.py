@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from klear.data.sft import IGNORE_INDEX
+from klear.data.example_store import IGNORE_INDEX
 
 SCHEMES = ("padded", "grouped", "packed")
 GROUP_WINDOW = 50

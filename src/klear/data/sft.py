@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from klear.data.chat_template import TemplateTraits, template_messages, template_traits
+from klear.data.example_store import IGNORE_INDEX, Examples
 from klear.data.problems import SYNTHETIC_REWARDS, synthetic_records
 from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.sft_layouts import Conversation, SFTLayout, Turn, detect_sft_layout, read_conversation
@@ -48,8 +49,6 @@ from klear.errors import first_line
 if TYPE_CHECKING:  # only for annotations: the data commands should not pay transformers' import
     from transformers import PreTrainedTokenizerBase
 
-IGNORE_INDEX = -100
-"""Label of a token that is not learned (HF's and PyTorch's cross-entropy ``ignore_index``)."""
 TRUNCATIONS = ("drop", "right")
 
 
@@ -290,15 +289,15 @@ def build_sft_examples(
     lines: Sequence[int] | None = None,
     layout: SFTLayout | None = None,
     thought_markers: str = "keep",
-) -> tuple[list[dict[str, list[int]]], SFTStats]:
-    """Tokenize every row into ``{"input_ids", "labels"}`` lists of at most ``max_length`` tokens.
+) -> tuple[Examples, SFTStats]:
+    """Tokenize every row into ``{"input_ids", "labels"}`` examples of at most ``max_length`` tokens.
 
-    Returns the examples (in row order) and the counts of what was kept, truncated and dropped. Rows are read in
-    ``layout`` (detected from the first row when None) with ``thought_markers`` (`read_conversation`). A row that
-    is not a valid conversation is skipped and recorded in ``stats.bad`` with ``source`` and its line
-    (``lines[i]``, the 1-based line of row ``i`` in the file; by default its 1-based position). Raises `DataError`
-    when no row gives an example or no layout fits, and `ChatTemplateError` (naming the row) when the template
-    cannot be masked at all.
+    Returns the examples (in row order, held compactly as `Examples`) and the counts of what was kept, truncated
+    and dropped. Rows are read in ``layout`` (detected from the first row when None) with ``thought_markers``
+    (`read_conversation`). A row that is not a valid conversation is skipped and recorded in ``stats.bad`` with
+    ``source`` and its line (``lines[i]``, the 1-based line of row ``i`` in the file; by default its 1-based
+    position). Raises `DataError` when no row gives an example or no layout fits, and `ChatTemplateError` (naming
+    the row) when the template cannot be masked at all.
     """
     if truncation not in TRUNCATIONS:
         raise ValueError(f"unknown truncation {truncation!r}; expected one of {TRUNCATIONS}")
@@ -306,7 +305,7 @@ def build_sft_examples(
         raise ValueError(f"max_length={max_length}; an example needs at least 2 tokens to have a target")
     rows = list(rows)
     layout = layout or file_layout(rows, source)
-    encoder, examples = Encoder(tokenizer), []
+    encoder, examples = Encoder(tokenizer), Examples()
     stats = SFTStats(traits=encoder.traits)
     for index, row in enumerate(rows):
         stats.rows += 1
@@ -323,7 +322,7 @@ def build_sft_examples(
         stats.marker_rows += conversation.markers
         stats.reasoning_rows += any(turn.reasoning is not None for turn in conversation.turns)
         kept = [example for piece in encoded if (example := _fitted(piece, max_length, truncation, stats))]
-        examples += kept
+        examples.extend(kept)
         stats.examples += len(kept)
         stats.kept += bool(kept)
     if not examples:

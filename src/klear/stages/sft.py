@@ -20,11 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from klear.data.batches import ResumableBatches
+from klear.data.example_store import IGNORE_INDEX, Examples
 from klear.data.packing import collate, plan_batches
-from klear.data.problems import Problem, Task, content_digest
+from klear.data.problems import Problem, Task
 from klear.data.readers import warn_bad_rows
 from klear.data.sets import metric_suffix, named_sets, set_key
-from klear.data.sft import IGNORE_INDEX, build_sft_examples, file_layout, sft_source
+from klear.data.sft import build_sft_examples, file_layout, sft_source
 from klear.kernels.logprobs import token_logprobs
 from klear.models import load_model, load_tokenizer
 from klear.models.lora import with_lora
@@ -176,7 +177,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     config = OmegaConf.to_object(config)
     check_trainable(config.model)
     data, tokenizer = config.data, load_tokenizer(config.model)
-    examples, train_reports = [], {}
+    examples, train_reports = Examples(), {}
     for name, source in named_sets(data.train, "train").items():
         made, train_reports[f"train{metric_suffix(name)}"] = sft_set(config, source, name, tokenizer)
         examples += made
@@ -185,7 +186,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     run_dir.record_data({**train_reports, **eval_problems.reports()})
     module = SFTModule(config, eval_problems.problems, tokenizer, reward)
     plan = plan_batches(
-        [len(example["input_ids"]) for example in examples],
+        examples.lengths(),
         data.batching,
         data.batch_size,
         config.seed,
@@ -202,7 +203,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     return module, batches
 
 
-def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedTokenizerBase) -> tuple[list, dict]:
+def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedTokenizerBase) -> tuple[Examples, dict]:
     """The tokenized examples of ``source``, the set ``name`` of ``data.train`` (read in its own layout, its bad rows
     warned about by file and line), and its report for ``data_report.json``."""
     data, label = config.data, set_key("train", name)
@@ -225,15 +226,17 @@ def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedT
     for note in notes:
         log.info("%s: %s", label, note)
     log.info("%s: %s", label, stats)
+    log.info("%s: %d tokens, held in %.1f MB", label, examples.tokens, examples.nbytes / 1e6)
     report = {
         "source": source,
         "rows": stats.rows + len(bad),
         "layout": layout.describe(),
         "thought_markers": data.thought_markers,
         "examples": len(examples),
+        "tokens": examples.tokens,
         "split_rows": stats.split_rows,
         "skipped": len(stats.bad),
-        "digest": content_digest(examples),
+        "digest": examples.digest(),
         "bad_rows": [row.to_dict() for row in stats.bad],
         **({"notes": notes} if notes else {}),
     }

@@ -1,0 +1,104 @@
+"""Tokenized SFT examples held compactly: 5 bytes a token instead of a Python list's 40 or more.
+
+A long-CoT SFT set is billions of tokens (OpenThoughts' 114k rows average about 8k). Kept as Python lists of ints, as
+tokenizers return them, each token past the first 256 ids is an int object of its own (28 bytes) behind a list
+pointer (8), and its label another pointer: about 44 bytes a token, so one billion tokens is 44 GB on every rank
+before training starts. `Examples` keeps one flat array of int32 token ids, one byte a token saying whether it is
+learned (an example's label is its token id or ``IGNORE_INDEX``, nothing else, as `klear.data.sft` builds them), and
+where each example starts: 5 bytes a token and 8 an example (``tools/bench_sft_data.py`` measures both forms).
+
+Indexing gives the ``{"input_ids", "labels"}`` lists the batches are built from (a slice gives `Examples`), one
+example at a time, so code reading examples is unchanged; `digest` is `klear.data.problems.content_digest` of those
+dicts, computed one example at a time, so a run started before still resumes against the same ``data_report.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import compress
+
+IGNORE_INDEX = -100
+"""Label of a token that is not learned (HF's and PyTorch's cross-entropy ``ignore_index``)."""
+
+
+class Examples(Sequence):
+    """A sequence of ``{"input_ids": list[int], "labels": list[int]}`` examples stored as flat arrays."""
+
+    def __init__(self, examples: Iterable[dict[str, Sequence[int]]] = ()) -> None:
+        self._ids = array("i")
+        self._learned = bytearray()
+        self._starts = array("q", [0])
+        for example in examples:
+            self.append(example)
+
+    def append(self, example: dict[str, Sequence[int]]) -> None:
+        """Add one example; ValueError if a label is neither its token's id nor ``IGNORE_INDEX``."""
+        ids, labels = example["input_ids"], example["labels"]
+        if len(ids) != len(labels):
+            raise ValueError(f"an example has {len(ids)} tokens and {len(labels)} labels")
+        learned = bytes(map(IGNORE_INDEX.__ne__, labels))
+        if list(compress(labels, learned)) != list(compress(ids, learned)):
+            raise ValueError("an example's label is neither its token's id nor IGNORE_INDEX (-100)")
+        self._ids.extend(ids)
+        self._learned += learned
+        self._starts.append(len(self._ids))
+
+    def extend(self, other: Iterable[dict[str, Sequence[int]]]) -> None:
+        if isinstance(other, Examples):
+            offset = len(self._ids)
+            self._ids += other._ids
+            self._learned += other._learned
+            self._starts.extend(start + offset for start in other._starts[1:])
+        else:
+            for example in other:
+                self.append(example)
+
+    def __iadd__(self, other: Iterable[dict[str, Sequence[int]]]) -> Examples:
+        self.extend(other)
+        return self
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    def __getitem__(self, index: int | slice) -> dict[str, list[int]] | Examples:  # type: ignore[override]
+        if isinstance(index, slice):
+            return Examples(self[position] for position in range(*index.indices(len(self))))
+        if not isinstance(index, int):
+            raise TypeError(f"Examples are indexed by int or slice, not {type(index).__name__}")
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"example {index} of {len(self)}")
+        index %= len(self)
+        begin, end = self._starts[index], self._starts[index + 1]
+        ids = self._ids[begin:end].tolist()
+        labels = [token if on else IGNORE_INDEX for token, on in zip(ids, self._learned[begin:end], strict=True)]
+        return {"input_ids": ids, "labels": labels}
+
+    def __iter__(self) -> Iterator[dict[str, list[int]]]:
+        return (self[index] for index in range(len(self)))
+
+    def lengths(self) -> list[int]:
+        """The token count of each example, in order."""
+        starts = self._starts
+        return [starts[index + 1] - starts[index] for index in range(len(self))]
+
+    @property
+    def tokens(self) -> int:
+        return len(self._ids)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the examples take (their three arrays' contents)."""
+        return len(self._ids) * self._ids.itemsize + len(self._learned) + len(self._starts) * self._starts.itemsize
+
+    def digest(self) -> str:
+        """`klear.data.problems.content_digest` of the list of example dicts, one example in memory at a time."""
+        sha = hashlib.sha256(b"[")
+        for index, example in enumerate(self):
+            if index:
+                sha.update(b", ")
+            sha.update(json.dumps(example, sort_keys=True, ensure_ascii=False).encode())
+        sha.update(b"]")
+        return sha.hexdigest()[:16]

@@ -1,0 +1,148 @@
+"""What tokenized SFT data costs in memory, held as Python lists (the form tokenizers return) vs `Examples`.
+
+Rows are long-CoT chat conversations (a question, ``<think>`` reasoning of log-normal length around
+``--tokens`` tokens, a boxed answer) in words drawn from a Zipf law, tokenized by a byte-level BPE tokenizer trained
+here with a real model's vocabulary size (``--vocab``, 151,936 for Qwen; nothing is downloaded) and the tiny model's
+chat template. The tiny tokenizer would hide the cost: its ids are below 257, which Python keeps as shared ints.
+
+For both forms it prints the bytes a token takes (traced allocations of the whole set), the time to build a batch
+from it (`klear.data.packing.collate`) and to compute the set's ``data_report.json`` digest with the peak memory that
+takes, each with the ratio lists / `Examples`, measured in the same run.
+
+    python tools/bench_sft_data.py [--rows 400] [--tokens 3000] [--vocab 151936]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import random
+import string
+import time
+import tracemalloc
+
+from klear.data.example_store import Examples
+from klear.data.packing import collate
+from klear.data.problems import content_digest
+from klear.data.sft import build_sft_examples
+from klear.models.tokenizer import build_tokenizer
+
+
+def words(count: int, rng: random.Random) -> list[str]:
+    return ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 11))) for _ in range(count)]
+
+
+def conversations(rows: int, tokens: int, seed: int) -> list[dict]:
+    """Chat rows whose reasoning runs about ``tokens`` words (log-normal, sigma 0.5), Zipf-distributed."""
+    rng = random.Random(seed)
+    vocabulary = words(50_000, rng)
+    weights = [1 / (rank + 1) for rank in range(len(vocabulary))]
+    out = []
+    for index in range(rows):
+        length = max(16, round(math.exp(rng.gauss(math.log(tokens), 0.5))))
+        reasoning = " ".join(rng.choices(vocabulary, weights, k=length))
+        question = " ".join(rng.choices(vocabulary, weights, k=40))
+        answer = f"<think>\n{reasoning}\n</think>\n\nThe answer is \\boxed{{{index}}}."
+        out.append({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]})
+    return out
+
+
+def trained_tokenizer(texts: list[str], vocab: int):
+    """A byte-level BPE tokenizer of ``vocab`` ids trained on ``texts``, with the tiny model's chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tiny = build_tokenizer()
+    specials = [tiny.pad_token, "<|im_start|>", tiny.eos_token, "<think>", "</think>"]
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=tiny.pad_token, eos_token=tiny.eos_token, model_max_length=10**9
+    )
+    tokenizer.chat_template = tiny.chat_template
+    return tokenizer
+
+
+def traced(make):
+    """``make()``'s result, the bytes it holds once made and the peak bytes allocated while making it."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        result = make()
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, held, peak
+
+
+def timed(call, repeats: int) -> float:
+    start = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=400)
+    parser.add_argument("--tokens", type=int, default=3000, help="median reasoning length, in words")
+    parser.add_argument("--vocab", type=int, default=151_936, help="the trained tokenizer's vocabulary size")
+    parser.add_argument("--batch", type=int, default=8, help="examples per collated batch")
+    args = parser.parse_args()
+
+    rows = conversations(args.rows, args.tokens, seed=0)
+    started = time.perf_counter()
+    tokenizer = trained_tokenizer([row["messages"][1]["content"] for row in rows], args.vocab)
+    print(f"tokenizer: {len(tokenizer)} ids, trained in {time.perf_counter() - started:.1f} s")
+
+    started = time.perf_counter()
+    built, _ = build_sft_examples(rows, tokenizer, max_length=10**9)
+    print(f"built {len(built)} examples, {built.tokens:,} tokens, in {time.perf_counter() - started:.1f} s")
+    ids = [token for example in built for token in example["input_ids"]]
+    print(f"ids >= 257 (an int object each as lists): {sum(token >= 257 for token in ids) / len(ids):.1%}")
+    del ids
+
+    listed, list_bytes, _ = traced(lambda: [dict(example) for example in built])
+    stored, store_bytes, _ = traced(lambda: Examples(listed))
+    assert list(stored) == listed
+    tokens = stored.tokens
+    rows_out = [
+        ("bytes per token", list_bytes / tokens, store_bytes / tokens, "{:.1f}"),
+    ]
+
+    rng = random.Random(0)
+    batches = [[[rng.randrange(len(stored))] for _ in range(args.batch)] for _ in range(20)]
+    for examples in (listed, stored):  # warm-up
+        collate(examples, batches[0], 0, packed=False)
+    per_batch = [
+        timed(lambda examples=examples: [collate(examples, b, 0, packed=False) for b in batches], 3) / len(batches)
+        for examples in (listed, stored)
+    ]
+    rows_out.append(("collate ms per batch", 1e3 * per_batch[0], 1e3 * per_batch[1], "{:.2f}"))
+
+    (old_digest, _, old_peak), (new_digest, _, new_peak) = (
+        traced(lambda: content_digest(listed)),
+        traced(stored.digest),
+    )
+    assert old_digest == new_digest
+    digest_s = [timed(lambda: content_digest(listed), 1), timed(stored.digest, 1)]
+    rows_out.append(("digest s", digest_s[0], digest_s[1], "{:.2f}"))
+    rows_out.append(("digest peak MB", old_peak / 1e6, new_peak / 1e6, "{:.1f}"))
+
+    print(f"\n{'':24}{'lists':>12}{'Examples':>12}{'ratio':>10}")
+    for name, old, new, fmt in rows_out:
+        print(f"{name:24}{fmt.format(old):>12}{fmt.format(new):>12}{old / new:>9.1f}x")
+    print(f"\nat 1e9 tokens: lists {list_bytes / tokens:.0f} GB, Examples {store_bytes / tokens:.1f} GB, on every rank")
+
+
+if __name__ == "__main__":
+    main()
