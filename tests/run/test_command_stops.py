@@ -99,7 +99,7 @@ def test_sigterm_stops_a_comparison_whose_rerun_resumes_it(tmp_path):
     output = tmp_path / "cmp"
     args = ["klear.compare", "--config", "configs/rl.yaml", "--objectives", "gppo", "--seeds", "0"]
     args += [f"output_dir={output}", "trainer.max_steps=40", "trainer.checkpoint_every_n_steps=1"]
-    args += ["eval.every_n_steps=0"]
+    args += ["eval.every_n_steps=0", "eval.num_prompts=8"]  # the evaluations before and after: 8 problems, not 200
     run = output / "runs" / "gppo-seed0"
     process = start(args, tmp_path / "e")
     wait_until(lambda: any(run.glob("checkpoints/step-*.ckpt")), process, "checkpoint")
@@ -130,6 +130,7 @@ def test_a_comparison_killed_outright_stops_its_run_at_a_step(tmp_path):
     output = tmp_path / "cmp"
     args = ["klear.compare", "--config", "configs/rl.yaml", "--objectives", "ppo", "--seeds", "0"]
     args += [f"output_dir={output}", "trainer.max_steps=200", "trainer.checkpoint_every_n_steps=1"]
+    args += ["eval.num_prompts=8"]  # the evaluation before the first step: 8 problems, not 200
     run = output / "runs" / "ppo-seed0"
     process = start(args, tmp_path / "e")
     wait_until(lambda: any(run.glob("checkpoints/step-*.ckpt")), process, "checkpoint")

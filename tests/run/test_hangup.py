@@ -91,6 +91,7 @@ def python_m(*args: str) -> list[str]:
     return [sys.executable, "-m", *args]
 
 
+@pytest.mark.slow  # the default run keeps the hangup through tee (a stop at a step) and SIGTERM's stop and resume
 def test_a_run_whose_terminal_closes_stops_at_a_step_and_resumes(tmp_path):
     output = tmp_path / "run"
     args = ["klear.fit", "--config", "configs/rl.yaml", *RUN, f"output_dir={output}"]
