@@ -8,10 +8,12 @@ import pytest
 from torch import Tensor
 
 from klear.compare.cli import main, parse_args, parse_seeds, plan
-from klear.compare.report import area_under_curve
+from klear.compare.report import answers_section, area_under_curve
+from klear.compare.runs import Run
 from klear.compare.stats import holm, mean_ci, paired_t_test, seeds_needed, t_quantile
 from klear.config.load import ConfigError
 from klear.objectives import PolicyObjective
+from klear.run.samples_log import last_evaluated
 from tests.test_user_errors import klear as run_command
 from tests.test_user_errors import one_line_error
 
@@ -274,3 +276,22 @@ def test_the_last_output_dir_given_is_the_comparisons(tmp_path):
     )
     output, runs = plan(args)
     assert output == tmp_path and runs[0].directory == tmp_path / "runs" / "gppo-seed0"  # as klear.fit takes overrides
+
+
+def test_answers_show_each_labels_answer_at_the_last_evaluation(comparison):
+    output, _ = comparison
+    table, answers = (output / "comparison.md").read_text().split("\n## Answers\n")
+    assert "| ppo |" in table and answers.count("Reference: `") == 1  # one problem: every label had the same
+    for label in ("ppo", "gppo"):
+        record = last_evaluated(output / "runs" / f"{label}-seed0" / "samples.jsonl")
+        assert record["step"] == 3
+        correct = sum(sample["correct"] for sample in record["samples"])
+        verdict = "correct" if record["samples"][0]["correct"] else "wrong"
+        heading = f"{label} (seed 0, step 3), {verdict} ({correct} of {len(record['samples'])} samples correct):"
+        assert heading in answers and record["samples"][0]["text"] in answers
+    assert answers.index("\nppo (seed 0") < answers.index("\ngppo (seed 0")  # in the order of the labels
+
+
+def test_no_answers_section_without_kept_answers(tmp_path):
+    runs = [Run("ppo", "ppo", 0, directory=tmp_path / "ppo-seed0")]
+    assert answers_section(["ppo"], runs) == [] == answers_section(["ppo"], [])

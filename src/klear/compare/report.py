@@ -24,6 +24,7 @@ from pathlib import Path
 from klear.compare.runs import Run
 from klear.compare.stats import holm, mean_ci, paired_difference, seeds_needed
 from klear.run.report import Series, draw_panels, eval_set_names, read_data_report, read_metrics
+from klear.run.samples_log import answer_lines, last_evaluated, problem_lines
 
 PANELS = [
     ("eval/accuracy", "eval accuracy", "fraction correct"),
@@ -98,7 +99,8 @@ def write_reports(output: Path, runs: list[Run], failed: list[Run], baseline: st
     _write_csv(output / "comparison.csv", done, metrics)
     labels = list(dict.fromkeys(run.label for run in runs))
     summary = {label: _summarise([r for r in done if r.label == label], metrics) for label in labels}
-    (output / "comparison.md").write_text(_markdown(summary, failed, baseline or labels[0]))
+    markdown = _markdown(summary, failed, baseline or labels[0]) + "\n".join(answers_section(labels, done))
+    (output / "comparison.md").write_text(markdown)
     written = [output / "comparison.md", output / "comparison.csv"]
     if done:
         _plot(output / "comparison.png", labels, done, metrics)
@@ -206,6 +208,34 @@ def _label_table(summary: dict, columns: list[str], cells: Callable[[dict], list
     """A markdown table with a row per label that has finished runs: ``run`` and ``columns``, ``cells(summary)``."""
     rows = [f"| {label} | " + " | ".join(cells(s)) + " |" for label, s in summary.items() if s]
     return ["| run | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns), *rows]
+
+
+def answers_section(labels: list[str], done: list[Run]) -> list[str]:
+    """comparison.md's "Answers": for the first seed a label finished, its first answer to the first held-out problem
+    at the last evaluation (each run's ``samples.jsonl``), label by label; [] when no run kept answers."""
+    shown = []
+    for label in labels:
+        for run in sorted((run for run in done if run.label == label), key=lambda run: run.seed):
+            record = last_evaluated(run.directory / "samples.jsonl")
+            if record is not None:
+                shown.append((label, run.seed, record))
+                break
+    if not shown:
+        return []
+    lines = [
+        "",
+        "## Answers",
+        "",
+        "The first held-out problem and each label's first answer to it at the last evaluation (its run's "
+        "`samples.jsonl`, the lowest seed that kept one):",
+    ]
+    problem = None
+    for label, seed, record in shown:
+        if record.get("problem") != problem:  # the same problem for every label unless a variant changed data.eval
+            problem = record.get("problem")
+            lines += ["", *problem_lines(record)]
+        lines += answer_lines(record, f"{label} (seed {seed}, step {record.get('step')})")
+    return [*lines, ""]
 
 
 def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:

@@ -118,17 +118,31 @@ def answers_section(path: Path) -> list[str]:
         f"The first held-out problem of [samples.jsonl](samples.jsonl) (every answer kept at each evaluation: "
         f"`logging.samples`){of_set}, and its first answer at the first and at the last evaluation:",
         "",
-        f"> {_flat(first.get('problem'), 400)}",
-        "",
-        f"Reference: `{_flat(first.get('reference'), 200)}`.",
+        *problem_lines(first),
     ]
     for record in shown:
-        answer, samples = record["samples"][0], record["samples"]
-        verdict = "correct" if answer.get("correct") else "wrong"
-        correct = sum(bool(sample.get("correct")) for sample in samples)
-        lines += ["", f"Step {record.get('step')}, {verdict} ({correct} of {len(samples)} samples correct):", ""]
-        lines += _fenced(str(answer.get("text", "")))
+        lines += answer_lines(record, f"Step {record.get('step')}")
     return [*lines, ""]
+
+
+def last_evaluated(path: Path) -> dict[str, Any] | None:
+    """The record of the first held-out problem at the last evaluation of ``samples.jsonl`` (None without one)."""
+    shown = _first_evaluated(path)
+    return shown[-1] if shown else None
+
+
+def problem_lines(record: dict[str, Any]) -> list[str]:
+    """An evaluation record's problem, quoted, and its reference."""
+    return [f"> {_flat(record.get('problem'), 400)}", "", f"Reference: `{_flat(record.get('reference'), 200)}`."]
+
+
+def answer_lines(record: dict[str, Any], title: str) -> list[str]:
+    """An evaluation record's first answer after ``title``, with its verdict and how many of its samples were right."""
+    answer, samples = record["samples"][0], record["samples"]
+    verdict = "correct" if answer.get("correct") else "wrong"
+    correct = sum(bool(sample.get("correct")) for sample in samples)
+    heading = f"{title}, {verdict} ({correct} of {len(samples)} samples correct):"
+    return ["", heading, "", *_fenced(str(answer.get("text", "")))]
 
 
 TABLE_COLUMNS = ["step", "set", "problem", "reference", "text", "correct", "reward", "advantage", "length"]
