@@ -1,11 +1,12 @@
-"""Tokenized SFT examples held compactly: 5 bytes a token instead of a Python list's 40 or more.
+"""Tokenized SFT examples held compactly: 5 bytes a token instead of Python lists' 48.
 
 A long-CoT SFT set is billions of tokens (OpenThoughts' 114k rows average about 8k). Kept as Python lists of ints, as
 tokenizers return them, each token past the first 256 ids is an int object of its own (28 bytes) behind a list
-pointer (8), and its label another pointer: about 44 bytes a token, so one billion tokens is 44 GB on every rank
-before training starts. `Examples` keeps one flat array of int32 token ids, one byte a token saying whether it is
-learned (an example's label is its token id or ``IGNORE_INDEX``, nothing else, as `klear.data.sft` builds them), and
-where each example starts: 5 bytes a token and 8 an example (``tools/bench_sft_data.py`` measures both forms).
+pointer (8), and its label another pointer: 48 bytes a token measured with the lists' own overallocation, so one
+billion tokens is 48 GB on every rank before training starts. `Examples` keeps one flat array of int32 token ids,
+one byte a token saying whether it is learned (an example's label is its token id or ``IGNORE_INDEX``, nothing else,
+as `klear.data.sft` builds them), and where each example starts: 5 bytes a token and 8 an example
+(``tools/bench_sft_data.py`` measures both forms).
 
 Indexing gives the ``{"input_ids", "labels"}`` lists the batches are built from (a slice gives `Examples`), one
 example at a time, so code reading examples is unchanged; `digest` is `klear.data.problems.content_digest` of those
