@@ -35,6 +35,17 @@ RL_SHORT = [
 """A 4-step RL run of the random tiny model with a reward that gives every group variance."""
 TIMING = ("timing/", "tokens_per_s")
 """Metric names (prefix, suffix) that measure time, and so differ between identical runs."""
+NOISE = (
+    "Tip:",  # Lightning's logger advertisement
+    "GPU available",
+    "TPU available",
+    "max_epochs=1",
+    "LeafSpec",
+    "weights_only",
+    "Traceback",
+    "WARNING",  # normal RL (groups filtered for zero variance) is a metric, not a warning
+)
+"""What a quiet console never shows: library advertisements and warnings, tracebacks, WARNING lines."""
 
 
 def read_metrics(path: Path) -> list[dict[str, str]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runs import read_metrics
+from tests.runs import NOISE, read_metrics
 
 pytestmark = pytest.mark.end_to_end  # runs every documented command in a subprocess
 
@@ -46,13 +46,31 @@ def run_outputs(output: Path) -> None:
 
 
 def test_the_main_command_rl_with_gppo(tmp_path):
-    """README.md, Quick start, and docs/embedded.md."""
+    """README.md, Quick start, and docs/embedded.md; what its terminal shows: a quiet console with a progress bar
+    counting steps, the closing summary, the run report."""
     output = tmp_path / "rl"
-    result = klear("klear.fit", "--objective", "gppo", "--config", "configs/rl.yaml", f"output_dir={output}", *SHORT_RL)
+    overrides = [*SHORT_RL, "trainer.max_steps=3", "eval.every_n_steps=2", "trainer.checkpoint_every_n_steps=2"]
+    command = ["--objective", "gppo", "--config", "configs/rl.yaml", f"output_dir={output}", *overrides]
+    result = klear("klear.fit", *command)
     run_outputs(output)
-    assert len(read_metrics(output / "metrics.csv")) == 3 and len(evals(output)) == 2
-    assert evals(output)[0] > 0.2  # tiny-sft solves part of the held-out problems from the start
-    assert "eval/accuracy" in result.stdout and str(output / "hf") in result.stdout  # the closing summary
+    accuracy = evals(output)
+    assert len(read_metrics(output / "metrics.csv")) == 4 and len(accuracy) == 3  # steps 0, 2 and the last
+    assert accuracy[0] > 0.2  # tiny-sft solves part of the held-out problems from the start
+    terminal = result.stdout + result.stderr
+    assert not [noise for noise in NOISE if noise in terminal], terminal[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert lines[-3].startswith("run finished: 3 steps in ") and "steps/s" in lines[-3]
+    assert lines[-2].startswith(f"eval/accuracy {accuracy[0]:.3f} -> {accuracy[-1]:.3f} (best ")
+    assert lines[-1] == (
+        f"model: {output / 'hf'}; metrics: {output / 'metrics.csv'}; report: {output / 'report.md'} (curves.png)"
+    )
+    assert "step" in terminal and "3/3" in terminal  # the bar counts steps, not epochs
+    report = (output / "report.md").read_text()
+    assert "**Status:** finished; 3 of 3 steps" in report and f"{accuracy[0]:.3f} -> {accuracy[-1]:.3f}" in report
+    assert (output / "curves.png").stat().st_size > 10_000
+    logged = [line for line in result.stderr.splitlines() if line.startswith("INFO")]
+    threads = [line for line in logged if line.startswith("INFO klear.runtime.threads: CPU threads: ")]
+    assert len(threads) == 1 and len(logged) <= 3, result.stderr  # the data lines and the thread choice, nothing else
 
 
 def test_the_main_command_with_async_rollouts(tmp_path):
@@ -198,23 +216,7 @@ def test_data_commands_on_the_embedded_default(tmp_path):
     assert tested.startswith("filter-tests: kept 20 of 20 rows")
 
 
-def test_compare_command(tmp_path):
-    """docs/compare.md (and the comparison behind the README's table)."""
-    args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--seeds", "0", f"output_dir={tmp_path}"]
-    overrides = [
-        "trainer.max_steps=2",
-        "eval.num_prompts=8",
-        "eval.samples=1",
-        "eval.temperature=0",
-        "rollout.prompts_per_step=8",
-    ]
-    result = klear("klear.compare", *args, *overrides, "--jobs", "2")
-    assert {"comparison.md", "comparison.csv", "comparison.png"} <= {path.name for path in tmp_path.iterdir()}
-    assert "comparison.png" in result.stdout
-    assert "| ppo |" in (tmp_path / "comparison.md").read_text()
-
-
-@pytest.mark.slow  # four runs; the default run keeps docs/compare.md's command
+@pytest.mark.slow  # four runs; the default run keeps docs/compare.md's command (tests/compare/test_compare.py)
 def test_a_two_seed_compare_on_the_testbed(tmp_path):
     """docs/results.md's objectives study, shortened: configs/ablations/objectives.yaml from tiny-sft-testbed with
     two seeds given as a range, verdicts against a chosen baseline, and the band diagnostics in every run."""

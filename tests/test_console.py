@@ -1,6 +1,7 @@
 """What a user sees when a run ends or is stopped: a quiet console, the closing summary, the run report.
 
-Each run is the real command in a subprocess (``python -m klear.fit``), shortened by overrides."""
+Each run is the real command in a subprocess (``python -m klear.fit``), shortened by overrides. The main command's
+console, summary and report are checked by its run in tests/test_commands.py."""
 
 import signal
 import subprocess
@@ -14,43 +15,9 @@ from tests.runs import RL_SHORT, read_metrics
 
 pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in subprocesses
 
-NOISE = (
-    "Tip:",  # Lightning's logger advertisement
-    "GPU available",
-    "TPU available",
-    "max_epochs=1",
-    "LeafSpec",
-    "weights_only",
-    "Traceback",
-    "WARNING",  # normal RL (groups filtered for zero variance) is a metric, not a warning
-)
-
 
 def fit(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "klear.fit", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def test_the_main_command_prints_a_progress_bar_and_a_summary_and_writes_the_report(tmp_path):
-    output = tmp_path / "rl"
-    overrides = ["trainer.max_steps=3", "eval.every_n_steps=2", "eval.num_prompts=16", "eval.samples=2"]
-    result = fit("--objective", "gppo", "--config", "configs/rl.yaml", f"output_dir={output}", *overrides)
-    assert result.returncode == 0, result.stderr[-3000:]
-    terminal = result.stdout + result.stderr
-    assert not [noise for noise in NOISE if noise in terminal], terminal[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
-    accuracy = [float(row["eval/accuracy"]) for row in read_metrics(output / "metrics.csv") if row["eval/accuracy"]]
-    assert lines[-3].startswith("run finished: 3 steps in ") and "steps/s" in lines[-3]
-    assert lines[-2].startswith(f"eval/accuracy {accuracy[0]:.3f} -> {accuracy[-1]:.3f} (best ")
-    assert lines[-1] == (
-        f"model: {output / 'hf'}; metrics: {output / 'metrics.csv'}; report: {output / 'report.md'} (curves.png)"
-    )
-    assert "step" in terminal and "3/3" in terminal  # the bar counts steps, not epochs
-    report = (output / "report.md").read_text()
-    assert "**Status:** finished; 3 of 3 steps" in report and f"{accuracy[0]:.3f} -> {accuracy[-1]:.3f}" in report
-    assert (output / "curves.png").stat().st_size > 10_000
-    logged = [line for line in result.stderr.splitlines() if line.startswith("INFO")]
-    threads = [line for line in logged if line.startswith("INFO klear.runtime.threads: CPU threads: ")]
-    assert len(threads) == 1 and len(logged) <= 3, result.stderr  # the data lines and the thread choice, nothing else
 
 
 def test_ctrl_c_stops_with_a_summary_a_report_and_the_resume_command(tmp_path):
@@ -87,7 +54,7 @@ def test_ctrl_c_stops_with_a_summary_a_report_and_the_resume_command(tmp_path):
     assert Path(output / "hf" / "config.json").is_file()
 
 
-@pytest.mark.slow  # the default run keeps the console of the main command
+@pytest.mark.slow  # the default run keeps the console of the main command (tests/test_commands.py)
 def test_quiet_leaves_the_summary_and_verbose_adds_the_per_step_facts(tmp_path):
     quiet = fit(
         "--config", "configs/rl.yaml", f"output_dir={tmp_path / 'q'}", *RL_SHORT, "trainer.progress_bar=true", "-q"

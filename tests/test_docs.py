@@ -71,7 +71,7 @@ class Plan:
 
     runs: int
     """How many runs (objectives x variants x seeds) the command plans."""
-    tests: tuple[str, ...] = ("tests/test_commands.py::test_compare_command",)
+    tests: tuple[str, ...] = ("tests/compare/test_compare.py::test_files_and_every_run",)
     """Tests that run ``klear.compare`` itself."""
 
 
@@ -138,10 +138,7 @@ EMBEDDED_RUNS = (
     "tests/stages/test_embedded_default.py::test_sft_default_leaves_headroom_for_rl",
     "tests/stages/test_embedded_default.py::test_rl_main_command_gains_20_points",
 )
-FSDP2_ON_CPU = (
-    "tests/stages/test_fsdp2.py::test_rl_on_two_ranks_matches_one_process",
-    "tests/stages/test_fsdp2.py::test_sharded_checkpoint_resumes_and_extends_the_run",
-)
+FSDP2_ON_CPU = ("tests/stages/test_fsdp2.py::test_rl_on_two_ranks_matches_one_process_across_a_sharded_checkpoint",)
 OBJECTIVE_EXAMPLES = ("tests/objectives/test_docs_examples.py::test_example_runs_and_keeps_the_contract",)
 
 README_TESTS = ("README.md", 'pip install torch==2.13.0 && pip install -e ".[dev,data,lora]"')
@@ -166,7 +163,7 @@ assert "gppo" in list_objectives()
     ("README.md", "class SoftClip(PolicyObjective):"): Covered(OBJECTIVE_EXAMPLES),
     # docs/compare.md
     ("docs/compare.md", "python -m klear.compare --config configs/rl.yaml"): Covered(
-        ("tests/test_commands.py::test_compare_command", "tests/compare/test_compare.py::test_files_and_every_run"),
+        ("tests/compare/test_compare.py::test_files_and_every_run",),
         "a synopsis: [...] are optional",
     ),
     # docs/lora.md

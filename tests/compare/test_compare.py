@@ -17,7 +17,7 @@ from klear.run.samples_log import last_evaluated
 from tests.test_user_errors import klear as run_command
 from tests.test_user_errors import one_line_error
 
-pytestmark = pytest.mark.end_to_end  # runs `klear.compare` main() (whole training runs)
+pytestmark = pytest.mark.end_to_end  # runs `klear.compare` (whole training runs)
 
 SHORT = [
     "model.path=tiny",
@@ -51,15 +51,18 @@ def read_csv(path) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def comparison(tmp_path_factory):
+    """docs/compare.md's command as a user types it (``python -m klear.compare``), shortened by overrides."""
     output = tmp_path_factory.mktemp("compare")
     args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--seeds", "0,1", "--jobs", "2"]
-    assert main([*args, f"output_dir={output}", *SHORT]) == 0
-    return output, args
+    result = run_command("klear.compare", *args, f"output_dir={output}", *SHORT, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return output, args, result.stdout
 
 
 def test_files_and_every_run(comparison):
-    output, _ = comparison
+    output, _, stdout = comparison
     assert {path.name for path in output.iterdir()} >= {"comparison.csv", "comparison.md", "comparison.png", "runs"}
+    assert "comparison.png" in stdout and "| ppo |" in (output / "comparison.md").read_text()
     rows = read_csv(output / "comparison.csv")
     assert {(row["label"], row["seed"]) for row in rows} == {("ppo", "0"), ("ppo", "1"), ("gppo", "0"), ("gppo", "1")}
     assert sorted({row["step"] for row in rows}) == ["0.0", "1.0", "2.0", "3.0"]
@@ -75,7 +78,7 @@ def test_step_zero_rollouts_are_identical_across_objectives(comparison):
 
 
 def test_table_matches_the_csv(comparison):
-    output, _ = comparison
+    output, *_ = comparison
     rows = read_csv(output / "comparison.csv")
     table = (output / "comparison.md").read_text()
     for label in ("ppo", "gppo"):
@@ -95,7 +98,7 @@ def test_table_matches_the_csv(comparison):
 
 
 def test_rerun_skips_finished_runs(comparison, capsys):
-    output, args = comparison
+    output, args, _ = comparison
     before = {path: path.stat().st_mtime for path in output.glob("runs/*/metrics.csv")}
     assert main([*args, f"output_dir={output}", *SHORT]) == 0
     assert capsys.readouterr().out.count("skip ") == 4
@@ -279,7 +282,7 @@ def test_the_last_output_dir_given_is_the_comparisons(tmp_path):
 
 
 def test_answers_show_each_labels_answer_at_the_last_evaluation(comparison):
-    output, _ = comparison
+    output, *_ = comparison
     table, answers = (output / "comparison.md").read_text().split("\n## Answers\n")
     assert "| ppo |" in table and answers.count("Reference: `") == 1  # one problem: every label had the same
     for label in ("ppo", "gppo"):

@@ -137,6 +137,9 @@ def test_a_run_under_nohup_outlives_its_terminal(tmp_path):
     assert "run finished: " in (tmp_path / "nohup.out").read_text()
 
 
+# The default run keeps SIGHUP's stop of klear.fit (through tee), and SIGTERM's of a data command and a comparison
+# (tests/run/test_command_stops.py), which stop on SIGHUP through the same handler.
+@pytest.mark.slow  # the default run keeps the hangup of klear.fit and SIGTERM's stop of these commands
 def test_data_commands_and_comparisons_stop_when_their_terminal_closes(tmp_path):
     out = tmp_path / "big.jsonl"
     terminal = Terminal(python_m("klear.data", "synthetic", "--task", "math", "--num", "10000000", "--out", str(out)))

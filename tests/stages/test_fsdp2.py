@@ -79,32 +79,6 @@ def test_sft_on_two_ranks_matches_one_process(tmp_path):
     assert checkpoint.is_dir() and len(list(checkpoint.glob("*.distcp"))) == 2
 
 
-def test_rl_on_two_ranks_matches_one_process(rl_one_process, tmp_path, monkeypatch):
-    """Without ``OMP_NUM_THREADS``: klear divides the cores between the two ranks, each rank logs the count it
-    computes with (rank 1 under ``--verbose``), the same one, and the run's summary.json records it (as torch still
-    had it at the end). The sharded checkpoint, read in one process as a model, is the run's ``hf/``."""
-    args = [*RL, "trainer.max_steps=4", f"output_dir={tmp_path}", *SHARDED, "--verbose"]
-    log = fit_in_subprocess(args, omp_threads=None)
-    assert_same_metrics(rl_one_process, tmp_path)
-    first, started = re.findall(r"CPU threads: (\d+) of (\d+) cores \((.*)\)", log)
-    threads, cores, reason = first
-    assert reason.startswith("auto: ") and reason.endswith(", 2 processes of this run")
-    assert started == (threads, cores, f"chosen by the process that started this rank: {reason}")
-    assert 1 <= int(threads) <= max(1, int(cores) // 2)
-    recorded = json.loads((tmp_path / "summary.json").read_text())["cpu_threads"]
-    assert recorded == {"threads": int(threads), "cores": int(cores), "reason": reason}
-    assert_same_weights(rl_one_process, tmp_path)
-    # the first rank writes every rank's answers, as one process does
-    assert (tmp_path / "samples.jsonl").read_text() == (rl_one_process / "samples.jsonl").read_text()
-    rows = read_metrics(tmp_path / "metrics.csv")
-    assert all(float(row["rollout/logprob_gap"]) < 1e-4 for row in rows[:4])  # the engine got the gathered weights
-    assert any(float(row["actor/grad_norm"]) > 0 for row in rows[:4])
-    monkeypatch.setenv("KLEAR_CACHE", str(tmp_path / "cache"))
-    (checkpoint,) = (tmp_path / "checkpoints").glob("step-*.ckpt")
-    assert checkpoint.is_dir()
-    assert_export_is_hf(checkpoint, tmp_path)
-
-
 @pytest.mark.slow  # the default run keeps the token budget in one process and at real width
 def test_rl_token_budget_on_two_ranks_matches_row_micro_batches_in_one_process(rl_one_process, tmp_path):
     # ~50-token rows in passes of at most 120 tokens, packed without padding, dealt to 2 ranks with equal pass
@@ -116,12 +90,33 @@ def test_rl_token_budget_on_two_ranks_matches_row_micro_batches_in_one_process(r
     assert float(two[0]["actor/grad_norm"]) == pytest.approx(float(one[0]["actor/grad_norm"]), rel=1e-5)
 
 
-def test_sharded_checkpoint_resumes_and_extends_the_run(rl_one_process, tmp_path):
-    # Stop after 2 steps (a sharded checkpoint), then --resume with more steps: the same run as 4 straight steps.
+def test_rl_on_two_ranks_matches_one_process_across_a_sharded_checkpoint(rl_one_process, tmp_path, monkeypatch):
+    """Two ranks stop after 2 steps (a sharded checkpoint), then ``--resume`` extends the run to 4: the same run as
+    4 straight steps in one process. Without ``OMP_NUM_THREADS``: klear divides the cores between the two ranks,
+    each rank logs the count it computes with (rank 1 under ``--verbose``), the same one, and the run's
+    summary.json records it (as torch still had it at the end). The sharded checkpoint, read in one process as a
+    model, is the run's ``hf/``."""
     run_two_ranks([*RL, "trainer.max_steps=2", f"output_dir={tmp_path}"])
     assert (tmp_path / "checkpoints" / "step-000002.ckpt").is_dir()
-    run_two_ranks([*RL, "trainer.max_steps=4", f"output_dir={tmp_path}", "--resume"])
+    args = [*RL, "trainer.max_steps=4", f"output_dir={tmp_path}", "--resume", *SHARDED, "--verbose"]
+    log = fit_in_subprocess(args, omp_threads=None)
     assert_same_metrics(rl_one_process, tmp_path)
     assert_same_weights(rl_one_process, tmp_path)
-    # the evaluation after the first run's last step is that of the resumed run's first: kept once
+    first, started = re.findall(r"CPU threads: (\d+) of (\d+) cores \((.*)\)", log)
+    threads, cores, reason = first
+    assert reason.startswith("auto: ") and reason.endswith(", 2 processes of this run")
+    assert started == (threads, cores, f"chosen by the process that started this rank: {reason}")
+    assert 1 <= int(threads) <= max(1, int(cores) // 2)
+    recorded = json.loads((tmp_path / "summary.json").read_text())["cpu_threads"]
+    assert recorded == {"threads": int(threads), "cores": int(cores), "reason": reason}
+    # the first rank writes every rank's answers, as one process does; the evaluation after the first run's last
+    # step is that of the resumed run's first: kept once
     assert (tmp_path / "samples.jsonl").read_text() == (rl_one_process / "samples.jsonl").read_text()
+    one, rows = read_metrics(rl_one_process / "metrics.csv"), read_metrics(tmp_path / "metrics.csv")
+    assert all(float(row["rollout/logprob_gap"]) < 1e-4 for row in rows[:4])  # the engine got the gathered weights
+    assert any(float(row["actor/grad_norm"]) > 0 for row in rows[:4])
+    assert float(rows[0]["actor/grad_norm"]) == pytest.approx(float(one[0]["actor/grad_norm"]), rel=1e-5)
+    monkeypatch.setenv("KLEAR_CACHE", str(tmp_path / "cache"))
+    (checkpoint,) = (tmp_path / "checkpoints").glob("step-*.ckpt")
+    assert checkpoint.is_dir() and checkpoint.name == "step-000004.ckpt"
+    assert_export_is_hf(checkpoint, tmp_path)
