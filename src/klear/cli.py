@@ -13,11 +13,14 @@ return value as the exit status (141, without a traceback, when stdout's reader 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import errno
 import importlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
@@ -69,10 +72,34 @@ def setup() -> None:
         disable_progress_bars()
 
 
-def run(main: Callable[[], int]) -> None:
+def run(main: Callable[[], int]) -> NoReturn:
     """What ``python -m klear.<command>`` does: :func:`setup`, then exit with ``main()``'s return value."""
     setup()
-    sys.exit(exit_status(main))
+    leave(exit_status(main))
+
+
+def console() -> NoReturn:
+    """The ``klear`` script: :func:`main` as the process, which exits with its return value (:func:`leave`)."""
+    leave(main())
+
+
+def leave(code: int) -> NoReturn:
+    """End the process with exit status ``code`` as the interpreter's own exit does, without its teardown.
+
+    After the atexit handlers, Python frees every module and object one by one: for the many that torch,
+    transformers and Lightning make, 1.3 s on a 2-core machine after a command's last line (0.6 s for torch
+    alone), which changes nothing on disk or on the terminal. What an exit does that matters is kept, in its
+    order: threads that are not daemons are waited for, the atexit handlers run (logging flushes its handlers,
+    multiprocessing ends its children, weakref finalizers stop the reward workers and remove temporary folders),
+    and the standard streams are flushed."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a reader that went away: nothing left to write to
+            stream.flush()
+    os._exit(code)
 
 
 BROKEN_PIPE = 141

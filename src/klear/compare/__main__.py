@@ -1,9 +1,7 @@
 """``python -m klear.compare --config FILE --objectives A,B --seeds 0,1,2``: see :mod:`klear.compare.cli`."""
 
-import sys
-
 from klear import cli
 from klear.compare.cli import main
 
 if __name__ == "__main__":
-    sys.exit(cli.exit_status(main))  # its runs' set-up is their own (cli.Command.setup)
+    cli.leave(cli.exit_status(main))  # its runs' set-up is their own (cli.Command.setup)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from klear.cli import leave
 from klear.run.parent_death import on_parent_death
 from klear.runtime import threads
 from klear.runtime.terminal import leave_stops_to_parent
@@ -89,6 +90,7 @@ def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+    leave(0)  # the trainer waits for this process to end: without the interpreter's teardown of torch's objects
 
 
 class _Service:
