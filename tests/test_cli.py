@@ -212,3 +212,22 @@ def test_a_path_too_long_for_the_file_system_is_one_line_in_every_command(tmp_pa
         assert result.returncode == 2 and "Traceback" not in result.stderr, (command, result.stderr[-2000:])
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: file name too long: {long}"), (command, lines)
+
+
+def test_a_command_ends_as_the_interpreter_would_without_its_teardown(tmp_path):
+    """`klear.cli.leave`, how every command's process ends: a thread that is not a daemon is waited for, the atexit
+    handlers run (a temporary folder's finalizer among them), buffered output is written, and the exit status is
+    the one given."""
+    code = (
+        "import atexit, sys, tempfile, threading, time\n"
+        "from klear.cli import leave\n"
+        "folder = tempfile.TemporaryDirectory(dir=sys.argv[1])\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('thread'))).start()\n"
+        "atexit.register(lambda: print('atexit'))\n"
+        "print('buffered', end=' ')\n"
+        "leave(3)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == "buffered thread\natexit\n" and result.stderr == ""
+    assert list(tmp_path.iterdir()) == []  # the temporary folder's finalizer ran

@@ -316,6 +316,9 @@ assert "gppo" in list_objectives()
     ("docs/performance.md", "python tools/bench_sft_data.py"): Run(
         extra=("--rows", "30", "--tokens", "200", "--vocab", "4096"), expect=("bytes per token", "at 1e9 tokens")
     ),
+    ("docs/performance.md", "python tools/bench_exit.py"): Covered(
+        ("tests/tools/test_bench_exit.py::test_the_benchmark_prints_both_kinds_and_the_ratio",), "1 sample each there"
+    ),
     ("docs/performance.md", "python tools/bench_memory.py"): Covered(
         ("tests/tools/test_bench_memory.py::test_memory_peaks_against_the_state",)
     ),

@@ -74,7 +74,8 @@ def test_control_program_passes(reward: CodeReward) -> None:
 def test_fork_bomb(reward: CodeReward) -> None:
     body = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     assert run(reward, body) == (0.0, "0/1 passed (timeout: 1)")
-    assert wait_until_gone(harness_processes) == []
+    # every fork is killed with the sandbox; on a loaded machine the kernel takes seconds to reap thousands of them
+    assert wait_until_gone(harness_processes, seconds=15.0) == []
 
 
 def test_memory_bomb(reward: CodeReward) -> None:
