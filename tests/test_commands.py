@@ -90,7 +90,8 @@ def test_the_main_command_with_async_rollouts(tmp_path):
 def test_code_rl_on_the_built_in_code_task_runs_programs_in_the_sandbox(tmp_path):
     """docs/embedded.md, the code task."""
     output = tmp_path / "rl-code"
-    klear("klear.fit", "--config", "configs/rl_code.yaml", "--objective", "gppo", f"output_dir={output}", *SHORT_RL)
+    short = [*SHORT_RL, "rollout.prompts_per_step=8"]  # 64 programs a step, in the sandbox, and 2 updates
+    klear("klear.fit", "--config", "configs/rl_code.yaml", "--objective", "gppo", f"output_dir={output}", *short)
     run_outputs(output)
     rows = read_metrics(output / "metrics.csv")
     assert all(0.0 < float(row["reward/mean"]) < 1.0 for row in rows[:2])  # programs that pass some tests

@@ -38,6 +38,7 @@ def test_rl_step_at_real_width_and_vocabulary_with_a_token_budget(tmp_path):
             "trainer.max_steps=1",
             "trainer.progress_bar=false",
             "eval.num_prompts=2",
+            "eval.samples=1",
             "eval.max_new_tokens=2",
             "data.num_train=8",
             "data.num_eval=2",
