@@ -85,6 +85,7 @@ def assert_stopped(output: Path, args: list[str], stdout: str, stderr: str, retu
     return checkpoint
 
 
+@pytest.mark.slow  # the default run keeps SIGTERM's stop of one SFT process (below) and of two RL ranks
 def test_sigterm_stops_one_process_at_a_step_with_the_summary(tmp_path):
     output = tmp_path / "rl"
     args = ["--config", "configs/rl.yaml", f"output_dir={output}", *LONG]
