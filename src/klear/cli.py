@@ -7,7 +7,8 @@ it torch or transformers) is imported only once that command is chosen.
 
 :func:`run` is the set-up the commands share: log lines at INFO, no download progress bars, and ``main``'s
 return value as the exit status (141, without a traceback, when stdout's reader closed the pipe early, as in
-``klear fit --list-objectives | head -2``).
+``klear fit --list-objectives | head -2``), given by :func:`leave`, which ends the process without the
+interpreter's teardown of every object.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def leave(code: int) -> NoReturn:
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()  # what the interpreter's exit calls at this point
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a reader that went away: nothing left to write to
             stream.flush()

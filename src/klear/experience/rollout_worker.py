@@ -31,7 +31,7 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
@@ -73,7 +73,7 @@ class WorkerSpec:
     parent_pid: int = field(default_factory=os.getpid)
 
 
-def worker_main(spec: WorkerSpec, weights, commands, results, free) -> None:
+def worker_main(spec: WorkerSpec, weights, commands, results, free) -> NoReturn:
     """The worker process's entry point (see the module docstring)."""
     on_parent_death(signal.SIGKILL)  # elsewhere than Linux, `_next_command` notices
     leave_stops_to_parent()  # the trainer stops it, at a step boundary it agreed on
