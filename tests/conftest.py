@@ -29,15 +29,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if is_unit(item):
             item.add_marker(pytest.mark.unit)
-    # The long modules first: the workers take one module at a time (--dist loadscope), in this order, so the
-    # modules with tests that start processes go first and the run ends on short in-process modules, rather than
-    # on one worker busy with a long module while the other has nothing left. Each module's tests keep their order.
-    starting = {module_of(item) for item in items if not is_unit(item)}
-    items.sort(key=lambda item: module_of(item) not in starting)
-
-
-def module_of(item: pytest.Item) -> str:
-    return item.nodeid.split("::")[0]
 
 
 class ProcessStartInUnitTest(RuntimeError):
