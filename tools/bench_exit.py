@@ -1,7 +1,7 @@
 """How long a klear process takes to end once its work is done: the interpreter's own exit against `klear.cli.leave`.
 
 Each sample is a fresh process that imports what a training command imports (torch, transformers' causal-LM
-classes, Lightning) and builds the tiny model, prints a mark, then ends either with ``sys.exit(0)`` (the
+classes, Lightning) and loads the shipped ``tiny-sft`` model, prints a mark, then ends either with ``sys.exit(0)`` (the
 interpreter frees every module and object one by one) or with ``klear.cli.leave(0)`` (the same exit: threads
 waited for, atexit handlers run, streams flushed, but no teardown). The time measured is from the mark to the
 process's end, what a user waits for after a command's last line. The two kinds alternate, ``--repeats`` each;
