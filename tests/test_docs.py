@@ -314,7 +314,8 @@ assert "gppo" in list_objectives()
         extra=("--examples", "100", "--throughput-examples", "16"), expect=("summary (padded -> packed): synthetic",)
     ),
     ("docs/performance.md", "python tools/bench_sft_data.py"): Run(
-        extra=("--rows", "30", "--tokens", "200", "--vocab", "4096"), expect=("bytes per token", "at 1e9 tokens")
+        extra=("--rows", "30", "--tokens", "200", "--vocab", "4096"),
+        expect=("tokenized one row at a time in", "bytes per token", "at 1e9 tokens"),
     ),
     ("docs/performance.md", "python tools/bench_exit.py"): Covered(
         ("tests/tools/test_bench_exit.py::test_the_benchmark_prints_both_kinds_and_the_ratio",), "1 sample each there"

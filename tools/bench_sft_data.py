@@ -1,13 +1,18 @@
-"""What tokenized SFT data costs in memory, held as Python lists (the form tokenizers return) vs `Examples`.
+"""What tokenizing SFT data costs in time, one row at a time vs in batches, and in memory, held as Python lists (the
+form tokenizers return) vs `Examples`.
 
 Rows are long-CoT chat conversations (a question, ``<think>`` reasoning of log-normal length around
 ``--tokens`` tokens, a boxed answer) in words drawn from a Zipf law, tokenized by a byte-level BPE tokenizer trained
 here with a real model's vocabulary size (``--vocab``, 151,936 for Qwen; nothing is downloaded) and the tiny model's
 chat template. The tiny tokenizer would hide the cost: its ids are below 257, which Python keeps as shared ints.
 
-For both forms it prints the bytes a token takes (traced allocations of the whole set), the time to build a batch
-from it (`klear.data.packing.collate`) and to compute the set's ``data_report.json`` digest with the peak memory that
-takes, each with the ratio lists / `Examples`, measured in the same run.
+It first times the tokenization of the rows two ways: each row rendered and tokenized alone (``Encoder.encode``,
+one call to the tokenizer per text), and `build_sft_examples`, which renders a batch of rows and tokenizes its texts
+in one call (a fast tokenizer spreads a batch over the cores). Both must give the same examples.
+
+For both forms of the examples it prints the bytes a token takes (traced allocations of the whole set), the time
+to build a batch from it (`klear.data.packing.collate`) and to compute the set's ``data_report.json`` digest with
+the peak memory that takes, each with the ratio lists / `Examples`, measured in the same run.
 
     python tools/bench_sft_data.py [--rows 400] [--tokens 3000] [--vocab 151936]
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import os
 import random
 import string
 import time
@@ -25,7 +31,8 @@ import tracemalloc
 from klear.data.example_store import Examples
 from klear.data.packing import collate
 from klear.data.problems import content_digest
-from klear.data.sft import build_sft_examples
+from klear.data.sft import Encoder, build_sft_examples, file_layout
+from klear.data.sft_layouts import read_conversation
 from klear.models.tokenizer import build_tokenizer
 
 
@@ -104,9 +111,20 @@ def main() -> None:
     tokenizer = trained_tokenizer([row["messages"][1]["content"] for row in rows], args.vocab)
     print(f"tokenizer: {len(tokenizer)} ids, trained in {time.perf_counter() - started:.1f} s")
 
+    layout = file_layout(rows, "rows")
+    started = time.perf_counter()
+    alone = [piece.example() for row in rows for piece in Encoder(tokenizer).encode(read_conversation(row, layout))[0]]
+    alone_s = time.perf_counter() - started
     started = time.perf_counter()
     built, _ = build_sft_examples(rows, tokenizer, max_length=10**9)
-    print(f"built {len(built)} examples, {built.tokens:,} tokens, in {time.perf_counter() - started:.1f} s")
+    batched_s = time.perf_counter() - started
+    assert list(built) == alone
+    del alone
+    print(f"built {len(built)} examples, {built.tokens:,} tokens, on {len(os.sched_getaffinity(0))} cores")
+    print(
+        f"tokenized one row at a time in {alone_s:.1f} s ({built.tokens / alone_s:,.0f} tokens/s), in batches in "
+        f"{batched_s:.1f} s ({built.tokens / batched_s:,.0f} tokens/s): {alone_s / batched_s:.1f}x"
+    )
     ids = [token for example in built for token in example["input_ids"]]
     print(f"ids >= 257 (an int object each as lists): {sum(token >= 257 for token in ids) / len(ids):.1%}")
     del ids

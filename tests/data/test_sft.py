@@ -222,3 +222,105 @@ def test_tokenize_conversation_applies_the_policy_itself(tokenizer):
     assert len(tokenize_conversation(tokenizer, messages, max_length=40, truncation="right")["input_ids"]) == 40
     with pytest.raises(ValueError, match=r"unknown truncation 'left'; expected one of \('drop', 'right'\)"):
         tokenize_conversation(tokenizer, messages, max_length=40, truncation="left")
+
+
+STRIPS_EARLIER_REASONING = CHAT_TEMPLATE.replace(
+    "{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}",
+    "{{- (message['content'].split('</think>')[-1] if not loop.last else message['content']) + '<|im_end|>' }}"
+    "{%- endgeneration %}",
+)
+
+
+def chat_rows() -> list[dict]:
+    """Chat rows, one of them multi-turn, one repeated, one bad (line 6)."""
+    chats = [to_chat(record) for record in generate_problems(6, seed=5)]
+    multi = [*SYSTEM_CHAT, {"role": "user", "content": "and 2+2?"}, SYSTEM_CHAT[2]]
+    return [*chats[:3], {"messages": multi}, chats[0], {"messages": []}, *chats[3:]]
+
+
+def with_bos():
+    """The tiny tokenizer adding a begin-of-text token to any text it is asked to, as Llama's tokenizers do."""
+    from tokenizers import processors
+
+    tokenizer = build_tokenizer()
+    bos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)]
+    )
+    return tokenizer
+
+
+PLAIN_ROWS = {
+    "text": [{"text": "A text learned whole."}, {"text": "Another."}, {"text": ""}],
+    "completion": [{"prompt": "The sky is", "completion": " blue."}, {"prompt": "1+1=", "completion": "2"}],
+}
+
+
+def one_at_a_time(tokenizer, rows: list[dict]) -> tuple[list[dict], list[int], int]:
+    """The examples of encoding each row alone, the lines of the bad rows and the count of rows split by turn."""
+    from klear.data.sft import Encoder, file_layout
+    from klear.data.sft_layouts import read_conversation
+
+    layout = file_layout(rows, "rows")
+    expected, bad, split = [], [], 0
+    for line, row in enumerate(rows, start=1):
+        try:
+            encoded, was_split = Encoder(tokenizer).encode(read_conversation(row, layout))
+        except ValueError:
+            bad.append(line)
+            continue
+        expected += [piece.example() for piece in encoded]
+        split += was_split
+    return expected, bad, split
+
+
+@pytest.mark.parametrize("rows", ["tiny", "strips", "text", "completion"])
+@pytest.mark.parametrize("batch_characters", [1, 300, 10**9])
+def test_rows_tokenized_in_batches_give_what_one_row_at_a_time_gives(monkeypatch, rows, batch_characters):
+    # build_sft_examples renders a batch of rows, tokenizes their texts in one call, then labels each row from those
+    # tokens. Whatever the batch, its examples, counts and bad rows are those of encoding each row alone.
+    from klear.data import sft
+
+    makers = {"tiny": build_tokenizer, "strips": lambda: with_template(STRIPS_EARLIER_REASONING)}
+    tokenizer = makers.get(rows, with_bos)()
+    rows = PLAIN_ROWS.get(rows) or chat_rows()
+    expected, bad, split = one_at_a_time(tokenizer, rows)
+    assert bad == ([6] if "messages" in rows[0] else [3] if "text" in rows[0] else [])
+    assert split == (tokenizer.chat_template == STRIPS_EARLIER_REASONING)
+    monkeypatch.setattr(sft, "BATCH_CHARACTERS", batch_characters)
+    examples, stats = build_sft_examples(rows, tokenizer, 10**6, source="rows.jsonl")
+    assert list(examples) == expected
+    assert [row.line for row in stats.bad] == bad
+    assert (stats.rows, stats.kept, stats.examples, stats.split_rows) == (
+        len(rows), len(rows) - len(bad), len(expected), split
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("rows", ["chat", "completion"])
+def test_a_planned_batch_is_tokenized_by_one_call_and_labelled_without_another(monkeypatch, rows):
+    from klear.data.sft import Encoder, file_layout
+    from klear.data.sft_layouts import read_conversation
+
+    tokenizer = with_bos()
+    encoder = Encoder(tokenizer)
+    rows = PLAIN_ROWS.get(rows) or [row for row in chat_rows() if row["messages"]]
+    layout = file_layout(rows, "rows")
+    plans = [encoder.plan(read_conversation(row, layout)) for row in rows]
+    calls = []
+    real_call = type(tokenizer).__call__
+
+    def counted(self, text, **kwargs):
+        calls.append(len(text) if isinstance(text, list) else 1)
+        return real_call(self, text, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "__call__", counted)
+    encoder.prefetch(plans)
+    # One call for each setting of special tokens: chat renderings add none; a completion row's prompt adds them.
+    assert len(calls) == 1 + ("prompt" in rows[0])
+    assert sum(calls) == len({text for plan in plans for text in plan.texts})  # each distinct text once
+    calls.clear()
+    finished = [encoder.finish(plan) for plan in plans]
+    assert calls == []
+    encoder.prefetch(())  # forgotten: encoding tokenizes again, to the same examples
+    assert [encoder.encode(plan.conversation) for plan in plans] == finished
+    assert len(calls) >= 2 * len(plans)

@@ -24,6 +24,11 @@ newlines); a row that fails is a bad row naming the field. A row that is not a v
 a wrong role, no response) is skipped the same way, named by its file and line and counted; a data file with no
 usable row is refused before training.
 
+`build_sft_examples` renders the rows of a batch of about 10^6 tokens (`BATCH_CHARACTERS`) first, tokenizes all
+their texts in one call, which a fast tokenizer spreads over the cores, and then labels each row from those tokens:
+the examples are those of each row encoded alone (`Encoder.encode`), made 2.9x as fast on 2 cores
+(``tools/bench_sft_data.py``).
+
 Truncation policy for examples longer than ``max_length`` tokens, counted in `SFTStats`:
 - ``"drop"`` (the default) skips them. A long-CoT example cut short teaches the model to stop mid-reasoning
   without an answer or an end-of-turn token, so dropping is the safer default for reasoning data.
@@ -138,45 +143,92 @@ class SFTStats:
 
 
 class Encoder:
-    """Conversations -> `Encoded` examples under one tokenizer and its chat template."""
+    """Conversations -> `Encoded` examples under one tokenizer and its chat template.
+
+    `encode` does one conversation. For many, `plan` renders each, `prefetch` tokenizes the texts of a batch of
+    plans in one call to the tokenizer (a fast tokenizer encodes a batch on all cores, one text on one), and
+    `finish` labels each plan from those tokens; `encode` is `finish` of `plan`, so both give the same examples.
+    """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.traits: TemplateTraits = template_traits(tokenizer)
+        self._tokens: dict[tuple[str, bool], list[int]] = {}
+        """Token ids of the texts `prefetch` was given, by ``(text, add_special_tokens)``."""
 
     def encode(self, conversation: Conversation) -> tuple[list[Encoded], bool]:
         """The examples of ``conversation`` and whether it trains turn by turn. Raises ValueError naming the field
         whose text would not reach the tokens, `ChatTemplateError` when no rule lets the template be masked."""
+        return self.finish(self.plan(conversation))
+
+    def plan(self, conversation: Conversation) -> Plan:
+        """``conversation`` rendered as its examples will be tokenized (ValueError when the template refuses it)."""
         turns = conversation.turns
         if conversation.kind != "chat":
             prompt = turns[0].content if conversation.kind == "completion" else ""
-            return [self._plain(prompt, turns[-1].content)], False
+            texts = ((prompt, True), (turns[-1].content, not prompt)) if prompt else ((turns[-1].content, True),)
+            return Plan(conversation, [], [], texts)
         messages = template_messages(turns, self.traits)
         learn = [index for index, turn in enumerate(turns) if turn.learn]
+        return Plan(conversation, messages, learn, self._rendering(messages, learn))
+
+    def prefetch(self, plans: Iterable[Plan]) -> None:
+        """Tokenize the texts of ``plans`` in one call for each setting of special tokens; `finish` reads them (a
+        later `prefetch` replaces them)."""
+        self._tokens = {}
+        texts = {key: None for plan in plans for key in plan.texts}  # each text once, in order
+        for special in (False, True):
+            batch = [text for text, flag in texts if flag is special]
+            if batch:
+                ids = self.tokenizer(batch, add_special_tokens=special, verbose=False)["input_ids"]
+                self._tokens.update(((text, special), tokens) for text, tokens in zip(batch, ids, strict=True))
+
+    def finish(self, plan: Plan) -> tuple[list[Encoded], bool]:
+        """The examples of a planned conversation and whether it trains turn by turn (see `encode`)."""
+        conversation = plan.conversation
+        if conversation.kind != "chat":
+            return [self._plain(*(text for text, _ in plan.texts))], False
+        messages, learn = plan.messages, plan.learn
         try:
-            pieces, split = [(self._turns(messages, learn), learn)], False
+            pieces, split = [(self._labelled(plan.texts, learn), learn)], False
         except _Rewrites as whole:
             if len(learn) == 1:
                 raise ChatTemplateError(f"{whole}; no rule covers this template: {_USE_ANOTHER}") from None
             try:  # each learned turn with the history the template shows at inference
-                pieces, split = [(self._turns(messages[: index + 1], [index]), [index]) for index in learn], True
+                pieces = [(self._turns(messages[: index + 1], [index]), [index]) for index in learn]
+                split = True
             except _Rewrites as error:
                 raise ChatTemplateError(
                     f"{error}, even for a conversation that ends at that turn; no rule covers this template: "
                     f"{_USE_ANOTHER}"
                 ) from None
-        _check_reached(turns, pieces)
+        _check_reached(conversation.turns, pieces)
         return [piece for piece, _ in pieces], split
 
     def _turns(self, messages: list[dict], learn: Sequence[int]) -> Encoded:
         """``messages`` rendered whole, with labels on the turns ``learn``; `_Rewrites` if the prefixes disagree."""
+        return self._labelled(self._rendering(messages, learn), learn)
+
+    def _rendering(self, messages: list[dict], learn: Sequence[int]) -> tuple[tuple[str, bool], ...]:
+        """The texts `_labelled` tokenizes: ``messages`` rendered whole, then for each turn of ``learn`` rendered up
+        to it with the generation prompt and through its end; each as ``(text, False)``, no special tokens added."""
         text = self._render(messages, add_generation_prompt=False)
+        texts = [text]
+        for turn in learn:
+            texts.append(self._render(messages[:turn], add_generation_prompt=True))
+            texts.append(text if turn == len(messages) - 1 else self._render(messages[: turn + 1], False))
+        return tuple((text, False) for text in texts)
+
+    def _labelled(self, texts: Sequence[tuple[str, bool]], learn: Sequence[int]) -> Encoded:
+        """The whole rendering ``texts[0]`` with labels on the turns ``learn``, each spanning from its rendering
+        with the generation prompt to its rendering through its end (`_rendering`); `_Rewrites` if either is not
+        a prefix of the whole, in text and in tokens."""
+        text = texts[0][0]
         ids = self._ids(text)
         labels, spans = [IGNORE_INDEX] * len(ids), []
         eos, eos_text = self.tokenizer.eos_token_id, self.tokenizer.eos_token
-        for turn in learn:
-            before = self._render(messages[:turn], add_generation_prompt=True)
-            through = text if turn == len(messages) - 1 else self._render(messages[: turn + 1], False)
+        for number, turn in enumerate(learn):
+            (before, _), (through, _) = texts[1 + 2 * number : 3 + 2 * number]
             before_ids = self._ids(before)
             through_ids = ids if through is text else self._ids(through)
             prefixes = ((before, before_ids, "with its generation prompt"), (through, through_ids, "through its end"))
@@ -195,15 +247,15 @@ class Encoder:
             spans.append(chars)
         return Encoded(ids, labels, text, spans)
 
-    def _plain(self, prompt: str, completion: str) -> Encoded:
-        """A text learned whole (no ``prompt``), or a completion learned after a prompt: no chat template, and an
+    def _plain(self, *texts: str) -> Encoded:
+        """A text learned whole (one text), or a completion learned after a prompt (two): no chat template, and an
         end-of-text token after the learned text (TRL's standard types)."""
-        tokenizer = self.tokenizer
-        prompt_ids = tokenizer(prompt, add_special_tokens=True, verbose=False)["input_ids"] if prompt else []
-        learned = tokenizer(completion, add_special_tokens=not prompt, verbose=False)["input_ids"]
-        eos = tokenizer.eos_token_id
-        end = tokenizer.eos_token if eos is not None and (not learned or learned[-1] != eos) else ""
-        learned += [eos] if end else []
+        prompt, completion = texts if len(texts) == 2 else ("", texts[0])
+        prompt_ids = self._ids(prompt, special=True) if prompt else []
+        learned = self._ids(completion, special=not prompt)
+        eos = self.tokenizer.eos_token_id
+        end = self.tokenizer.eos_token if eos is not None and (not learned or learned[-1] != eos) else ""
+        learned = [*learned, eos] if end else learned
         ids = prompt_ids + learned
         text = prompt + completion + end
         return Encoded(ids, [IGNORE_INDEX] * len(prompt_ids) + learned, text, [(len(prompt), len(text))])
@@ -216,9 +268,32 @@ class Encoder:
         except Exception as error:  # the template's own refusal (raise_exception, a role it rejects): this row's
             raise ValueError(f"the chat template refuses this conversation: {first_line(error)}") from None
 
-    def _ids(self, text: str) -> list[int]:
-        # The template writes any begin-of-text token itself; letting the tokenizer add one too would double it.
-        return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    def _ids(self, text: str, special: bool = False) -> list[int]:
+        """``text``'s token ids, from `prefetch` when it was given them. A chat rendering adds no special tokens
+        (``special``): the template writes any begin-of-text token itself, and the tokenizer would double it."""
+        ids = self._tokens.get((text, special))
+        if ids is None:
+            ids = self.tokenizer(text, add_special_tokens=special, verbose=False)["input_ids"]
+        return ids
+
+
+@dataclass
+class Plan:
+    """A conversation rendered, before its texts are tokenized (`Encoder.plan`)."""
+
+    conversation: Conversation
+    messages: list[dict]
+    """The template's messages (a chat conversation)."""
+    learn: list[int]
+    """The turns that carry labels (a chat conversation)."""
+    texts: tuple[tuple[str, bool], ...]
+    """``(text, add_special_tokens)`` of each text its examples are tokenized from, in the order `finish` reads
+    them: a chat conversation's renderings (`Encoder._rendering`), a plain row's prompt and completion."""
+
+    @property
+    def size(self) -> int:
+        """Characters to tokenize."""
+        return sum(len(text) for text, _ in self.texts)
 
 
 _USE_ANOTHER = "train on single-turn rows, or use a model whose chat template leaves earlier turns unchanged"
@@ -307,17 +382,59 @@ def build_sft_examples(
     layout = layout or file_layout(rows, source)
     encoder, examples = Encoder(tokenizer), Examples()
     stats = SFTStats(traits=encoder.traits)
+    planned: list[tuple[int, Plan | BadRow]] = []
+    size = 0
     for index, row in enumerate(rows):
-        stats.rows += 1
         line = lines[index] if lines is not None else index + 1
         try:
-            conversation = read_conversation(row, layout, thought_markers)
-            encoded, split = encoder.encode(conversation)
+            plan = encoder.plan(read_conversation(row, layout, thought_markers))
+            size += plan.size
+        except ChatTemplateError as error:
+            raise ChatTemplateError(f"{source}:{line}: {error}") from None
+        except ValueError as error:
+            plan = BadRow(source, line, first_line(error))
+        planned.append((line, plan))
+        if size >= BATCH_CHARACTERS or index == len(rows) - 1:
+            _encode_planned(encoder, planned, max_length, truncation, source, stats, examples)
+            planned, size = [], 0
+    if not examples:
+        why = f"first: {stats.bad[0]}" if stats.bad else f"all {stats.rows} are longer than max_length = {max_length}"
+        raise DataError(
+            f"{source}: no SFT example in {stats.rows} rows ({why})" if stats.rows else f"{source}: no rows"
+        )
+    return examples, stats
+
+
+BATCH_CHARACTERS = 4_000_000
+"""Characters of rendered text `build_sft_examples` tokenizes in one call (about a million tokens): enough texts to
+keep every core busy, and their ids, held as Python lists until they are stored, stay in tens of megabytes."""
+
+
+def _encode_planned(
+    encoder: Encoder,
+    planned: list[tuple[int, Plan | BadRow]],
+    max_length: int,
+    truncation: str,
+    source: str,
+    stats: SFTStats,
+    examples: Examples,
+) -> None:
+    """Tokenize the planned rows in one batch, then add their examples to ``examples`` in row order, counted in
+    ``stats`` (a row that was refused at its plan is a bad row here, in its place)."""
+    encoder.prefetch(plan for _, plan in planned if isinstance(plan, Plan))
+    for line, plan in planned:
+        stats.rows += 1
+        if isinstance(plan, BadRow):
+            stats.bad.append(plan)
+            continue
+        try:
+            encoded, split = encoder.finish(plan)
         except ChatTemplateError as error:
             raise ChatTemplateError(f"{source}:{line}: {error}") from None
         except ValueError as error:
             stats.bad.append(BadRow(source, line, first_line(error)))
             continue
+        conversation = plan.conversation
         stats.split_rows += split
         stats.marker_rows += conversation.markers
         stats.reasoning_rows += any(turn.reasoning is not None for turn in conversation.turns)
@@ -325,12 +442,7 @@ def build_sft_examples(
         examples.extend(kept)
         stats.examples += len(kept)
         stats.kept += bool(kept)
-    if not examples:
-        why = f"first: {stats.bad[0]}" if stats.bad else f"all {stats.rows} are longer than max_length = {max_length}"
-        raise DataError(
-            f"{source}: no SFT example in {stats.rows} rows ({why})" if stats.rows else f"{source}: no rows"
-        )
-    return examples, stats
+    encoder.prefetch(())
 
 
 def fit_to_length(example: dict[str, list[int]], max_length: int, truncation: str) -> tuple[dict | None, str]:
