@@ -30,6 +30,19 @@ def test_every_published_compressed_file_reads_whole(path):
     assert read_numbered(path) == (expected, [])
 
 
+PARQUET = sorted((PUBLISHED / "rl").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("path", PARQUET, ids=[path.name for path in PARQUET])
+def test_every_published_parquet_file_reads_as_the_rows_of_its_jsonl_view(path):
+    """Skywork-OR1's eval sets ship as parquet (kept byte for byte); their JSONL view holds the same rows, so both
+    read alike, row for row and number for number, and load as the same verl problems."""
+    rows = read_numbered(path)
+    assert rows == read_numbered(path.with_suffix(".jsonl.gz")) and len(rows[0]) == 30 and rows[1] == []
+    loaded = load_problems(str(path), Task("math"), routed_reward("math"), rows=rows)
+    assert (loaded.layout.name, len(loaded.problems), loaded.bad) == ("verl", 30, [])
+
+
 @pytest.mark.end_to_end  # the code reward checks each row's tests in its sandbox process
 @pytest.mark.parametrize(
     ("name", "layout", "rows"),
