@@ -317,6 +317,9 @@ assert "gppo" in list_objectives()
         extra=("--rows", "30", "--tokens", "200", "--vocab", "4096"),
         expect=("tokenized one row at a time in", "bytes per token", "at 1e9 tokens"),
     ),
+    ("docs/performance.md", "python tools/bench_load_problems.py"): Run(
+        extra=("--problems", "200", "--vocab", "4096"), expect=("200 problems", "loaded measuring each prompt alone in")
+    ),
     ("docs/performance.md", "python tools/bench_exit.py"): Covered(
         ("tests/tools/test_bench_exit.py::test_the_benchmark_prints_both_kinds_and_the_ratio",), "1 sample each there"
     ),

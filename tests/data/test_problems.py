@@ -171,3 +171,69 @@ def test_code_rows_under_the_math_reward_name_the_reward_their_layout_implies(tm
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"{path}: no usable problem in 1 rows (read as layout humaneval")
     assert message.endswith("; humaneval rows are code problems, for reward.name=code (configs/rl_code.yaml)")
+
+
+@pytest.mark.parametrize("batch_characters", [1, 100, 10**9])
+def test_prompt_tokens_of_a_batch_are_each_prompts_own(monkeypatch, batch_characters):
+    # PromptTokens.many renders and tokenizes the prompts a batch at a time; each count is encode_prompt's, in
+    # order, for chat texts, message lists and plain-text prompts whose tokenizer adds its own BOS.
+    from klear.data import prompts
+    from klear.data.prompts import PromptFormat, PromptTokens, encode_prompt
+    from tests.data.test_sft import with_bos
+
+    tokenizer = with_bos()
+    raw = PromptFormat("Question: {prompt}\nAnswer:", chat=False)
+    many = [
+        "1+1?",
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+        raw.apply("3+3?"),
+        "x" * 300,
+        raw.apply("y" * 50),
+        "1+1?",
+    ]
+    monkeypatch.setattr(prompts, "TOKENIZE_BATCH_CHARACTERS", batch_characters)
+    counts = PromptTokens(tokenizer).many(many)
+    assert counts == [len(encode_prompt(tokenizer, prompt)) for prompt in many]
+    assert counts[2] == 1 + len("Question: 3+3?\nAnswer:")  # its bytes, and the BOS the tokenizer adds
+    assert PromptTokens(tokenizer)(many[1]) == counts[1] and PromptTokens(tokenizer).many([]) == []
+
+
+def test_prompts_measured_in_a_batch_are_refused_in_file_order(tmp_path):
+    # The lengths are measured in one batch after every row is read; refusals still come in the file's order: with
+    # truncation: error, the first row over the limit is the one named, whether its characters or its tokens tell.
+    from klear.data.prompts import char_bound
+    from klear.models.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    rows = [
+        {"problem": "ok", "answer": "1"},
+        {"problem": "t" * 45, "answer": "1"},  # over 40 tokens, within what 40 tokens can spell
+        {"problem": "c" * 5000, "answer": "1"},  # over by its characters alone
+        {"problem": "also ok", "answer": "2"},
+        {"problem": "no answer"},
+    ]
+    source = write_lines(tmp_path / "order.jsonl", rows)
+
+    def load(truncation, rows_first=None):
+        return load_problems(
+            rows_first or source, Task("math"), get_reward("math"), prompt_length=PromptTokens(tokenizer),
+            max_prompt_tokens=40, truncation=truncation, char_bound=char_bound(tokenizer),
+        )  # fmt: skip
+
+    from klear.data.prompts import PromptTokens
+
+    skipped = load("skip")
+    assert [p.line for p in skipped.problems] == [1, 4]
+    assert [(bad.line, bad.reason.split(" is ")[0]) for bad in skipped.bad] == [
+        (2, "prompt of 64 tokens"),
+        (3, "prompt of 5050 characters"),
+        (5, "no reference: 'answer'"),
+    ]  # fmt: skip (the prompts in the chat template: 45 characters are 64 tokens)
+    assert skipped.longest_prompt == PromptTokens(tokenizer)("also ok") == 26
+    with pytest.raises(DataError, match=r"order.jsonl:2: prompt of 64 tokens .* \(truncation: error\)"):
+        load("error")
+    swapped = write_lines(tmp_path / "swapped.jsonl", [rows[0], rows[2], rows[1]])
+    with pytest.raises(DataError, match=r"swapped.jsonl:2: prompt of 5050 characters .* \(truncation: error\)"):
+        load("error", swapped)
+    left = load("left")
+    assert [(p.line, p.max_prompt_tokens) for p in left.problems] == [(1, 0), (2, 40), (3, 40), (4, 0)]

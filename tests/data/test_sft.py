@@ -279,7 +279,7 @@ def one_at_a_time(tokenizer, rows: list[dict]) -> tuple[list[dict], list[int], i
 def test_rows_tokenized_in_batches_give_what_one_row_at_a_time_gives(monkeypatch, rows, batch_characters):
     # build_sft_examples renders a batch of rows, tokenizes their texts in one call, then labels each row from those
     # tokens. Whatever the batch, its examples, counts and bad rows are those of encoding each row alone.
-    from klear.data import sft
+    from klear.data import prompts
 
     makers = {"tiny": build_tokenizer, "strips": lambda: with_template(STRIPS_EARLIER_REASONING)}
     tokenizer = makers.get(rows, with_bos)()
@@ -287,7 +287,7 @@ def test_rows_tokenized_in_batches_give_what_one_row_at_a_time_gives(monkeypatch
     expected, bad, split = one_at_a_time(tokenizer, rows)
     assert bad == ([6] if "messages" in rows[0] else [3] if "text" in rows[0] else [])
     assert split == (tokenizer.chat_template == STRIPS_EARLIER_REASONING)
-    monkeypatch.setattr(sft, "BATCH_CHARACTERS", batch_characters)
+    monkeypatch.setattr(prompts, "TOKENIZE_BATCH_CHARACTERS", batch_characters)
     examples, stats = build_sft_examples(rows, tokenizer, 10**6, source="rows.jsonl")
     assert list(examples) == expected
     assert [row.line for row in stats.bad] == bad

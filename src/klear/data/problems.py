@@ -165,7 +165,8 @@ class ProblemSet:
 
 PromptLength = Callable[[Any], int]
 """``prompt -> tokens`` of a prompt (text or messages) as the model sees it (chat template and generation prompt
-included)."""
+included). One with a ``many(prompts) -> list[int]`` method (`klear.data.prompts.PromptTokens`) measures a whole set
+in batches."""
 
 
 def load_problems(
@@ -223,41 +224,51 @@ def load_problems(
     router = reward if isinstance(reward, RoutedReward) and task.route else None
     reader = _RowReader(source, layout, task, reward, router)
     limit = max_prompt_tokens if prompt_length is not None else 0
-    problems, longest, cut, over = [], 0, 0, 0
+    read = []
     for line, row in numbered:
         try:
             prompt, reference, origin = reader.read(row, line)
-            prompt = prompt_format.apply(prompt)
-            keep = 0
+            read.append(_Read(line, row, prompt_format.apply(prompt), reference, origin))
+        except DataError:
+            raise
+        except ValueError as error:
+            bad.append(BadRow(source, line, first_line(error)))
+    problems, longest, cut, over = [], 0, 0, 0
+    if limit:  # every prompt measured in batches (`PromptTokens.many`), then each kept or refused in file order
+        for entry in read:
+            entry.chars = char_bound.too_long(entry.prompt, limit) if char_bound is not None else 0
+            if entry.chars and truncation == "left":  # tokenize only what the kept tokens can come from
+                entry.prompt, entry.chars = char_bound.cut(entry.prompt, limit), 0
+        measure = getattr(prompt_length, "many", None) or (lambda prompts: [prompt_length(p) for p in prompts])
+        lengths = iter(measure([entry.prompt for entry in read if not entry.chars]))
+    for entry in read:
+        try:
             if limit:
-                chars = char_bound.too_long(prompt, limit) if char_bound is not None else 0
-                if chars and truncation != "left":
+                if entry.chars:
                     message = (
-                        f"prompt of {chars} characters is longer than max_prompt_tokens = {limit} (no {limit} tokens "
-                        f"of this tokenizer spell more than {char_bound.chars(limit)} characters)"
+                        f"prompt of {entry.chars} characters is longer than max_prompt_tokens = {limit} (no {limit} "
+                        f"tokens of this tokenizer spell more than {char_bound.chars(limit)} characters)"
                     )
                     if truncation == "error":
-                        raise DataError(f"{source}:{line}: {message} (truncation: error)")
+                        raise DataError(f"{source}:{entry.line}: {message} (truncation: error)")
                     over += 1
                     raise ValueError(message)
-                if chars:  # left: tokenize only what the kept tokens can come from
-                    prompt = char_bound.cut(prompt, limit)
-                tokens = prompt_length(prompt)
+                tokens = next(lengths)
                 if tokens > limit:
                     if truncation != "left":
                         message = f"prompt of {tokens} tokens is longer than max_prompt_tokens = {limit}"
                         if truncation == "error":
-                            raise DataError(f"{source}:{line}: {message} (truncation: error)")
+                            raise DataError(f"{source}:{entry.line}: {message} (truncation: error)")
                         over += 1
                         raise ValueError(message)
-                    keep, tokens, cut = limit, limit, cut + 1
+                    entry.keep, tokens, cut = limit, limit, cut + 1
                 longest = max(longest, tokens)
         except DataError:  # truncation: error
             raise
         except ValueError as error:
-            bad.append(BadRow(source, line, first_line(error)))
+            bad.append(BadRow(source, entry.line, first_line(error)))
             continue
-        problems.append(Problem(prompt, reference, line, row, origin, keep))
+        problems.append(Problem(entry.prompt, entry.reference, entry.line, entry.row, entry.origin, entry.keep))
     bad.sort(key=lambda row: row.line)  # file order: rows the reader refused and rows refused here
     if not problems:
         hint = ""
@@ -274,6 +285,21 @@ def load_problems(
     if cut:
         warnings.append(f"{cut} prompts longer than {limit} tokens keep their last {limit} (truncation: left)")
     return ProblemSet(source, problems, bad, longest, shown, warnings, prompt_format)
+
+
+@dataclass
+class _Read:
+    """A row read into its prompt (in the run's format) and checked reference, before its prompt is measured."""
+
+    line: int
+    row: dict
+    prompt: Any
+    reference: Any
+    origin: str
+    chars: int = 0
+    """Characters that prove the prompt over the limit without tokenizing it (`CharBound.too_long`); 0 if none."""
+    keep: int = 0
+    """The last tokens a prompt cut by ``truncation: left`` keeps (`Problem.max_prompt_tokens`)."""
 
 
 class _RowReader:

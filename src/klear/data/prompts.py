@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +133,54 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[st
     appended; of a `RawPrompt`, its text with the tokenizer's own special tokens."""
     raw = isinstance(prompt, RawPrompt)
     return tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=raw)["input_ids"]
+
+
+TOKENIZE_BATCH_CHARACTERS = 4_000_000
+"""Characters of text tokenized in one call to the tokenizer when many are measured or encoded at once (about a
+million tokens): enough texts to keep every core busy, and their ids, held as Python lists until they are counted
+or stored, stay in tens of megabytes."""
+
+
+class PromptTokens:
+    """How many tokens each prompt is under one tokenizer: ``len(encode_prompt(tokenizer, prompt))``, measured a
+    batch at a time by `many` (one call to the tokenizer per `TOKENIZE_BATCH_CHARACTERS` of prompts: a fast
+    tokenizer spreads a batch over the cores, and a call per prompt costs more than a short prompt's tokens)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, prompt: str | list[dict[str, str]]) -> int:
+        return len(encode_prompt(self.tokenizer, prompt))
+
+    def many(self, prompts: Sequence[str | list[dict[str, str]]]) -> list[int]:
+        """The token count of each of ``prompts``, in order."""
+        counts: list[int] = []
+        batch: list[str | list[dict[str, str]]] = []
+        size = 0
+        for prompt in prompts:
+            batch.append(prompt)
+            size += len(prompt) if isinstance(prompt, str) else sum(len(str(turn)) for turn in prompt)
+            if size >= TOKENIZE_BATCH_CHARACTERS:
+                counts += self._counts(batch)
+                batch, size = [], 0
+        return counts + self._counts(batch) if batch else counts
+
+    def _counts(self, prompts: list[str | list[dict[str, str]]]) -> list[int]:
+        texts = [render_prompt(self.tokenizer, prompt) for prompt in prompts]
+        raw = [isinstance(prompt, RawPrompt) for prompt in prompts]
+        counts = [0] * len(prompts)
+        for special in (False, True):  # a chat rendering adds no special tokens, a raw prompt the tokenizer's own
+            where = [index for index, flag in enumerate(raw) if flag is special]
+            if where:
+                ids = self.tokenizer(
+                    [texts[index] for index in where],
+                    add_special_tokens=special,
+                    return_attention_mask=False,
+                    return_token_type_ids=False,
+                )["input_ids"]
+                for index, tokens in zip(where, ids, strict=True):
+                    counts[index] = len(tokens)
+        return counts
 
 
 def encode_problem(tokenizer: PreTrainedTokenizerBase, problem: Any) -> list[int]:

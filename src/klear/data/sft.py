@@ -24,10 +24,10 @@ newlines); a row that fails is a bad row naming the field. A row that is not a v
 a wrong role, no response) is skipped the same way, named by its file and line and counted; a data file with no
 usable row is refused before training.
 
-`build_sft_examples` renders the rows of a batch of about 10^6 tokens (`BATCH_CHARACTERS`) first, tokenizes all
-their texts in one call, which a fast tokenizer spreads over the cores, and then labels each row from those tokens:
-the examples are those of each row encoded alone (`Encoder.encode`), made 2.9x as fast on 2 cores
-(``tools/bench_sft_data.py``).
+`build_sft_examples` renders the rows of a batch of about 10^6 tokens first
+(`klear.data.prompts.TOKENIZE_BATCH_CHARACTERS`), tokenizes all their texts in one call, which a fast tokenizer
+spreads over the cores, and then labels each row from those tokens: the examples are those of each row encoded
+alone (`Encoder.encode`), made 2.9x as fast on 2 cores (``tools/bench_sft_data.py``).
 
 Truncation policy for examples longer than ``max_length`` tokens, counted in `SFTStats`:
 - ``"drop"`` (the default) skips them. A long-CoT example cut short teaches the model to stop mid-reasoning
@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from klear.data import prompts
 from klear.data.chat_template import TemplateTraits, template_messages, template_traits
 from klear.data.example_store import IGNORE_INDEX, Examples
 from klear.data.problems import SYNTHETIC_REWARDS, synthetic_records
@@ -180,7 +181,13 @@ class Encoder:
         for special in (False, True):
             batch = [text for text, flag in texts if flag is special]
             if batch:
-                ids = self.tokenizer(batch, add_special_tokens=special, verbose=False)["input_ids"]
+                ids = self.tokenizer(
+                    batch,
+                    add_special_tokens=special,
+                    verbose=False,
+                    return_attention_mask=False,
+                    return_token_type_ids=False,
+                )["input_ids"]
                 self._tokens.update(((text, special), tokens) for text, tokens in zip(batch, ids, strict=True))
 
     def finish(self, plan: Plan) -> tuple[list[Encoded], bool]:
@@ -394,7 +401,7 @@ def build_sft_examples(
         except ValueError as error:
             plan = BadRow(source, line, first_line(error))
         planned.append((line, plan))
-        if size >= BATCH_CHARACTERS or index == len(rows) - 1:
+        if size >= prompts.TOKENIZE_BATCH_CHARACTERS or index == len(rows) - 1:
             _encode_planned(encoder, planned, max_length, truncation, source, stats, examples)
             planned, size = [], 0
     if not examples:
@@ -403,11 +410,6 @@ def build_sft_examples(
             f"{source}: no SFT example in {stats.rows} rows ({why})" if stats.rows else f"{source}: no rows"
         )
     return examples, stats
-
-
-BATCH_CHARACTERS = 4_000_000
-"""Characters of rendered text `build_sft_examples` tokenizes in one call (about a million tokens): enough texts to
-keep every core busy, and their ids, held as Python lists until they are stored, stay in tens of megabytes."""
 
 
 def _encode_planned(

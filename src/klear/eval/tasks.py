@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from klear.config.model_path import is_adapter_folder, model_path_problem
 from klear.data.problems import ProblemSet, Task, choose_task, load_problems
-from klear.data.prompts import AS_GIVEN, PromptFormat
+from klear.data.prompts import AS_GIVEN, PromptFormat, PromptTokens
 from klear.data.readers import read_numbered, warn_bad_rows
 from klear.errors import UserError, first_line
 from klear.rewards import Reward, get_reward
@@ -73,10 +73,7 @@ def load_eval_problems(
         source, option = (base, "--base") if base else (model, "--model")
         limit = max_prompt_tokens or _prompt_budget(source, max_new_tokens, rope_scaling, option)
         tokenizer = load_eval_tokenizer(source, option, chat=prompt_format.chat)
-        from klear.data.prompts import encode_prompt  # transformers: once a model is loaded anyway
-
-        def prompt_length(prompt: Any) -> int:
-            return len(encode_prompt(tokenizer, prompt))
+        prompt_length = PromptTokens(tokenizer)
 
     remedy = "pass a smaller --max-new-tokens (the limit is the model's context less it)"
     if max_prompt_tokens:

@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.config.load import ConfigError
 from klear.data.problems import ProblemSet, Task, load_problems
-from klear.data.prompts import PromptFormat, char_bound, chat_template_problem, encode_prompt
+from klear.data.prompts import PromptFormat, PromptTokens, char_bound, chat_template_problem
 from klear.data.readers import warn_bad_rows
 from klear.data.sets import DataSets, named_sets, set_key
 from klear.eval.in_training import EVAL_DATA_SEED, Evaluation, evaluate
@@ -255,7 +255,7 @@ def stage_problems(
         num=getattr(data, f"num_{split}"),
         seed=seed,
         levels=data.levels,
-        prompt_length=lambda prompt: len(encode_prompt(tokenizer, prompt)),
+        prompt_length=PromptTokens(tokenizer),
         char_bound=char_bound(tokenizer),
         max_prompt_tokens=limit,
         truncation=data.truncation if config.stage == "rl" else "skip",  # SFT's data.truncation cuts its examples
