@@ -18,6 +18,12 @@ from contextlib import contextmanager
 import pytest
 
 import klear  # noqa: F401  (sets MKL_CBWR before any test computes, as every command does)
+from klear.rewards import detect_isolation
+
+# The code reward probes its sandbox once per process, by running a small program (`detect_isolation`). Probed here,
+# before any test, so a unit test that builds a code reward never starts that process, whichever tests the run
+# holds and in whatever order (`pytest -m unit tests/data` as much as the whole suite).
+detect_isolation()
 
 
 def is_unit(item: pytest.Item) -> bool:
