@@ -210,6 +210,7 @@ def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedT
     lines, rows, bad = sft_source(source, data.num_train, config.seed, data.levels, data.plain_fraction)
     layout = file_layout(rows, source, vars(data))
     log.info("%s: %s: %s", label, source, layout.summary())
+    started = time.perf_counter()
     examples, stats = build_sft_examples(
         rows,
         tokenizer,
@@ -226,7 +227,15 @@ def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedT
     for note in notes:
         log.info("%s: %s", label, note)
     log.info("%s: %s", label, stats)
-    log.info("%s: %d tokens, held in %.1f MB", label, examples.tokens, examples.nbytes / 1e6)
+    seconds = time.perf_counter() - started
+    log.info(
+        "%s: %d tokens, tokenized in %.1f s (%d tokens/s), held in %.1f MB",
+        label,
+        examples.tokens,
+        seconds,
+        examples.tokens / max(seconds, 1e-9),
+        examples.nbytes / 1e6,
+    )
     report = {
         "source": source,
         "rows": stats.rows + len(bad),
