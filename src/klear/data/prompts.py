@@ -166,21 +166,28 @@ class PromptTokens:
         return counts + self._counts(batch) if batch else counts
 
     def _counts(self, prompts: list[str | list[dict[str, str]]]) -> list[int]:
-        texts = [render_prompt(self.tokenizer, prompt) for prompt in prompts]
-        raw = [isinstance(prompt, RawPrompt) for prompt in prompts]
-        counts = [0] * len(prompts)
-        for special in (False, True):  # a chat rendering adds no special tokens, a raw prompt the tokenizer's own
-            where = [index for index, flag in enumerate(raw) if flag is special]
-            if where:
-                ids = self.tokenizer(
-                    [texts[index] for index in where],
-                    add_special_tokens=special,
-                    return_attention_mask=False,
-                    return_token_type_ids=False,
-                )["input_ids"]
-                for index, tokens in zip(where, ids, strict=True):
-                    counts[index] = len(tokens)
-        return counts
+        texts = [(render_prompt(self.tokenizer, prompt), isinstance(prompt, RawPrompt)) for prompt in prompts]
+        return [len(ids) for ids in token_ids(self.tokenizer, texts)]
+
+
+def token_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
+    """The token ids of each ``(text, add_special_tokens)`` of ``texts``, in order, from one call to the tokenizer
+    for each setting of special tokens. A chat rendering adds none (its template writes them); a raw prompt, or a
+    plain text learned whole, adds the tokenizer's own (a BOS where it adds one)."""
+    out: list[list[int]] = [[] for _ in texts]
+    for special in (False, True):
+        where = [index for index, (_, flag) in enumerate(texts) if flag is special]
+        if where:
+            ids = tokenizer(
+                [texts[index][0] for index in where],
+                add_special_tokens=special,
+                verbose=False,
+                return_attention_mask=False,
+                return_token_type_ids=False,
+            )["input_ids"]
+            for index, tokens in zip(where, ids, strict=True):
+                out[index] = tokens
+    return out
 
 
 def encode_problem(tokenizer: PreTrainedTokenizerBase, problem: Any) -> list[int]:

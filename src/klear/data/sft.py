@@ -174,21 +174,10 @@ class Encoder:
         return Plan(conversation, messages, learn, self._rendering(messages, learn))
 
     def prefetch(self, plans: Iterable[Plan]) -> None:
-        """Tokenize the texts of ``plans`` in one call for each setting of special tokens; `finish` reads them (a
-        later `prefetch` replaces them)."""
-        self._tokens = {}
-        texts = {key: None for plan in plans for key in plan.texts}  # each text once, in order
-        for special in (False, True):
-            batch = [text for text, flag in texts if flag is special]
-            if batch:
-                ids = self.tokenizer(
-                    batch,
-                    add_special_tokens=special,
-                    verbose=False,
-                    return_attention_mask=False,
-                    return_token_type_ids=False,
-                )["input_ids"]
-                self._tokens.update(((text, special), tokens) for text, tokens in zip(batch, ids, strict=True))
+        """Tokenize the texts of ``plans`` in one call for each setting of special tokens (`prompts.token_ids`);
+        `finish` reads them (a later `prefetch` replaces them)."""
+        texts = list(dict.fromkeys(key for plan in plans for key in plan.texts))  # each text once, in order
+        self._tokens = dict(zip(texts, prompts.token_ids(self.tokenizer, texts), strict=True))
 
     def finish(self, plan: Plan) -> tuple[list[Encoded], bool]:
         """The examples of a planned conversation and whether it trains turn by turn (see `encode`)."""
