@@ -301,8 +301,9 @@ def _squash(text: str) -> str:
 
 def _check_reached(turns: Sequence[Turn], pieces: list[tuple[Encoded, list[int]]]) -> None:
     """Every turn's text in its example's text, a learned turn's among its learned characters; else ValueError
-    naming the field (whitespace is ignored: templates strip and add newlines). A text found as it is needs no
-    more: its whitespace-free form is then in the whitespace-free haystack too, so only a miss is compared so."""
+    naming the field (whitespace is ignored: templates strip and add newlines). A text found as it is passes at
+    once, since without its whitespace it is then also in the haystack without its whitespace; only a text not
+    found so is compared with the whitespace of both removed."""
     squashed: dict[tuple[int, int, int], str] = {}
     for index, turn in enumerate(turns):
         if turn.learn:
