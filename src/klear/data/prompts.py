@@ -178,13 +178,8 @@ def token_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[tuple[str, boo
     for special in (False, True):
         where = [index for index, (_, flag) in enumerate(texts) if flag is special]
         if where:
-            ids = tokenizer(
-                [texts[index][0] for index in where],
-                add_special_tokens=special,
-                verbose=False,
-                return_attention_mask=False,
-                return_token_type_ids=False,
-            )["input_ids"]
+            batch = [texts[index][0] for index in where]
+            ids = tokenizer(batch, add_special_tokens=special, verbose=False)["input_ids"]
             for index, tokens in zip(where, ids, strict=True):
                 out[index] = tokens
     return out
