@@ -27,7 +27,7 @@ usable row is refused before training.
 `build_sft_examples` renders the rows of a batch of about 10^6 tokens first
 (`klear.data.prompts.TOKENIZE_BATCH_CHARACTERS`), tokenizes all their texts in one call, which a fast tokenizer
 spreads over the cores, and then labels each row from those tokens: the examples are those of each row encoded
-alone (`Encoder.encode`), made 2.6x as fast on 2 cores (``tools/bench_sft_data.py``).
+alone (`Encoder.encode`), made 2.5x as fast on 2 cores (``tools/bench_sft_data.py``).
 
 Truncation policy for examples longer than ``max_length`` tokens, counted in `SFTStats`:
 - ``"drop"`` (the default) skips them. A long-CoT example cut short teaches the model to stop mid-reasoning
