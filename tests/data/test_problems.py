@@ -201,7 +201,7 @@ def test_prompt_tokens_of_a_batch_are_each_prompts_own(monkeypatch, batch_charac
 def test_prompts_measured_in_a_batch_are_refused_in_file_order(tmp_path):
     # The lengths are measured in one batch after every row is read; refusals still come in the file's order: with
     # truncation: error, the first row over the limit is the one named, whether its characters or its tokens tell.
-    from klear.data.prompts import char_bound
+    from klear.data.prompts import PromptTokens, char_bound
     from klear.models.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -214,21 +214,20 @@ def test_prompts_measured_in_a_batch_are_refused_in_file_order(tmp_path):
     ]
     source = write_lines(tmp_path / "order.jsonl", rows)
 
-    def load(truncation, rows_first=None):
+    def load(truncation, path=source):
         return load_problems(
-            rows_first or source, Task("math"), get_reward("math"), prompt_length=PromptTokens(tokenizer),
+            path, Task("math"), get_reward("math"), prompt_length=PromptTokens(tokenizer),
             max_prompt_tokens=40, truncation=truncation, char_bound=char_bound(tokenizer),
         )  # fmt: skip
 
-    from klear.data.prompts import PromptTokens
-
     skipped = load("skip")
     assert [p.line for p in skipped.problems] == [1, 4]
+    # Measured in the chat template: 45 characters are 64 tokens, 5000 are 5050 characters.
     assert [(bad.line, bad.reason.split(" is ")[0]) for bad in skipped.bad] == [
         (2, "prompt of 64 tokens"),
         (3, "prompt of 5050 characters"),
         (5, "no reference: 'answer'"),
-    ]  # fmt: skip (the prompts in the chat template: 45 characters are 64 tokens)
+    ]
     assert skipped.longest_prompt == PromptTokens(tokenizer)("also ok") == 26
     with pytest.raises(DataError, match=r"order.jsonl:2: prompt of 64 tokens .* \(truncation: error\)"):
         load("error")

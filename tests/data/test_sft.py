@@ -86,14 +86,16 @@ def test_templates_without_generation_markers_give_the_same_mask(tokenizer):
     assert tokenize_conversation(with_template(plain), chat) == tokenize_conversation(tokenizer, chat)
 
 
+STRIPS_EARLIER_REASONING = CHAT_TEMPLATE.replace(
+    "{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}",
+    "{{- (message['content'].split('</think>')[-1] if not loop.last else message['content']) + '<|im_end|>' }}"
+    "{%- endgeneration %}",
+)
+"""Like Qwen3's: assistant turns before the last one lose their reasoning once later turns follow."""
+
+
 def test_a_template_that_rewrites_earlier_turns_trains_each_turn_after_the_history_it_shows():
-    # Like Qwen3's: assistant turns before the last one lose their reasoning once later turns follow.
-    strips = CHAT_TEMPLATE.replace(
-        "{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}",
-        "{{- (message['content'].split('</think>')[-1] if not loop.last else message['content']) + '<|im_end|>' }}"
-        "{%- endgeneration %}",
-    )
-    tokenizer = with_template(strips)
+    tokenizer = with_template(STRIPS_EARLIER_REASONING)
     single = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>r</think>a"}]
     assert tokenize_conversation(tokenizer, single) is not None  # one turn: nothing is rewritten
     multi = [*single, {"role": "user", "content": "q2"}, {"role": "assistant", "content": "<think>s</think>b"}]
@@ -222,13 +224,6 @@ def test_tokenize_conversation_applies_the_policy_itself(tokenizer):
     assert len(tokenize_conversation(tokenizer, messages, max_length=40, truncation="right")["input_ids"]) == 40
     with pytest.raises(ValueError, match=r"unknown truncation 'left'; expected one of \('drop', 'right'\)"):
         tokenize_conversation(tokenizer, messages, max_length=40, truncation="left")
-
-
-STRIPS_EARLIER_REASONING = CHAT_TEMPLATE.replace(
-    "{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}",
-    "{{- (message['content'].split('</think>')[-1] if not loop.last else message['content']) + '<|im_end|>' }}"
-    "{%- endgeneration %}",
-)
 
 
 def chat_rows() -> list[dict]:
