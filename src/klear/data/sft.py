@@ -268,9 +268,7 @@ class Encoder:
         """``text``'s token ids, from `prefetch` when it was given them. A chat rendering adds no special tokens
         (``special``): the template writes any begin-of-text token itself, and the tokenizer would double it."""
         ids = self._tokens.get((text, special))
-        if ids is None:
-            ids = self.tokenizer(text, add_special_tokens=special, verbose=False)["input_ids"]
-        return ids
+        return prompts.token_ids(self.tokenizer, [(text, special)])[0] if ids is None else ids
 
 
 @dataclass
