@@ -30,6 +30,7 @@ from klear.run.preflight import preflight
 
 # Keys that may change when a run is resumed; any other difference is refused. `output_dir` differs when a run
 # directory was copied or moved, and the data paths when the data moved: `data_report.json` checks the content.
+# `data.cache_dir` only says where tokenized sets are kept: what they hold is keyed by what they are made from.
 RESUMABLE_CHANGES = {
     "trainer.max_steps",
     "trainer.progress_bar",
@@ -43,6 +44,7 @@ RESUMABLE_CHANGES = {
     "output_dir",
     "data.train",
     "data.eval",
+    "data.cache_dir",
 }
 
 

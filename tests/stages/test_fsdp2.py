@@ -69,9 +69,14 @@ def rl_one_process(tmp_path_factory):
 
 @pytest.mark.slow  # the default run keeps RL on two fsdp2 ranks and SFT in one process
 def test_sft_on_two_ranks_matches_one_process(tmp_path):
+    """With ``data.cache_dir`` the first rank tokenizes the set and keeps it, the second reads it (rank 1 logs
+    under ``--verbose``)."""
     one, two = tmp_path / "one", tmp_path / "two"
     assert main([*SFT, f"output_dir={one}"]) == 0
-    run_two_ranks([*SFT, f"output_dir={two}"])
+    log = fit_in_subprocess([*SFT, f"output_dir={two}", *SHARDED, f"data.cache_dir={tmp_path / 'cache'}", "--verbose"])
+    [entry] = (tmp_path / "cache").glob("sft-*.npz")
+    assert log.count(f"data.train: kept in data.cache_dir: {entry}") == 1
+    assert log.count(f"tokens, read from {entry} in ") == 1
     assert_same_metrics(one, two)
     assert_same_weights(one, two)
     # The checkpoint is sharded: one file of tensors per rank, plus Lightning's metadata.

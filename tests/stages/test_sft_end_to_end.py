@@ -7,6 +7,7 @@ import logging
 import lightning as L
 import pytest
 import torch
+from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from klear.config import ModelConfig
@@ -14,6 +15,7 @@ from klear.config.load import load_config
 from klear.data.readers import write_jsonl
 from klear.fit import build_stage, build_trainer, main, prepare_run_dir
 from klear.models.loading import load_tokenizer, resolve_model_path
+from klear.stages.sft import sft_set
 from tests.data.chat_templates import QWEN3_STYLE
 from tests.runs import read_metrics
 
@@ -84,7 +86,10 @@ class Crash(L.Callback):
             raise SimulatedCrash
 
 
-def test_resume_after_crash_continues_exactly(finished_run, tmp_path):
+def test_resume_after_crash_continues_exactly(finished_run, tmp_path, caplog):
+    """The resume reads its set from a ``data.cache_dir`` the crashed run did not have (a key that may change on
+    ``--resume``), kept there by another process: the continuation equals the run that tokenized its rows itself
+    and never stopped."""
     config = load_config("configs/sft.yaml", [f"output_dir={tmp_path}", *SHORT])
     run_dir = prepare_run_dir(config, resume=False, overwrite=False)
     module, batches = build_stage(config, run_dir)
@@ -96,7 +101,13 @@ def test_resume_after_crash_continues_exactly(finished_run, tmp_path):
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [(line["step"], line["split"]) for line in samples] == [(0, "eval")] * 2 + [(3, "eval")] * 2
 
-    assert main(["--config", "configs/sft.yaml", f"output_dir={tmp_path}", "--resume", *SHORT]) == 0
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    kept = OmegaConf.to_object(load_config("configs/sft.yaml", [*SHORT, cache]))
+    sft_set(kept, "synthetic", "", load_tokenizer(kept.model))
+    caplog.set_level(logging.INFO)
+    assert main(["--config", "configs/sft.yaml", f"output_dir={tmp_path}", "--resume", *SHORT, cache]) == 0
+    [entry] = (tmp_path / "cache").glob("sft-*.npz")
+    assert f"data.train: 8818 tokens, read from {entry} in " in caplog.text
     # step 3's answers were written before the crash, again by the resumed run (from the checkpoint of step 3): once
     assert (tmp_path / "samples.jsonl").read_text() == (finished_run / "samples.jsonl").read_text()
     resumed, uninterrupted = read_metrics(tmp_path / "metrics.csv"), read_metrics(finished_run / "metrics.csv")

@@ -60,6 +60,29 @@ class Examples(Sequence):
             for example in other:
                 self.append(example)
 
+    @classmethod
+    def from_arrays(cls, ids: np.ndarray, learned: np.ndarray, starts: np.ndarray) -> Examples:
+        """The examples `arrays` gave (a copy); ValueError when the three do not describe examples."""
+        starts = np.asarray(starts, dtype=np.int64)
+        if starts.ndim != 1 or not len(starts) or starts[0] != 0 or np.any(np.diff(starts) < 0):
+            raise ValueError("example starts must rise from 0")
+        if not len(ids) == len(learned) == starts[-1]:
+            raise ValueError(f"{len(ids)} token ids, {len(learned)} learned flags and examples up to {starts[-1]}")
+        examples = cls()
+        examples._ids.frombytes(np.ascontiguousarray(ids, dtype=np.intc).tobytes())
+        examples._learned = bytearray(np.ascontiguousarray(learned, dtype=np.uint8).tobytes())
+        examples._starts = array("q", starts.tobytes())
+        return examples
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The token ids (int32), learned flags (uint8, 0 or 1) and example starts (int64, from 0 to the token
+        count) as numpy views of the stored arrays: not to be kept while examples are added."""
+        return (
+            np.frombuffer(self._ids, dtype=np.intc),
+            np.frombuffer(self._learned, dtype=np.uint8),
+            np.frombuffer(self._starts, dtype=np.int64),
+        )
+
     def __iadd__(self, other: Iterable[dict[str, Sequence[int]]]) -> Examples:
         self.extend(other)
         return self

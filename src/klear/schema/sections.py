@@ -379,6 +379,11 @@ class SFTDataConfig(PromptFormatConfig):
     """Rows per optimizer step."""
     micro_batch_size: int = at_least(0, 0)
     """Rows per forward/backward pass (gradients are accumulated up to ``batch_size``); 0: ``batch_size``."""
+    cache_dir: str = ""
+    """A folder where each training set is kept tokenized (``sft-<key>.npz``, about 5 bytes a token), keyed by its
+    rows, source, settings, tokenizer and klear's data code: a later start with the same key (``--resume``, the
+    other ranks of a machine, another run over the same rows) reads it instead of tokenizing again; "": tokenize at
+    every start (docs/sft.md#tokenized-sets-kept-on-disk)."""
 
 
 @dataclass

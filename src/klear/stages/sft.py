@@ -26,6 +26,7 @@ from klear.data.problems import Problem, Task
 from klear.data.readers import warn_bad_rows
 from klear.data.sets import metric_suffix, named_sets, set_key
 from klear.data.sft import build_sft_examples, file_layout, sft_source
+from klear.data.sft_cache import UNKEYED, tokenized_set
 from klear.kernels.logprobs import token_logprobs
 from klear.models import load_model, load_tokenizer
 from klear.models.lora import with_lora
@@ -205,22 +206,33 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
 
 def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedTokenizerBase) -> tuple[Examples, dict]:
     """The tokenized examples of ``source``, the set ``name`` of ``data.train`` (read in its own layout, its bad rows
-    warned about by file and line), and its report for ``data_report.json``."""
+    warned about by file and line), and its report for ``data_report.json``; read back from ``data.cache_dir`` when a
+    start before kept the same set there (`klear.data.sft_cache`)."""
     data, label = config.data, set_key("train", name)
     lines, rows, bad = sft_source(source, data.num_train, config.seed, data.levels, data.plain_fraction)
     layout = file_layout(rows, source, vars(data))
     log.info("%s: %s: %s", label, source, layout.summary())
     started = time.perf_counter()
-    examples, stats = build_sft_examples(
+    keyed = {key: value for key, value in vars(data).items() if key not in UNKEYED}
+    made = tokenized_set(
+        data.cache_dir,
+        {**keyed, "source": source, "layout": layout.describe()},
         rows,
+        lines,
         tokenizer,
-        data.max_length,
-        data.truncation,
-        source=source,
-        lines=lines,
-        layout=layout,
-        thought_markers=data.thought_markers,
+        lambda: build_sft_examples(
+            rows,
+            tokenizer,
+            data.max_length,
+            data.truncation,
+            source=source,
+            lines=lines,
+            layout=layout,
+            thought_markers=data.thought_markers,
+        ),
+        label,
     )
+    examples, stats = made.examples, made.stats
     stats.bad = sorted(bad + stats.bad, key=lambda row: row.line)  # file order, as the problem loader reports
     warn_bad_rows(stats.bad, {source: stats.rows + len(bad)})
     notes = stats.notes(data.thought_markers)
@@ -228,10 +240,12 @@ def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedT
         log.info("%s: %s", label, note)
     log.info("%s: %s", label, stats)
     seconds = time.perf_counter() - started
+    how = "tokenized" if made.read_from is None else f"read from {made.read_from}"
     log.info(
-        "%s: %d tokens, tokenized in %.1f s (%d tokens/s), held in %.1f MB",
+        "%s: %d tokens, %s in %.1f s (%d tokens/s), held in %.1f MB",
         label,
         examples.tokens,
+        how,
         seconds,
         examples.tokens / max(seconds, 1e-9),
         examples.nbytes / 1e6,
@@ -245,7 +259,7 @@ def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedT
         "tokens": examples.tokens,
         "split_rows": stats.split_rows,
         "skipped": len(stats.bad),
-        "digest": examples.digest(),
+        "digest": made.digest,
         "bad_rows": [row.to_dict() for row in stats.bad],
         **({"notes": notes} if notes else {}),
     }
