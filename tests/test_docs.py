@@ -446,6 +446,12 @@ assert torch.allclose(logprobs.grad, whole.grad, atol=1e-7), (logprobs.grad, who
         "in a folder holding data/train.jsonl and the docs' data/verl_math.jsonl",
     ),
     # docs/sft.md
+    ("docs/sft.md", "python -m klear.fit --config configs/sft.yaml data.cache_dir="): Covered(
+        (
+            "tests/data/test_sft_cache.py::test_the_command_reads_a_set_another_process_kept",
+            "tests/stages/test_sft_end_to_end.py::test_resume_after_crash_continues_exactly",
+        )
+    ),
     ("docs/sft.md", "python -m klear.data show data/train.jsonl --config configs/sft.yaml"): Covered(
         ("tests/prep/test_show.py::test_the_documented_commands",), "in a folder holding data/train.jsonl"
     ),

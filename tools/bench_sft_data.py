@@ -8,7 +8,9 @@ chat template. The tiny tokenizer would hide the cost: its ids are below 257, wh
 
 It first times the tokenization of the rows two ways: each row rendered and tokenized alone (``Encoder.encode``,
 one call to the tokenizer per text), and `build_sft_examples`, which renders a batch of rows and tokenizes its texts
-in one call (a fast tokenizer spreads a batch over the cores). Both must give the same examples.
+in one call (a fast tokenizer spreads a batch over the cores). Both must give the same examples. Then what a start
+costs once the set is kept in ``data.cache_dir`` (`klear.data.sft_cache`): the rows hashed into the entry's key and
+the entry read and checked, against tokenizing in batches.
 
 For both forms of the examples it prints the bytes a token takes (traced allocations of the whole set), the time
 to build a batch from it (`klear.data.packing.collate`) and to compute the set's ``data_report.json`` digest with
@@ -25,13 +27,15 @@ import math
 import os
 import random
 import string
+import tempfile
 import time
 import tracemalloc
 
 from klear.data.example_store import Examples
 from klear.data.packing import collate
 from klear.data.problems import content_digest
-from klear.data.sft import Encoder, build_sft_examples, file_layout
+from klear.data.sft import Encoder, SFTStats, build_sft_examples, file_layout
+from klear.data.sft_cache import tokenized_set
 from klear.data.sft_layouts import read_conversation
 from klear.models.tokenizer import build_tokenizer
 
@@ -79,6 +83,23 @@ def trained_tokenizer(texts: list[str], vocab: int):
     return tokenizer
 
 
+def kept_and_read(rows: list[dict], tokenizer, built: Examples) -> tuple[float, float, int]:
+    """Seconds to keep ``built`` in a ``data.cache_dir`` (`tokenized_set`, the rows hashed into its key) and to read
+    it back at the next start, and the entry's bytes; asserts the examples read back are ``built``."""
+    lines = list(range(1, len(rows) + 1))
+    key = {"source": "bench", "max_length": 10**9}
+    with tempfile.TemporaryDirectory() as folder:
+        started = time.perf_counter()
+        tokenized_set(folder, key, rows, lines, tokenizer, lambda: (built, SFTStats()), "bench")
+        kept_s = time.perf_counter() - started
+        started = time.perf_counter()
+        read = tokenized_set(folder, key, rows, lines, tokenizer, lambda: None, "bench")
+        read_s = time.perf_counter() - started
+        assert read.read_from is not None and read.digest == built.digest()
+        assert read.examples.arrays()[0].tobytes() == built.arrays()[0].tobytes()
+        return kept_s, read_s, read.read_from.stat().st_size
+
+
 def traced(make):
     """``make()``'s result, the bytes it holds once made and the peak bytes allocated while making it."""
     gc.collect()
@@ -124,6 +145,12 @@ def main() -> None:
     print(
         f"tokenized one row at a time in {alone_s:.1f} s ({built.tokens / alone_s:,.0f} tokens/s), in batches in "
         f"{batched_s:.1f} s ({built.tokens / batched_s:,.0f} tokens/s): {alone_s / batched_s:.1f}x"
+    )
+    kept_s, read_s, size = kept_and_read(rows, tokenizer, built)
+    print(
+        f"kept in data.cache_dir in {kept_s:.1f} s ({size / 1e6:.1f} MB, {size / built.tokens:.1f} bytes a token), "
+        f"read back in {read_s:.2f} s (rows hashed, entry read and checked): {batched_s / read_s:.1f}x as fast as "
+        "tokenizing in batches"
     )
     ids = [token for example in built for token in example["input_ids"]]
     print(f"ids >= 257 (an int object each as lists): {sum(token >= 257 for token in ids) / len(ids):.1%}")
