@@ -10,7 +10,8 @@ import logging
 import resource
 import subprocess
 import sys
-import textwrap
+import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -281,51 +282,43 @@ def test_examples_round_trip_through_their_arrays():
         Examples.from_arrays(ids, learned[:-1], starts)
 
 
-CONCURRENT = textwrap.dedent(
-    """
-    import logging, sys
-    from omegaconf import OmegaConf
-    from klear.config.load import load_config
-    from klear.models.tokenizer import build_tokenizer
-    from klear.stages.sft import sft_set
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    config = OmegaConf.to_object(load_config("configs/sft.yaml", sys.argv[2:]))
-    examples, report = sft_set(config, sys.argv[1], "", build_tokenizer())
-    print("digest", report["digest"], len(examples))
-    """
-)
-
-
-@pytest.mark.end_to_end  # two processes load one set at once
-def test_two_processes_of_one_machine_tokenize_a_set_once_between_them(tmp_path, source, tokenizer):
-    """The test holds the entry's lock until both wait on it, so the order does not depend on timing: the first to
-    get it tokenizes and writes, the second reads."""
+def test_two_loaders_of_one_set_tokenize_it_once_between_them(tmp_path, source, caplog):
+    """Two loaders at once, in threads here (``flock`` excludes any two opens of the lock file, as it does the ranks'
+    processes). The test holds the entry's lock until both wait on it, so the order does not depend on timing: the
+    first to get it tokenizes and writes, the second reads."""
     overrides = ["data.max_length=96"]
     probe = tmp_path / "probe"
-    _, report = sft_set(config(probe, *overrides), source, "", tokenizer)
+    _, report = sft_set(config(probe, *overrides), source, "", build_tokenizer())
     [entry] = entries(probe)
     cache = tmp_path / "cache"
     cache.mkdir()
-    args = [sys.executable, "-c", CONCURRENT, source, *overrides, f"data.cache_dir={cache}"]
+    loaders = [(config(cache, *overrides), build_tokenizer()) for _ in range(2)]
+    made = {}
+
+    def load(index: int) -> None:
+        settings, tokenizer = loaders[index]
+        made[index] = sft_set(settings, source, "", tokenizer)
+
+    def said(index: int, text: str) -> bool:
+        return any(record.threadName == f"loader-{index}" and text in record.getMessage() for record in caplog.records)
+
+    caplog.set_level(logging.INFO)
+    threads = [threading.Thread(target=load, args=(index,), name=f"loader-{index}") for index in range(2)]
     with open(cache / entry.replace(".npz", ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        processes = [
-            subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
-        ]
-        logs = ["", ""]
-        for index, process in enumerate(processes):
-            for line in process.stderr:
-                logs[index] += line
-                if "waiting for another process tokenizing the same set" in line:
-                    break
-            assert process.poll() is None, logs[index]
-    outcomes = []
-    for index, process in enumerate(processes):
-        stdout, stderr = process.communicate(timeout=120)
-        assert process.returncode == 0, logs[index] + stderr
-        assert stdout.split() == ["digest", report["digest"], "4"]
-        outcomes.append(("kept in data.cache_dir" in stderr, f"tokens, read from {cache / entry}" in stderr))
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 60
+        while not all(said(index, "waiting for another process tokenizing the same set") for index in range(2)):
+            assert time.monotonic() < deadline and all(thread.is_alive() for thread in threads), caplog.text
+            time.sleep(0.01)
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(made) == [0, 1]
+    assert all(list(examples) == list(made[0][0]) and got == report for examples, got in made.values())
+    outcomes = [
+        (said(index, "kept in data.cache_dir"), said(index, f"tokens, read from {cache / entry}")) for index in range(2)
+    ]
     assert sorted(outcomes) == [(False, True), (True, False)]
     assert entries(cache) == [entry]
 

@@ -68,10 +68,11 @@ class Examples(Sequence):
             raise ValueError("example starts must rise from 0")
         if not len(ids) == len(learned) == starts[-1]:
             raise ValueError(f"{len(ids)} token ids, {len(learned)} learned flags and examples up to {starts[-1]}")
-        examples = cls()
-        examples._ids.frombytes(np.ascontiguousarray(ids, dtype=np.intc).tobytes())
-        examples._learned = bytearray(np.ascontiguousarray(learned, dtype=np.uint8).tobytes())
-        examples._starts = array("q", starts.tobytes())
+        examples = cls()  # each array copied once, straight from its buffer
+        examples._ids.frombytes(_raw(ids, np.intc))
+        examples._learned = bytearray(_raw(learned, np.uint8))
+        examples._starts = array("q")
+        examples._starts.frombytes(_raw(starts, np.int64))
         return examples
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -129,3 +130,8 @@ class Examples(Sequence):
             sha.update(json.dumps(example, sort_keys=True, ensure_ascii=False).encode())
         sha.update(b"]")
         return sha.hexdigest()[:16]
+
+
+def _raw(values: np.ndarray, dtype: type) -> memoryview:
+    """The bytes of ``values`` as C ``dtype`` values, without a copy when they already are."""
+    return memoryview(np.ascontiguousarray(values, dtype=dtype)).cast("B")
