@@ -10,7 +10,8 @@ It first times the tokenization of the rows two ways: each row rendered and toke
 one call to the tokenizer per text), and `build_sft_examples`, which renders a batch of rows and tokenizes its texts
 in one call (a fast tokenizer spreads a batch over the cores). Both must give the same examples. Then what a start
 costs once the set is kept in ``data.cache_dir`` (`klear.data.sft_cache`): the rows hashed into the entry's key and
-the entry read and checked, against tokenizing in batches.
+the entry read and checked, against tokenizing in batches, and the memory the set read back holds (traced
+allocations), memory-mapped as klear reads it and copied into memory.
 
 For both forms of the examples it prints the bytes a token takes (traced allocations of the whole set), the time
 to build a batch from it (`klear.data.packing.collate`) and to compute the set's ``data_report.json`` digest with
@@ -83,9 +84,11 @@ def trained_tokenizer(texts: list[str], vocab: int):
     return tokenizer
 
 
-def kept_and_read(rows: list[dict], tokenizer, built: Examples) -> tuple[float, float, int]:
+def kept_and_read(rows: list[dict], tokenizer, built: Examples) -> tuple[float, float, int, int, int]:
     """Seconds to keep ``built`` in a ``data.cache_dir`` (`tokenized_set`, the rows hashed into its key) and to read
-    it back at the next start, and the entry's bytes; asserts the examples read back are ``built``."""
+    it back at the next start, the entry's bytes, and the memory the set read back holds (traced allocations; a
+    mapped file's pages are the page cache's, shared by every process that maps it): mapped (as klear reads it) and
+    copied into memory; asserts the examples read back are ``built``."""
     lines = list(range(1, len(rows) + 1))
     key = {"source": "bench", "max_length": 10**9}
     with tempfile.TemporaryDirectory() as folder:
@@ -95,9 +98,11 @@ def kept_and_read(rows: list[dict], tokenizer, built: Examples) -> tuple[float, 
         started = time.perf_counter()
         read = tokenized_set(folder, key, rows, lines, tokenizer, lambda: None, "bench")
         read_s = time.perf_counter() - started
-        assert read.read_from is not None and read.digest == built.digest()
+        read, mapped, _ = traced(lambda: tokenized_set(folder, key, rows, lines, tokenizer, lambda: None, "bench"))
+        held, copied, _ = traced(lambda: Examples.from_arrays(*read.examples.arrays()))
+        assert read.examples.mapped and read.digest == built.digest() and held.digest() == read.digest
         assert read.examples.arrays()[0].tobytes() == built.arrays()[0].tobytes()
-        return kept_s, read_s, read.read_from.stat().st_size
+        return kept_s, read_s, read.read_from.stat().st_size, mapped, copied
 
 
 def traced(make):
@@ -146,11 +151,15 @@ def main() -> None:
         f"tokenized one row at a time in {alone_s:.1f} s ({built.tokens / alone_s:,.0f} tokens/s), in batches in "
         f"{batched_s:.1f} s ({built.tokens / batched_s:,.0f} tokens/s): {alone_s / batched_s:.1f}x"
     )
-    kept_s, read_s, size = kept_and_read(rows, tokenizer, built)
+    kept_s, read_s, size, mapped, copied = kept_and_read(rows, tokenizer, built)
     print(
         f"kept in data.cache_dir in {kept_s:.1f} s ({size / 1e6:.1f} MB, {size / built.tokens:.1f} bytes a token), "
         f"read back in {read_s:.2f} s (rows hashed, entry read and checked): {batched_s / read_s:.1f}x as fast as "
         "tokenizing in batches"
+    )
+    print(
+        f"memory the set read back holds: mapped {mapped / 1e6:.1f} MB, copied into memory {copied / 1e6:.1f} MB "
+        "(a machine's ranks share the mapped pages)"
     )
     ids = [token for example in built for token in example["input_ids"]]
     print(f"ids >= 257 (an int object each as lists): {sum(token >= 257 for token in ids) / len(ids):.1%}")

@@ -1,8 +1,9 @@
 """Examples held compactly: the same lists back, the same digest, 5 bytes a token, and labels checked on the way in."""
 
+import numpy as np
 import pytest
 
-from klear.data.example_store import IGNORE_INDEX, Examples
+from klear.data.example_store import IGNORE_INDEX, Examples, ExampleSets
 from klear.data.problems import content_digest
 from klear.data.sft import build_sft_examples
 from klear.data.synthetic import generate_problems, sft_rows
@@ -76,3 +77,41 @@ def test_built_examples_are_the_encoder_lists_with_the_same_digest():
     assert all(label in (token, X) for token, label in zip(first["input_ids"], first["labels"], strict=True))
     assert examples.digest() == content_digest(list(examples))
     assert examples.nbytes == 5 * examples.tokens + 8 * (len(examples) + 1)
+
+
+def test_mapped_examples_read_as_held_ones_and_refuse_changes(tmp_path):
+    """Arrays kept as given (``copy=False``; memory-mapped here, as a cache entry is): the same dicts, lengths and
+    digest, read-only; copied into an ``Examples()`` they change as any."""
+    held = Examples(DICTS)
+    maps = []
+    for name, array in zip(("ids", "learned", "starts"), held.arrays(), strict=True):
+        array.tofile(tmp_path / name)
+        maps.append(np.memmap(tmp_path / name, dtype=array.dtype, mode="r", shape=array.shape))
+    mapped = Examples.from_arrays(*maps, copy=False)
+    assert mapped.mapped and not held.mapped
+    assert list(mapped) == DICTS and mapped[-1] == DICTS[-1] and list(mapped[1:]) == DICTS[1:]
+    assert mapped.lengths() == [4, 1, 3] and all(type(length) is int for length in mapped.lengths())
+    assert (mapped.tokens, mapped.nbytes, mapped.digest()) == (held.tokens, held.nbytes, held.digest())
+    assert [array.filename for array in mapped.arrays()] == [tmp_path / name for name in ("ids", "learned", "starts")]
+    with pytest.raises(TypeError, match="mapped examples are read-only"):
+        mapped.append(DICTS[0])
+    with pytest.raises(TypeError, match="mapped examples are read-only"):
+        mapped += held
+    copy = Examples()
+    copy += mapped
+    copy.append(DICTS[1])
+    assert list(copy) == [*DICTS, DICTS[1]] and not copy.mapped
+    with pytest.raises(ValueError, match="1-d int32 ids"):
+        Examples.from_arrays(maps[0].astype(np.int64), maps[1], maps[2], copy=False)
+
+
+def test_example_sets_index_every_set_in_order_without_copying_them():
+    first, second = Examples(DICTS), Examples(DICTS[::-1] + DICTS[:1])
+    sets = ExampleSets([first, second])
+    expected = [*DICTS, *DICTS[::-1], DICTS[0]]
+    assert len(sets) == 7 and [sets[index] for index in range(7)] == expected and sets[-4] == expected[-4]
+    assert sets.lengths() == [4, 1, 3, 3, 1, 4, 4] and sets.tokens == first.tokens + second.tokens
+    assert sets.parts[0] is first and sets.parts[1] is second
+    with pytest.raises(IndexError, match="example 7 of 7"):
+        sets[7]
+    assert len(ExampleSets([])) == 0

@@ -91,6 +91,7 @@ def test_a_second_start_reads_the_set_and_gets_the_same_examples_and_report(tmp_
     caplog.clear()
     second, second_report = sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
     assert f"tokens, read from {cache / entry} in " in caplog.text
+    assert "mapped: 0.0 MB shared by the processes that read it" in caplog.text
     assert "kept in data.cache_dir" not in caplog.text
     assert list(first) == list(second) == list(uncached) and len(second) == 4
     # the report says the same: skipped rows by file and line, what was dropped, and the content digest --resume checks
@@ -111,6 +112,8 @@ def test_a_set_read_back_is_not_tokenized(tmp_path, tokenizer):
 
     read = tokenized_set(str(tmp_path), {"source": "x"}, [{"a": 1}], [1], tokenizer, tokenize_again, "t")
     assert read.read_from is not None and list(read.examples) == list(examples)
+    # mapped from the entry, not copied: every process that reads it shares its pages
+    assert read.examples.mapped and {array.filename for array in read.examples.arrays()} == {read.read_from.resolve()}
     assert read.digest == built.digest == examples.digest()
     assert read.stats == built.stats
 

@@ -8,6 +8,10 @@ one byte a token saying whether it is learned (an example's label is its token i
 as `klear.data.sft` builds them), and where each example starts: 5 bytes a token and 8 an example
 (``tools/bench_sft_data.py`` measures both forms).
 
+The arrays may also be kept as given (`Examples.from_arrays` with ``copy=False``): a set read back from
+``data.cache_dir`` is memory-mapped from its file, shared by every process of the machine that maps it, and
+read-only. `ExampleSets` indexes several sets as one without copying them into one.
+
 Indexing gives the ``{"input_ids", "labels"}`` lists the batches are built from (a slice gives `Examples`), one
 example at a time, so code reading examples is unchanged; `digest` is `klear.data.problems.content_digest` of those
 dicts, computed one example at a time, so a run started before still resumes against the same ``data_report.json``.
@@ -15,7 +19,9 @@ dicts, computed one example at a time, so a run started before still resumes aga
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import json
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -38,6 +44,7 @@ class Examples(Sequence):
 
     def append(self, example: dict[str, Sequence[int]]) -> None:
         """Add one example; ValueError if a label is neither its token's id nor ``IGNORE_INDEX``."""
+        self._refuse_mapped()
         ids, labels = example["input_ids"], example["labels"]
         if len(ids) != len(labels):
             raise ValueError(f"an example has {len(ids)} tokens and {len(labels)} labels")
@@ -51,33 +58,51 @@ class Examples(Sequence):
         self._starts.append(len(self._ids))
 
     def extend(self, other: Iterable[dict[str, Sequence[int]]]) -> None:
+        self._refuse_mapped()
+        if other is self:
+            other = Examples.from_arrays(*self.arrays())
         if isinstance(other, Examples):
             offset = len(self._ids)
-            self._ids += other._ids
-            self._learned += other._learned
-            self._starts.extend(start + offset for start in other._starts[1:])
+            ids, learned, starts = other.arrays()
+            self._ids.frombytes(_raw(ids, np.intc))
+            self._learned += _raw(learned, np.uint8)
+            self._starts.frombytes(_raw(starts[1:] + offset, np.int64))
         else:
             for example in other:
                 self.append(example)
 
     @classmethod
-    def from_arrays(cls, ids: np.ndarray, learned: np.ndarray, starts: np.ndarray) -> Examples:
-        """The examples `arrays` gave (a copy); ValueError when the three do not describe examples."""
-        starts = np.asarray(starts, dtype=np.int64)
-        if starts.ndim != 1 or not len(starts) or starts[0] != 0 or np.any(np.diff(starts) < 0):
+    def from_arrays(cls, ids: np.ndarray, learned: np.ndarray, starts: np.ndarray, copy: bool = True) -> Examples:
+        """The examples `arrays` gave; ValueError when the three do not describe examples. ``copy=False`` keeps the
+        arrays themselves (memory-mapped ones stay shared by every process that maps the same file): such examples
+        are read-only, and adding to them is a TypeError."""
+        if np.asarray(starts).ndim != 1 or not len(starts) or starts[0] != 0 or np.any(np.diff(starts) < 0):
             raise ValueError("example starts must rise from 0")
         if not len(ids) == len(learned) == starts[-1]:
             raise ValueError(f"{len(ids)} token ids, {len(learned)} learned flags and examples up to {starts[-1]}")
-        examples = cls()  # each array copied once, straight from its buffer
-        examples._ids.frombytes(_raw(ids, np.intc))
+        examples = cls()
+        if not copy:
+            kinds = ((ids, np.intc), (learned, np.uint8), (starts, np.int64))
+            if any(values.dtype != dtype or values.ndim != 1 for values, dtype in kinds):
+                raise ValueError("mapped examples need 1-d int32 ids, uint8 flags and int64 starts")
+            examples._ids, examples._learned, examples._starts = ids, learned, starts
+            return examples
+        examples._ids.frombytes(_raw(ids, np.intc))  # each array copied once, straight from its buffer
         examples._learned = bytearray(_raw(learned, np.uint8))
         examples._starts = array("q")
         examples._starts.frombytes(_raw(starts, np.int64))
         return examples
 
+    @property
+    def mapped(self) -> bool:
+        """Whether the examples are arrays kept as given (`from_arrays` with ``copy=False``), not held here."""
+        return isinstance(self._ids, np.ndarray)
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The token ids (int32), learned flags (uint8, 0 or 1) and example starts (int64, from 0 to the token
         count) as numpy views of the stored arrays: not to be kept while examples are added."""
+        if self.mapped:
+            return self._ids, self._learned, self._starts
         return (
             np.frombuffer(self._ids, dtype=np.intc),
             np.frombuffer(self._learned, dtype=np.uint8),
@@ -99,9 +124,9 @@ class Examples(Sequence):
         if not -len(self) <= index < len(self):
             raise IndexError(f"example {index} of {len(self)}")
         index %= len(self)
-        begin, end = self._starts[index], self._starts[index + 1]
-        ids = self._ids[begin:end].tolist()
-        labels = [token if on else IGNORE_INDEX for token, on in zip(ids, self._learned[begin:end], strict=True)]
+        begin, end = int(self._starts[index]), int(self._starts[index + 1])
+        ids, learned = self._ids[begin:end].tolist(), bytes(self._learned[begin:end])
+        labels = [token if on else IGNORE_INDEX for token, on in zip(ids, learned, strict=True)]
         return {"input_ids": ids, "labels": labels}
 
     def __iter__(self) -> Iterator[dict[str, list[int]]]:
@@ -109,8 +134,7 @@ class Examples(Sequence):
 
     def lengths(self) -> list[int]:
         """The token count of each example, in order."""
-        starts = self._starts
-        return [starts[index + 1] - starts[index] for index in range(len(self))]
+        return np.diff(self.arrays()[2]).tolist()
 
     @property
     def tokens(self) -> int:
@@ -120,6 +144,10 @@ class Examples(Sequence):
     def nbytes(self) -> int:
         """The bytes the examples take (their three arrays' contents)."""
         return len(self._ids) * self._ids.itemsize + len(self._learned) + len(self._starts) * self._starts.itemsize
+
+    def _refuse_mapped(self) -> None:
+        if self.mapped:
+            raise TypeError("mapped examples are read-only: add them to an Examples() to change them")
 
     def digest(self) -> str:
         """`klear.data.problems.content_digest` of the list of example dicts, one example in memory at a time."""
@@ -135,3 +163,32 @@ class Examples(Sequence):
 def _raw(values: np.ndarray, dtype: type) -> memoryview:
     """The bytes of ``values`` as C ``dtype`` values, without a copy when they already are."""
     return memoryview(np.ascontiguousarray(values, dtype=dtype)).cast("B")
+
+
+class ExampleSets(Sequence):
+    """Several sets' `Examples` as one sequence, each kept as it is (a mapped set stays mapped, none is copied): what
+    the batches of a run over the sets of ``data.train`` index, in order."""
+
+    def __init__(self, parts: Sequence[Examples]) -> None:
+        self.parts = list(parts)
+        self._ends = list(itertools.accumulate(len(part) for part in self.parts))
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __getitem__(self, index: int) -> dict[str, list[int]]:  # type: ignore[override]
+        if not isinstance(index, int):
+            raise TypeError(f"ExampleSets are indexed by int, not {type(index).__name__}")
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"example {index} of {len(self)}")
+        index %= len(self)
+        part = bisect.bisect_right(self._ends, index)
+        return self.parts[part][index - (self._ends[part - 1] if part else 0)]
+
+    def lengths(self) -> list[int]:
+        """The token count of each example, in order."""
+        return [length for part in self.parts for length in part.lengths()]
+
+    @property
+    def tokens(self) -> int:
+        return sum(part.tokens for part in self.parts)

@@ -18,7 +18,10 @@ A file is written beside its place and renamed into it whole, with a checksum of
 stop, a full disk or a copy cut short never leaves an entry that reads as good: a damaged entry is reported in one
 line and the set tokenized again (and the entry replaced). A cache that cannot be written costs its gain, nothing
 else: the run goes on with a warning. Processes of one machine that load the same set together (the ranks of a
-run) take a lock on its entry, so one tokenizes and the others read what it wrote. Nothing is written to the run's
+run) take a lock on its entry, so one tokenizes and the others read what it wrote. An entry read is memory-mapped,
+not copied (`mapped_member`): its pages are the page cache's, held once for every process that maps it, so a
+machine's 8 ranks hold one copy of a set instead of 8 (entries are only ever replaced whole, never written in place,
+so a mapped file never changes under a run). Nothing is written to the run's
 ``output_dir``; entries are never removed by klear (about 5 bytes a token: remove old ``sft-*.npz`` by hand, a used
 entry's time is refreshed).
 """
@@ -34,6 +37,7 @@ import json
 import logging
 import os
 import time
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -207,21 +211,48 @@ def write_entry(path: Path, key: str, made: TokenizedSet) -> None:
 
 
 def read_entry(path: Path, key: str) -> TokenizedSet:
-    """The set the entry ``path`` holds; ValueError (or an OSError, or the zip reader's error) when it is not a
-    whole entry of ``key``."""
+    """The set the entry ``path`` holds, its arrays mapped from the file (`mapped_member`); ValueError (or an
+    OSError, or the zip reader's error) when it is not a whole entry of ``key``."""
     with open(path, "rb") as handle:
         if handle.read(4) != ZIP_MAGIC:
             raise ValueError("not an .npz file")
     with np.load(path, allow_pickle=False) as entry:
         record = json.loads(str(entry["record"]))
-        if record.get("format") != FORMAT or record.get("key") != key:
-            raise ValueError(f"it holds {record.get('key')!r} of format {record.get('format')!r}")
-        arrays = {name: entry[name] for name in ("ids", "learned", "starts")}
+    if record.get("format") != FORMAT or record.get("key") != key:
+        raise ValueError(f"it holds {record.get('key')!r} of format {record.get('format')!r}")
+    with zipfile.ZipFile(path) as archive:
+        arrays = {name: mapped_member(path, archive.getinfo(f"{name}.npy")) for name in ("ids", "learned", "starts")}
     for name, array in arrays.items():
         if _checksum(array) != record["checksums"][name]:
             raise ValueError(f"its {name} do not match their checksum")
-    examples = Examples.from_arrays(arrays["ids"], arrays["learned"], arrays["starts"])
+    examples = Examples.from_arrays(arrays["ids"], arrays["learned"], arrays["starts"], copy=False)
     return TokenizedSet(examples, _stats(record["stats"]), record["digest"], read_from=path)
+
+
+def mapped_member(path: Path, member: zipfile.ZipInfo) -> np.ndarray:
+    """The ``.npy`` array stored (not compressed) as ``member`` of the archive ``path``, memory-mapped read-only:
+    the pages are the file's, shared by every process that maps it, and read from disk as they are used."""
+    if member.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{member.filename} is compressed")
+    with open(path, "rb") as handle:
+        handle.seek(member.header_offset)
+        local = handle.read(30)  # a zip local file header: its name's and extra field's sizes end it
+        if local[:4] != ZIP_MAGIC:
+            raise ValueError(f"{member.filename} has no local header")
+        handle.seek(
+            member.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+        )
+        version = np.lib.format.read_magic(handle)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(handle)
+        offset = handle.tell()
+    if len(shape) != 1 or fortran or dtype.hasobject:
+        raise ValueError(f"{member.filename} is not a flat array")
+    if offset + shape[0] * dtype.itemsize > path.stat().st_size:
+        raise ValueError(f"{member.filename} is cut short")
+    if not shape[0]:
+        return np.empty(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
 def _checksum(array: np.ndarray) -> str:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from klear.data.batches import ResumableBatches
-from klear.data.example_store import IGNORE_INDEX, Examples
+from klear.data.example_store import IGNORE_INDEX, Examples, ExampleSets
 from klear.data.packing import collate, plan_batches
 from klear.data.problems import Problem, Task
 from klear.data.readers import warn_bad_rows
@@ -178,10 +178,11 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     config = OmegaConf.to_object(config)
     check_trainable(config.model)
     data, tokenizer = config.data, load_tokenizer(config.model)
-    examples, train_reports = Examples(), {}
+    parts, train_reports = [], {}
     for name, source in named_sets(data.train, "train").items():
         made, train_reports[f"train{metric_suffix(name)}"] = sft_set(config, source, name, tokenizer)
-        examples += made
+        parts.append(made)
+    examples = ExampleSets(parts)  # each set as it was made or mapped: none copied into one
     task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
     eval_problems = stage_sets(config, "eval", tokenizer, task, reward)
     run_dir.record_data({**train_reports, **eval_problems.reports()})
@@ -241,14 +242,18 @@ def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedT
     log.info("%s: %s", label, stats)
     seconds = time.perf_counter() - started
     how = "tokenized" if made.read_from is None else f"read from {made.read_from}"
+    size = examples.nbytes / 1e6
+    held = (
+        f"mapped: {size:.1f} MB shared by the processes that read it" if examples.mapped else f"held in {size:.1f} MB"
+    )
     log.info(
-        "%s: %d tokens, %s in %.1f s (%d tokens/s), held in %.1f MB",
+        "%s: %d tokens, %s in %.1f s (%d tokens/s), %s",
         label,
         examples.tokens,
         how,
         seconds,
         examples.tokens / max(seconds, 1e-9),
-        examples.nbytes / 1e6,
+        held,
     )
     report = {
         "source": source,
