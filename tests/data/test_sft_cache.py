@@ -106,6 +106,7 @@ def test_a_set_read_back_is_not_tokenized(tmp_path, tokenizer):
     examples = Examples([{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8, 9], "labels": [8, 9]}])
     built = tokenized_set(str(tmp_path), {"source": "x"}, [{"a": 1}], [1], tokenizer, lambda: (examples, _stats()), "t")
     assert built.read_from is None
+    assert built.examples.mapped and list(built.examples) == list(examples)  # the writer maps what it kept, too
 
     def tokenize_again():
         raise AssertionError("tokenized again")
@@ -202,6 +203,7 @@ def test_what_only_draws_or_batches_the_rows_shares_the_entry(tmp_path, source, 
 def test_a_damaged_entry_is_reported_and_tokenized_again(tmp_path, source, tokenizer, damage, caplog):
     cache = tmp_path / "cache"
     made, report = sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
+    made = list(made)  # the set is mapped from the entry, which is damaged below
     [entry] = cache.glob("sft-*.npz")
     data = bytearray(entry.read_bytes())
     if damage == "cut short":
@@ -221,8 +223,9 @@ def test_a_damaged_entry_is_reported_and_tokenized_again(tmp_path, source, token
         with np.load(entry) as held:
             arrays = {name: held[name] for name in held.files}
         arrays["ids"][0] += 1
-        np.savez(entry, **arrays)
-        data = bytearray(entry.read_bytes())
+        np.savez(tmp_path / "other.npz", **arrays)
+        data = bytearray((tmp_path / "other.npz").read_bytes())
+    entry.unlink()  # a new file in its place, as a copy is: one written into would change under the mapping
     entry.write_bytes(data)
     caplog.set_level(logging.INFO)
     again, again_report = sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
@@ -230,7 +233,7 @@ def test_a_damaged_entry_is_reported_and_tokenized_again(tmp_path, source, token
     why = {"not a zip": "not an .npz file", "arrays not its record's": "its ids do not match their checksum"}
     assert warning.startswith(f"data.train: the cache entry {entry} is damaged ({why.get(damage, '')}")
     assert warning.endswith("); tokenizing again") and "\n" not in warning
-    assert list(again) == list(made) and again_report == report
+    assert list(again) == made and again_report == report
     assert read_entry(entry, entry.stem.removeprefix("sft-")).digest == report["digest"]  # replaced by a whole one
 
 

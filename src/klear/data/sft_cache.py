@@ -10,20 +10,20 @@ The key is a hash of everything the examples are made from, so a changed input i
 stale: every row read and its line, the set's source as written (bad rows are reported by it), the settings that
 shape the examples (``data.max_length``, ``truncation``, ``thought_markers``, the layout and its keys: every
 ``data.*`` key but those that only draw, batch or name the rows, `UNKEYED`), the tokenizer (its whole serialized
-``tokenizers`` state, chat template and special tokens), the versions of transformers, tokenizers and jinja2, and
-the source of klear's data code. Hashing the rows costs about 1/40 of tokenizing them; a tokenizer that has no
-serialized state (not a fast one) keeps its sets out of the cache, and the log says so.
+``tokenizers`` state, chat template and special tokens), the versions of transformers, tokenizers, jinja2 and
+numpy, and the source of klear's data code. Hashing the rows costs about 1/40 of tokenizing them; a tokenizer that
+has no serialized state (not a fast one) keeps its sets out of the cache, and the log says so.
 
 A file is written beside its place and renamed into it whole, with a checksum of each array in its record, so a
 stop, a full disk or a copy cut short never leaves an entry that reads as good: a damaged entry is reported in one
 line and the set tokenized again (and the entry replaced). A cache that cannot be written costs its gain, nothing
 else: the run goes on with a warning. Processes of one machine that load the same set together (the ranks of a
-run) take a lock on its entry, so one tokenizes and the others read what it wrote. An entry read is memory-mapped,
-not copied (`mapped_member`): its pages are the page cache's, held once for every process that maps it, so a
-machine's 8 ranks hold one copy of a set instead of 8 (entries are only ever replaced whole, never written in place,
-so a mapped file never changes under a run). Nothing is written to the run's
-``output_dir``; entries are never removed by klear (about 5 bytes a token: remove old ``sft-*.npz`` by hand, a used
-entry's time is refreshed).
+run) take a lock on its entry, so one tokenizes and the others read what it wrote. An entry is memory-mapped, not
+copied (`mapped_member`), by the process that wrote it as by those that read it: its pages are the page cache's,
+held once for every process that maps it, so a machine's 8 ranks hold one copy of a set instead of 8 (entries are
+only ever replaced whole, never written in place, so a mapped file never changes under a run). Nothing is written
+to the run's ``output_dir``; entries are never removed by klear (about 5 bytes a token: remove old ``sft-*.npz`` by
+hand, a used entry's time is refreshed).
 """
 
 from __future__ import annotations
@@ -125,9 +125,15 @@ def tokenized_set(
             write_entry(path, key, made)
         except OSError as error:
             log.warning("%s: not kept in data.cache_dir (%s writing %s); the run goes on", label, _why(error), path)
-        else:
-            log.info("%s: kept in data.cache_dir: %s (%.1f MB)", label, path, path.stat().st_size / 1e6)
-        return made
+            return made
+        try:
+            kept = read_entry(path, key)
+        except Exception as error:  # written whole a moment ago: only a filesystem that loses writes gets here
+            log.warning("%s: %s does not read back (%s); the set stays in memory", label, path, _why(error))
+            return made
+        log.info("%s: kept in data.cache_dir: %s (%.1f MB)", label, path, path.stat().st_size / 1e6)
+        # this process too maps what it kept, and lets its own copy go: one copy of the set for the whole machine
+        return dataclasses.replace(made, examples=kept.examples)
 
 
 def _built(build: Callable[[], tuple[Examples, SFTStats]]) -> TokenizedSet:
