@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from klear.run.directory import checkpoint_problem, with_path, write_failure, written
+from klear.data.readers import written
+from klear.run.directory import checkpoint_problem, with_path, write_failure
 from tests.runs import RL_SHORT
 
 pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in subprocesses, on one and two ranks

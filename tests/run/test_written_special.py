@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from klear.data.readers import special_file
-from klear.run.directory import write_failure, written
+from klear.data.readers import special_file, written
+from klear.run.directory import write_failure
 
 
 def test_written_leaves_a_fifo_alone(tmp_path):

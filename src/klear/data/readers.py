@@ -17,6 +17,8 @@ told by its last suffix (`COMPRESSIONS`, the standard library's decompressors) a
 numbered as in the decompressed text. A compressed stream that is damaged or cut short (an interrupted download) is
 a `DataError` naming the file and the last whole line, never a partial read. `write_jsonl` compresses the same way
 when the name it writes to ends in one of these suffixes, so a command's ``--out rows.jsonl.gz`` is read back.
+`written` writes a file whole or not at all, beside its place and then renamed: the data commands' outputs, a run's
+reports, the tokenized SFT sets.
 
 What was simplified, and why: every input is read into memory as a list of dicts. The SFT and RL sets this
 project trains on (tens to a few hundred thousand rows) fit comfortably, and a list makes shuffling, packing and
@@ -39,6 +41,7 @@ forever), raises `DataError` with one line naming it and what is wrong.
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import io
 import json
@@ -251,6 +254,33 @@ def special_file(path: Path) -> str | None:
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
     return next((kind for test, kind in _SPECIAL_FILES if test(mode)), "a special file")
+
+
+def written(path: Path, write) -> None:
+    """``write(temporary)`` then rename it to ``path``, so that ``path`` is whole or absent (never half a file, as
+    on a full disk, where the temporary one is removed and the ``OSError`` raised names ``path``).
+
+    Only a regular file (or nothing) at ``path`` is replaced: a device, a FIFO or a socket there (or a symbolic
+    link to one; ``/dev/full``, which root could otherwise replace by a file) is left alone, with an ``OSError``
+    (``EEXIST``) naming ``path``, before and again just after the write."""
+
+    def refuse_special() -> None:
+        kind = special_file(path)  # nothing there yet, or a folder (the rename fails on it): None
+        if kind is not None:
+            raise FileExistsError(errno.EEXIST, f"Not a regular file but {kind}, which is never replaced", str(path))
+
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # the suffix tells matplotlib the format
+    try:
+        refuse_special()
+        write(temporary)
+        refuse_special()
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def refuse_special_file(path: Path, name: str | None = None) -> None:

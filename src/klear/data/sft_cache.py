@@ -47,7 +47,7 @@ import numpy as np
 
 from klear.data.chat_template import TemplateTraits
 from klear.data.example_store import Examples
-from klear.data.readers import BadRow
+from klear.data.readers import BadRow, written
 from klear.data.sft import SFTStats
 from klear.errors import first_line
 
@@ -191,29 +191,27 @@ def code_fingerprint() -> str:
 
 
 def write_entry(path: Path, key: str, made: TokenizedSet) -> None:
-    """Write ``made`` as the entry ``path`` of ``key``: beside it first, renamed into place once whole."""
-    ids, learned, starts = made.examples.arrays()
+    """Write ``made`` as the entry ``path`` of ``key``, whole or not at all (`klear.data.readers.written`)."""
+    arrays = dict(zip(("ids", "learned", "starts"), made.examples.arrays(), strict=True))
     record = {
         "format": FORMAT,
         "key": key,
         "digest": made.digest,
         "stats": dataclasses.asdict(made.stats),
-        "checksums": {
-            name: _checksum(array) for name, array in (("ids", ids), ("learned", learned), ("starts", starts))
-        },
+        "checksums": {name: _checksum(array) for name, array in arrays.items()},
         "written": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        with open(partial, "wb") as handle:
-            np.savez(handle, ids=ids, learned=learned, starts=starts, record=np.array(json.dumps(record)))
+
+    def write(temporary: Path) -> None:
+        with open(temporary, "wb") as handle:
+            np.savez(handle, **arrays, record=np.array(json.dumps(record)))
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(partial, path)
+
+    try:
+        written(path, write)
     finally:
-        del ids, learned, starts  # views of the examples' arrays, which must not stay exported
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
+        arrays.clear()  # views of the examples' arrays, which must not stay exported
 
 
 def read_entry(path: Path, key: str) -> TokenizedSet:

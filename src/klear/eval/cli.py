@@ -57,7 +57,7 @@ from klear.config.load import ConfigError, check_rope_scaling
 from klear.config.model_path import BUILTIN_MODELS
 from klear.data.json_text import parse_json
 from klear.data.problems import Problem, ProblemSet, Task
-from klear.data.readers import keep_read, write_jsonl
+from klear.data.readers import keep_read, write_jsonl, written
 from klear.data.sets import repeated, set_name
 from klear.errors import UserError
 from klear.eval.completions import agreement, read_completions
@@ -73,7 +73,7 @@ from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
-from klear.run.directory import folder_problem, write_failure, written
+from klear.run.directory import folder_problem, write_failure
 from klear.run.loading_stop import Terminated, stop_outcome, stop_signals_raise
 
 if TYPE_CHECKING:

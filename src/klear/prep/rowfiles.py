@@ -19,9 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from klear.data.layouts import detect_layout, get_path, prompt_text, read_prompt
-from klear.data.readers import BadRow, DataError, data_stem, special_file, write_jsonl
+from klear.data.readers import BadRow, DataError, data_stem, special_file, write_jsonl, written
 from klear.errors import UserError
-from klear.run.directory import written
 
 __all__ = [
     "CommandError",

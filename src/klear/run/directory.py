@@ -28,6 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from klear.data.readers import written
 from klear.errors import UserError
 from klear.run.folder_lock import LOCK_NAME, FolderLock
 from klear.runtime.checkpoint_files import checkpoint_problem
@@ -236,31 +237,3 @@ def remove_path(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-
-
-def written(path: Path, write) -> None:
-    """``write(temporary)`` then rename it to ``path``, so that ``path`` is whole or absent (never half a file, as
-    on a full disk, where the temporary one is removed and the ``OSError`` raised names ``path``).
-
-    Only a regular file (or nothing) at ``path`` is replaced: a device, a FIFO or a socket there (or a symbolic
-    link to one; ``/dev/full``, which root could otherwise replace by a file) is left alone, with an ``OSError``
-    (``EEXIST``) naming ``path``, before and again just after the write."""
-    from klear.data.readers import special_file
-
-    def refuse_special() -> None:
-        kind = special_file(path)  # nothing there yet, or a folder (the rename fails on it): None
-        if kind is not None:
-            raise FileExistsError(errno.EEXIST, f"Not a regular file but {kind}, which is never replaced", str(path))
-
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # the suffix tells matplotlib the format
-    try:
-        refuse_special()
-        write(temporary)
-        refuse_special()
-        os.replace(temporary, path)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise

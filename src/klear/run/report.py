@@ -20,7 +20,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from klear.run.directory import RunDir, checkpoint_step, written
+from klear.data.readers import written
+from klear.run.directory import RunDir, checkpoint_step
 from klear.run.samples_log import answers_section
 
 Series = tuple[str, list[float], list[float], list[float] | list[tuple[float, float]] | None]
