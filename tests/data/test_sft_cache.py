@@ -5,11 +5,8 @@ set once between them."""
 
 import contextlib
 import fcntl
-import json
 import logging
 import resource
-import subprocess
-import sys
 import threading
 import time
 import zipfile
@@ -23,8 +20,8 @@ from klear.config.load import load_config
 from klear.data.example_store import Examples
 from klear.data.readers import write_jsonl
 from klear.data.sft_cache import read_entry, tokenized_set
+from klear.data.sft_sets import sft_set
 from klear.models.tokenizer import build_tokenizer
-from klear.stages.sft import sft_set
 
 CHAT = [
     {"role": "user", "content": "What is 2+3?"},
@@ -93,7 +90,8 @@ def test_a_second_start_reads_the_set_and_gets_the_same_examples_and_report(tmp_
     assert f"tokens, read from {cache / entry} in " in caplog.text
     assert "mapped: 0.0 MB shared by the processes that read it" in caplog.text
     assert "kept in data.cache_dir" not in caplog.text
-    assert list(first) == list(second) == list(uncached) and len(second) == 4
+    assert list(first.examples) == list(second.examples) == list(uncached.examples) and len(second.examples) == 4
+    assert first.kept == second.kept == cache / entry and uncached.kept is None
     # the report says the same: skipped rows by file and line, what was dropped, and the content digest --resume checks
     assert first_report == second_report == uncached_report
     assert [row["line"] for row in second_report["bad_rows"]] == [2]
@@ -178,7 +176,7 @@ def test_what_the_examples_are_made_from_is_keyed_and_tokenized_again(tmp_path, 
     changed, report = sft_set(config(cache, "data.max_length=96", *overrides), source, "", tokenizer)
     assert len(entries(cache)) == 2 and "read from" not in caplog.text
     expected, expected_report = sft_set(config(None, "data.max_length=96", *overrides), source, "", tokenizer)
-    assert list(changed) == list(expected) and report == expected_report
+    assert list(changed.examples) == list(expected.examples) and report == expected_report
 
 
 def test_the_same_rows_under_another_name_are_another_entry_as_bad_rows_name_their_file(tmp_path, source, tokenizer):
@@ -203,7 +201,7 @@ def test_what_only_draws_or_batches_the_rows_shares_the_entry(tmp_path, source, 
 def test_a_damaged_entry_is_reported_and_tokenized_again(tmp_path, source, tokenizer, damage, caplog):
     cache = tmp_path / "cache"
     made, report = sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
-    made = list(made)  # the set is mapped from the entry, which is damaged below
+    made = list(made.examples)  # the set is mapped from the entry, which is damaged below
     [entry] = cache.glob("sft-*.npz")
     data = bytearray(entry.read_bytes())
     if damage == "cut short":
@@ -233,7 +231,7 @@ def test_a_damaged_entry_is_reported_and_tokenized_again(tmp_path, source, token
     why = {"not a zip": "not an .npz file", "arrays not its record's": "its ids do not match their checksum"}
     assert warning.startswith(f"data.train: the cache entry {entry} is damaged ({why.get(damage, '')}")
     assert warning.endswith("); tokenizing again") and "\n" not in warning
-    assert list(again) == made and again_report == report
+    assert list(again.examples) == made and again_report == report
     assert read_entry(entry, entry.stem.removeprefix("sft-")).digest == report["digest"]  # replaced by a whole one
 
 
@@ -246,7 +244,7 @@ def test_a_cache_dir_that_cannot_be_made_warns_and_the_set_is_tokenized(tmp_path
     assert warning.startswith(f"data.cache_dir '{blocker / 'cache'}' cannot be used (") and warning.endswith(
         "); data.train is tokenized without it"
     )
-    assert len(made) == 4 and report["examples"] == 4
+    assert len(made.examples) == 4 and report["examples"] == 4 and made.kept is None
 
 
 @contextlib.contextmanager
@@ -270,7 +268,7 @@ def test_a_full_disk_warns_leaves_no_partial_file_and_the_run_goes_on(tmp_path, 
     [warning] = cache_warnings(caplog)
     assert warning.startswith("data.train: not kept in data.cache_dir (file too large writing ")
     assert warning.endswith("); the run goes on")
-    assert len(made) == 4
+    assert len(made.examples) == 4 and made.kept is None
     assert sorted(path.suffix for path in cache.iterdir()) == [".lock"]  # no entry, no partial file
 
 
@@ -294,7 +292,7 @@ def test_two_loaders_of_one_set_tokenize_it_once_between_them(tmp_path, source, 
     first to get it tokenizes and writes, the second reads."""
     overrides = ["data.max_length=96"]
     probe = tmp_path / "probe"
-    _, report = sft_set(config(probe, *overrides), source, "", build_tokenizer())
+    _, expected = sft_set(config(probe, *overrides), source, "", build_tokenizer())
     [entry] = entries(probe)
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -321,26 +319,9 @@ def test_two_loaders_of_one_set_tokenize_it_once_between_them(tmp_path, source, 
     for thread in threads:
         thread.join(timeout=120)
     assert sorted(made) == [0, 1]
-    assert all(list(examples) == list(made[0][0]) and got == report for examples, got in made.values())
+    assert all(list(got.examples) == list(made[0][0].examples) and report == expected for got, report in made.values())
     outcomes = [
         (said(index, "kept in data.cache_dir"), said(index, f"tokens, read from {cache / entry}")) for index in range(2)
     ]
     assert sorted(outcomes) == [(False, True), (True, False)]
     assert entries(cache) == [entry]
-
-
-@pytest.mark.end_to_end  # the command, in a subprocess
-def test_the_command_reads_a_set_another_process_kept(tmp_path):
-    """``python -m klear.fit ... data.cache_dir=DIR`` reads the entry this process wrote for the same set: the key
-    is the same in another interpreter (the tokenizer's state, the rows' JSON), and the run trains on it."""
-    cache, output = tmp_path / "cache", tmp_path / "run"
-    short = ["data.num_train=64", "data.num_eval=2", "eval.num_prompts=2", "eval.max_new_tokens=4"]
-    short += ["trainer.max_steps=1", "trainer.progress_bar=false", "eval.every_n_steps=0", "data.batch_size=4"]
-    _, report = sft_set(config(cache, *short), "synthetic", "", build_tokenizer())
-    [entry] = cache.glob("sft-*.npz")
-    args = ["--config", "configs/sft.yaml", f"output_dir={output}", f"data.cache_dir={cache}", *short]
-    result = subprocess.run([sys.executable, "-m", "klear.fit", *args], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"data.train: {report['tokens']} tokens, read from {entry} in " in result.stderr
-    assert json.loads((output / "data_report.json").read_text())["train"] == report
-    assert [path.name for path in cache.iterdir() if path.suffix == ".npz"] == [entry.name]

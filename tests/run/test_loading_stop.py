@@ -1,7 +1,8 @@
 """SIGTERM (SIGHUP alike) or Ctrl-C while a run loads its data and model, before its first step: one line, exit
 status 143 (129) or 130, and ``output_dir`` as the command found it (a folder it created is removed; an existing
-run's files, every one hashed before and after, unchanged, ``--overwrite`` and ``--resume`` alike). Real runs of the
-command, signalled while ``configs/sft.yaml`` tokenizes its 25,600 training examples."""
+run's files, every one hashed before and after, unchanged, ``--overwrite`` and ``--resume`` alike); ``klear.data
+tokenize`` alike leaves no cache entry. Real runs of the commands, signalled while ``configs/sft.yaml`` tokenizes its
+25,600 training examples."""
 
 import os
 import signal
@@ -19,14 +20,14 @@ from tests.run.test_resume_checks import digests
 
 pytestmark = pytest.mark.end_to_end  # signals `python -m klear.fit` in subprocesses while they load
 
-LOADING = "INFO klear.stages.sft: data.train: synthetic: "
+LOADING = "INFO klear.data.sft_sets: data.train: synthetic: "
 """The log line before the training examples are tokenized (seconds for the 25,600 of configs/sft.yaml)."""
 
 
-def signal_while_loading(args: list[str], signum: int) -> tuple[int, str, str]:
-    """``python -m klear.fit ARGS``, sent ``signum`` once it logs `LOADING`; its exit status, stdout and stderr."""
+def signal_while_loading(args: list[str], signum: int, command: str = "klear.fit") -> tuple[int, str, str]:
+    """``python -m COMMAND ARGS``, sent ``signum`` once it logs `LOADING`; its exit status, stdout and stderr."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "klear.fit", *args]
+    command = [sys.executable, "-m", *command.split(), *args]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
     for line in process.stderr:
@@ -94,3 +95,15 @@ def test_sigterm_while_loading_over_an_existing_run_changes_none_of_its_files(tm
             args.append("trainer.max_steps=1700")  # a resumed run may go on longer
         assert_one_line(*signal_while_loading(args, signal.SIGTERM), EXIT_SIGTERM, line)
         assert digests(output) == before, flag
+
+
+def test_sigterm_while_tokenizing_ahead_of_a_run_is_one_line_and_leaves_no_entry(tmp_path):
+    """``python -m klear.data tokenize`` stopped in its set: one line, 143, and nothing in the cache that reads as an
+    entry (no ``sft-*.npz``, no temporary file), so the same command tokenizes the set again."""
+    cache = tmp_path / "cache"
+    args = ["--config", "configs/sft.yaml", f"data.cache_dir={cache}"]
+    returncode, stdout, stderr = signal_while_loading(args, signal.SIGTERM, "klear.data tokenize")
+    assert returncode == EXIT_SIGTERM and stdout == "" and "Traceback" not in stderr, stderr[-3000:]
+    said = "stopped (SIGTERM): the sets kept before it stay in data.cache_dir; rerun the same command to continue"
+    assert stderr.splitlines()[-1] == said
+    assert [path.name for path in cache.glob("*") if path.suffix != ".lock"] == []

@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from klear.config import ModelConfig
 from klear.config.load import load_config
 from klear.data.readers import write_jsonl
+from klear.data.sft_sets import sft_set
 from klear.fit import build_stage, build_trainer, main, prepare_run_dir
 from klear.models.loading import load_tokenizer, resolve_model_path
-from klear.stages.sft import sft_set
 from tests.data.chat_templates import QWEN3_STYLE
 from tests.runs import read_metrics
 

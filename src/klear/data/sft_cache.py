@@ -80,6 +80,8 @@ class TokenizedSet:
     """``examples.digest()``, the content digest ``data_report.json`` records."""
     read_from: Path | None = None
     """The cache entry it was read from; None: tokenized here."""
+    kept: Path | None = None
+    """The cache entry that holds it (read from, or written now); None: not kept."""
 
 
 def tokenized_set(
@@ -133,7 +135,7 @@ def tokenized_set(
             return made
         log.info("%s: kept in data.cache_dir: %s (%.1f MB)", label, path, path.stat().st_size / 1e6)
         # this process too maps what it kept, and lets its own copy go: one copy of the set for the whole machine
-        return dataclasses.replace(made, examples=kept.examples)
+        return dataclasses.replace(made, examples=kept.examples, kept=path)
 
 
 def _built(build: Callable[[], tuple[Examples, SFTStats]]) -> TokenizedSet:
@@ -230,7 +232,7 @@ def read_entry(path: Path, key: str) -> TokenizedSet:
         if _checksum(array) != record["checksums"][name]:
             raise ValueError(f"its {name} do not match their checksum")
     examples = Examples.from_arrays(arrays["ids"], arrays["learned"], arrays["starts"], copy=False)
-    return TokenizedSet(examples, _stats(record["stats"]), record["digest"], read_from=path)
+    return TokenizedSet(examples, _stats(record["stats"]), record["digest"], read_from=path, kept=path)
 
 
 def mapped_member(path: Path, member: zipfile.ZipInfo) -> np.ndarray:

@@ -7,6 +7,7 @@
     filter-tests   keep code problems with enough tests that their reference solution passes
     mix            build an SFT mix: top-K sources, the easy-only correctness filter, weights
     show           what klear will train on: the layout, and per row the conversation, rendering and learned spans
+    tokenize       tokenize an SFT run's training sets into its data.cache_dir ahead of the run
 
 Every command reads jsonl (json, parquet and Hugging Face datasets too, through `klear.data.readers`), skips a
 bad row with a warning naming its line and counts it in its report, writes its outputs atomically, and prints
@@ -27,7 +28,7 @@ from klear import cli
 from klear.data import synthetic, synthetic_code
 from klear.data.synthetic import DEFAULT_LEVELS, SPLITS
 from klear.errors import UserError
-from klear.prep import code_tests, curate, decontaminate, dedup, show
+from klear.prep import code_tests, curate, decontaminate, dedup, show, tokenize_sets
 from klear.prep import mix as mix_command
 from klear.prep.options import OneLineParser, OptionError, at_least
 from klear.prep.paths import Files, check_files, hold_outputs, release
@@ -43,6 +44,7 @@ COMMANDS = {
     "filter-tests": "keep code problems with enough tests that their reference solution passes",
     "mix": "build an SFT mix: top-K sources by quality, the easy-only correctness filter, weights",
     "show": "what klear will train on: the layout, and per row the conversation, its rendering and learned text",
+    "tokenize": "tokenize an SFT run's training sets into its data.cache_dir ahead of the run, which reads them back",
 }
 
 
@@ -129,6 +131,7 @@ HANDLERS = {
     "filter-tests": (code_tests.add_arguments, code_tests.files, code_tests.run),
     "mix": (mix_command.add_arguments, mix_command.files, mix_command.run),
     "show": (show.add_arguments, show.files, show.run),
+    "tokenize": (tokenize_sets.add_arguments, tokenize_sets.files, tokenize_sets.run),
 }
 """Each command: its arguments, the files it reads and writes (checked by `check_files` before it runs), its run."""
 
@@ -150,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     takes them anywhere)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command == "show":
+    if args.command in ("show", "tokenize"):
         args.overrides += [token for token in extra if "=" in token and not token.startswith("-")]
         extra = [token for token in extra if token not in args.overrides]
     if extra:
@@ -182,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         code, outcome, cause = stop_outcome(stop)
         if args.command == "curate":
             kept = "finished problems are saved in results.jsonl; rerun the same command to continue"
+        elif args.command == "tokenize":
+            kept = "the sets kept before it stay in data.cache_dir; rerun the same command to continue"
         else:
             kept = "no output written"
         print(f"{outcome} ({cause}): {kept}", file=sys.stderr)

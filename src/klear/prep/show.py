@@ -98,11 +98,15 @@ def _stage(args: argparse.Namespace, numbered: list[tuple[int, dict]]) -> str:
     return "sft"
 
 
-def _tokenizer(config):
-    """The model's tokenizer, loaded once the data is known to read (transformers takes seconds to import)."""
+def model_tokenizer(config):
+    """The tokenizer of ``config.model``, loaded once the data is known to read (transformers takes seconds to
+    import); `CommandError` when it cannot be loaded (a hub name neither cached nor reachable, broken files)."""
     from klear.models.loading import load_tokenizer
 
-    return load_tokenizer(config.model)
+    try:
+        return load_tokenizer(config.model)
+    except OSError as error:  # transformers' own errors, and klear.runtime.hub's
+        raise CommandError(f"model.path = {config.model.path!r} cannot be loaded: {first_line(error)}") from None
 
 
 def _show_sft(config, source: str, numbered, rows: int, out: _Printer) -> tuple[str, int]:
@@ -112,7 +116,7 @@ def _show_sft(config, source: str, numbered, rows: int, out: _Printer) -> tuple[
     else:
         lines, records, _ = sft_source(source, rows, config.seed, list(data.levels), data.plain_fraction)
     layout = file_layout(records, source, data)
-    tokenizer = _tokenizer(config)
+    tokenizer = model_tokenizer(config)
     out.header(f"{source}: {layout.summary()}; thought markers: {data.thought_markers}")
     encoder = Encoder(tokenizer)
     for line, row in zip(lines, records, strict=True):
@@ -171,7 +175,7 @@ def _show_rl(config, source: str, numbered, rows: int, out: _Printer) -> tuple[s
         rows=read,
         prompt_format=PromptFormat.of(data),
     )
-    tokenizer = _tokenizer(config)
+    tokenizer = model_tokenizer(config)
     layout = problems.layout.name if problems.layout else "klear"
     out.header(f"{source}: {problems.layout.summary() if problems.layout else 'the built-in task'}")
     # A generated problem has no line (0): it is shown by its position. Sorted by line alone, in file order.

@@ -12,7 +12,6 @@ Each step's row of ``metrics.csv`` holds ``train/loss`` and, on evaluation steps
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 
 import torch
@@ -20,13 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from klear.data.batches import ResumableBatches
-from klear.data.example_store import IGNORE_INDEX, Examples, ExampleSets
+from klear.data.example_store import IGNORE_INDEX, ExampleSets
 from klear.data.packing import collate, plan_batches
 from klear.data.problems import Problem, Task
-from klear.data.readers import warn_bad_rows
-from klear.data.sets import metric_suffix, named_sets, set_key
-from klear.data.sft import build_sft_examples, file_layout, sft_source
-from klear.data.sft_cache import UNKEYED, tokenized_set
+from klear.data.sft_sets import sft_train_sets
 from klear.kernels.logprobs import token_logprobs
 from klear.models import load_model, load_tokenizer
 from klear.models.lora import with_lora
@@ -41,8 +37,6 @@ from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
 from klear.schema import RolloutConfig, SFTRunConfig
 from klear.stages.base import StageModule, check_trainable, stage_sets
-
-log = logging.getLogger(__name__)
 
 FINITE_METRICS = ("train/loss", "train/grad_norm")
 """Checked finite before each optimizer step (`klear.run.stopping.check_finite`)."""
@@ -178,11 +172,9 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     config = OmegaConf.to_object(config)
     check_trainable(config.model)
     data, tokenizer = config.data, load_tokenizer(config.model)
-    parts, train_reports = [], {}
-    for name, source in named_sets(data.train, "train").items():
-        made, train_reports[f"train{metric_suffix(name)}"] = sft_set(config, source, name, tokenizer)
-        parts.append(made)
-    examples = ExampleSets(parts)  # each set as it was made or mapped: none copied into one
+    train_sets = sft_train_sets(config, tokenizer)
+    examples = ExampleSets([made.examples for made, _ in train_sets.values()])  # as made or mapped: none copied
+    train_reports = {key: report for key, (_, report) in train_sets.items()}
     task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
     eval_problems = stage_sets(config, "eval", tokenizer, task, reward)
     run_dir.record_data({**train_reports, **eval_problems.reports()})
@@ -203,69 +195,3 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
         collate=lambda planned: collate(examples, planned[0], pad, packed=data.batching == "packed"),
     )
     return module, batches
-
-
-def sft_set(config: SFTRunConfig, source: str, name: str, tokenizer: PreTrainedTokenizerBase) -> tuple[Examples, dict]:
-    """The tokenized examples of ``source``, the set ``name`` of ``data.train`` (read in its own layout, its bad rows
-    warned about by file and line), and its report for ``data_report.json``; read back from ``data.cache_dir`` when a
-    start before kept the same set there (`klear.data.sft_cache`)."""
-    data, label = config.data, set_key("train", name)
-    lines, rows, bad = sft_source(source, data.num_train, config.seed, data.levels, data.plain_fraction)
-    layout = file_layout(rows, source, vars(data))
-    log.info("%s: %s: %s", label, source, layout.summary())
-    started = time.perf_counter()
-    keyed = {key: value for key, value in vars(data).items() if key not in UNKEYED}
-    made = tokenized_set(
-        data.cache_dir,
-        {**keyed, "source": source, "layout": layout.describe()},
-        rows,
-        lines,
-        tokenizer,
-        lambda: build_sft_examples(
-            rows,
-            tokenizer,
-            data.max_length,
-            data.truncation,
-            source=source,
-            lines=lines,
-            layout=layout,
-            thought_markers=data.thought_markers,
-        ),
-        label,
-    )
-    examples, stats = made.examples, made.stats
-    stats.bad = sorted(bad + stats.bad, key=lambda row: row.line)  # file order, as the problem loader reports
-    warn_bad_rows(stats.bad, {source: stats.rows + len(bad)})
-    notes = stats.notes(data.thought_markers)
-    for note in notes:
-        log.info("%s: %s", label, note)
-    log.info("%s: %s", label, stats)
-    seconds = time.perf_counter() - started
-    how = "tokenized" if made.read_from is None else f"read from {made.read_from}"
-    size = examples.nbytes / 1e6
-    held = (
-        f"mapped: {size:.1f} MB shared by the processes that read it" if examples.mapped else f"held in {size:.1f} MB"
-    )
-    log.info(
-        "%s: %d tokens, %s in %.1f s (%d tokens/s), %s",
-        label,
-        examples.tokens,
-        how,
-        seconds,
-        examples.tokens / max(seconds, 1e-9),
-        held,
-    )
-    report = {
-        "source": source,
-        "rows": stats.rows + len(bad),
-        "layout": layout.describe(),
-        "thought_markers": data.thought_markers,
-        "examples": len(examples),
-        "tokens": examples.tokens,
-        "split_rows": stats.split_rows,
-        "skipped": len(stats.bad),
-        "digest": made.digest,
-        "bad_rows": [row.to_dict() for row in stats.bad],
-        **({"notes": notes} if notes else {}),
-    }
-    return examples, report
