@@ -36,61 +36,46 @@ def one_line_error(result: subprocess.CompletedProcess, code: int = 2) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["rollout.top_p=0"], "rollout.top_p = 0.0 is not accepted; accepted: a number in (0, 1]"),
-        (["rollout.temperature=-1"], "rollout.temperature = -1.0 is not accepted; accepted: a number > 0"),
-        (["rollout.temperature=0"], "greedy decoding gives every sample of a group the same response"),
-        (["eval.samples=0"], "eval.samples = 0 is not accepted; accepted: an integer >= 1"),
-        (["eval.num_prompts=0"], "eval.num_prompts = 0 is not accepted; accepted: an integer >= 1"),
-        (["optim.lr=-1"], "optim.lr = -1.0 is not accepted; accepted: a number > 0"),
-        (["objective.eps_low=abc"], "objective.eps_low = 'abc' is not accepted; accepted: a number"),
-        (["objective.eps_low=2"], "objective 'gppo': eps_low must be in [0, 1)"),
-        (["reward.options.timeout=abc"], "reward.options.timeout = 'abc' is not accepted; accepted: a number"),
-        (["data.levels=[9]"], "data.levels = [9] is not accepted; accepted: a list of 1, 2, 3, 4"),
-        (["rollout.group_size=1"], "rollout.group_size must be >= 2"),
-        (
-            ["data.train=synthetic-code"],
-            "data.train=synthetic-code is checked by the code reward, not math; set reward.name=code, or "
-            "data.train=synthetic (or a file of math problems)",
-        ),
-        (
-            ["reward.name=code", "data.train=synthetic-code"],
-            "data.eval=synthetic is checked by the math reward, not code; set reward.name=math, or "
-            "data.eval=synthetic-code (or a file of code problems)",
-        ),
-        (["data.train=[synthetic, no/such/gsm8k.parquet]"], "error: no/such/gsm8k.parquet: no such file; accepted"),
-    ],
-)
-def test_bad_values_are_one_line_naming_the_key_before_heavy_imports(overrides, message):
-    # In a fresh interpreter: the check must come before Lightning, transformers or the model are loaded.
-    code = (
-        "import sys; from klear.fit import main; "
-        f"code = main(['--config', 'configs/rl.yaml', *{overrides!r}]); "
-        "heavy = sorted(name for name in ('lightning', 'transformers', 'vllm') if name in sys.modules); "
-        "print('exit', code, 'heavy', heavy)"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.stdout.strip() == "exit 2 heavy []", result.stdout + result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+BAD_VALUES = [
+    (["rollout.top_p=0"], "rollout.top_p = 0.0 is not accepted; accepted: a number in (0, 1]"),
+    (["rollout.temperature=-1"], "rollout.temperature = -1.0 is not accepted; accepted: a number > 0"),
+    (["rollout.temperature=0"], "greedy decoding gives every sample of a group the same response"),
+    (["eval.samples=0"], "eval.samples = 0 is not accepted; accepted: an integer >= 1"),
+    (["eval.num_prompts=0"], "eval.num_prompts = 0 is not accepted; accepted: an integer >= 1"),
+    (["optim.lr=-1"], "optim.lr = -1.0 is not accepted; accepted: a number > 0"),
+    (["objective.eps_low=abc"], "objective.eps_low = 'abc' is not accepted; accepted: a number"),
+    (["objective.eps_low=2"], "objective 'gppo': eps_low must be in [0, 1)"),
+    (["reward.options.timeout=abc"], "reward.options.timeout = 'abc' is not accepted; accepted: a number"),
+    (["data.levels=[9]"], "data.levels = [9] is not accepted; accepted: a list of 1, 2, 3, 4"),
+    (["rollout.group_size=1"], "rollout.group_size must be >= 2"),
+    (
+        ["data.train=synthetic-code"],
+        "data.train=synthetic-code is checked by the code reward, not math; set reward.name=code, or "
+        "data.train=synthetic (or a file of math problems)",
+    ),
+    (
+        ["reward.name=code", "data.train=synthetic-code"],
+        "data.eval=synthetic is checked by the math reward, not code; set reward.name=math, or "
+        "data.eval=synthetic-code (or a file of code problems)",
+    ),
+    (["data.train=[synthetic, no/such/gsm8k.parquet]"], "error: no/such/gsm8k.parquet: no such file; accepted"),
+    (["objective.name=sapo", "objective.tau_pos=0"], "objective 'sapo': tau_pos must be > 0, got 0"),
+    (
+        ["objective.name=gmpo", "objective.loss_agg=token-mean"],
+        "objective 'gmpo': gmpo's loss is a mean over responses: loss_agg must be 'seq-mean-token-mean'",
+    ),
+    (
+        ["objective.name=gmpo", "algorithm.tis_cap=2", "rollout.old_logprobs=trainer"],
+        "algorithm.tis_cap = 2.0 weights each token's advantage, which objective 'gmpo'",
+    ),
+]
+"""Overrides of configs/rl.yaml, each with (a part of) the one-line error it gets."""
 
 
-def test_sapo_and_gmpo_options_are_one_line_before_heavy_imports():
-    # One interpreter for the three (each main() call prints its own line): torch is imported once.
-    cases = [
-        (["objective.name=sapo", "objective.tau_pos=0"], "objective 'sapo': tau_pos must be > 0, got 0"),
-        (
-            ["objective.name=gmpo", "objective.loss_agg=token-mean"],
-            "objective 'gmpo': gmpo's loss is a mean over responses: loss_agg must be 'seq-mean-token-mean'",
-        ),
-        (
-            ["objective.name=gmpo", "algorithm.tis_cap=2", "rollout.old_logprobs=trainer"],
-            "algorithm.tis_cap = 2.0 weights each token's advantage, which objective 'gmpo'",
-        ),
-    ]
-    one_interpreter_errors("configs/rl.yaml", cases)
+def test_bad_values_are_one_line_naming_the_key_before_heavy_imports():
+    # One fresh interpreter for them all (each main() call prints its own line): the checks must come before
+    # Lightning, transformers or the model are loaded, and torch is imported once.
+    one_interpreter_errors("configs/rl.yaml", BAD_VALUES)
 
 
 def one_interpreter_errors(config: str, cases: list[tuple[list[str], str]]) -> None:
@@ -107,7 +92,7 @@ def one_interpreter_errors(config: str, cases: list[tuple[list[str], str]]) -> N
     lines = result.stderr.strip().splitlines()
     assert len(lines) == len(cases), result.stderr
     for line, (_, message) in zip(lines, cases, strict=True):
-        assert line.startswith("error: ") and message in line, line
+        assert line.startswith("error: ") and message in line, (line, message)
 
 
 def test_sft_layout_errors_are_one_line_before_heavy_imports(tmp_path):
