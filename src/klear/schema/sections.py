@@ -382,8 +382,9 @@ class SFTDataConfig(PromptFormatConfig):
     cache_dir: str = ""
     """A folder where each training set is kept tokenized (``sft-<key>.npz``, about 5 bytes a token), keyed by its
     rows, source, settings, tokenizer and klear's data code: a later start with the same key (``--resume``, the
-    other ranks of a machine, another run over the same rows) reads it instead of tokenizing again; "": tokenize at
-    every start (docs/sft.md#tokenized-sets-kept-on-disk)."""
+    other ranks of a machine, another run over the same rows) reads it instead of tokenizing again, and ``python -m
+    klear.data tokenize`` fills it ahead of a run; "": tokenize at every start
+    (docs/sft.md#tokenized-sets-kept-on-disk)."""
 
 
 @dataclass
