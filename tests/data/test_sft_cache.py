@@ -6,6 +6,7 @@ set once between them."""
 import contextlib
 import fcntl
 import logging
+import os
 import resource
 import threading
 import time
@@ -17,6 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from klear.config.load import load_config
+from klear.data import sft_cache, sft_sets
 from klear.data.example_store import Examples
 from klear.data.readers import write_jsonl
 from klear.data.sft_cache import read_entry, tokenized_set
@@ -325,3 +327,69 @@ def test_two_loaders_of_one_set_tokenize_it_once_between_them(tmp_path, source, 
     ]
     assert sorted(outcomes) == [(False, True), (True, False)]
     assert entries(cache) == [entry]
+
+
+@pytest.fixture
+def settled(monkeypatch):
+    """Files written a moment ago known by their stamp at once (`sft_cache.RACY_S`), as they are 2 s later."""
+    monkeypatch.setattr(sft_cache, "RACY_S", 0.0)
+
+
+def with_a_broken_line(path: Path) -> str:
+    """`rows_file` with a line that is no JSON after its first row: a row its reader skips (line 2)."""
+    lines = Path(rows_file(path)).read_text().splitlines(keepends=True)
+    path.write_text("".join([lines[0], "{not json\n", *lines[1:]]))
+    return str(path)
+
+
+def test_a_file_unchanged_since_its_set_was_kept_is_not_read_again(tmp_path, tokenizer, caplog, monkeypatch, settled):
+    source = with_a_broken_line(tmp_path / "chats.jsonl")
+    cache = tmp_path / "cache"
+    uncached, uncached_report = sft_set(config(None, "data.max_length=96"), source, "", tokenizer)
+    sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
+    assert len(entries(cache)) == 1 and len(list(cache.glob("sft-*.json"))) == 1
+
+    def not_read(*args):
+        raise AssertionError("the rows were read")
+
+    monkeypatch.setattr(sft_sets, "sft_source", not_read)
+    caplog.set_level(logging.INFO)
+    again, report = sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
+    assert "(the file is as it was when its set was kept: not read)" in caplog.text
+    assert f"tokens, read from {cache / entries(cache)[0]} in " in caplog.text
+    assert list(again.examples) == list(uncached.examples) and report == uncached_report
+    assert [(row["line"], row["reason"][:8]) for row in report["bad_rows"]] == [(2, "not vali"), (3, "the conv")]
+
+
+@pytest.mark.parametrize("change", ["same size and time", "a moment ago"])
+def test_a_changed_file_is_read_and_tokenized_again(tmp_path, tokenizer, caplog, monkeypatch, change):
+    source = with_a_broken_line(tmp_path / "chats.jsonl")
+    cache = tmp_path / "cache"
+    if change == "same size and time":  # written over in place, its time set back: only its ctime tells
+        monkeypatch.setattr(sft_cache, "RACY_S", 0.0)
+        sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
+        before = os.stat(source)
+        Path(source).write_text(Path(source).read_text().replace("Bye.", "Hey."))
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert os.stat(source).st_size == before.st_size and os.stat(source).st_ino == before.st_ino
+    else:  # a file written less than RACY_S ago is never known by its stamp: nothing is noted for it
+        sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
+        assert not list(cache.glob("sft-*.json"))
+        Path(source).write_text(Path(source).read_text().replace("Bye.", "Hey."))
+    caplog.set_level(logging.INFO)
+    changed, report = sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
+    assert "not read" not in caplog.text and "kept in data.cache_dir" in caplog.text
+    expected, expected_report = sft_set(config(None, "data.max_length=96"), source, "", tokenizer)
+    assert list(changed.examples) == list(expected.examples) and report == expected_report
+    assert len(entries(cache)) == 2
+
+
+def test_a_note_whose_entry_is_gone_is_passed_over(tmp_path, tokenizer, caplog, settled):
+    source = with_a_broken_line(tmp_path / "chats.jsonl")
+    cache = tmp_path / "cache"
+    first, report = sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
+    first.kept.unlink()
+    caplog.set_level(logging.INFO)
+    again, again_report = sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
+    assert "not read" not in caplog.text and "kept in data.cache_dir" in caplog.text and not cache_warnings(caplog)
+    assert again_report == report and again.kept == first.kept and again.kept.exists()

@@ -14,6 +14,12 @@ shape the examples (``data.max_length``, ``truncation``, ``thought_markers``, th
 numpy, and the source of klear's data code. Hashing the rows costs about 1/40 of tokenizing them; a tokenizer that
 has no serialized state (not a fast one) keeps its sets out of the cache, and the log says so.
 
+A local data file unchanged since its set was kept is not read again: `remember_set` notes beside the entry
+(``sft-<key>.json``) that the file of that stamp (`source_stamp`: real path, inode, size, ``mtime`` and ``ctime``,
+which every write sets and no copy sets back), read with the same settings and tokenizer, is that set, and
+`known_set` finds it from the stamp alone, so no process reads, parses or holds the rows (a file changed in the last
+`RACY_S` is read, as git reads its "racily clean" files).
+
 A file is written beside its place and renamed into it whole, with a checksum of each array in its record, so a
 stop, a full disk or a copy cut short never leaves an entry that reads as good: a damaged entry is reported in one
 line and the set tokenized again (and the entry replaced). A cache that cannot be written costs its gain, nothing
@@ -36,6 +42,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -64,6 +71,9 @@ UNKEYED = frozenset(
 )
 """``data.*`` keys left out of the key: which sets there are (each is keyed by its own source and rows), what only
 draws the rows (the rows themselves are hashed) and how examples are batched. Every other key is in it."""
+RACY_S = 2.0
+"""A file changed less than this many seconds before it is read is not known by its stamp (`source_stamp`): another
+change within the same tick of a coarse clock would leave the stamp as it was (git's "racily clean" files)."""
 _TOKENIZER_SETTINGS = ("add_bos_token", "add_eos_token", "split_special_tokens", "clean_up_tokenization_spaces")
 _PACKAGES = ("transformers", "tokenizers", "jinja2", "numpy")
 ZIP_MAGIC = b"PK\x03\x04"
@@ -136,6 +146,83 @@ def tokenized_set(
         log.info("%s: kept in data.cache_dir: %s (%.1f MB)", label, path, path.stat().st_size / 1e6)
         # this process too maps what it kept, and lets its own copy go: one copy of the set for the whole machine
         return dataclasses.replace(made, examples=kept.examples, kept=path)
+
+
+def source_stamp(source: str) -> list | None:
+    """What a local file is known by without reading it, as git knows its files: its real path, device, inode, size
+    and the times of its last change (``mtime``, and ``ctime``, which no copy or ``touch`` sets back); None for
+    anything else (a built-in task, a dataset folder or hub name) and for a file changed in the last `RACY_S`."""
+    path = Path(os.path.expanduser(source))
+    try:
+        status = path.stat()
+        real = str(path.resolve())
+    except (OSError, RuntimeError):
+        return None
+    changed = max(status.st_mtime_ns, status.st_ctime_ns)
+    if not stat.S_ISREG(status.st_mode) or time.time_ns() - changed < RACY_S * 1e9:
+        return None
+    return [real, status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
+
+
+def known_set(
+    cache_dir: str, settings: dict[str, Any], stamp: list, tokenizer: PreTrainedTokenizerBase
+) -> tuple[TokenizedSet, dict[str, Any], list[BadRow]] | None:
+    """The set kept for the file of ``stamp`` (`source_stamp`) read with ``settings`` (the keyed ``data.*`` keys
+    and the source), found without reading the file: its examples (`read_entry`), the layout it was read in and the
+    rows its reader skipped, as `remember_set` noted them; None when nothing whole is noted."""
+    tokens = tokenizer_fingerprint(tokenizer)
+    if not cache_dir or tokens is None:
+        return None
+    folder = Path(os.path.expanduser(cache_dir))
+    note = folder / f"sft-{_stamp_key(settings, stamp, tokens)}.json"
+    try:
+        record = json.loads(note.read_text())
+        if record.get("format") != FORMAT or record.get("stamp") != stamp:
+            return None
+        found = read_entry(folder / record["entry"], record["key"])
+        bad = [BadRow(**row) for row in record["bad"]]
+    except Exception as error:  # noted, then removed or damaged: the set is found by its rows instead
+        log.debug("%s is not used (%s)", note, _why(error))
+        return None
+    for path in (note, folder / record["entry"]):
+        with contextlib.suppress(OSError):
+            os.utime(path)  # in use, for whoever prunes the cache by age
+    return found, record["layout"], bad
+
+
+def remember_set(
+    cache_dir: str,
+    settings: dict[str, Any],
+    stamp: list,
+    tokenizer: PreTrainedTokenizerBase,
+    made: TokenizedSet,
+    layout: dict[str, Any],
+    bad: list[BadRow],
+) -> None:
+    """Note beside ``made``'s entry that the file of ``stamp``, read with ``settings``, is that set, read in
+    ``layout`` with its reader skipping ``bad``, so that the next start finds it without reading the file
+    (`known_set`). A note that cannot be written costs that gain only."""
+    tokens = tokenizer_fingerprint(tokenizer)
+    if made.kept is None or tokens is None:
+        return
+    record = {
+        "format": FORMAT,
+        "entry": made.kept.name,
+        "key": made.kept.stem.removeprefix("sft-"),
+        "stamp": stamp,
+        "layout": layout,
+        "bad": [row.to_dict() for row in bad],
+    }
+    note = made.kept.with_name(f"sft-{_stamp_key(settings, stamp, tokens)}.json")
+    try:
+        written(note, lambda temporary: temporary.write_text(json.dumps(record)))
+    except OSError as error:
+        log.debug("%s is not written (%s)", note, _why(error))
+
+
+def _stamp_key(settings: dict[str, Any], stamp: list, tokenizer: str) -> str:
+    header = {"format": FORMAT, "code": code_fingerprint(), "tokenizer": tokenizer, "stamp": stamp, **settings}
+    return hashlib.blake2b(json.dumps(header, sort_keys=True, default=str).encode(), digest_size=16).hexdigest()
 
 
 def _built(build: Callable[[], tuple[Examples, SFTStats]]) -> TokenizedSet:

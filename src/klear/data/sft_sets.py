@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from klear.data.readers import warn_bad_rows
 from klear.data.sets import metric_suffix, named_sets, set_key
 from klear.data.sft import build_sft_examples, file_layout, sft_source
-from klear.data.sft_cache import UNKEYED, TokenizedSet, tokenized_set
+from klear.data.sft_cache import UNKEYED, TokenizedSet, known_set, remember_set, source_stamp, tokenized_set
+from klear.data.sft_layouts import SFTLayout
 from klear.schema import SFTRunConfig
 
 if TYPE_CHECKING:
@@ -34,29 +35,39 @@ def sft_set(
     warned about by file and line), and its report for ``data_report.json``; read back from ``data.cache_dir`` when a
     start before kept the same set there (`klear.data.sft_cache`)."""
     data, label = config.data, set_key("train", name)
-    lines, rows, bad = sft_source(source, data.num_train, config.seed, data.levels, data.plain_fraction)
-    layout = file_layout(rows, source, vars(data))
-    log.info("%s: %s: %s", label, source, layout.summary())
     started = time.perf_counter()
-    keyed = {key: value for key, value in vars(data).items() if key not in UNKEYED}
-    made = tokenized_set(
-        data.cache_dir,
-        {**keyed, "source": source, "layout": layout.describe()},
-        rows,
-        lines,
-        tokenizer,
-        lambda: build_sft_examples(
+    settings = {**{key: value for key, value in vars(data).items() if key not in UNKEYED}, "source": source}
+    stamp = source_stamp(source) if data.cache_dir else None  # taken before the rows are read: a change is seen
+    known = known_set(data.cache_dir, settings, stamp, tokenizer) if stamp is not None else None
+    if known is not None:
+        made, described, bad = known
+        layout = SFTLayout(**described)
+        log.info("%s: %s: %s (the file is as it was when its set was kept: not read)", label, source, layout.summary())
+    else:
+        lines, rows, bad = sft_source(source, data.num_train, config.seed, data.levels, data.plain_fraction)
+        layout = file_layout(rows, source, vars(data))
+        log.info("%s: %s: %s", label, source, layout.summary())
+        started = time.perf_counter()
+        made = tokenized_set(
+            data.cache_dir,
+            {**settings, "layout": layout.describe()},
             rows,
+            lines,
             tokenizer,
-            data.max_length,
-            data.truncation,
-            source=source,
-            lines=lines,
-            layout=layout,
-            thought_markers=data.thought_markers,
-        ),
-        label,
-    )
+            lambda: build_sft_examples(
+                rows,
+                tokenizer,
+                data.max_length,
+                data.truncation,
+                source=source,
+                lines=lines,
+                layout=layout,
+                thought_markers=data.thought_markers,
+            ),
+            label,
+        )
+        if stamp is not None and source_stamp(source) == stamp:  # not changed while it was read
+            remember_set(data.cache_dir, settings, stamp, tokenizer, made, layout.describe(), bad)
     examples, stats = made.examples, made.stats
     stats.bad = sorted(bad + stats.bad, key=lambda row: row.line)  # file order, as the problem loader reports
     warn_bad_rows(stats.bad, {source: stats.rows + len(bad)})
