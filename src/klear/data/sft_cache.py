@@ -149,19 +149,26 @@ def tokenized_set(
 
 
 def source_stamp(source: str) -> list | None:
-    """What a local file is known by without reading it, as git knows its files: its real path, device, inode, size
-    and the times of its last change (``mtime``, and ``ctime``, which no copy or ``touch`` sets back); None for
-    anything else (a built-in task, a dataset folder or hub name) and for a file changed in the last `RACY_S`."""
+    """What a local file is known by without reading it, as git knows its files: its real path, inode, size and the
+    times of its last change (``mtime``, and ``ctime``, which no copy or ``touch`` sets back); None for anything else
+    (a built-in task, a dataset folder or hub name) and for a file changed in the last `RACY_S`. Not its device
+    number, which the nodes of a cluster number each their own way for one shared filesystem (NFS gives every client
+    the server's inodes and times), so that their ranks share a note."""
     path = Path(os.path.expanduser(source))
     try:
-        status = path.stat()
+        if not stat.S_ISREG(path.stat().st_mode):  # before the open: a device or a FIFO is never opened
+            return None
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # an open revalidates NFS's cached attributes
+        try:
+            status = os.fstat(handle)
+        finally:
+            os.close(handle)
         real = str(path.resolve())
     except (OSError, RuntimeError):
         return None
-    changed = max(status.st_mtime_ns, status.st_ctime_ns)
-    if not stat.S_ISREG(status.st_mode) or time.time_ns() - changed < RACY_S * 1e9:
+    if not stat.S_ISREG(status.st_mode) or time.time_ns() - max(status.st_mtime_ns, status.st_ctime_ns) < RACY_S * 1e9:
         return None
-    return [real, status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
+    return [real, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
 
 
 def known_set(
