@@ -21,7 +21,7 @@ from klear.config.load import load_config
 from klear.data import sft_cache, sft_sets
 from klear.data.example_store import Examples
 from klear.data.readers import write_jsonl
-from klear.data.sft_cache import read_entry, tokenized_set
+from klear.data.sft_cache import read_entry, source_stamp, tokenized_set
 from klear.data.sft_sets import sft_set
 from klear.models.tokenizer import build_tokenizer
 
@@ -393,3 +393,15 @@ def test_a_note_whose_entry_is_gone_is_passed_over(tmp_path, tokenizer, caplog, 
     again, again_report = sft_set(config(cache, "data.max_length=96"), source, "", tokenizer)
     assert "not read" not in caplog.text and "kept in data.cache_dir" in caplog.text and not cache_warnings(caplog)
     assert again_report == report and again.kept == first.kept and again.kept.exists()
+
+
+def test_only_a_settled_regular_file_has_a_stamp(tmp_path, monkeypatch):
+    fifo = tmp_path / "rows.fifo"
+    os.mkfifo(fifo)  # never opened: no writer would come
+    source = rows_file(tmp_path / "chats.jsonl")
+    assert source_stamp(source) is None  # written a moment ago (RACY_S)
+    monkeypatch.setattr(sft_cache, "RACY_S", 0.0)
+    for other in (str(fifo), str(tmp_path), str(tmp_path / "missing.jsonl"), "org/name", "synthetic"):
+        assert source_stamp(other) is None, other
+    status = os.stat(source)
+    assert source_stamp(source) == [source, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
