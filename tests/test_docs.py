@@ -315,7 +315,13 @@ assert "gppo" in list_objectives()
     ),
     ("docs/performance.md", "python tools/bench_sft_data.py"): Run(
         extra=("--rows", "30", "--tokens", "200", "--vocab", "4096"),
-        expect=("tokenized one row at a time in", "kept in data.cache_dir in", "mapped 0.0 MB", "at 1e9 tokens"),
+        expect=(
+            "tokenized one row at a time in",
+            "kept in data.cache_dir in",
+            "mapped 0.0 MB",
+            "by the file's stamp in",
+            "at 1e9 tokens",
+        ),
     ),
     ("docs/performance.md", "python tools/bench_load_problems.py"): Run(
         extra=("--problems", "200", "--vocab", "4096"), expect=("200 problems", "loaded measuring each prompt alone in")

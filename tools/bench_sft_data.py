@@ -11,7 +11,9 @@ one call to the tokenizer per text), and `build_sft_examples`, which renders a b
 in one call (a fast tokenizer spreads a batch over the cores). Both must give the same examples. Then what a start
 costs once the set is kept in ``data.cache_dir`` (`klear.data.sft_cache`): the rows hashed into the entry's key and
 the entry read and checked, against tokenizing in batches, and the memory the set read back holds (traced
-allocations), memory-mapped as klear reads it and copied into memory.
+allocations), memory-mapped as klear reads it and copied into memory; then, for the rows written to a jsonl file
+and loaded as a run loads them, the next start that finds the set by the file's rows against one that finds it by
+the file's stamp without reading it.
 
 For both forms of the examples it prints the bytes a token takes (traced allocations of the whole set), the time
 to build a batch from it (`klear.data.packing.collate`) and to compute the set's ``data_report.json`` digest with
@@ -107,6 +109,41 @@ def kept_and_read(rows: list[dict], tokenizer, built: Examples) -> tuple[float, 
         return kept_s, read_s, read.read_from.stat().st_size, mapped, copied
 
 
+def found_by_stamp(rows: list[dict], tokenizer) -> tuple[float, int, float, int]:
+    """A start that finds the set kept for a data file, through the function a run loads its sets with
+    (`klear.data.sft_sets.sft_set`): by its rows (the file read, parsed and hashed into the entry's key) and by the
+    file's stamp (`klear.data.sft_cache.known_set`, the file not read); the seconds and the peak of traced
+    allocations of each. Asserts both give the report of the start that tokenized the set."""
+    from omegaconf import OmegaConf
+
+    from klear.config.load import load_config
+    from klear.data import sft_cache
+    from klear.data.readers import write_jsonl
+    from klear.data.sft_sets import sft_set
+
+    sft_cache.RACY_S = 0.0  # the file was written a moment ago; a run finds it by its stamp 2 s after that
+    with tempfile.TemporaryDirectory() as folder:
+        source = str(write_jsonl(rows, os.path.join(folder, "rows.jsonl")))
+        overrides = ["stage=sft", f"data.train={source}", f"data.cache_dir={folder}", f"data.max_length={10**9}"]
+        config = OmegaConf.to_object(load_config(None, overrides))
+        _, report = sft_set(config, source, "", tokenizer)  # tokenized, kept, and its file's stamp noted
+        notes = [name for name in os.listdir(folder) if name.endswith(".json")]
+        assert len(notes) == 1
+        results = []
+        for by in ("rows", "stamp"):
+            if by == "rows":
+                os.remove(os.path.join(folder, notes[0]))  # no note: found by its rows, and noted again
+            started = time.perf_counter()
+            sft_set(config, source, "", tokenizer)
+            seconds = time.perf_counter() - started
+            if by == "rows":
+                os.remove(os.path.join(folder, notes[0]))
+            (_, again), _, peak = traced(lambda: sft_set(config, source, "", tokenizer))  # untimed: tracing slows
+            assert again == report
+            results += [seconds, peak]
+        return tuple(results)
+
+
 def traced(make):
     """``make()``'s result, the bytes it holds once made and the peak bytes allocated while making it."""
     gc.collect()
@@ -162,6 +199,12 @@ def main() -> None:
     print(
         f"memory the set read back holds: mapped {mapped / 1e6:.1f} MB, copied into memory {copied / 1e6:.1f} MB "
         "(a machine's ranks share the mapped pages)"
+    )
+    rows_s, rows_peak, stamp_s, stamp_peak = found_by_stamp(rows, tokenizer)
+    print(
+        f"found at the next start by its rows in {rows_s:.2f} s (peak {rows_peak / 1e6:.1f} MB: the file read and "
+        f"parsed), by the file's stamp in {stamp_s:.2f} s (peak {stamp_peak / 1e6:.1f} MB: not read): "
+        f"{rows_s / stamp_s:.1f}x as fast"
     )
     ids = [token for example in built for token in example["input_ids"]]
     print(f"ids >= 257 (an int object each as lists): {sum(token >= 257 for token in ids) / len(ids):.1%}")
