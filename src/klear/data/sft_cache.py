@@ -172,14 +172,12 @@ def source_stamp(source: str) -> list | None:
 
 
 def known_set(
-    cache_dir: str, settings: dict[str, Any], stamp: list, tokenizer: PreTrainedTokenizerBase
+    cache_dir: str, settings: dict[str, Any], stamp: list, tokens: str
 ) -> tuple[TokenizedSet, dict[str, Any], list[BadRow]] | None:
-    """The set kept for the file of ``stamp`` (`source_stamp`) read with ``settings`` (the keyed ``data.*`` keys
-    and the source), found without reading the file: its examples (`read_entry`), the layout it was read in and the
-    rows its reader skipped, as `remember_set` noted them; None when nothing whole is noted."""
-    tokens = tokenizer_fingerprint(tokenizer)
-    if not cache_dir or tokens is None:
-        return None
+    """The set kept in ``cache_dir`` for the file of ``stamp`` (`source_stamp`) read with ``settings`` (the keyed
+    ``data.*`` keys and the source) by the tokenizer of fingerprint ``tokens`` (`tokenizer_fingerprint`), found
+    without reading the file: its examples (`read_entry`), the layout it was read in and the rows its reader skipped,
+    as `remember_set` noted them; None when nothing whole is noted."""
     folder = Path(os.path.expanduser(cache_dir))
     note = folder / f"sft-{_stamp_key(settings, stamp, tokens)}.json"
     try:
@@ -198,19 +196,12 @@ def known_set(
 
 
 def remember_set(
-    cache_dir: str,
-    settings: dict[str, Any],
-    stamp: list,
-    tokenizer: PreTrainedTokenizerBase,
-    made: TokenizedSet,
-    layout: dict[str, Any],
-    bad: list[BadRow],
+    settings: dict[str, Any], stamp: list, tokens: str, made: TokenizedSet, layout: dict[str, Any], bad: list[BadRow]
 ) -> None:
-    """Note beside ``made``'s entry that the file of ``stamp``, read with ``settings``, is that set, read in
-    ``layout`` with its reader skipping ``bad``, so that the next start finds it without reading the file
-    (`known_set`). A note that cannot be written costs that gain only."""
-    tokens = tokenizer_fingerprint(tokenizer)
-    if made.kept is None or tokens is None:
+    """Note beside ``made``'s entry that the file of ``stamp``, read with ``settings`` by the tokenizer of
+    fingerprint ``tokens``, is that set, read in ``layout`` with its reader skipping ``bad``, so that the next start
+    finds it without reading the file (`known_set`). A note that cannot be written costs that gain only."""
+    if made.kept is None:
         return
     record = {
         "format": FORMAT,

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 from klear.data.readers import warn_bad_rows
 from klear.data.sets import metric_suffix, named_sets, set_key
 from klear.data.sft import build_sft_examples, file_layout, sft_source
-from klear.data.sft_cache import UNKEYED, TokenizedSet, known_set, remember_set, source_stamp, tokenized_set
+from klear.data.sft_cache import (
+    UNKEYED,
+    TokenizedSet,
+    known_set,
+    remember_set,
+    source_stamp,
+    tokenized_set,
+    tokenizer_fingerprint,
+)
 from klear.data.sft_layouts import SFTLayout
 from klear.schema import SFTRunConfig
 
@@ -38,7 +46,8 @@ def sft_set(
     started = time.perf_counter()
     settings = {**{key: value for key, value in vars(data).items() if key not in UNKEYED}, "source": source}
     stamp = source_stamp(source) if data.cache_dir else None  # taken before the rows are read: a change is seen
-    known = known_set(data.cache_dir, settings, stamp, tokenizer) if stamp is not None else None
+    tokens = tokenizer_fingerprint(tokenizer) if stamp is not None else None  # None too for a tokenizer without one
+    known = known_set(data.cache_dir, settings, stamp, tokens) if tokens is not None else None
     if known is not None:
         made, described, bad = known
         layout = SFTLayout(**described)
@@ -66,8 +75,8 @@ def sft_set(
             ),
             label,
         )
-        if stamp is not None and source_stamp(source) == stamp:  # not changed while it was read
-            remember_set(data.cache_dir, settings, stamp, tokenizer, made, layout.describe(), bad)
+        if tokens is not None and source_stamp(source) == stamp:  # not changed while it was read
+            remember_set(settings, stamp, tokens, made, layout.describe(), bad)
     examples, stats = made.examples, made.stats
     stats.bad = sorted(bad + stats.bad, key=lambda row: row.line)  # file order, as the problem loader reports
     warn_bad_rows(stats.bad, {source: stats.rows + len(bad)})

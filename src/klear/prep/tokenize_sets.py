@@ -48,14 +48,13 @@ def run(args: argparse.Namespace) -> str:
 
     settings = OmegaConf.to_object(config)
     sets = sft_train_sets(settings, model_tokenizer(settings))
+    where = os.path.expanduser(config.data.cache_dir)
     not_kept = [key.replace("/", ".") for key, (made, _) in sets.items() if made.kept is None]
     if not_kept:
-        where = config.data.cache_dir
         raise CommandError(f"data.{not_kept[0]} is not kept in data.cache_dir {where} (the line above says why)")
     made = [made for made, _ in sets.values()]
     read = sum(item.read_from is not None for item in made)
     examples, tokens = sum(len(item.examples) for item in made), sum(item.examples.tokens for item in made)
-    where = os.path.expanduser(config.data.cache_dir)
     return (
         f"tokenize: {len(made)} set{'s' if len(made) != 1 else ''} of data.train kept in {where} ({examples} examples, "
         f"{tokens} tokens; {len(made) - read} tokenized now, {read} already kept)"
