@@ -1,7 +1,10 @@
 """The Hugging Face rollout engine on the tiny model: grouping, log-prob convention, seeding, refresh."""
 
+import math
+
 import pytest
 import torch
+from lightning.pytorch.plugins.precision import HalfPrecision
 
 from klear.config import ModelConfig
 from klear.data.prompts import encode_prompt
@@ -83,6 +86,19 @@ def test_update_weights_refreshes_in_place_and_rejects_unknown_names(engine, pro
         engine.update_weights([("nope", before)])
     with pytest.raises(ValueError, match="engine shape"):
         engine.update_weights([(name, before[:1])])
+
+
+def test_a_bfloat16_policy_samples_under_bf16_true(prompts):
+    """``trainer.precision=bf16-true``: the policy's weights in bfloat16 and torch's default dtype bfloat16 while
+    a step runs; the log-probs are still kept in float32."""
+    config, precision = ModelConfig(path="tiny"), HalfPrecision("bf16-true")
+    policy = precision.convert_module(load_model(config)).eval()
+    engine = HFEngine(policy, load_tokenizer(config), batch_size=5)
+    with precision.forward_context():
+        assert torch.get_default_dtype() == torch.bfloat16
+        rollouts = engine.generate(prompts, SamplingParams(max_new_tokens=6, n=2, seed=0))
+    assert [r.prompt_index for r in rollouts] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(math.isfinite(logprob) and logprob <= 0 for r in rollouts for logprob in r.logprobs)
 
 
 def test_pick_samples_by_inverse_cdf_of_the_truncated_distribution():

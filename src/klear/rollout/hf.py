@@ -164,7 +164,8 @@ class HFEngine:
             ).to(device)
         stop = torch.tensor(self.stop_token_ids, device=device)
         tokens = torch.zeros((batch, steps), dtype=torch.long, device=device)
-        logprobs = torch.zeros((batch, steps), device=device)
+        # float32 whatever torch's default dtype is (bf16-true makes it bfloat16 while a step runs)
+        logprobs = torch.zeros((batch, steps), device=device, dtype=torch.float32)
         rows = torch.arange(batch, device=device)  # the job of each row of the compute batch
         live = torch.ones(batch, dtype=torch.bool, device=device)  # rows of the compute batch still generating
         width = attention.shape[1]
