@@ -323,6 +323,10 @@ assert "gppo" in list_objectives()
             "at 1e9 tokens",
         ),
     ),
+    ("docs/performance.md", "python tools/bench_master_weights.py"): Run(
+        extra=("--steps", "3"),
+        expect=("bench_master_weights: lr 1e-06, 3 steps, distance the bfloat16 weights moved against float32",),
+    ),
     ("docs/performance.md", "python tools/bench_load_problems.py"): Run(
         extra=("--problems", "200", "--vocab", "4096"), expect=("200 problems", "loaded measuring each prompt alone in")
     ),

@@ -7,10 +7,14 @@
 # 1. builds a Qwen3-0.6B-shaped model (random weights, the built-in tokenizer), checks that packed rows equal padded
 #    rows on CUDA, and runs the vLLM engine on it: refresh time, tokens/s, trainer-engine log-prob gap before and
 #    after a refresh, sleep/wake;
-# 2. short RL runs through the CLI with FSDP2 on CUDA (the embedding and head sharded by vocabulary rows): the hf
+# 2. AdamW on bfloat16 weights through float32 masters with CUDA's fused kernel (tools/bench_master_weights.py
+#    asserts the masters equal a float32 run bit for bit), and a short RL run on one GPU without FSDP2, where the
+#    policy's weights are bfloat16 (model.dtype: auto) and stepped through those masters; it asserts the gap below
+#    0.05;
+# 3. short RL runs through the CLI with FSDP2 on CUDA (the embedding and head sharded by vocabulary rows): the hf
 #    engine (rows, then a token budget), the vllm engine, and the vllm engine serving a LoRA policy's adapters (the
 #    GPU's default); each asserts a trainer-engine gap below 0.05;
-# 3. asynchronous rollouts (rollout.max_staleness=1) with the vllm engine in its worker process, on the training GPU
+# 4. asynchronous rollouts (rollout.max_staleness=1) with the vllm engine in its worker process, on the training GPU
 #    and, when there are two GPUs, on a GPU of its own (rollout.worker_devices=[1]); each asserts the staleness
 #    schedule, a gap below 0.05 against the weights that sampled, and the trainer's and engine's idle times.
 # Exits non-zero if a step failed or vllm is missing (the other steps still run).
@@ -44,6 +48,10 @@ fi
 
 short=(--config configs/rl.yaml trainer.accelerator=gpu trainer.strategy=fsdp2 trainer.max_steps=4
        trainer.progress_bar=false eval.every_n_steps=0 eval.num_prompts=48 eval.samples=2)
+step python tools/bench_master_weights.py --device cuda
+step python -m klear.fit --config configs/rl.yaml trainer.accelerator=gpu trainer.max_steps=4 trainer.progress_bar=false \
+    eval.every_n_steps=0 eval.num_prompts=48 eval.samples=2 output_dir="$work/rl-one-gpu" \
+    && step summary "$work/rl-one-gpu/metrics.csv"
 step python -m klear.fit "${short[@]}" output_dir="$work/rl-fsdp2-hf" && step summary "$work/rl-fsdp2-hf/metrics.csv"
 step python -m klear.fit "${short[@]}" algorithm.micro_batch_tokens=2048 output_dir="$work/rl-fsdp2-tokens" \
     && step summary "$work/rl-fsdp2-tokens/metrics.csv"

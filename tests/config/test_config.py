@@ -53,6 +53,15 @@ def test_yaml_lists_only_deviations_and_overrides_win(tmp_path):
         (["trainer.max_steps"], "is not of the form key=value"),
         (["trainer.strategy=fsdp"], "trainer.strategy = 'fsdp' is not accepted; accepted: auto, ddp, fsdp2"),
         (["trainer.strategy=fsdp2", "trainer.precision=bf16-mixed"], "fsdp2 does mixed precision itself"),
+        (
+            ["trainer.strategy=fsdp2", "model.dtype=bfloat16"],
+            exact(
+                "model.dtype=bfloat16 with trainer.strategy=fsdp2 would train bfloat16 weight shards, whose AdamW "
+                "updates below 1/256 of a weight round away; fsdp2 keeps float32 master weights and computes in "
+                "bfloat16 itself: use model.dtype=auto and trainer.precision=auto"
+            ),
+        ),
+        (["trainer.strategy=fsdp2", "trainer.precision=bf16-true"], "^trainer.precision=bf16-true with .*fsdp2"),
         # a mapping where a list belongs, or an item a list's items cannot be (the merge named neither)
         (
             ["optim.betas={a: 1}"],
@@ -344,6 +353,12 @@ def test_values_at_the_bounds_stay_accepted():
     assert config.algorithm.oversample == 64 and config.model.rope_scaling.type == "linear"
     for seed in (-(2**63), 2**63 - 1):
         assert load_config("configs/sft.yaml", [f"seed={seed}"]).seed == seed
+
+
+def test_fsdp2_takes_a_bfloat16_base_under_lora():
+    """Frozen base weights may be bfloat16 under fsdp2: only the float32 adapters are trained."""
+    config = load_config("configs/rl.yaml", ["trainer.strategy=fsdp2", "model.dtype=bfloat16", "model.lora.r=8"])
+    assert config.model.dtype == "bfloat16" and config.model.lora.r == 8
 
 
 def test_rope_types_are_those_transformers_knows():

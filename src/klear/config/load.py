@@ -24,6 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from klear.config.model_path import model_path_problem
+from klear.config.precision import precision_problem
 from klear.errors import UserError, did_you_mean, first_line
 from klear.schema import SCHEMAS
 from klear.schema.sections import ROPE_TYPES, finite, interpolation, shape_problem
@@ -155,11 +156,8 @@ def _unresolvable_key(node: DictConfig | ListConfig, prefix: str) -> str | None:
 def check_config(config: DictConfig) -> None:
     """Closed sets of values (``choices``), numeric ranges (``range``) and combinations types cannot express."""
     _check_fields(config, SCHEMAS[config.stage], prefix="")
-    if config.trainer.strategy == "fsdp2" and config.trainer.precision == "bf16-mixed":
-        raise ConfigError(
-            "trainer.strategy=fsdp2 does mixed precision itself (trainer.fsdp_mixed_precision); "
-            "use trainer.precision=auto, 32-true or bf16-true"
-        )
+    if problem := precision_problem(config):
+        raise ConfigError(problem)
     if config.eval.temperature == 0 and config.eval.samples != 1:
         raise ConfigError("eval.samples > 1 needs eval.temperature > 0 (greedy decoding gives one answer)")
     _check_keep_best(config)

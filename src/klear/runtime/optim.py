@@ -1,4 +1,10 @@
-"""AdamW and the learning-rate schedule every stage uses: linear warmup, then cosine decay or constant."""
+"""AdamW and the learning-rate schedule every stage uses: linear warmup, then cosine decay or constant.
+
+A trained parameter held in bfloat16 (``model.dtype: auto`` on a GPU outside FSDP2, ``model.dtype=bfloat16``,
+``trainer.precision=bf16-true``) is stepped through a float32 master copy (`MasterWeightsAdamW`): an update smaller
+than half the spacing of bfloat16 numbers at a weight (1/256 of it) rounds away, and at RL's learning rates (the
+paper's 1e-6) that is nearly every update of nearly every weight. ``tools/bench_master_weights.py`` measures it.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +17,15 @@ from torch.distributed.tensor import DTensor
 
 from klear.schema import OptimConfig
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+"""Parameter dtypes that `MasterWeightsAdamW` steps through float32 master copies."""
+MASTERS = "master_weights"
+"""The key of the master copies in `MasterWeightsAdamW`'s state dict."""
+
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only: biases, norms and other 1-D parameters are not decayed.
+    """AdamW with weight decay on matrices only: biases, norms and other 1-D parameters are not decayed; trained
+    parameters in bfloat16 are stepped through float32 master copies (`MasterWeightsAdamW`).
 
     The fused kernel (CPU and CUDA, plain and sharded parameters): the default per-parameter path allocates two
     temporaries the size of each parameter at every step (1.2 GB for Qwen3-0.6B's tied embedding in float32,
@@ -26,7 +38,97 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=True)
+    kind = MasterWeightsAdamW if any(_mastered(parameter) for parameter in decay + no_decay) else torch.optim.AdamW
+    return kind(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=True)
+
+
+def _mastered(parameter: torch.Tensor) -> bool:
+    """Whether `MasterWeightsAdamW` steps ``parameter`` through a float32 master: a whole low-precision tensor."""
+    return parameter.dtype in LOW_PRECISION and not isinstance(parameter, DTensor)
+
+
+class MasterWeightsAdamW(torch.optim.AdamW):
+    """torch's AdamW, which steps each trained parameter held in bfloat16 (or float16) through a float32 master copy:
+    the gradient is taken into float32, AdamW updates the master (its moments in float32 too), and the parameter
+    becomes the master rounded to its dtype. The model computes in its own dtype as before; only the update is
+    exact. Without the copy, ``w - lr * u`` rounds back to ``w`` whenever the step is below half the spacing of
+    bfloat16 numbers at ``w`` (``|w| / 256``): at ``lr = 1e-6`` every weight above ~2.6e-4 in size, nearly all of a
+    pretrained model's, never moves. A float32 parameter is stepped as plain AdamW steps it (the same kernel and
+    values); `build_optimizer` builds torch's own AdamW for a model with no such parameter.
+
+    The masters are part of the state dict (`MASTERS`), so a resumed run continues from the exact float32 values;
+    a state without them (a checkpoint of a run without masters) takes the parameters as they are loaded. Memory:
+    4 bytes a weight for the master and 8 for the moments (float32, instead of 4 in bfloat16), against 2 + 2 for the
+    bfloat16 weight and gradient: what float32 weights under autocast would hold. Sharded parameters (FSDP2's
+    DTensors) are not copied: FSDP2 keeps float32 master weights itself (``model.dtype: auto``), and its sharded
+    checkpoint maps optimizer state to the model's own parameters (`klear.config.precision` refuses bfloat16 weights
+    trained under ``fsdp2``)."""
+
+    def __init__(self, groups: list[dict], **options) -> None:
+        self.masters: list[tuple[nn.Parameter, torch.Tensor]] = []
+        """Each low-precision parameter with its float32 master, in the order of the groups."""
+        mastered = []
+        for group in groups:
+            params = []
+            for parameter in group["params"]:
+                if _mastered(parameter):
+                    master = parameter.detach().to(torch.float32, copy=True)
+                    self.masters.append((parameter, master))
+                    parameter = master
+                params.append(parameter)
+            mastered.append({**group, "params": params})
+        super().__init__(mastered, **options)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for parameter, master in self.masters:
+            # each low-precision gradient is let go as its float32 copy is made: +2 bytes a weight at the peak
+            master.grad = None if parameter.grad is None else parameter.grad.to(torch.float32)
+            parameter.grad = None
+        super().step()
+        for parameter, master in self.masters:
+            parameter.copy_(master)
+            master.grad = None
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        for parameter, _ in self.masters:
+            if set_to_none:
+                parameter.grad = None
+            elif parameter.grad is not None:
+                parameter.grad.zero_()
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.masters:
+            state[MASTERS] = [master for _, master in self.masters]
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state = dict(state_dict)
+        saved = state.pop(MASTERS, None)
+        super().load_state_dict(state)
+        if saved is not None and len(saved) != len(self.masters):
+            raise ValueError(
+                f"the optimizer state holds {len(saved)} master weights, this model trains {len(self.masters)}"
+            )
+        with torch.no_grad():
+            for index, (parameter, master) in enumerate(self.masters):
+                if saved is None:  # a state without masters: the parameters as loaded
+                    master.copy_(parameter)
+                else:
+                    if saved[index].shape != master.shape:
+                        raise ValueError(
+                            f"master weight {index} has shape {tuple(saved[index].shape)}, its parameter "
+                            f"{tuple(master.shape)}"
+                        )
+                    master.copy_(saved[index])
+                    parameter.copy_(master)
 
 
 def lr_factor(step: int, config: OptimConfig, total_steps: int) -> float:

@@ -199,7 +199,9 @@ class ModelConfig:
     ``tiny-sft``: that model after ``configs/sft.yaml`` (shipped; where the RL stage starts by default)."""
     dtype: str = choice("auto", "float32", "bfloat16")
     """Parameter dtype; ``auto`` is bfloat16 on CUDA and float32 on CPU (and float32 master weights under
-    ``trainer.strategy=fsdp2``, which computes in bfloat16 through its mixed-precision policy)."""
+    ``trainer.strategy=fsdp2``, which computes in bfloat16 through its mixed-precision policy). Trained weights held
+    in bfloat16 are stepped through float32 master copies the optimizer keeps, so updates far below a bfloat16
+    weight's spacing (the paper's lr 1e-6) are not lost."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     attn_implementation: str = choice("sdpa", "eager", "flash_attention_2")
@@ -242,7 +244,8 @@ class TrainerConfig:
     """Devices per node."""
     num_nodes: int = at_least(1, 1)
     precision: str = choice("auto", "32-true", "bf16-true", "bf16-mixed")
-    """``auto``: bf16-mixed on CUDA, 32-true on CPU."""
+    """``auto``: bf16-mixed on CUDA, 32-true on CPU. ``bf16-true`` holds the whole model in bfloat16 (its trained
+    weights stepped through float32 masters, as ``model.dtype=bfloat16``); not with ``fsdp2``."""
     strategy: str = choice("auto", "ddp", "fsdp2")
     """``auto``: single device; ``ddp``: data parallel over ``devices`` x ``num_nodes``; ``fsdp2``: the same
     ranks with parameters, gradients and optimizer state sharded (``fully_shard`` per decoder layer and root)."""
