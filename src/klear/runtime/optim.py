@@ -112,11 +112,11 @@ class MasterWeightsAdamW(torch.optim.AdamW):
     def load_state_dict(self, state_dict: dict) -> None:
         state = dict(state_dict)
         saved = state.pop(MASTERS, None)
-        super().load_state_dict(state)
-        if saved is not None and len(saved) != len(self.masters):
+        if saved is not None and len(saved) != len(self.masters):  # before anything of this optimizer is changed
             raise ValueError(
                 f"the optimizer state holds {len(saved)} master weights, this model trains {len(self.masters)}"
             )
+        super().load_state_dict(state)
         with torch.no_grad():
             for index, (parameter, master) in enumerate(self.masters):
                 if saved is None:  # a state without masters: the parameters as loaded
