@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from klear.runtime.optim import MASTERS, MasterWeightsAdamW, build_optimizer
+from klear.runtime.optim import MASTERS, MasterWeightsAdamW, build_optimizer, clip_grad_norm
 from klear.schema import OptimConfig
 
 CONFIG = OptimConfig(lr=1e-6, min_lr=1e-6, weight_decay=0.1, betas=[0.9, 0.999])
@@ -157,3 +157,19 @@ def test_a_closure_runs_before_the_gradients_are_taken():
 
     loss = optimizer.step(closure)
     assert loss > 0 and optimizer.masters[0][1].ne(before.float()).all()
+
+
+def test_the_norm_of_bfloat16_gradients_is_taken_in_float32():
+    module = layer(torch.bfloat16)
+    for parameter, grad in zip(module.parameters(), gradients(1, module)[0], strict=True):
+        parameter.grad = grad.bfloat16()
+    exact = torch.cat([p.grad.double().flatten() for p in module.parameters()]).norm().item()
+    coarse = torch.nn.utils.get_total_norm([p.grad for p in module.parameters()]).item()
+    assert abs(coarse - exact) > 1e-4 * exact  # torch's own, in bfloat16
+    assert clip_grad_norm(module, 1.0) == pytest.approx(exact, rel=1e-6)
+    clipped = torch.cat([p.grad.double().flatten() for p in module.parameters()]).norm().item()
+    assert clipped == pytest.approx(1.0, rel=1e-2) and all(p.grad.dtype == torch.bfloat16 for p in module.parameters())
+    float32 = layer(torch.float32)
+    for parameter, grad in zip(float32.parameters(), gradients(1, float32)[0], strict=True):
+        parameter.grad = grad
+    assert clip_grad_norm(float32, 0) == pytest.approx(exact, rel=1e-6)  # 0: the norm, nothing clipped
