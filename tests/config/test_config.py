@@ -355,10 +355,11 @@ def test_values_at_the_bounds_stay_accepted():
         assert load_config("configs/sft.yaml", [f"seed={seed}"]).seed == seed
 
 
-def test_fsdp2_takes_a_bfloat16_base_under_lora():
+@pytest.mark.parametrize("bfloat16", ["model.dtype=bfloat16", "trainer.precision=bf16-true"])
+def test_fsdp2_takes_a_bfloat16_base_under_lora(bfloat16):
     """Frozen base weights may be bfloat16 under fsdp2: only the float32 adapters are trained."""
-    config = load_config("configs/rl.yaml", ["trainer.strategy=fsdp2", "model.dtype=bfloat16", "model.lora.r=8"])
-    assert config.model.dtype == "bfloat16" and config.model.lora.r == 8
+    config = load_config("configs/rl.yaml", ["trainer.strategy=fsdp2", bfloat16, "model.lora.r=8"])
+    assert config.model.lora.r == 8
 
 
 def test_rope_types_are_those_transformers_knows():

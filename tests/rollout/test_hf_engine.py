@@ -88,9 +88,9 @@ def test_update_weights_refreshes_in_place_and_rejects_unknown_names(engine, pro
         engine.update_weights([(name, before[:1])])
 
 
-def test_a_bfloat16_policy_samples_under_bf16_true(prompts):
-    """``trainer.precision=bf16-true``: the policy's weights in bfloat16 and torch's default dtype bfloat16 while
-    a step runs; the log-probs are still kept in float32."""
+def test_a_bfloat16_policy_samples_under_lightnings_bf16_true(prompts):
+    """Under Lightning's own bf16-true (a module of one's own: klear's runs load the policy in bfloat16 instead) the
+    weights are bfloat16 and so is torch's default dtype inside a step; the log-probs are still kept in float32."""
     config, precision = ModelConfig(path="tiny"), HalfPrecision("bf16-true")
     policy = precision.convert_module(load_model(config)).eval()
     engine = HFEngine(policy, load_tokenizer(config), batch_size=5)

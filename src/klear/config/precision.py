@@ -11,7 +11,7 @@ def precision_problem(config: DictConfig) -> str | None:
 
     ``fsdp2`` mixes precision itself (``trainer.fsdp_mixed_precision``: bfloat16 compute over float32 master
     weights), so Lightning's ``bf16-mixed`` has nothing to do there. Weights trained in bfloat16 under ``fsdp2``
-    (``model.dtype=bfloat16`` without LoRA, whose adapters stay float32, or ``bf16-true``) would be sharded with no
+    (``model.dtype=bfloat16`` or ``bf16-true``, without LoRA, whose adapters stay float32) would be sharded with no
     float32 master copy: `klear.runtime.optim.MasterWeightsAdamW` keeps one for whole weights only, since a sharded
     checkpoint maps optimizer state to the model's own parameters, and AdamW's updates below 1/256 of a weight
     round away in bfloat16."""
@@ -23,9 +23,11 @@ def precision_problem(config: DictConfig) -> str | None:
             "trainer.strategy=fsdp2 does mixed precision itself (trainer.fsdp_mixed_precision); "
             "use trainer.precision=auto or 32-true"
         )
+    if model.lora is not None:  # a bfloat16 base is frozen; the adapters stay float32
+        return None
     if trainer.precision == "bf16-true":
         what = "trainer.precision=bf16-true"
-    elif model.dtype == "bfloat16" and model.lora is None:
+    elif model.dtype == "bfloat16":
         what = "model.dtype=bfloat16"
     else:
         return None

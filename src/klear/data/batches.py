@@ -17,18 +17,6 @@ import torch
 Item = TypeVar("Item")
 
 
-class HeldBatch(Generic[Item]):
-    """A batch of items that Lightning hands to ``training_step`` as it is (``batch.items``). Not a sequence, mapping
-    or dataclass, so nothing of Lightning's walks into it: ``trainer.precision=bf16-true`` converts the floating
-    tensors of every batch, and rebuilding each item on the way cannot be done for frozen ones (the RL stage's
-    problems) and would copy them at every step."""
-
-    __slots__ = ("items",)
-
-    def __init__(self, items: list[Item]) -> None:
-        self.items = items
-
-
 class ResumableBatches(Generic[Item]):
     """``num_batches`` batches of ``batch_size`` items drawn in a seeded order, each passed through ``collate``.
 

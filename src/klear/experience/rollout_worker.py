@@ -99,7 +99,7 @@ class _Service:
         from klear.kernels.passes import LogprobPasses
         from klear.models import load_model
         from klear.rollout.hf import HFEngine
-        from klear.runtime.device import compute_precision
+        from klear.runtime.device import compute_precision, policy_model
 
         config = spec.config
         if spec.world > 1:
@@ -109,7 +109,7 @@ class _Service:
         self.spec, self.config, self.weights = spec, config, weights
         self.device = torch.device(spec.device)
         self.precision = compute_precision(config)
-        self.model = load_model(config.model, on_cuda=self.device.type == "cuda").to(self.device)
+        self.model = load_model(policy_model(config), on_cuda=self.device.type == "cuda").to(self.device)
         self.model.eval().requires_grad_(False)
         # What the trainer builds for synchronous rollouts, over the worker's copy of the policy; its engine stays
         # awake (nothing else shares the worker's device).

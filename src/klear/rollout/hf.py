@@ -164,7 +164,7 @@ class HFEngine:
             ).to(device)
         stop = torch.tensor(self.stop_token_ids, device=device)
         tokens = torch.zeros((batch, steps), dtype=torch.long, device=device)
-        # float32 whatever torch's default dtype is (bf16-true makes it bfloat16 while a step runs)
+        # float32 whatever torch's default dtype is (Lightning's own bf16-true makes it bfloat16 inside a step)
         logprobs = torch.zeros((batch, steps), device=device, dtype=torch.float32)
         rows = torch.arange(batch, device=device)  # the job of each row of the compute batch
         live = torch.ones(batch, dtype=torch.bool, device=device)  # rows of the compute batch still generating

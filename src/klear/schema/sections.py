@@ -244,8 +244,9 @@ class TrainerConfig:
     """Devices per node."""
     num_nodes: int = at_least(1, 1)
     precision: str = choice("auto", "32-true", "bf16-true", "bf16-mixed")
-    """``auto``: bf16-mixed on CUDA, 32-true on CPU. ``bf16-true`` holds the whole model in bfloat16 (its trained
-    weights stepped through float32 masters, as ``model.dtype=bfloat16``); not with ``fsdp2``."""
+    """``auto``: bf16-mixed on CUDA, 32-true on CPU. ``bf16-true`` loads the policy in bfloat16 whatever
+    ``model.dtype`` says, as ``model.dtype=bfloat16`` does (its float32 buffers, RoPE's frequencies, kept; its trained
+    weights stepped through float32 masters), under a Trainer at 32-true; under ``fsdp2`` only with LoRA."""
     strategy: str = choice("auto", "ddp", "fsdp2")
     """``auto``: single device; ``ddp``: data parallel over ``devices`` x ``num_nodes``; ``fsdp2``: the same
     ranks with parameters, gradients and optimizer state sharded (``fully_shard`` per decoder layer and root)."""

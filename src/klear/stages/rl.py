@@ -38,7 +38,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
-from klear.data.batches import HeldBatch, ResumableBatches
+from klear.data.batches import ResumableBatches
 from klear.data.problems import Problem, Task
 from klear.eval.in_training import Evaluation
 from klear.experience.async_rollouts import start_async_rollouts
@@ -55,7 +55,7 @@ from klear.rollout.refresh import RolloutRefresh
 from klear.run.directory import RunDir
 from klear.run.samples_log import train_records
 from klear.runtime import memory
-from klear.runtime.device import policy_on_cuda
+from klear.runtime.device import policy_model, policy_on_cuda
 from klear.runtime.distributed import Ranks
 from klear.runtime.strategies import full_tensors
 from klear.schema import RLRunConfig
@@ -93,7 +93,7 @@ class RLModule(StageModule):
         self.tokenizer = tokenizer
         self.reward = reward
         policy = load_model(
-            config.model,
+            policy_model(config),
             on_cuda=policy_on_cuda(config),
             cpu_threads=config.trainer.cpu_threads,
             processes=config.trainer.devices,
@@ -147,8 +147,8 @@ class RLModule(StageModule):
             log.info("LoRA: the %s%s engine is refreshed with %s", where, rollout.engine, how)
         self.rollouts = start(self)
 
-    def transfer_batch_to_device(self, batch: HeldBatch, device: torch.device, dataloader_idx: int) -> HeldBatch:
-        """A step's batch is its problems (text and references): nothing to move to the device."""
+    def transfer_batch_to_device(self, batch: list[Problem], device: torch.device, dataloader_idx: int) -> list:
+        """A step's batch is a list of problems (text and references): nothing to move to the device."""
         return batch
 
     def policy_tensors(self):
@@ -166,8 +166,7 @@ class RLModule(StageModule):
 
     # ---------------------------------------------------------------------------------------------- step
 
-    def training_step(self, batch: HeldBatch[Problem], batch_idx: int) -> None:
-        problems = batch.items
+    def training_step(self, problems: list[Problem], batch_idx: int) -> None:
         scored, metrics = self.rollouts.take(batch_idx, problems)
         self.stop_point()  # between the generation and the update
         if self.dropout_seeded:
@@ -290,7 +289,6 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatch
         batch_size=math.ceil(config.rollout.prompts_per_step * config.algorithm.oversample),  # dynamic sampling
         num_batches=config.trainer.max_steps,
         seed=config.seed,
-        collate=HeldBatch,
     )
     module = RLModule(
         config,

@@ -32,7 +32,7 @@ from klear.rewards.scorer import RewardScorer
 from klear.rollout.engine import ENGINES, RolloutEngine
 from klear.run.directory import RunDir
 from klear.run.stopping import check_finite
-from klear.runtime.device import compute_precision, policy_on_cuda
+from klear.runtime.device import compute_precision, policy_model, policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm
 from klear.schema import RolloutConfig, SFTRunConfig
@@ -57,7 +57,7 @@ class SFTModule(StageModule):
         self.tokenizer = tokenizer
         self.model = with_lora(
             load_model(
-                config.model,
+                policy_model(config),
                 on_cuda=policy_on_cuda(config),
                 cpu_threads=config.trainer.cpu_threads,
                 processes=config.trainer.devices,
