@@ -112,21 +112,22 @@ class MasterWeightsAdamW(torch.optim.AdamW):
     def load_state_dict(self, state_dict: dict) -> None:
         state = dict(state_dict)
         saved = state.pop(MASTERS, None)
-        if saved is not None and len(saved) != len(self.masters):  # before anything of this optimizer is changed
-            raise ValueError(
-                f"the optimizer state holds {len(saved)} master weights, this model trains {len(self.masters)}"
-            )
+        if saved is not None:  # checked before anything of this optimizer is changed
+            if len(saved) != len(self.masters):
+                raise ValueError(
+                    f"the optimizer state holds {len(saved)} master weights, this model trains {len(self.masters)}"
+                )
+            for index, ((_, master), kept) in enumerate(zip(self.masters, saved, strict=True)):
+                if kept.shape != master.shape:
+                    raise ValueError(
+                        f"master weight {index} has shape {tuple(kept.shape)}, its parameter {tuple(master.shape)}"
+                    )
         super().load_state_dict(state)
         with torch.no_grad():
             for index, (parameter, master) in enumerate(self.masters):
                 if saved is None:  # a state without masters: the parameters as loaded
                     master.copy_(parameter)
                 else:
-                    if saved[index].shape != master.shape:
-                        raise ValueError(
-                            f"master weight {index} has shape {tuple(saved[index].shape)}, its parameter "
-                            f"{tuple(master.shape)}"
-                        )
                     master.copy_(saved[index])
                     parameter.copy_(master)
 
@@ -157,7 +158,7 @@ def build_scheduler(
 def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     """Clip the global gradient norm to ``max_norm`` (0: no clipping) and return the norm before clipping. The norm
     of bfloat16 gradients (a model trained through `MasterWeightsAdamW`) is taken in float32: torch's own is taken in
-    the gradients' dtype, 3 significant digits (``actor/grad_norm`` would read 0.390625 where it is 0.3911)."""
+    the gradients' dtype, to 3 significant digits (``actor/grad_norm`` read values such as 0.390625)."""
     parameters = [parameter for parameter in model.parameters() if parameter.grad is not None]
     if any(_mastered(parameter.grad) for parameter in parameters):
         norms = [torch.linalg.vector_norm(parameter.grad, dtype=torch.float32) for parameter in parameters]
