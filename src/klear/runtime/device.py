@@ -35,9 +35,14 @@ def policy_model(config: RLRunConfig | SFTRunConfig) -> ModelConfig:
     computes in float32 (RoPE's frequencies), instead of being converted whole by Lightning's ``bf16-true``: rounded
     to bfloat16, Qwen3's frequencies turn a position's rotation by up to 0.4% of its angle too much or too little,
     0.6 radians at position 500 and 4.7 at 4,096, where the engines and the exported model compute them in float32."""
-    if config.trainer.precision == "bf16-true":
-        return dataclasses.replace(config.model, dtype="bfloat16")
-    return config.model
+    dtype = policy_dtype(config)
+    return config.model if dtype == config.model.dtype else dataclasses.replace(config.model, dtype=dtype)
+
+
+def policy_dtype(config: RLRunConfig | SFTRunConfig | DictConfig) -> str:
+    """The ``model.dtype`` the policy loads with (`policy_model`): ``bfloat16`` under ``trainer.precision=bf16-true``,
+    else ``model.dtype`` as given."""
+    return "bfloat16" if config.trainer.precision == "bf16-true" else config.model.dtype
 
 
 def default_precision(config: RLRunConfig | SFTRunConfig | DictConfig) -> str:
@@ -62,6 +67,6 @@ def compute_precision(config: RLRunConfig | SFTRunConfig | DictConfig) -> str:
     if trainer.precision == "auto" and mixed_by_fsdp2:
         return "bf16-mixed"
     precision = default_precision(config)
-    if precision == "32-true" and (trainer.precision == "bf16-true" or config.model.dtype == "bfloat16"):
+    if precision == "32-true" and policy_dtype(config) == "bfloat16":
         return "bf16-true"  # weights in bfloat16 under the Trainer's 32-true: the policy computes in bfloat16
     return precision
