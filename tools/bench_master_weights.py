@@ -20,6 +20,7 @@ that the masters end equal to the float32 weights, bit for bit.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -63,18 +64,13 @@ def gradients(direction: list[torch.Tensor], step: int) -> list[torch.Tensor]:
 
 def run(dtype: torch.dtype, plain: bool, direction: list, steps: int, config: OptimConfig, start: nn.Module):
     """The layer's weights after the steps, the optimizer, and the seconds a step took (median)."""
-    layer = decoder_layer().to(dtype)
-    with torch.no_grad():
-        for target, source in zip(layer.parameters(), start.parameters(), strict=True):
-            target.copy_(source)  # the bfloat16 start, widened for the float32 run
+    layer = copy.deepcopy(start).to(dtype)  # the bfloat16 start, widened exactly for the float32 run
     if plain:
         optimizer = torch.optim.AdamW(
-            layer.parameters(), lr=config.lr, betas=tuple(config.betas), weight_decay=0.0, fused=True
+            layer.parameters(), lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay, fused=True
         )
     else:
         optimizer = build_optimizer(layer, config)
-        for group in optimizer.param_groups:
-            group["weight_decay"] = 0.0  # the same update for all three, whatever the parameter's shape
     times = []
     for step in range(steps):
         for parameter, grad in zip(layer.parameters(), gradients(direction, step), strict=True):
@@ -104,7 +100,8 @@ def main() -> None:
     args = parser.parse_args()
     global DEVICE
     DEVICE = torch.device(args.device)
-    config = OptimConfig(lr=args.lr, min_lr=args.lr, betas=(0.9, 0.999))
+    # no weight decay: the same update for all three, whatever the parameter's shape
+    config = OptimConfig(lr=args.lr, min_lr=args.lr, betas=(0.9, 0.999), weight_decay=0.0)
     start = decoder_layer().to(torch.bfloat16)
     weights = sum(p.numel() for p in start.parameters())
     generator = torch.Generator().manual_seed(1)
