@@ -1,13 +1,15 @@
 """The publishers' SFT rows as they ship them (../shared/published/sft, sources in its README.md), read with no
 conversion: each file is detected in its layout, and every row's system prompt and user text reach the tokens, its
 reasoning and final answer among the learned ones (checked against the row's own fields, independently of the
-loader's own check), under the tiny template and under a Qwen3-style one that rewrites earlier turns."""
+loader's own check), under the tiny template and under a Qwen3-style one that rewrites earlier turns; and the data
+commands (``dedup``, ``decontaminate``) compare each row by what its user asks."""
 
 import pytest
 
 from klear.data.readers import read_numbered
 from klear.data.sft import IGNORE_INDEX, build_sft_examples, file_layout
 from klear.models.tokenizer import build_tokenizer
+from klear.prep.rowfiles import row_text
 from tests.data.chat_templates import QWEN3_STYLE, tokenizer_with
 from tests.published import PUBLISHED, require
 
@@ -122,3 +124,29 @@ def test_a_trace_cut_before_its_answer_is_a_bad_row_naming_the_field():
     rows = rows_of("openr1_math_220k.card_excerpt.jsonl")
     with pytest.raises(ValueError, match=r"card.jsonl:1: messages.1.content: <think> is never closed by </think>"):
         build_sft_examples(rows, build_tokenizer(), 100_000, source="card.jsonl")
+
+
+def user_text(row: dict, layout: str) -> str:
+    """What the row's user asks, read off its own fields: a problem field where the row has one, else its user
+    turns (Alpaca's input after its instruction; a text row's whole text)."""
+    plain = next((row[key] for key in ("problem", "question", "prompt") if isinstance(row.get(key), str)), None)
+    if plain is not None:
+        return plain
+    if layout == "text":
+        return row["text"]
+    if layout == "alpaca":
+        return row["instruction"] + (f"\n{row['input']}" if row["input"].strip() else "")
+    if layout == "input-output":
+        return row["input"]
+    turns = {"sharegpt": "conversations", "messages": "messages", "nemotron": "input", "prompt-completion": "prompt"}
+    messages = row[turns[layout]]
+    return "\n".join(
+        m.get("content", m.get("value")) for m in messages if m.get("role", m.get("from")) in ("user", "human")
+    )
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_the_data_commands_compare_each_row_by_what_its_user_asks(name):
+    for row in rows_of(name):
+        expected_text = user_text(row, FILES[name])
+        assert expected_text.strip() and row_text(row) == expected_text, name

@@ -34,6 +34,32 @@ def test_row_text_precedence():
         row_text({"problem": "p"}, key="title")
 
 
+def test_row_text_of_sft_rows_is_what_their_user_asks():
+    stratos = {
+        "system": "Think it through first.",
+        "conversations": [
+            {"from": "human", "value": "What is 6 times 7?"},
+            {"from": "gpt", "value": "<think>6 sevens"},  # a cut trace: SFT skips the row, its question still reads
+        ],
+    }
+    assert row_text(stratos) == "What is 6 times 7?"
+    assert row_text({"instruction": "Add them.", "input": "3 and 4", "output": "7"}) == "Add them.\n3 and 4"
+    assert row_text({"instruction": "Say hi.", "input": "", "output": "hi"}) == "Say hi."
+    nemotron = {"input": [{"role": "user", "content": "Name a prime."}], "output": "2", "system_prompt": "on"}
+    assert row_text(nemotron) == "Name a prime."
+    conversational = {
+        "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "Sky colour?"}],
+        "completion": [{"role": "assistant", "content": "Blue."}],
+    }
+    assert row_text(conversational) == "Sky colour?"
+    assert row_text({"input": "Read n, print n + 1.", "output": "print(int(input()) + 1)"}) == "Read n, print n + 1."
+    assert row_text({"text": "The sky is blue."}) == "The sky is blue."
+    with pytest.raises(ValueError, match=r"\(conversations: no user text in the sharegpt layout; give the field"):
+        row_text({"conversations": [{"from": "gpt", "value": "a"}]})
+    with pytest.raises(ValueError, match=r"\(the fields \['id'\] fit no SFT layout; give the field: --key\)$"):
+        row_text({"id": 1})
+
+
 def test_writes_are_atomic(tmp_path):
     path = write_rows([{"a": 1}], tmp_path / "out" / "rows.jsonl")
     with pytest.raises(TypeError):

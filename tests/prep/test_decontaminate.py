@@ -122,3 +122,26 @@ def test_missing_eval_file_is_one_line_error(tmp_path, capsys):
     error = capsys.readouterr().err.strip()
     assert error.startswith("error: ") and "nope.jsonl: no such file" in error and "\n" not in error
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_an_sft_set_is_checked_by_its_user_turns_as_it_ships(tmp_path, capsys):
+    system = "Answer within \\boxed{}. Let x be the smallest positive integer such that the reasoning ends."
+    asks = "Let x be the smallest positive integer such that x"
+    rows = [  # ShareGPT rows with a system prompt, as Bespoke-Stratos ships them, then an Alpaca row
+        {
+            "system": system,
+            "conversations": [{"from": "human", "value": "Name Peru's capital."}, {"from": "gpt", "value": "Lima"}],
+        },
+        {"system": system, "conversations": [{"from": "human", "value": asks}, {"from": "gpt", "value": "x = 5"}]},
+        {"instruction": "Sort 3, 1, 2.", "input": "", "output": "1, 2, 3"},
+    ]
+    train = tmp_path / "stratos.jsonl"
+    train.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "clean.jsonl"
+    assert main(["decontaminate", "--data", str(train), "--eval", EVAL_MATH, "--out", str(out)]) == 0
+    capsys.readouterr()
+    report = json.loads((tmp_path / "clean.report.json").read_text())
+    # the system prompt holds an eval problem's 9-gram, but only what the user asks is checked: row 2 asks it
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [rows[0], rows[2]]
+    assert [(item["line"], item["ngram"]) for item in report["removed"]] == [(2, FIRST_9GRAM)]
+    assert report["counts"]["bad_rows"] == 0

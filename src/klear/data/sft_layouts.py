@@ -457,3 +457,23 @@ def messages_row(row: dict, layout: SFTLayout, thought_markers: str = "keep") ->
     used = [layout.turns, layout.prompt, layout.response, layout.reasoning, layout.input, layout.system]
     used = {path.split(".")[0] for path in used if path} | (set() if layout.system else set(SYSTEM_KEYS))
     return {"messages": messages, **{key: value for key, value in row.items() if key not in used | {"messages"}}}
+
+
+def user_text(row: dict) -> str:
+    """What the user asks in an SFT row, in the layout its fields fit (`detect_sft_layout`): its user turns joined by
+    new lines (Alpaca's ``input`` after its ``instruction``), or a ``text`` row's whole text, which keeps no turns
+    apart. The data commands compare rows by it (`klear.prep.rowfiles.row_text`). Only the prompt side is read: the
+    response need not be one SFT would learn. ValueError naming the field that holds no user text."""
+    try:
+        layout = detect_sft_layout(row)
+    except ValueError:
+        raise ValueError(f"the fields {sorted(row)} fit no SFT layout") from None
+    if layout.text:
+        return _text(row, layout.response)
+    path = layout.turns or layout.prompt
+    turns = [turn for turn in _turns(_value(row, path), path, learn=False) if turn.role == "user"]
+    extra = get_path(row, layout.input) if layout.input else None
+    texts = [turn.content for turn in turns] + ([extra] if isinstance(extra, str) and extra.strip() else [])
+    if not "".join(texts).strip():
+        raise ValueError(f"{path}: no user text in the {layout.name} layout")
+    return "\n".join(texts)

@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--key",
         help="field with the training problem text (default: problem, question, prompt, "
-        "else the user turns of messages)",
+        "else the user turns of messages or of the SFT layout the row fits)",
     )
     parser.add_argument("--eval-key", help="field with the eval problem text (default: as for --key)")
 

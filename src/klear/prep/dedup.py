@@ -114,7 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="rows kept (.jsonl); the report goes to <stem>.report.json")
     parser.add_argument(
         "--key",
-        help="field with the problem text (default: problem, question, prompt, else the user turns of messages)",
+        help="field with the problem text (default: problem, question, prompt, else the user turns of messages "
+        "or of the SFT layout the row fits)",
     )
     parser.add_argument(
         "--near",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from klear.data.layouts import detect_layout, get_path, prompt_text, read_prompt
 from klear.data.readers import BadRow, DataError, data_stem, special_file, write_jsonl, written
+from klear.data.sft_layouts import user_text
 from klear.errors import UserError
 
 __all__ = [
@@ -49,9 +50,10 @@ class WriteError(OSError):
 
 
 def row_text(row: dict, key: str | None = None) -> str:
-    """The problem text of a row: ``row[key]`` (a dotted path), else the prompt of its published layout
+    """The problem text of a row: ``row[key]`` (a dotted path), else the prompt of its published RL layout
     (`klear.data.layouts`: a verl chat prompt's user turns, Klear's benchmark messages, ...), else the first of
-    `TEXT_KEYS`, else its user turns joined.
+    `TEXT_KEYS`, else its user turns joined, else the user turns of the SFT layout its fields fit
+    (`klear.data.sft_layouts.user_text`: ShareGPT conversations, Alpaca, Llama-Nemotron, TRL's types, ...).
 
     Raises ValueError saying what the row lacks (the caller makes it a `BadRow`).
     """
@@ -72,7 +74,12 @@ def row_text(row: dict, key: str | None = None) -> str:
         turns = [m["content"] for m in messages if isinstance(m, dict) and m.get("role") == "user"]
         if turns and all(isinstance(turn, str) for turn in turns):
             return "\n".join(turns)
-    raise ValueError(f"no problem text: none of {[*TEXT_KEYS, 'messages']} holds one (fields: {sorted(row)})")
+    try:
+        return user_text(row)
+    except ValueError as error:
+        raise ValueError(
+            f"no problem text: none of {[*TEXT_KEYS, 'messages']} holds one ({error}; give the field: --key)"
+        ) from None
 
 
 def texts_of(
