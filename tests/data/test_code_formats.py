@@ -31,6 +31,7 @@ from klear.data.code_formats import (
     is_mbpp,
     livecodebench_row,
     mbpp_row,
+    published_solution,
     unpack_compressed_str,
 )
 from klear.data.readers import read_numbered, write_jsonl
@@ -327,3 +328,25 @@ def test_code_rows_detects_each_format_and_reports_bad_rows_by_line(tmp_path):
         (4, "not a LiveCodeBench, HumanEval, MBPP, LeetCodeDataset, TACO/APPS, CodeContests or rllm code row"),
         (5, "functional tests but metadata has no func_name naming a function"),
     ]
+
+
+def test_published_solution_is_where_each_code_set_ships_it():
+    assert published_solution(humaneval()) == HUMANEVAL_PROMPT + humaneval()["canonical_solution"]
+    assert published_solution(mbpp()) == mbpp()["code"]
+    leetcode = {"query": "q", "test": "t", "entry_point": "Solution().f", "prompt": "import math", "completion": "c"}
+    assert published_solution(leetcode) == "c"
+    taco = {"question": "q", "input_output": "{}", "solutions": json.dumps(["first()", "second()"])}
+    assert published_solution(taco) == "first()"
+    assert published_solution({**taco, "solutions": "[]"}) is None  # an APPS test row without solutions
+    assert published_solution({**taco, "solutions": "not json"}) is None
+    contests = {
+        "description": "d",
+        "public_tests": {},
+        "solutions": {"language": [2, 1, 3], "solution": ["a", "b", "c"]},
+    }
+    assert published_solution(contests) == "c"  # C++, Python 2, then Python 3: the first Python 3 program
+    assert published_solution({**contests, "solutions": {"language": [2], "solution": ["a"]}}) is None
+    assert published_solution({"problem": "p", "tests": "[]", "solutions": ["x = 1", "x = 2"]}) == "x = 1"
+    assert published_solution({"problem": "p", "tests": "[]", "solutions": "x = 3"}) == "x = 3"
+    assert published_solution({"problem": "p", "answer": "4", "solution": "s"}) is None  # no code set's layout
+    assert published_solution(lcb_stdin_row()) is None  # LiveCodeBench ships none

@@ -3,7 +3,8 @@
 ``LeetCodeDataset-v0.3.1-test.jsonl.gz`` ships gzipped too), every row the standard library's gzip and json parse,
 in the same order and with the same line numbers, and the code sets in the layout they are recognised as;
 Kwai-Klear's validation sets under the name they ship with (``aime960_math_verify.json``: JSON lines named
-``.json``); and ``klear.eval`` scoring HumanEval's own canonical solutions all right from the file as published."""
+``.json``); ``klear.eval`` scoring HumanEval's own canonical solutions all right from the file as published, and
+``klear.data filter-tests`` running the reference solutions HumanEval and LeetCodeDataset ship on their own tests."""
 
 import gzip
 import json
@@ -54,6 +55,27 @@ def test_every_published_parquet_file_reads_as_the_rows_of_its_jsonl_view(path):
 def test_the_code_sets_load_as_shipped(name, layout, rows):
     loaded = load_problems(str(require(PUBLISHED / name)), Task("code"), routed_reward("code"))
     assert (loaded.layout.name, len(loaded.problems), loaded.bad) == (layout, rows, [])
+
+
+@pytest.mark.end_to_end  # runs `python -m klear.data filter-tests` in a subprocess, the solutions in the sandbox
+@pytest.mark.parametrize(
+    ("name", "rows"), [("math/HumanEval.jsonl.gz", 164), ("rl/leetcodedataset_v0.3.1_test_head20.jsonl.gz", 20)]
+)
+def test_filter_tests_runs_each_sets_own_reference_solutions(tmp_path, name, rows):
+    """HumanEval's canonical solutions (after their prompts) and LeetCodeDataset's completions (after its import
+    prelude) pass their own tests, found where the publishers ship them, with no --solution-key."""
+    data, out = require(PUBLISHED / name), tmp_path / "kept.jsonl"
+    result = klear("klear.data", "filter-tests", "--data", str(data), "--out", str(out), "--min-tests", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts = json.loads((tmp_path / "kept.report.json").read_text())["counts"]
+    assert counts == {
+        "rows": rows,
+        "kept": rows,
+        "too_few_tests": 0,
+        "malformed_tests": 0,
+        "solution_fails": 0,
+        "bad_rows": 0,
+    }
 
 
 @pytest.mark.end_to_end  # runs `python -m klear.eval` in a subprocess

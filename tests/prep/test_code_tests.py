@@ -107,3 +107,51 @@ def test_a_solution_is_kept_on_the_rewards_verdict_not_its_score(tmp_path, capsy
     ids, report, _ = run(tmp_path, capsys, "--num-workers", str(num_workers))
     assert ids == ["good", "functional", "tests-as-text"]  # as with the plain code reward, though they score 0.5
     assert report["counts"]["solution_fails"] == 2
+
+
+def test_each_code_sets_own_reference_solution_is_run_without_a_key(tmp_path, capsys):
+    """Rows in their publishers' layouts, each reference solution where its set ships it: LeetCodeDataset's
+    ``completion`` (after the row's own import prelude), TACO's ``solutions`` (JSON text), MBPP's ``code``."""
+    check = "def check(candidate):\n    assert candidate(nums=[1, 2, 2]) == 2\n"
+    leetcode = {
+        "query": "Return the most common value.",
+        "prompt": "from collections import Counter\n",  # the prelude the completion relies on
+        "completion": "class Solution:\n    def f(self, nums):\n        return Counter(nums).most_common(1)[0][0]\n",
+        "test": check,
+        "entry_point": "Solution().f",
+    }
+    taco = {
+        "question": "Print the sum of two integers.",
+        "input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]}),
+        "solutions": json.dumps(["a, b = map(int, input().split())\nprint(a - b)"]),  # wrong: its tests fail it
+    }
+    mbpp = {
+        "text": "Write a function double(x).",
+        "code": "def double(x):\n    return 2 * x",
+        "test_list": ["assert double(2) == 4"],
+        "test_setup_code": "",
+    }
+    outcomes = {}
+    for name, row in (("leetcode", leetcode), ("taco", taco), ("mbpp", mbpp)):
+        data, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.kept.jsonl"
+        data.write_text(json.dumps(row) + "\n")
+        assert main(["filter-tests", "--data", str(data), "--out", str(out), "--min-tests", "1"]) == 0
+        capsys.readouterr()
+        report = json.loads((tmp_path / f"{name}.kept.report.json").read_text())
+        outcomes[name] = (report["counts"]["kept"], [r["reason"] for r in report["removed"]], report["bad_rows"])
+    assert outcomes == {
+        "leetcode": (1, [], []),
+        "taco": (0, ["solution_fails"], []),
+        "mbpp": (1, [], []),
+    }
+
+
+def test_a_set_that_ships_no_solutions_is_one_line_naming_where_they_were_looked_for(tmp_path, capsys):
+    data = tmp_path / "contests.jsonl"
+    data.write_text(json.dumps({"problem": "Print 1.", "tests": [{"input": "", "output": "1"}]}) + "\n")
+    assert main(["filter-tests", "--data", str(data), "--out", str(tmp_path / "kept.jsonl"), "--min-tests", "1"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.endswith(
+        "no reference solution text in any of ['solution', 'extra_info.solution'] or solutions (layout rllm-code) "
+        "(fields: ['problem', 'tests']); for data without reference solutions: --no-solution-check"
+    ), error

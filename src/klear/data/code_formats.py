@@ -318,6 +318,50 @@ CONVERTERS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], dict]]] = {
 }
 """Layout name -> (does a row have it, its converter), tried in this order: the code sets read whole."""
 
+CODE_CONTESTS_PYTHON3 = 3
+"""CodeContests' ``solutions.language`` value for Python 3 (its ``Language`` enum: 1 is Python 2, 2 C++, 4 Java)."""
+SOLUTION_FIELDS = {
+    "humaneval": "prompt + canonical_solution",
+    "mbpp": "code",
+    "leetcodedataset": "completion",
+    "taco-apps": "solutions.0",
+    "code-contests": "the first Python 3 program of solutions",
+    "rllm-code": "solutions",
+}
+"""Where each code set's publisher ships a reference solution, as `published_solution` reads it."""
+
+
+def published_solution(row: dict) -> str | None:
+    """The reference solution a code set's publisher ships in ``row``, as a whole program (`SOLUTION_FIELDS`):
+    HumanEval's signature and docstring with its canonical body, MBPP's ``code``, LeetCodeDataset's ``completion``
+    (its ``prompt`` prelude runs before it, as the tests' suite says), the first of TACO / APPS' ``solutions`` (a
+    JSON list as text), CodeContests' first Python 3 program, rllm's ``solutions`` (a text, or the first of a list).
+    None when the row is in none of these layouts or ships no solution."""
+    layout = next((name for name, (matches, _) in CONVERTERS.items() if matches(row)), None)
+    if layout == "humaneval":
+        prompt, body = row.get("prompt"), row.get("canonical_solution")
+        return prompt + body if isinstance(prompt, str) and isinstance(body, str) else None
+    if layout in ("mbpp", "leetcodedataset"):
+        value = row.get("code" if layout == "mbpp" else "completion")
+        return value if isinstance(value, str) else None
+    if layout == "code-contests":
+        solutions = row.get("solutions")
+        if not isinstance(solutions, dict):
+            return None
+        pairs = zip(solutions.get("language") or [], solutions.get("solution") or [], strict=False)
+        return next((code for language, code in pairs if language == CODE_CONTESTS_PYTHON3), None)
+    if layout in ("taco-apps", "rllm-code"):
+        solutions = row.get("solutions")
+        if layout == "taco-apps" and isinstance(solutions, str):
+            try:
+                solutions = json.loads(solutions)
+            except ValueError:
+                return None
+        if isinstance(solutions, list):
+            solutions = next((code for code in solutions if isinstance(code, str)), None)
+        return solutions if isinstance(solutions, str) and solutions.strip() else None
+    return None
+
 
 def _text(row: dict, key: str) -> str:
     if not isinstance(row.get(key), str):

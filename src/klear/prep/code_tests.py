@@ -12,8 +12,9 @@ when
 1. its tests (the ``code`` reward's format: ``{"input", "output"}``, functional ``{"fn_name", "args",
    "expected"}`` or test programs ``{"code"}``, alone or in a suite) are well formed and at least
    ``--min-tests`` of them, and
-2. its reference solution (``--solution-key``, else ``solution`` or verl's ``extra_info.solution``; a bare
-   program, or text with a fenced python block as a model would write it) passes every one of them (all of a
+2. its reference solution (``--solution-key``, else ``solution`` or verl's ``extra_info.solution``, else where
+   the row's code set ships one: `klear.data.code_formats.published_solution`; a bare program, or text with a
+   fenced python block as a model would write it) passes every one of them (all of a
    suite's tests, also where training samples ``max_test_cases`` of them), run by the ``code`` reward in the
    project's sandbox.
 
@@ -31,6 +32,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from klear.data.code_formats import SOLUTION_FIELDS, benchmark_layout, published_solution
 from klear.data.layouts import get_path
 from klear.data.problems import Problem, Task, load_problems
 from klear.data.readers import BadRow, DataError, read_numbered, warn_bad_rows
@@ -79,12 +81,14 @@ def load(path: str, tests_key: str | None, prompt_key: str | None) -> tuple[list
 
 
 def solution_of(row: dict, key: str | None) -> str | None:
-    """The reference solution text of ``row`` at ``key`` (a dotted path), else at the first of `SOLUTION_KEYS`."""
+    """The reference solution text of ``row`` at ``key`` (a dotted path), else at the first of `SOLUTION_KEYS`, else
+    where the row's code set ships it (`klear.data.code_formats.published_solution`: LeetCodeDataset's
+    ``completion``, TACO / APPS' and rllm's ``solutions``, ...)."""
     for path in (key,) if key is not None else SOLUTION_KEYS:
         value = get_path(row, path)
         if isinstance(value, str):
             return value
-    return None
+    return published_solution(row) if key is None else None
 
 
 def tests_of(reference: Any) -> list | None:
@@ -104,6 +108,9 @@ def screen(
         solution = solution_of(problem.row, solution_key)
         if check and solution is None:
             fields = f"{solution_key!r}" if solution_key is not None else f"any of {list(SOLUTION_KEYS)}"
+            layout = benchmark_layout(problem.row)
+            if solution_key is None and layout in SOLUTION_FIELDS:
+                fields += f" or {SOLUTION_FIELDS[layout]} (layout {layout})"
             bad.append(BadRow(path, line, f"no reference solution text in {fields} (fields: {sorted(problem.row)})"))
             continue
         tests = tests_of(reference)
@@ -162,7 +169,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-key", help="field (dotted path) with the problem text (default: the layout's)")
     parser.add_argument(
         "--solution-key",
-        help=f"field (dotted path) with the reference solution (default: the first of {', '.join(SOLUTION_KEYS)})",
+        help=f"field (dotted path) with the reference solution (default: the first of {', '.join(SOLUTION_KEYS)}, "
+        "else the code set's own: HumanEval's canonical_solution, LeetCodeDataset's completion, TACO's solutions, ...)",
     )
     parser.add_argument(
         "--min-tests",
@@ -189,7 +197,8 @@ def run(args: argparse.Namespace) -> str:
     candidates, removed, screen_bad = screen(problems, args.solution_key, check, args.min_tests, args.data)
     bad = sorted(load_bad + screen_bad, key=lambda row: row.line)
     if not candidates and not removed:  # every row lacks a solution: nothing was filtered, nothing can be kept
-        raise DataError(f"{args.data}: no usable row in {len(bad)} rows; first: {bad[0]}")
+        hint = "; for data without reference solutions: --no-solution-check" if screen_bad and check else ""
+        raise DataError(f"{args.data}: no usable row in {len(bad)} rows; first: {bad[0]}{hint}")
     warn_bad_rows(bad)
     if check:
         kept, failed = check_solutions(candidates, args.timeout, args.num_workers)
