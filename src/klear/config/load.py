@@ -27,7 +27,8 @@ from klear.config.model_path import model_path_problem
 from klear.config.precision import precision_problem
 from klear.errors import UserError, did_you_mean, first_line
 from klear.schema import SCHEMAS
-from klear.schema.sections import ROPE_TYPES, finite, interpolation, shape_problem
+from klear.schema.fields import finite, interpolation, shape_problem
+from klear.schema.sections import ROPE_TYPES
 
 
 class ConfigError(UserError):

@@ -38,7 +38,7 @@ from klear.data.sft import file_layout
 from klear.data.sft_layouts import SFTLayout, detect_sft_layout, messages_row, read_conversation
 from klear.errors import first_line
 from klear.rewards.base import Reward, as_reward
-from klear.schema.sections import finite
+from klear.schema.fields import finite
 
 PASS_RATE_KEY = "pass_rate"
 CORRECT_KEY = "correct"
