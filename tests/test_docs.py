@@ -218,6 +218,10 @@ assert "gppo" in list_objectives()
             "tests/prep/test_code_tests.py::test_filter_tests_runs_reference_solutions_in_the_sandbox",
         ),
     ),
+    ("docs/data.md", "python -m klear.data decontaminate --data stratos.jsonl"): Covered(
+        ("tests/prep/test_decontaminate.py::test_an_sft_set_is_checked_by_its_user_turns_as_it_ships",),
+        "the same command on ShareGPT rows of our own with a Stratos-style system prompt, against our own eval rows",
+    ),
     ("docs/data.md", "python -m klear.data curate --data sft.jsonl --model Qwen/Qwen3-8B"): NotOnCPU(
         "curate samples Qwen/Qwen3-8B, a downloaded model, on your SFT file",
         ("tests/test_commands.py::test_data_commands_on_the_embedded_default",),  # the same mix line, after tiny-sft

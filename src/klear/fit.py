@@ -33,6 +33,7 @@ from klear.run.preflight import preflight
 # `data.cache_dir` only says where tokenized sets are kept: what they hold is keyed by what they are made from.
 RESUMABLE_CHANGES = {
     "trainer.max_steps",
+    "trainer.epochs",
     "trainer.progress_bar",
     "trainer.cpu_threads",
     "trainer.keep_checkpoints",
@@ -306,6 +307,7 @@ def start(config: DictConfig, resume: bool, overwrite: bool) -> tuple[RunDir, ob
         run_dir = check_run_dir(config, resume, overwrite)
         run_dir.lock = lock
         module, batches = build_stage(config, run_dir)
+        config.trainer.max_steps = len(batches)  # as the stage fixed it: SFT's trainer.epochs count it from the data
         if first:  # the other ranks write through rank 0
             begin_run(config, run_dir, resume, overwrite)
     except BaseException:

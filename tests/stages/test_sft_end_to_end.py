@@ -259,3 +259,28 @@ def test_a_packed_step_trains_as_the_same_examples_padded(tmp_path):
         steps[batching] = read_metrics(tmp_path / batching / "metrics.csv")[0]
     for key in ("train/tokens", "train/loss", "train/grad_norm"):
         assert float(steps["packed"][key]) == pytest.approx(float(steps["padded"][key]), rel=1e-5), key
+
+
+def test_trainer_epochs_is_the_runs_length_in_passes_over_the_packed_set(tmp_path, caplog):
+    """Two passes over the packed rows of 64 examples: every step of the second pass trains a batch of the first
+    (in another order), ``config.yaml`` records the steps counted, and ``--resume trainer.epochs=3`` adds a third."""
+    packed = ["data.batching=packed", "data.max_length=512", "data.batch_size=2", "eval.every_n_steps=0"]
+    args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path}", *SHORT, *packed, "trainer.epochs=2"]
+    caplog.set_level(logging.INFO)
+    assert main(args) == 0
+    [line] = [record.message for record in caplog.records if record.message.startswith("trainer.epochs")]
+    per_pass = int(line.split(" steps, ")[1].split(" a pass")[0])
+    assert line == (
+        f"trainer.epochs = 2: {2 * per_pass} steps, {per_pass} a pass over data.train (2 packed rows a step); "
+        "trainer.max_steps = 6 is not used"
+    )
+    assert per_pass == 10  # 8818 tokens of 64 examples in 19 rows of at most 512, 2 rows a step
+    steps = [row for row in read_metrics(tmp_path / "metrics.csv") if row["train/tokens"]]
+    assert [int(row["step"]) for row in steps] == list(range(2 * per_pass))
+    tokens = [int(float(row["train/tokens"])) for row in steps]
+    assert sorted(tokens[:per_pass]) == sorted(tokens[per_pass:]) and tokens[:per_pass] != tokens[per_pass:]
+    assert OmegaConf.load(tmp_path / "config.yaml").trainer.max_steps == 2 * per_pass
+    assert main([*args, "--resume", "trainer.epochs=3"]) == 0
+    steps = [row for row in read_metrics(tmp_path / "metrics.csv") if row["train/tokens"]]
+    assert [int(row["step"]) for row in steps] == list(range(3 * per_pass))
+    assert sum(int(float(row["train/tokens"])) for row in steps[2 * per_pass :]) == sum(tokens[:per_pass])

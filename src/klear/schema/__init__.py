@@ -20,6 +20,7 @@ from klear.schema.sections import (
     RolloutConfig,
     SFTDataConfig,
     SFTRunConfig,
+    SFTTrainerConfig,
     TrainerConfig,
     VLLMConfig,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "RolloutConfig",
     "SFTDataConfig",
     "SFTRunConfig",
+    "SFTTrainerConfig",
     "TrainerConfig",
     "VLLMConfig",
     "at_least",

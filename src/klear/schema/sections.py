@@ -8,7 +8,8 @@ closed sets of accepted values (``choices``) and combinations the types cannot e
 
 ``trainer.max_steps`` counts training steps in both stages: one step is one batch of ``data.batch_size`` rows and
 one optimizer update in SFT (accumulated over micro-batches of ``data.micro_batch_size`` rows), and one
-rollout -> update iteration in RL, whatever number of mini-batch optimizer updates that takes.
+rollout -> update iteration in RL, whatever number of mini-batch optimizer updates that takes. SFT's
+``trainer.epochs`` gives the run's length in passes over its data instead (`SFTTrainerConfig`).
 """
 
 from __future__ import annotations
@@ -148,6 +149,16 @@ class TrainerConfig:
 
 
 @dataclass
+class SFTTrainerConfig(TrainerConfig):
+    """The SFT stage's trainer: `TrainerConfig`, and the run's length in passes over its data."""
+
+    epochs: float = within(0.0, 0, 10_000)
+    """Passes over ``data.train``; 0: the run is ``max_steps`` steps long. Above 0 (a fraction too, ``1.5``), the
+    run is that many passes: its steps are counted from the tokenized set (its packed rows too) before the first one,
+    logged, and take the place of ``max_steps``, which ``config.yaml`` then records."""
+
+
+@dataclass
 class LoggingConfig:
     tensorboard: bool = False
     """Also write TensorBoard event files under ``<output_dir>/tensorboard``."""
@@ -270,7 +281,7 @@ class SFTRunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 

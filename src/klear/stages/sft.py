@@ -12,7 +12,10 @@ Each step's row of ``metrics.csv`` holds ``train/loss`` and, on evaluation steps
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import time
+from fractions import Fraction
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -40,6 +43,8 @@ from klear.stages.base import StageModule, check_trainable, stage_sets
 
 FINITE_METRICS = ("train/loss", "train/grad_norm")
 """Checked finite before each optimizer step (`klear.run.stopping.check_finite`)."""
+
+log = logging.getLogger(__name__)
 
 EVAL_ENGINE = "hf"
 """The engine (`klear.rollout.engine.ENGINES`) that samples SFT's evaluation: the one that samples the model being
@@ -168,17 +173,14 @@ def _micro_batches(batch: dict[str, torch.Tensor], targets: torch.Tensor, size: 
 def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatches]:
     """The SFT module and its resumable batches. Every row is checked here, before any training: a row that is not
     a conversation is skipped by file and line (and listed in ``data_report.json``); a set with no usable row stops
-    the run. The loaded config becomes the schema's `SFTRunConfig` here, once: everything below reads that."""
+    the run. The loaded config becomes the schema's `SFTRunConfig` here, once: everything below reads that. Its
+    ``trainer.max_steps`` is the run's length from here on (`run_steps`)."""
     config = OmegaConf.to_object(config)
     check_trainable(config.model)
     data, tokenizer = config.data, load_tokenizer(config.model)
     train_sets = sft_train_sets(config, tokenizer)
     examples = ExampleSets([made.examples for made, _ in train_sets.values()])  # as made or mapped: none copied
     train_reports = {key: report for key, (_, report) in train_sets.items()}
-    task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
-    eval_problems = stage_sets(config, "eval", tokenizer, task, reward)
-    run_dir.record_data({**train_reports, **eval_problems.reports()})
-    module = SFTModule(config, eval_problems.problems, tokenizer, reward)
     plan = plan_batches(
         examples.lengths(),
         data.batching,
@@ -186,6 +188,11 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
         config.seed,
         data.max_length,
     )
+    config.trainer.max_steps = run_steps(config, len(plan))
+    task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
+    eval_problems = stage_sets(config, "eval", tokenizer, task, reward)
+    run_dir.record_data({**train_reports, **eval_problems.reports()})
+    module = SFTModule(config, eval_problems.problems, tokenizer, reward)
     pad = module.tokenizer.pad_token_id
     batches = ResumableBatches(
         plan,
@@ -195,3 +202,23 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
         collate=lambda planned: collate(examples, planned[0], pad, packed=data.batching == "packed"),
     )
     return module, batches
+
+
+def run_steps(config: SFTRunConfig, per_pass: int) -> int:
+    """The run's length in steps: ``trainer.max_steps``, or ``trainer.epochs`` passes of ``per_pass`` steps (the
+    batches one pass over the tokenized ``data.train`` makes), rounded up, and logged."""
+    trainer = config.trainer
+    if not trainer.epochs:
+        return trainer.max_steps
+    steps = math.ceil(Fraction(repr(trainer.epochs)) * per_pass)  # 0.07 x 100 is 7 steps (7.000000000000001 in floats)
+    unit = "packed rows" if config.data.batching == "packed" else "rows"
+    log.info(
+        "trainer.epochs = %g: %d steps, %d a pass over data.train (%d %s a step); trainer.max_steps = %d is not used",
+        trainer.epochs,
+        steps,
+        per_pass,
+        config.data.batch_size,
+        unit,
+        trainer.max_steps,
+    )
+    return steps
