@@ -48,6 +48,7 @@ def test_yaml_lists_only_deviations_and_overrides_win(tmp_path):
         (["data.batching=bucketed"], "data.batching = 'bucketed' is not accepted; accepted: padded, grouped, packed"),
         (["trainer.max_steps=0"], exact("trainer.max_steps = 0 is not accepted; accepted: an integer in [1, 2**31)")),
         (["trainer.epochs=-1"], exact("trainer.epochs = -1.0 is not accepted; accepted: a number in [0, 10000]")),
+        (["optim.warmup_ratio=1"], exact("optim.warmup_ratio = 1.0 is not accepted; accepted: a number in [0, 1)")),
         (
             ["trainer.epochs=inf"],
             exact("trainer.epochs = inf is not accepted; accepted: a finite number in [0, 10000]"),

@@ -263,9 +263,11 @@ def test_a_packed_step_trains_as_the_same_examples_padded(tmp_path):
 
 def test_trainer_epochs_is_the_runs_length_in_passes_over_the_packed_set(tmp_path, caplog):
     """Two passes over the packed rows of 64 examples: every step of the second pass trains a batch of the first
-    (in another order), ``config.yaml`` records the steps counted, and ``--resume trainer.epochs=3`` adds a third."""
+    (in another order), ``config.yaml`` records the steps counted, the warmup is a share of them, and
+    ``--resume trainer.epochs=3`` adds a third pass."""
     packed = ["data.batching=packed", "data.max_length=512", "data.batch_size=2", "eval.every_n_steps=0"]
     args = ["--config", "configs/sft.yaml", f"output_dir={tmp_path}", *SHORT, *packed, "trainer.epochs=2"]
+    args.append("optim.warmup_ratio=0.25")  # of the 20 steps counted: 5
     caplog.set_level(logging.INFO)
     assert main(args) == 0
     [line] = [record.message for record in caplog.records if record.message.startswith("trainer.epochs")]
@@ -280,6 +282,8 @@ def test_trainer_epochs_is_the_runs_length_in_passes_over_the_packed_set(tmp_pat
     tokens = [int(float(row["train/tokens"])) for row in steps]
     assert sorted(tokens[:per_pass]) == sorted(tokens[per_pass:]) and tokens[:per_pass] != tokens[per_pass:]
     assert OmegaConf.load(tmp_path / "config.yaml").trainer.max_steps == 2 * per_pass
+    rates = [float(row["train/lr"]) for row in steps]  # after each step's scheduler step: the peak after 5
+    assert rates.index(max(rates)) == 4 and max(rates) == pytest.approx(3e-3)
     assert main([*args, "--resume", "trainer.epochs=3"]) == 0
     steps = [row for row in read_metrics(tmp_path / "metrics.csv") if row["train/tokens"]]
     assert [int(row["step"]) for row in steps] == list(range(3 * per_pass))

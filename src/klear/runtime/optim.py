@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from fractions import Fraction
 
 import torch
 from torch import nn
@@ -132,14 +133,27 @@ class MasterWeightsAdamW(torch.optim.AdamW):
                     parameter.copy_(master)
 
 
+def share_of(fraction: float, count: int) -> int:
+    """``fraction`` of ``count``, rounded up, from the decimal the user wrote: 0.07 of 100 is 7 (in floats,
+    7.000000000000001, which rounds up to 8)."""
+    return math.ceil(Fraction(repr(fraction)) * count)
+
+
+def warmup_steps(config: OptimConfig, total_steps: int) -> int:
+    """The warmup of a run of ``total_steps``: ``warmup_ratio`` of them rounded up when it is set, else
+    ``warmup_steps``."""
+    return share_of(config.warmup_ratio, total_steps) if config.warmup_ratio else config.warmup_steps
+
+
 def lr_factor(step: int, config: OptimConfig, total_steps: int) -> float:
     """Multiplier of ``config.lr`` after ``step`` optimizer steps."""
-    if step < config.warmup_steps:
-        return (step + 1) / (config.warmup_steps + 1)
+    warmup = warmup_steps(config, total_steps)
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
     if config.schedule == "constant":
         return 1.0
-    decay_steps = max(total_steps - config.warmup_steps, 1)
-    progress = min((step - config.warmup_steps) / decay_steps, 1.0)
+    decay_steps = max(total_steps - warmup, 1)
+    progress = min((step - warmup) / decay_steps, 1.0)
     floor = config.min_lr / config.lr
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 

@@ -100,6 +100,9 @@ class OptimConfig:
     """After warmup: cosine decay to ``min_lr`` over ``trainer.max_steps``, or constant."""
     warmup_steps: int = at_least(10, 0)
     """Linear warmup from 0 over this many optimizer steps."""
+    warmup_ratio: float = within(0.0, 0, 1, open_high=True)
+    """Linear warmup over this share of the run's steps (``trainer.max_steps``, or the steps SFT's
+    ``trainer.epochs`` counts), rounded up; above 0 it takes the place of ``warmup_steps``."""
     weight_decay: float = at_least(0.1, 0)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = positive(1e-8)

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
-from fractions import Fraction
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -37,7 +35,7 @@ from klear.run.directory import RunDir
 from klear.run.stopping import check_finite
 from klear.runtime.device import compute_precision, policy_model, policy_on_cuda
 from klear.runtime.distributed import padded_share
-from klear.runtime.optim import clip_grad_norm
+from klear.runtime.optim import clip_grad_norm, share_of
 from klear.schema import RolloutConfig, SFTRunConfig
 from klear.stages.base import StageModule, check_trainable, stage_sets
 
@@ -210,7 +208,7 @@ def run_steps(config: SFTRunConfig, per_pass: int) -> int:
     trainer = config.trainer
     if not trainer.epochs:
         return trainer.max_steps
-    steps = math.ceil(Fraction(repr(trainer.epochs)) * per_pass)  # 0.07 x 100 is 7 steps (7.000000000000001 in floats)
+    steps = share_of(trainer.epochs, per_pass)
     unit = "packed rows" if config.data.batching == "packed" else "rows"
     log.info(
         "trainer.epochs = %g: %d steps, %d a pass over data.train (%d %s a step); trainer.max_steps = %d is not used",
