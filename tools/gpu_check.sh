@@ -16,7 +16,10 @@
 #    GPU's default); each asserts a trainer-engine gap below 0.05;
 # 4. asynchronous rollouts (rollout.max_staleness=1) with the vllm engine in its worker process, on the training GPU
 #    and, when there are two GPUs, on a GPU of its own (rollout.worker_devices=[1]); each asserts the staleness
-#    schedule, a gap below 0.05 against the weights that sampled, and the trainer's and engine's idle times.
+#    schedule, a gap below 0.05 against the weights that sampled, and the trainer's and engine's idle times;
+# 5. SFT with FSDP2 on CUDA evaluated greedily by the hf engine and by the vllm engine (eval.engine=vllm, loaded with
+#    the trained weights before each evaluation): it asserts that at every evaluation most answers are the same
+#    (bfloat16 kernels differ) and that the trained model's answers differ from the starting model's.
 # Exits non-zero if a step failed or vllm is missing (the other steps still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -86,6 +89,30 @@ if python -c "import vllm" 2>/dev/null; then
     else
         echo "SKIPPED: one GPU, so no disaggregated rollout worker (rollout.worker_devices=[1])"
     fi
+fi
+same_answers() {  # two SFT runs' samples.jsonl: the same greedy answers at each evaluation, which training changed
+    python - "$1" "$2" <<'EOF'
+import json, sys
+runs = [[json.loads(line) for line in open(f"{folder}/samples.jsonl")] for folder in sys.argv[1:]]
+texts = [{} for _ in runs]
+for run, by_step in zip(runs, texts):
+    for line in run:
+        by_step.setdefault(line["step"], []).append(line["samples"][0]["text"])
+steps = sorted(texts[0])
+shares = {step: sum(a == b for a, b in zip(texts[0][step], texts[1][step])) / len(texts[0][step]) for step in steps}
+moved = sum(a != b for a, b in zip(texts[1][steps[0]], texts[1][steps[-1]])) / len(texts[1][steps[0]])
+print(f"same greedy answers by step {shares}; answers changed by training: {moved:.2f}")
+assert texts[0].keys() == texts[1].keys() and min(shares.values()) >= 0.8 and moved >= 0.5, (shares, moved)
+EOF
+}
+sft=(--config configs/sft.yaml model.path=tiny-sft trainer.accelerator=gpu trainer.strategy=fsdp2 data.num_train=256
+     data.plain_fraction=1.0 data.batch_size=16 trainer.max_steps=6 optim.lr=3e-3 optim.warmup_steps=0
+     eval.every_n_steps=3 eval.num_prompts=32 eval.temperature=0 eval.samples=1 logging.samples=32
+     trainer.progress_bar=false)
+if python -c "import vllm" 2>/dev/null; then
+    step python -m klear.fit "${sft[@]}" eval.engine=hf output_dir="$work/sft-eval-hf" \
+        && step python -m klear.fit "${sft[@]}" eval.engine=vllm output_dir="$work/sft-eval-vllm" \
+        && step same_answers "$work/sft-eval-hf" "$work/sft-eval-vllm"
 fi
 echo "work directory: $work"
 exit $status

@@ -401,3 +401,5 @@ def test_vllm_engine_without_vllm_installed_names_the_install(monkeypatch):
     )
     with pytest.raises(ConfigError, match=r"rollout\.engine=vllm needs vLLM: pip install -e '\.\[vllm\]'"):
         load_config("configs/rl.yaml", ["rollout.engine=vllm"])
+    with pytest.raises(ConfigError, match=r"eval\.engine=vllm needs vLLM: pip install -e '\.\[vllm\]'"):
+        load_config("configs/sft.yaml", ["eval.engine=vllm"])

@@ -5,6 +5,7 @@ weights into it before each test, so a test that changes them leaves nothing beh
 """
 
 import copy
+import json
 
 import lightning as L
 import pytest
@@ -319,6 +320,53 @@ def test_rl_run_with_the_vllm_engine_and_its_exact_resume(tmp_path):
             if key.startswith("timing/") or key.endswith("tokens_per_s") or row[key] == other[key] == "":
                 continue
             assert float(row[key]) == pytest.approx(float(other[key]), rel=1e-5, abs=1e-7), (key, row, other)
+
+
+SFT_GREEDY = [
+    "--config",
+    "configs/sft.yaml",
+    "model.path=tiny-sft",
+    "data.num_train=64",
+    "data.plain_fraction=1.0",  # unboxed answers at a high learning rate: the model's answers change every step
+    "data.batch_size=8",
+    "trainer.max_steps=6",
+    "trainer.progress_bar=false",
+    "optim.lr=3e-3",
+    "optim.warmup_steps=0",
+    "eval.every_n_steps=3",
+    "eval.num_prompts=16",
+    "eval.temperature=0",
+    "eval.samples=1",
+]
+
+
+def kept_answers(output) -> list[tuple[int, list[dict]]]:
+    return [(line["step"], line["samples"]) for line in map(json.loads, (output / "samples.jsonl").open())]
+
+
+def test_sft_evaluates_on_vllm_the_weights_it_has_trained(tmp_path):
+    """``eval.engine=vllm``: before each evaluation the engine is loaded with the weights the run has reached, so its
+    greedy answers are the ``hf`` engine's word for word, before the first step, mid-run and after the last, while
+    those answers change as the model trains."""
+    for engine in ("hf", "vllm"):
+        assert main([*SFT_GREEDY, f"output_dir={tmp_path / engine}", f"eval.engine={engine}"]) == 0
+    answers = kept_answers(tmp_path / "hf")
+    assert kept_answers(tmp_path / "vllm") == answers
+    first = {step: samples[0]["text"] for step, samples in answers}
+    assert sorted(first) == [0, 3, 6] and len(set(first.values())) == 3
+    accuracy = [[row["eval/accuracy"] for row in read_metrics(tmp_path / e / "metrics.csv")] for e in ("hf", "vllm")]
+    assert accuracy[0] == accuracy[1]
+
+
+@pytest.mark.slow
+def test_lora_sft_evaluates_on_vllm_the_merged_weights_it_has_trained(tmp_path):
+    lora = [*SFT_GREEDY, "model.lora.r=8", "optim.lr=3e-2"]
+    for engine in ("hf", "vllm"):
+        assert main([*lora, f"output_dir={tmp_path / engine}", f"eval.engine={engine}"]) == 0
+    answers = kept_answers(tmp_path / "hf")
+    assert kept_answers(tmp_path / "vllm") == answers
+    first = {step: samples[0]["text"] for step, samples in answers}
+    assert sorted(first) == [0, 3, 6] and len(set(first.values())) == 3
 
 
 def test_rope_scaling_reaches_the_engine_as_the_trainer_has_it():

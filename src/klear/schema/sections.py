@@ -176,6 +176,38 @@ class LoggingConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """Options of the vLLM rollout engine (``rollout.engine: vllm``), see :mod:`klear.rollout.vllm_engine`."""
+
+    tensor_parallel_size: int = at_least(1, 1)
+    """GPUs the engine shards the model over (vLLM tensor parallelism)."""
+    gpu_memory_utilization: float = within(0.5, 0, 1, open_low=True)
+    """Share of the GPU's memory vLLM may take for weights, activations and KV cache; the trainer shares the GPU."""
+    kv_cache_memory_bytes: int = at_least(0, 0)
+    """KV cache size in bytes. 0: on GPU, what ``gpu_memory_utilization`` leaves; on CPU, 256 MiB (unset, vLLM's
+    CPU backend would reserve a share of the machine's memory, many GiB)."""
+    dtype: str = choice("auto", "float32", "bfloat16")
+    """Engine weights and compute; ``auto`` follows what the policy computes in: bfloat16 for bf16 precisions, on
+    CUDA by default and under ``fsdp2``'s mixed precision on CUDA; float32 otherwise."""
+    enable_sleep_mode: bool = True
+    """Release the engine's GPU memory while the trainer updates (vLLM sleep level 1: weights offloaded to CPU
+    memory, KV cache dropped) and take it back before each refresh. vLLM's CPU backend has none: ignored there."""
+    enforce_eager: bool | None = None
+    """Skip torch.compile and CUDA graphs. ``None``: eager on CPU (compiling costs more than it saves there),
+    compiled with CUDA graphs on GPU."""
+    max_model_len: int = at_least(0, 0)
+    """Longest prompt + response the engine holds, in tokens; 0: what the run needs (its longest prompt + the larger
+    of ``rollout.max_new_tokens`` and ``eval.max_new_tokens``), capped at the model's ``max_position_embeddings``.
+    vLLM reserves KV cache for at least one such sequence; a value below the run's need is refused."""
+    lora_adapters: bool | None = None
+    """With model.lora, serve the trained adapters as vLLM's own LoRA (a new version each refresh) instead of loading
+    the merged weights W + alpha/r BA. ``None``: chosen by the engine's device, the adapters on GPU and the merged
+    weights on CPU, where vLLM samples through its LoRA kernels 2.5-2.7x slower (docs/scale-out.md). Where vLLM cannot
+    serve them (``modules_to_save``, several training ranks, an adapted output head) the merged weights all the
+    same. The engine logs its choice and why."""
+
+
+@dataclass
 class EvalConfig:
     every_n_steps: int = at_least(50, 0)
     """Evaluate before the first update, every this many steps, and after the last; 0: only before and after."""
@@ -192,6 +224,17 @@ class EvalConfig:
     reward: str = "math"
     """SFT: the reward that decides correctness (its verdict: math an equivalent answer, code every test
     passed; ``code`` for ``synthetic-code``); the RL stage evaluates with its training reward."""
+
+
+@dataclass
+class SFTEvalConfig(EvalConfig):
+    """The SFT stage's evaluation: `EvalConfig`, and the engine it samples with (RL's is ``rollout.engine``)."""
+
+    engine: str = choice("hf", "vllm")
+    """``hf`` samples the model being trained, in place. ``vllm`` holds a copy of its weights, loaded before each
+    evaluation and asleep between them: the engine a real model's long responses need (docs/sft.md)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Options of the ``vllm`` engine, as ``rollout.vllm`` in RL."""
 
 
 @dataclass
@@ -285,7 +328,7 @@ class SFTRunConfig:
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
@@ -326,38 +369,6 @@ class RLDataConfig(PromptFormatConfig):
     """Synthetic task: held-out problems generated."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     """Synthetic task: difficulty levels mixed in equal parts."""
-
-
-@dataclass
-class VLLMConfig:
-    """Options of the vLLM rollout engine (``rollout.engine: vllm``), see :mod:`klear.rollout.vllm_engine`."""
-
-    tensor_parallel_size: int = at_least(1, 1)
-    """GPUs the engine shards the model over (vLLM tensor parallelism)."""
-    gpu_memory_utilization: float = within(0.5, 0, 1, open_low=True)
-    """Share of the GPU's memory vLLM may take for weights, activations and KV cache; the trainer shares the GPU."""
-    kv_cache_memory_bytes: int = at_least(0, 0)
-    """KV cache size in bytes. 0: on GPU, what ``gpu_memory_utilization`` leaves; on CPU, 256 MiB (unset, vLLM's
-    CPU backend would reserve a share of the machine's memory, many GiB)."""
-    dtype: str = choice("auto", "float32", "bfloat16")
-    """Engine weights and compute; ``auto`` follows what the policy computes in: bfloat16 for bf16 precisions, on
-    CUDA by default and under ``fsdp2``'s mixed precision on CUDA; float32 otherwise."""
-    enable_sleep_mode: bool = True
-    """Release the engine's GPU memory while the trainer updates (vLLM sleep level 1: weights offloaded to CPU
-    memory, KV cache dropped) and take it back before each refresh. vLLM's CPU backend has none: ignored there."""
-    enforce_eager: bool | None = None
-    """Skip torch.compile and CUDA graphs. ``None``: eager on CPU (compiling costs more than it saves there),
-    compiled with CUDA graphs on GPU."""
-    max_model_len: int = at_least(0, 0)
-    """Longest prompt + response the engine holds, in tokens; 0: what the run needs (its longest prompt + the larger
-    of ``rollout.max_new_tokens`` and ``eval.max_new_tokens``), capped at the model's ``max_position_embeddings``.
-    vLLM reserves KV cache for at least one such sequence; a value below the run's need is refused."""
-    lora_adapters: bool | None = None
-    """With model.lora, serve the trained adapters as vLLM's own LoRA (a new version each refresh) instead of loading
-    the merged weights W + alpha/r BA. ``None``: chosen by the engine's device, the adapters on GPU and the merged
-    weights on CPU, where vLLM samples through its LoRA kernels 2.5-2.7x slower (docs/scale-out.md). Where vLLM cannot
-    serve them (``modules_to_save``, several training ranks, an adapted output head) the merged weights all the
-    same. The engine logs its choice and why."""
 
 
 @dataclass

@@ -45,13 +45,13 @@ from klear.experience.async_rollouts import start_async_rollouts
 from klear.experience.rollouts import Rollouts
 from klear.experience.sampling import start_sync_rollouts
 from klear.models import load_model, load_tokenizer
-from klear.models.lora import adapter_state, is_lora, merged_tensors, with_lora
+from klear.models.lora import is_lora, with_lora
 from klear.objectives import get_objective
 from klear.objectives.advantages import Advantages
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rollout.engine import engine_holds_copy, needed_model_len
-from klear.rollout.refresh import RolloutRefresh
+from klear.rollout.refresh import RolloutRefresh, copy_tensors
 from klear.run.directory import RunDir
 from klear.run.samples_log import train_records
 from klear.runtime import memory
@@ -159,9 +159,8 @@ class RLModule(StageModule):
         so nothing is merged for it."""
         if self.refresh_merged:
             # Only a synchronous run's engine (`SyncRollouts.engine`) can serve adapters; a rollout worker has none.
-            if getattr(getattr(self.rollouts, "engine", None), "adapters", None) is not None:
-                return iter(adapter_state(self.model).items())
-            return merged_tensors(self.model)
+            served = getattr(getattr(self.rollouts, "engine", None), "adapters", None) is not None
+            return copy_tensors(self.model, served)
         return full_tensors(self.model)
 
     # ---------------------------------------------------------------------------------------------- step

@@ -24,13 +24,15 @@ from klear.data.example_store import IGNORE_INDEX, ExampleSets
 from klear.data.packing import collate, plan_batches
 from klear.data.problems import Problem, Task
 from klear.data.sft_sets import sft_train_sets
+from klear.eval.in_training import Evaluation
 from klear.kernels.logprobs import token_logprobs
 from klear.models import load_model, load_tokenizer
 from klear.models.lora import with_lora
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.engine import ENGINES, RolloutEngine
+from klear.rollout.engine import ENGINES, RolloutEngine, needed_model_len
+from klear.rollout.refresh import copy_tensors
 from klear.run.directory import RunDir
 from klear.run.stopping import check_finite
 from klear.runtime.device import compute_precision, policy_model, policy_on_cuda
@@ -45,15 +47,20 @@ FINITE_METRICS = ("train/loss", "train/grad_norm")
 log = logging.getLogger(__name__)
 
 EVAL_ENGINE = "hf"
-"""The engine (`klear.rollout.engine.ENGINES`) that samples SFT's evaluation: the one that samples the model being
-trained in place, with nothing to refresh."""
+"""The engine (`klear.rollout.engine.ENGINES`) that samples the model being trained in place, with nothing to
+refresh: SFT's evaluation unless ``eval.engine`` says ``vllm``."""
 
 
 class SFTModule(StageModule):
     """Supervised fine-tuning of ``config.model`` on tokenized chat examples."""
 
     def __init__(
-        self, config: SFTRunConfig, eval_problems: list[Problem], tokenizer: PreTrainedTokenizerBase, reward: Reward
+        self,
+        config: SFTRunConfig,
+        eval_problems: list[Problem],
+        tokenizer: PreTrainedTokenizerBase,
+        reward: Reward,
+        max_model_len: int | None = None,
     ) -> None:
         super().__init__(config)
         self.save_hyperparameters({"config": dataclasses.asdict(config)})
@@ -70,6 +77,8 @@ class SFTModule(StageModule):
         )
         self.eval_problems = eval_problems
         self.scorer = RewardScorer(reward)  # the evaluation's reward (eval.reward)
+        self.max_model_len = max_model_len
+        """The longest held-out prompt plus ``eval.max_new_tokens``: what a ``vllm`` engine must hold."""
         self._eval_engine: RolloutEngine | None = None
 
     # ------------------------------------------------------------------------------------------ training
@@ -123,27 +132,42 @@ class SFTModule(StageModule):
         )
 
     def eval_engine(self) -> RolloutEngine:
-        """The ``hf`` engine of the registry over the model itself, built as RL builds its engine (under fsdp2, the
-        ranks sample their shares in lockstep). Only an engine that samples the training model in place fits: SFT
-        pushes no weights into an engine after its updates."""
+        """The engine of ``eval.engine``, built as RL builds its engine (under fsdp2, the ranks sample their shares in
+        lockstep): ``hf`` samples the model itself, in place; ``vllm`` a copy of its weights that `run_eval` loads
+        before each evaluation, holding the longest held-out prompt and its response (``max_model_len``)."""
         if self._eval_engine is None:
             evaluation = self.config.eval
             rollout = RolloutConfig(
-                engine=EVAL_ENGINE,
+                engine=evaluation.engine,
                 max_new_tokens=evaluation.max_new_tokens,
                 temperature=evaluation.temperature,
                 top_p=evaluation.top_p,
                 batch_size=evaluation.batch_size,
+                vllm=evaluation.vllm,
             )
-            self._eval_engine = ENGINES.get(EVAL_ENGINE)(
+            self._eval_engine = ENGINES.get(evaluation.engine)(
                 self.model,
                 self.tokenizer,
                 model=self.config.model,
                 rollout=rollout,
                 seed=self.config.seed,
                 precision=compute_precision(self.config),
+                max_model_len=self.max_model_len,
             )
         return self._eval_engine
+
+    def run_eval(self) -> Evaluation:
+        """`StageModule.run_eval`; an engine with weights of its own (``vllm``) is woken and loaded with the model's
+        current weights first, and put back to sleep after, so that training has the device's memory."""
+        engine = self.eval_engine()
+        if self.config.eval.engine == EVAL_ENGINE:
+            return super().run_eval()
+        engine.wake_up()
+        engine.update_weights(copy_tensors(self.model, getattr(engine, "adapters", None) is not None))
+        try:
+            return super().run_eval()
+        finally:
+            engine.sleep()
 
 
 def _shift_left(labels: torch.Tensor) -> torch.Tensor:
@@ -190,7 +214,8 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
     eval_problems = stage_sets(config, "eval", tokenizer, task, reward)
     run_dir.record_data({**train_reports, **eval_problems.reports()})
-    module = SFTModule(config, eval_problems.problems, tokenizer, reward)
+    need = needed_model_len([eval_problems.longest_prompt], config.eval.max_new_tokens)
+    module = SFTModule(config, eval_problems.problems, tokenizer, reward, max_model_len=need)
     pad = module.tokenizer.pad_token_id
     batches = ResumableBatches(
         plan,
