@@ -108,3 +108,27 @@ def test_sft_under_fsdp2_evaluates_on_an_engine_per_rank(tmp_path):
         lines = (tmp_path / engine / "samples.jsonl").read_text().splitlines()
         answers[engine] = [(line["step"], line["samples"]) for line in map(json.loads, lines)]
     assert answers["vllm"] == answers["hf"] and [step for step, _ in answers["hf"]] == [0, 0, 2, 2, 4, 4]
+
+
+@pytest.mark.slow
+def test_the_8b_sft_recipe_runs_at_tiny_scale_on_two_ranks(tmp_path):
+    """``configs/sft_qwen3_8b.yaml`` as it is, with only the model, the data and the sizes made tiny and the CPU for
+    the GPUs: packed rows by passes (trainer.epochs) with the warmup a share of them, FSDP2 over 2 ranks, the
+    tokenized set kept in data.cache_dir, the held-out sets scored apart by a vLLM engine per rank."""
+    from omegaconf import OmegaConf
+
+    tiny = ["model.path=tiny-sft", "data.train=synthetic", "data.num_train=256", "data.max_length=512"]
+    tiny += ["data.batch_size=4", "data.eval={aime24: synthetic, aime25: synthetic}", "data.num_eval=8"]
+    tiny += ["eval.max_new_tokens=96", "eval.num_prompts=8", "eval.batch_size=8", "eval.every_n_steps=10"]
+    tiny += ["trainer.checkpoint_every_n_steps=10", "trainer.accelerator=cpu", "trainer.devices=2"]
+    tiny += [f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'run'}", "trainer.progress_bar=false"]
+    log = fit_in_subprocess(["--config", "configs/sft_qwen3_8b.yaml", *tiny])
+    [line] = [line for line in log.splitlines() if "trainer.epochs = 2: " in line]
+    steps = int(line.split("trainer.epochs = 2: ")[1].split(" steps")[0])
+    assert OmegaConf.load(tmp_path / "run" / "config.yaml").trainer.max_steps == steps
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    scored = [int(row["step"]) for row in rows if row.get("eval/accuracy/aime24")]
+    assert scored == [*range(0, steps, 10), steps] and all(
+        row.get("eval/accuracy/aime25") for row in rows if row.get("eval/accuracy/aime24")
+    )
+    assert len(list((tmp_path / "cache").glob("sft-*.npz"))) == 1
