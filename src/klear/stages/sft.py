@@ -234,7 +234,7 @@ def run_steps(config: SFTRunConfig, per_pass: int) -> int:
     if not trainer.epochs:
         return trainer.max_steps
     steps = share_of(trainer.epochs, per_pass)
-    unit = "packed rows" if config.data.batching == "packed" else "rows"
+    unit = ("packed " if config.data.batching == "packed" else "") + ("row" if config.data.batch_size == 1 else "rows")
     log.info(
         "trainer.epochs = %g: %d steps, %d a pass over data.train (%d %s a step); trainer.max_steps = %d is not used",
         trainer.epochs,
