@@ -155,7 +155,8 @@ def train(
     finished (exit 0), stopped by ``rollout.logprob_gap_stop`` (3), by a loss, gradient norm or log-prob that is not
     finite (4, before the update commits: `klear.run.stopping.check_finite`), interrupted with Ctrl-C (130), stopped by
     SIGTERM (143), SIGHUP (129) or SIGUSR1 (138; every rank at the same step or update: `klear.run.stopping`), a
-    write that failed (a full disk: one line, exit 1) or failed otherwise (1: `failed`). The last complete checkpoint
+    write that failed (a full disk: one line, exit 1), settings an engine refuses as it starts (a `UserError`: one line,
+    exit 2) or failed otherwise (1: `failed`). The last complete checkpoint
     is kept in every case, and a report that cannot be written never hides how the run ended."""
     import time
 
@@ -233,7 +234,7 @@ def train(
             kind = f"OSError on rank {error.rank}" if shared else type(error).__name__
             code, outcome, detail = 1, "failed", f": {kind}: {first_line(error)}"
         except Exception as error:
-            code, outcome = 1, "failed"
+            code, outcome = (2 if isinstance(error, UserError) else 1), "failed"
             detail, failure = failed(error, trainer, failures, config)
         finally:
             failures.close()
@@ -254,7 +255,8 @@ def failed(error: Exception, trainer, failures, config: DictConfig) -> tuple[str
     """The status detail of a run that ``error`` ended on this rank, and the exception to raise after the summary
     (its traceback), if any. On several ranks the first rank's failure is the run's (`klear.run.rank_failure`):
     a rank that failed because another did prints no traceback, and rank 0 names that rank in one line. An
-    allocation that failed is one line with what to lower instead of a traceback (`klear.run.out_of_memory`)."""
+    allocation that failed is one line with what to lower instead of a traceback (`klear.run.out_of_memory`), and so
+    is a `UserError` (settings that the engine refuses as it starts)."""
     from klear.run.out_of_memory import is_out_of_memory, out_of_memory_line, status
     from klear.run.rank_failure import PEER_WAIT_S
     from klear.runtime import lightning_compat, memory
@@ -269,6 +271,9 @@ def failed(error: Exception, trainer, failures, config: DictConfig) -> tuple[str
         phase, step = memory.raised_in(error), lightning_compat.completed_steps(trainer)
         print(f"error: {rank + ': ' if rank else ''}{out_of_memory_line(error, phase, config, step)}", file=sys.stderr)
         return f": {status(error, phase, config)}{' on ' + rank if rank else ''}", None
+    if isinstance(error, UserError):  # settings found wrong once the run started (an engine's): one line, exit 2
+        print(f"error: {rank + ': ' if rank else ''}{first_line(error)}", file=sys.stderr)
+        return f": {first_line(error)}{' on ' + rank if rank else ''}", None
     return f": {type(error).__name__}{' on ' + rank if rank else ''}: {first_line(error)}", error
 
 

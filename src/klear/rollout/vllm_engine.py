@@ -87,7 +87,7 @@ except RuntimeError as error:  # "operator torchvision::nms does not exist": CUD
 from klear.errors import first_line
 from klear.models import resolve_model_path, rope_overrides
 from klear.models.lora import is_lora
-from klear.rollout.engine import Rollout, SamplingParams
+from klear.rollout.engine import EngineError, Rollout, SamplingParams
 from klear.rollout.hf import default_stop_ids
 from klear.rollout.vllm_adapters import AdapterVersions, engine_options, merged_because
 from klear.rollout.vllm_sizing import (
@@ -331,11 +331,11 @@ def build_vllm_engine(
     options = rollout.vllm
     on_cpu = vllm_compat.on_cpu()
     if options.tensor_parallel_size < 1:
-        raise ValueError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {options.tensor_parallel_size}")
+        raise EngineError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {options.tensor_parallel_size}")
     ranks = _training_ranks()
     if ranks > 1 and options.tensor_parallel_size != 1:
         # vLLM's tensor-parallel group would span training ranks, which sample different prompts.
-        raise ValueError(
+        raise EngineError(
             f"rollout.engine=vllm with {ranks} training ranks runs one whole-model engine per rank: "
             f"rollout.vllm.tensor_parallel_size must be 1, got {options.tensor_parallel_size}"
         )
@@ -391,7 +391,7 @@ def build_vllm_engine(
     except ValueError as error:
         if not vllm_compat.is_kv_cache_shortage(error):
             raise
-        raise ValueError(
+        raise EngineError(
             f"the vLLM KV cache cannot hold one sequence of max_model_len = {length} tokens ({source}): raise "
             "rollout.vllm.gpu_memory_utilization or rollout.vllm.kv_cache_memory_bytes, or lower "
             f"rollout.vllm.max_model_len or rollout.max_new_tokens. vLLM: {first_line(error)}"

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from klear.rollout.engine import EngineError
+
 CPU_KV_CACHE_BYTES = 1 << 28
 """KV cache on CPU when ``kv_cache_memory_bytes`` is 0 (256 MiB: ~260k tokens of the tiny model)."""
 
@@ -28,7 +30,7 @@ def engine_model_len(option: int, needed: int | None, context: int) -> tuple[int
     when shorter than ``needed``), else ``needed`` capped at the model's ``context``, else ``context``."""
     if option:
         if needed is not None and option < needed:
-            raise ValueError(
+            raise EngineError(
                 f"rollout.vllm.max_model_len = {option} is shorter than the {needed} tokens the run needs (its "
                 "longest prompt + rollout.max_new_tokens, or eval.max_new_tokens in the in-training evaluation): "
                 "raise it, set it to 0 (the run's need), or lower the max_new_tokens"
@@ -55,7 +57,7 @@ def check_kv_cache(cache_bytes: int, length: int, source: str, per_token: int) -
     """Refuse a KV cache of ``cache_bytes`` that cannot hold one sequence of ``length`` tokens, naming the keys."""
     needed = length * per_token
     if cache_bytes < needed:
-        raise ValueError(
+        raise EngineError(
             f"the vLLM KV cache of {cache_bytes / 2**20:.0f} MiB (rollout.vllm.kv_cache_memory_bytes; 0: "
             f"{CPU_KV_CACHE_BYTES >> 20} MiB on CPU) cannot hold one sequence of max_model_len = {length} tokens "
             f"({source}) at {per_token} bytes a token ({needed / 2**20:.0f} MiB): raise "

@@ -31,7 +31,7 @@ from klear.models.lora import with_lora
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.engine import ENGINES, RolloutEngine, needed_model_len
+from klear.rollout.engine import ENGINES, EngineError, RolloutEngine, needed_model_len
 from klear.rollout.refresh import copy_tensors
 from klear.run.directory import RunDir
 from klear.run.stopping import check_finite
@@ -145,15 +145,18 @@ class SFTModule(StageModule):
                 batch_size=evaluation.batch_size,
                 vllm=evaluation.vllm,
             )
-            self._eval_engine = ENGINES.get(evaluation.engine)(
-                self.model,
-                self.tokenizer,
-                model=self.config.model,
-                rollout=rollout,
-                seed=self.config.seed,
-                precision=compute_precision(self.config),
-                max_model_len=self.max_model_len,
-            )
+            try:
+                self._eval_engine = ENGINES.get(evaluation.engine)(
+                    self.model,
+                    self.tokenizer,
+                    model=self.config.model,
+                    rollout=rollout,
+                    seed=self.config.seed,
+                    precision=compute_precision(self.config),
+                    max_model_len=self.max_model_len,
+                )
+            except EngineError as error:  # its keys are RL's rollout.*; SFT's are eval.*
+                raise EngineError(str(error).replace("rollout.", "eval.")) from error
         return self._eval_engine
 
     def run_eval(self) -> Evaluation:
