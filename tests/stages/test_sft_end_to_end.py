@@ -282,6 +282,8 @@ def test_trainer_epochs_is_the_runs_length_in_passes_over_the_packed_set(tmp_pat
     tokens = [int(float(row["train/tokens"])) for row in steps]
     assert sorted(tokens[:per_pass]) == sorted(tokens[per_pass:]) and tokens[:per_pass] != tokens[per_pass:]
     assert OmegaConf.load(tmp_path / "config.yaml").trainer.max_steps == 2 * per_pass
+    report = (tmp_path / "report.md").read_text()
+    assert f"| `trainer.max_steps` | {2 * per_pass} (2 passes over data.train) |" in report
     rates = [float(row["train/lr"]) for row in steps]  # after each step's scheduler step: the peak after 5
     assert rates.index(max(rates)) == 4 and max(rates) == pytest.approx(3e-3)
     assert main([*args, "--resume", "trainer.epochs=3"]) == 0

@@ -276,10 +276,11 @@ def _settings(config: DictConfig) -> list[tuple[str, object]]:
         targets = ",".join(lora.target_modules)
         common.insert(1, ("model.lora", f"r={lora.r}, alpha={lora.alpha:g}, target_modules={targets}"))
     if config.stage == "sft":
-        data = config.data
+        data, epochs, steps = config.data, config.trainer.get("epochs"), config.trainer.max_steps
+        steps = f"{steps} ({epochs:g} passes over data.train)" if epochs else steps
         return [
             *common,
-            ("trainer.max_steps", config.trainer.max_steps),
+            ("trainer.max_steps", steps),
             ("data.batch_size", data.batch_size),
             ("data.max_length", data.max_length),
             ("data.batching", data.batching),
