@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from klear.config.load import ConfigError, load_config
+from klear.run.preflight import check_machine
 
 pytestmark = pytest.mark.end_to_end  # runs `python -m klear.fit` in a subprocess
 
@@ -399,7 +400,9 @@ def test_vllm_engine_without_vllm_installed_names_the_install(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
     )
+    # A property of the machine, found before the run writes anything (`klear.run.preflight`); the config loads, so
+    # `klear.data tokenize` fills an SFT run's cache on a machine without vLLM.
     with pytest.raises(ConfigError, match=r"rollout\.engine=vllm needs vLLM: pip install -e '\.\[vllm\]'"):
-        load_config("configs/rl.yaml", ["rollout.engine=vllm"])
+        check_machine(load_config("configs/rl.yaml", ["rollout.engine=vllm"]))
     with pytest.raises(ConfigError, match=r"eval\.engine=vllm needs vLLM: pip install -e '\.\[vllm\]'"):
-        load_config("configs/sft.yaml", ["eval.engine=vllm"])
+        check_machine(load_config("configs/sft.yaml", ["eval.engine=vllm"]))

@@ -216,7 +216,7 @@ def check_rl(config: DictConfig) -> None:
     from klear.objectives import objective_class
     from klear.objectives.advantages import ADVANTAGES
     from klear.rewards.base import REWARDS
-    from klear.rollout.engine import ENGINES, missing_engine
+    from klear.rollout.engine import ENGINES
 
     objective = OmegaConf.to_container(config.objective)
     if "name" not in objective:
@@ -236,8 +236,6 @@ def check_rl(config: DictConfig) -> None:
     resolve(lambda: ADVANTAGES.get(config.algorithm.advantage))
     resolve(lambda: ENGINES.get(config.rollout.engine))
     _check_routes(config.reward)
-    if problem := missing_engine("rollout.engine", config.rollout.engine):
-        raise ConfigError(problem)
     rollout, algorithm = config.rollout, config.algorithm
     if rollout.group_size < 2 and algorithm.advantage != "dr_grpo":
         raise ConfigError(f"rollout.group_size must be >= 2 for algorithm.advantage={algorithm.advantage}")
@@ -325,12 +323,8 @@ def check_rope_scaling(rope_scaling: Any, key: str = "model.rope_scaling") -> No
 
 
 def check_sft(config: DictConfig) -> None:
-    """The SFT layout named by ``data.sft_layout`` exists; the evaluation's engine is installed."""
+    """The SFT layout named by ``data.sft_layout`` exists."""
     from klear.data.sft_layouts import LAYOUTS
-    from klear.rollout.engine import missing_engine
-
-    if problem := missing_engine("eval.engine", config.eval.engine):
-        raise ConfigError(problem)
 
     name = config.data.sft_layout
     if name and name not in LAYOUTS:

@@ -3,6 +3,8 @@ imported: ``klear.fit`` calls `preflight` right before it prepares the run direc
 leaves no ``config.yaml`` behind and says why in one line.
 
 - ``trainer.accelerator=gpu`` needs a CUDA GPU that torch sees (torch is imported for that question only);
+- the ``vllm`` engine (``rollout.engine``, SFT's ``eval.engine``) needs vLLM installed; the config itself loads
+  without it, so ``klear.data tokenize`` fills an SFT run's cache on a machine without vLLM;
 - ``model.attn_implementation=flash_attention_2`` needs the flash-attn package and a GPU;
 - ``model.lora.target_modules`` must name linear layers the model has (its architecture is built on the meta
   device: nothing is allocated or read but its config);
@@ -25,6 +27,7 @@ from omegaconf import DictConfig
 from klear.config.load import ConfigError
 from klear.data.preflight import check_data
 from klear.errors import first_line
+from klear.rollout.engine import missing_engine
 
 LAUNCHERS: dict[str, tuple[str, ...]] = {
     "SLURM (srun)": ("SLURM_NTASKS",),
@@ -63,7 +66,7 @@ def check_model(config: DictConfig) -> None:
 
 
 def check_machine(config: DictConfig) -> None:
-    """The accelerator, the attention kernel and the launcher that ``config.trainer`` and ``config.model`` ask for."""
+    """The accelerator, the engine's package, the attention kernel and the launcher that ``config`` asks for."""
     trainer = config.trainer
     if trainer.accelerator == "gpu":
         import torch  # the only way to ask; a run on a GPU imports it next anyway
@@ -76,6 +79,9 @@ def check_machine(config: DictConfig) -> None:
             )
         if trainer.devices > count:
             raise ConfigError(f"trainer.devices = {trainer.devices}, but this machine has {count} CUDA GPUs")
+    engine = ("rollout.engine", config.rollout.engine) if config.stage == "rl" else ("eval.engine", config.eval.engine)
+    if problem := missing_engine(*engine):
+        raise ConfigError(problem)
     if config.model.attn_implementation == "flash_attention_2":
         if importlib.util.find_spec("flash_attn") is None:
             raise ConfigError(
