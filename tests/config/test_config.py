@@ -406,3 +406,4 @@ def test_vllm_engine_without_vllm_installed_names_the_install(monkeypatch):
         check_machine(load_config("configs/rl.yaml", ["rollout.engine=vllm"]))
     with pytest.raises(ConfigError, match=r"eval\.engine=vllm needs vLLM: pip install -e '\.\[vllm\]'"):
         check_machine(load_config("configs/sft.yaml", ["eval.engine=vllm"]))
+    assert load_config("configs/sft_qwen3_8b.yaml").eval.engine == "vllm"
