@@ -21,10 +21,20 @@ from klear.rewards import MathReward
 CALLS: list[tuple] = []
 
 
+class RecordingEngine:
+    """An engine of its own weights (any engine but ``hf``): it records the weights loaded into it."""
+
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+
+    def update_weights(self, named_tensors) -> None:
+        self.loaded += [name for name, _ in named_tensors]
+
+
 def recording_engine(policy, tokenizer, **settings):
     """An engine factory (by import path) that records how it was called."""
     CALLS.append((policy, tokenizer, settings))
-    return "engine"
+    return RecordingEngine()
 
 
 def arguments(**overrides) -> SamplingOptions:
@@ -71,8 +81,11 @@ def test_options_are_read_once_frozen_and_checked_by_one_table() -> None:
 def test_the_factory_is_called_with_the_settings_as_keywords() -> None:
     CALLS.clear()
     engine, tokenizer = build_engine(arguments())
-    assert engine == "engine" and len(CALLS) == 1
+    assert isinstance(engine, RecordingEngine) and len(CALLS) == 1
     policy, given_tokenizer, settings = CALLS[0]
+    # An engine holding weights of its own starts from the model's folder: the model loaded here is loaded into it
+    # (for an adapter folder, the merged weights, where the folder holds the base model's).
+    assert engine.loaded == [name for name, _ in policy.named_parameters()]
     assert given_tokenizer is tokenizer and next(policy.parameters()).device.type == "cpu"
     assert sorted(settings) == ["max_model_len", "model", "precision", "rollout", "seed"]
     assert (settings["model"].path, settings["seed"], settings["precision"]) == ("tiny-sft", 3, "32-true")

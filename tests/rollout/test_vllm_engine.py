@@ -17,7 +17,9 @@ import torch
 from klear.config import ModelConfig, RolloutConfig, VLLMConfig
 from klear.config.load import load_config
 from klear.data.prompts import encode_prompt
+from klear.data.readers import write_jsonl
 from klear.data.synthetic import generate_problems
+from klear.eval.cli import main as eval_main
 from klear.fit import build_stage, build_trainer, main, prepare_run_dir
 from klear.models import load_model, load_tokenizer
 from klear.models.tiny import build_tiny
@@ -359,6 +361,24 @@ def test_sft_evaluates_on_vllm_the_weights_it_has_trained(tmp_path):
     assert sorted(first) == [0, 3, 6] and len(set(first.values())) == 3
     accuracy = [[row["eval/accuracy"] for row in read_metrics(tmp_path / e / "metrics.csv")] for e in ("hf", "vllm")]
     assert accuracy[0] == accuracy[1]
+
+
+def test_klear_eval_samples_an_adapter_folder_on_vllm_with_its_adapters_merged(tmp_path):
+    """``klear.eval --model ADAPTER_FOLDER --engine vllm``: vLLM starts from the base model's folder, so the merged
+    weights klear loaded are loaded into it before sampling; its greedy answers are the ``hf`` engine's, and not the
+    base model's (what it sampled before)."""
+    run = tmp_path / "run"
+    lora = ["model.lora.r=8", "optim.lr=3e-2", "trainer.max_steps=3", "eval.every_n_steps=0", f"output_dir={run}"]
+    assert main([*SFT_GREEDY, *lora]) == 0
+    data = write_jsonl(generate_problems(16, split="eval", seed=0), tmp_path / "eval.jsonl")
+    texts = {}
+    runs = (("hf", run / "adapter", "hf"), ("vllm", run / "adapter", "vllm"), ("base", "tiny-sft", "hf"))
+    for name, model, engine in runs:
+        argv = ["--model", str(model), "--data", str(data), "--k", "1", "--temperature", "0", "--max-new-tokens", "96"]
+        assert eval_main([*argv, "--engine", engine, "--output", str(tmp_path / name)]) == 0
+        results = (tmp_path / name / "results.jsonl").read_text().splitlines()
+        texts[name] = [json.loads(line)["samples"][0]["text"] for line in results]
+    assert texts["vllm"] == texts["hf"] != texts["base"]
 
 
 @pytest.mark.slow

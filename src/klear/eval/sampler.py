@@ -22,7 +22,14 @@ from klear.data.prompts import encode_problem
 from klear.errors import first_line
 from klear.eval.options import SamplingOptions
 from klear.eval.tasks import EvalError, load_eval_tokenizer
-from klear.rollout.engine import ENGINES, VLLM_INSTALL, EngineFactory, RolloutEngine, needed_model_len
+from klear.rollout.engine import (
+    ENGINES,
+    VLLM_INSTALL,
+    EngineFactory,
+    RolloutEngine,
+    engine_holds_copy,
+    needed_model_len,
+)
 from klear.schema import ModelConfig, RolloutConfig
 
 if TYPE_CHECKING:
@@ -99,4 +106,10 @@ def build_engine(
         raise EvalError(
             f"--engine {options.engine}: the engine cannot be imported ({first_line(cause)}); {fix}, or use --engine hf"
         ) from error
+    if engine_holds_copy(rollout):
+        # vLLM starts from the checkpoint folder of model.path: for an adapter folder, the base model's weights. It
+        # samples the model loaded here, the adapters merged, only once that is loaded into it.
+        from klear.runtime.strategies import full_tensors
+
+        engine.update_weights(full_tensors(model))
     return engine, tokenizer
