@@ -108,7 +108,9 @@ def build_engine(
         ) from error
     if engine_holds_copy(rollout):
         # vLLM starts from the checkpoint folder of model.path: for an adapter folder, the base model's weights. It
-        # samples the model loaded here, the adapters merged, only once that is loaded into it.
+        # samples the model loaded here, the adapters merged, only once that is loaded into it. Loaded for every
+        # model, not only adapter folders: one copy of the weights (seconds at 8B) makes the engine sample what was
+        # loaded here whatever the folder holds.
         from klear.runtime.strategies import full_tensors
 
         engine.update_weights(full_tensors(model))
