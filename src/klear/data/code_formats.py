@@ -337,7 +337,7 @@ def published_solution(row: dict) -> str | None:
     (its ``prompt`` prelude runs before it, as the tests' suite says), the first of TACO / APPS' ``solutions`` (a
     JSON list as text), CodeContests' first Python 3 program, rllm's ``solutions`` (a text, or the first of a list).
     None when the row is in none of these layouts or ships no solution."""
-    layout = next((name for name, (matches, _) in CONVERTERS.items() if matches(row)), None)
+    layout = benchmark_layout(row)
     if layout == "humaneval":
         prompt, body = row.get("prompt"), row.get("canonical_solution")
         return prompt + body if isinstance(prompt, str) and isinstance(body, str) else None
