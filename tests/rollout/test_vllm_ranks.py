@@ -3,7 +3,10 @@ gloo. Every run is the real CLI in a subprocess (Lightning launches the second r
 one-process baseline too, so no vLLM state is left in the pytest process. Skipped without vllm.
 """
 
+import json
+
 import pytest
+from omegaconf import OmegaConf
 
 from klear.config.load import load_config
 from klear.models import load_model, load_tokenizer
@@ -96,8 +99,6 @@ def test_async_rollouts_with_the_vllm_engine(async_one_process, tmp_path):
 def test_sft_under_fsdp2_evaluates_on_an_engine_per_rank(tmp_path):
     """SFT on 2 ``fsdp2`` ranks with ``eval.engine=vllm``: each rank's engine is loaded with the gathered weights
     before each evaluation, and the greedy answers are those of the ``hf`` engine sampling the sharded model."""
-    import json
-
     sft = ["--config", "configs/sft.yaml", "model.path=tiny-sft", "data.num_train=64", "data.plain_fraction=1.0"]
     sft += ["data.batch_size=8", "trainer.max_steps=4", "optim.lr=3e-3", "optim.warmup_steps=0", "eval.every_n_steps=2"]
     sft += ["eval.num_prompts=16", "eval.temperature=0", "eval.samples=1", "trainer.progress_bar=false"]
@@ -115,8 +116,6 @@ def test_the_8b_sft_recipe_runs_at_tiny_scale_on_two_ranks(tmp_path):
     """``configs/sft_qwen3_8b.yaml`` as it is, with only the model, the data and the sizes made tiny and the CPU for
     the GPUs: packed rows by passes (trainer.epochs) with the warmup a share of them, FSDP2 over 2 ranks, the
     tokenized set kept in data.cache_dir, the held-out sets scored apart by a vLLM engine per rank."""
-    from omegaconf import OmegaConf
-
     tiny = ["model.path=tiny-sft", "data.train=synthetic", "data.num_train=256", "data.max_length=512"]
     tiny += ["data.batch_size=4", "data.eval={aime24: synthetic, aime25: synthetic}", "data.num_eval=8"]
     tiny += ["eval.max_new_tokens=96", "eval.num_prompts=8", "eval.batch_size=8", "eval.every_n_steps=10"]
