@@ -346,12 +346,17 @@ def kept_answers(output) -> list[tuple[int, list[dict]]]:
     return [(line["step"], line["samples"]) for line in map(json.loads, (output / "samples.jsonl").open())]
 
 
-def test_sft_evaluates_on_vllm_the_weights_it_has_trained(tmp_path):
-    """``eval.engine=vllm``: before each evaluation the engine is loaded with the weights the run has reached, so its
-    greedy answers are the ``hf`` engine's word for word, before the first step, mid-run and after the last, while
-    those answers change as the model trains."""
+@pytest.mark.parametrize(
+    "variant",
+    [[], pytest.param(["model.lora.r=8", "optim.lr=3e-2"], marks=pytest.mark.slow, id="lora")],
+    ids=lambda variant: "full" if variant == [] else None,
+)
+def test_sft_evaluates_on_vllm_the_weights_it_has_trained(tmp_path, variant):
+    """``eval.engine=vllm``: before each evaluation the engine is loaded with the weights the run has reached (a LoRA
+    run's merged ones), so its greedy answers are the ``hf`` engine's word for word, before the first step, mid-run and
+    after the last, while those answers change as the model trains."""
     for engine in ("hf", "vllm"):
-        assert main([*SFT_GREEDY, f"output_dir={tmp_path / engine}", f"eval.engine={engine}"]) == 0
+        assert main([*SFT_GREEDY, *variant, f"output_dir={tmp_path / engine}", f"eval.engine={engine}"]) == 0
     answers = kept_answers(tmp_path / "hf")
     assert kept_answers(tmp_path / "vllm") == answers
     first = {step: samples[0]["text"] for step, samples in answers}
@@ -363,7 +368,7 @@ def test_sft_evaluates_on_vllm_the_weights_it_has_trained(tmp_path):
 def test_klear_eval_samples_an_adapter_folder_on_vllm_with_its_adapters_merged(tmp_path):
     """``klear.eval --model ADAPTER_FOLDER --engine vllm``: vLLM starts from the base model's folder, so the merged
     weights klear loaded are loaded into it before sampling; its greedy answers are the ``hf`` engine's, and not the
-    base model's (what it sampled before)."""
+    base model's (what vLLM's folder holds)."""
     run = tmp_path / "run"
     lora = ["model.lora.r=8", "optim.lr=3e-2", "trainer.max_steps=3", "eval.every_n_steps=0", f"output_dir={run}"]
     assert main([*SFT_GREEDY, *lora]) == 0
@@ -376,17 +381,6 @@ def test_klear_eval_samples_an_adapter_folder_on_vllm_with_its_adapters_merged(t
         results = (tmp_path / name / "results.jsonl").read_text().splitlines()
         texts[name] = [json.loads(line)["samples"][0]["text"] for line in results]
     assert texts["vllm"] == texts["hf"] != texts["base"]
-
-
-@pytest.mark.slow
-def test_lora_sft_evaluates_on_vllm_the_merged_weights_it_has_trained(tmp_path):
-    lora = [*SFT_GREEDY, "model.lora.r=8", "optim.lr=3e-2"]
-    for engine in ("hf", "vllm"):
-        assert main([*lora, f"output_dir={tmp_path / engine}", f"eval.engine={engine}"]) == 0
-    answers = kept_answers(tmp_path / "hf")
-    assert kept_answers(tmp_path / "vllm") == answers
-    first = {step: samples[0]["text"] for step, samples in answers}
-    assert sorted(first) == [0, 3, 6] and len(set(first.values())) == 3
 
 
 def test_settings_the_engine_refuses_stop_the_run_in_one_line_naming_the_stages_keys(tmp_path, capsys):
