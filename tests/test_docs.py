@@ -63,6 +63,8 @@ class Run:
     expect: tuple[str, ...] = ()
     """Texts the commands' output must contain."""
     timeout: float = 300
+    slow: str = ""
+    """Why the block runs in the ``slow`` tier only, and what the default run keeps of it; empty: the default run."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,8 @@ EMBEDDED_RUNS = (
     "tests/stages/test_embedded_default.py::test_rl_main_command_gains_20_points",
 )
 FSDP2_ON_CPU = ("tests/stages/test_fsdp2.py::test_rl_on_two_ranks_matches_one_process_across_a_sharded_checkpoint",)
+BENCHMARK = "a benchmark, whose numbers are read from its own run; the default run keeps the code it measures"
+"""`Run.slow` of the benchmarks of docs/performance.md that run in seconds (the others are `Covered` by slow tests)."""
 OBJECTIVE_EXAMPLES = ("tests/objectives/test_docs_examples.py::test_example_runs_and_keeps_the_contract",)
 
 README_TESTS = ("README.md", 'pip install torch==2.13.0 && pip install -e ".[dev,data,lora]"')
@@ -311,13 +315,17 @@ assert "gppo" in list_objectives()
         ("tests/tools/test_bench_sft_step.py::test_klear_only_run_prints_lines_that_parse",), "2 steps there"
     ),
     ("docs/performance.md", "python tools/bench_logprobs.py"): Run(
+        slow=BENCHMARK,
         extra=("--batch", "1", "--length", "64", "--vocab", "4096", "--hidden", "64", "--repeats", "1"),
         expect=("bench_logprobs: B=1 T=64 V=4096: klear/naive memory", "values equal"),
     ),
     ("docs/performance.md", "python tools/bench_sft_padding.py"): Run(
-        extra=("--examples", "100", "--throughput-examples", "16"), expect=("summary (padded -> packed): synthetic",)
+        slow=BENCHMARK,
+        extra=("--examples", "100", "--throughput-examples", "16"),
+        expect=("summary (padded -> packed): synthetic",),
     ),
     ("docs/performance.md", "python tools/bench_sft_data.py"): Run(
+        slow=BENCHMARK,
         extra=("--rows", "30", "--tokens", "200", "--vocab", "4096"),
         expect=(
             "tokenized one row at a time in",
@@ -328,11 +336,14 @@ assert "gppo" in list_objectives()
         ),
     ),
     ("docs/performance.md", "python tools/bench_master_weights.py"): Run(
+        slow=BENCHMARK,
         extra=("--steps", "3"),
         expect=("bench_master_weights: lr 1e-06, 3 steps, distance the bfloat16 weights moved against float32",),
     ),
     ("docs/performance.md", "python tools/bench_load_problems.py"): Run(
-        extra=("--problems", "200", "--vocab", "4096"), expect=("200 problems", "loaded measuring each prompt alone in")
+        slow=BENCHMARK,
+        extra=("--problems", "200", "--vocab", "4096"),
+        expect=("200 problems", "loaded measuring each prompt alone in"),
     ),
     ("docs/performance.md", "python tools/bench_exit.py"): Covered(
         ("tests/tools/test_bench_exit.py::test_the_benchmark_prints_both_kinds_and_the_ratio",), "1 sample each there"
@@ -369,6 +380,7 @@ assert "gppo" in list_objectives()
         ("tests/tools/test_bench_async.py::test_the_benchmark_prints_its_table_and_ratios",), "2 steps there"
     ),
     ("docs/performance.md", "python tools/bench_rewards.py"): Run(
+        slow=BENCHMARK,
         extra=("--math-pairs", "20", "--programs", "2", "--tests", "2", "--workers", "2"),
         expect=("math: sequential", "code: sequential"),
     ),
@@ -593,7 +605,11 @@ def _entry(block: Block):
     return None if key is None else SNIPPETS[key]
 
 
-RUNS = [block for block in ALL_BLOCKS if block.runnable and isinstance(_entry(block), Run)]
+RUNS = [
+    pytest.param(block, marks=pytest.mark.slow) if _entry(block).slow else block
+    for block in ALL_BLOCKS
+    if block.runnable and isinstance(_entry(block), Run)
+]
 PLANS = [block for block in ALL_BLOCKS if block.runnable and isinstance(_entry(block), Plan)]
 
 

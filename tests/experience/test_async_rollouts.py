@@ -230,7 +230,7 @@ def test_two_sharded_ranks_match_one_process_and_resume_exactly_after_kill_9(tmp
     assert_same_metrics(straight, killed, rel=1e-5)
 
 
-@pytest.mark.slow  # the merged refresh itself is in the default run through the vllm engine
+@pytest.mark.slow  # the default run keeps the merge (tests/models/test_lora.py) and the worker's whole-weight refresh
 def test_a_lora_policy_reaches_the_rollout_worker_merged(tmp_path):
     """With ``model.lora`` the worker's copy of the base model receives the merged weights ``W + alpha/r BA`` of every
     version through the shared buffer (names and shapes of the base model's); its engine samples them with the

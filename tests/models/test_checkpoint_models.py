@@ -117,7 +117,10 @@ def test_the_best_scored_checkpoint_is_kept_across_a_resume(tmp_path):
     )
 
 
-@pytest.mark.parametrize("command", ["klear.fit", "klear.eval"])
+@pytest.mark.parametrize(
+    "command",
+    [pytest.param("klear.fit", marks=pytest.mark.slow), "klear.eval"],  # the default run keeps eval's: one loader
+)
 def test_a_checkpoint_that_cannot_be_a_model_is_one_line_before_anything_runs(tmp_path, command):
     foreign = tmp_path / "other" / "checkpoints" / "step-000001.ckpt"  # a torch file, but no run's checkpoint
     foreign.parent.mkdir(parents=True)

@@ -417,6 +417,7 @@ LORA = ["--config", "configs/rl.yaml", *SHORT, "model.lora.r=8", "optim.lr=1e-2"
 MERGED = "LoRA: the vllm engine is refreshed with the merged weights W + alpha/r BA: "
 
 
+@pytest.mark.slow  # the default run keeps the merge (against PEFT's, tests/models/test_lora.py) and the vllm refresh
 def test_rl_with_lora_refreshes_vllm_with_the_merged_weights(tmp_path):
     """``model.lora``: every refresh loads ``W + alpha/r BA`` under the base model's names, and the engine samples
     the adapted policy at the full fine-tuning gap after every refresh (step 1 samples adapters trained by step 0)."""

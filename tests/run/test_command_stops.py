@@ -124,6 +124,7 @@ def test_sigterm_stops_a_comparison_whose_rerun_resumes_it(tmp_path):
     assert f"Restored all states from the checkpoint at {checkpoint}" in (run / "log.txt").read_text()
 
 
+@pytest.mark.slow  # the default run keeps SIGTERM to the comparison, which stops its run the same way
 def test_a_comparison_killed_outright_stops_its_run_at_a_step(tmp_path):
     """``kill -9`` of ``klear.compare`` (or its terminal closed): the kernel sends its run SIGTERM, and the run stops
     at a step with its checkpoint, as after a SIGTERM to the comparison."""

@@ -126,6 +126,7 @@ def test_a_run_piped_into_tee_stops_at_a_step_when_its_terminal_closes(tmp_path)
     assert "INFO klear" in log.read_text()  # the run's lines went through tee until the hangup
 
 
+@pytest.mark.slow  # the default run keeps the hangup through tee, which nohup keeps from the run
 def test_a_run_under_nohup_outlives_its_terminal(tmp_path):
     output = tmp_path / "run"
     args = ["klear.fit", "--config", str(Path("configs/rl.yaml").resolve()), *RUN, f"output_dir={output}"]

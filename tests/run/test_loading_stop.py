@@ -73,7 +73,7 @@ def test_sigterm_while_loading_a_new_run_leaves_no_folder(tmp_path, signum):
     assert not (tmp_path / "new").exists()  # nor the folder above it, which the start made too
 
 
-@pytest.mark.slow  # the default run keeps SIGTERM while loading, over a new and an existing run
+@pytest.mark.slow  # the default run keeps SIGTERM while loading a new run and while tokenizing ahead of one
 def test_ctrl_c_while_loading_into_an_existing_folder_leaves_it_as_it_was(tmp_path):
     output = tmp_path / "sft"
     output.mkdir()
@@ -84,6 +84,7 @@ def test_ctrl_c_while_loading_into_an_existing_folder_leaves_it_as_it_was(tmp_pa
     assert sorted(path.name for path in output.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.slow  # the default run keeps SIGTERM while loading a new run and while tokenizing ahead of one
 def test_sigterm_while_loading_over_an_existing_run_changes_none_of_its_files(tmp_path):
     output = tmp_path / "sft"
     output.mkdir()

@@ -115,6 +115,7 @@ def test_resume_and_overwrite_of_a_live_run_are_refused_then_a_killed_holder_is_
     assert not (out / ".klear.lock").exists()
 
 
+@pytest.mark.slow  # the default run keeps two fits started together and the other refusals of a fit
 def test_a_run_killed_before_its_first_checkpoint_is_told_one_thing_that_works(tmp_path):
     """What ``kill -9`` during the first save leaves: the run's files and a temporary checkpoint, no complete one.
     ``--resume`` and a plain start both advise ``--overwrite``, which then runs."""

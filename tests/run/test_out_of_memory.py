@@ -143,7 +143,7 @@ def test_a_sampling_command_names_its_options(phase_reset):
     )
 
 
-@pytest.mark.end_to_end  # `python -m klear.data synthetic`, `klear.eval` and `klear.data curate`, in subprocesses
+@pytest.mark.slow  # the default run keeps klear.fit's, training and sampling, and the line of a sampling command
 def test_klear_eval_and_curate_out_of_memory_while_sampling_is_one_line(tmp_path):
     data = [sys.executable, "-m", "klear.data", "synthetic", "--split", "eval", "--num", "4", "--out", "eval.jsonl"]
     subprocess.run(data, cwd=tmp_path, check=True, capture_output=True, timeout=300)

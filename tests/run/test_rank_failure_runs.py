@@ -110,6 +110,7 @@ def test_a_rank_killed_by_sigkill_is_named_and_no_process_is_killed_by_lightning
     assert stderr.count("data.train: ") == 1  # rank 1's information lines repeat rank 0's: not printed
 
 
+@pytest.mark.slow  # the default run keeps the two cases above and the launcher's watch below
 def test_a_rank_that_cannot_start_ends_the_run_before_the_process_group_forms(tmp_path):
     """Rank 0 waits for rank 1 in the process group's rendezvous: Lightning's observer killed it with SIGKILL."""
     code, stdout, stderr, output, _ = fit_failing(tmp_path, "start")
@@ -119,7 +120,7 @@ def test_a_rank_that_cannot_start_ends_the_run_before_the_process_group_forms(tm
     assert_ended(output, "failed at step 0: rank 1 exited with status 2", stdout)
 
 
-@pytest.mark.slow  # the default run keeps the three cases above
+@pytest.mark.slow  # the default run keeps the first two cases above
 def test_rank_0_failing_reports_its_own_error_and_the_other_rank_prints_no_traceback(tmp_path):
     code, stdout, stderr, output, _ = fit_failing(tmp_path, "raise", rank=0)
     assert code == 1, stderr[-3000:]
