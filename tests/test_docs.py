@@ -284,6 +284,13 @@ assert "gppo" in list_objectives()
         ("tests/test_commands.py::test_eval_on_both_built_in_tasks_in_one_command",),
         "with 8 problems in each file",
     ),
+    ("docs/evaluation.md", "python -m klear.eval --model outputs/rl/hf --data benchmarks/aime24.qs.jsonl"): NotOnCPU(
+        "two GPUs sharing a model through vLLM's tensor parallelism, Klear's benchmark file",
+        (
+            "tests/eval/test_sampler.py::test_vllm_options_are_rollout_vllm_keys_checked_as_the_config_loader_checks_them",
+            "tests/rollout/test_vllm_engine.py::test_klear_eval_names_its_own_flags_when_the_engine_refuses_its_settings",
+        ),
+    ),
     ("docs/evaluation.md", "python -m klear.eval --model Kwai-Klear/Klear-Reasoner-8B"): NotOnCPU(
         "an 8B model downloaded from the hub, sampled 64 x 64K tokens per problem on GPUs with vLLM",
         (

@@ -113,6 +113,15 @@ def test_vllm_not_installed_is_one_line_with_the_install_and_hf(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_vllm_option_the_engine_does_not_accept_is_one_line_before_torch(tmp_path):
+    args = ["--model", "tiny-sft", "--engine", "vllm", "--data", math_file(tmp_path), "--output", str(tmp_path / "o")]
+    result = run_command("klear.eval", *args, "--vllm", "gpu_memory_utilization=2", env=PROFILE, timeout=60)
+    error = one_line_error(result)
+    assert error == "error: --vllm gpu_memory_utilization = 2.0 is not accepted; accepted: a number in (0, 1]", error
+    assert heavy_imports(result.stderr) == []
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.slow  # loads the model before the engine; the test above covers vLLM missing in ~1 s
 def test_vllm_that_fails_to_import_is_one_line(tmp_path):
     shadow = tmp_path / "shadow"

@@ -9,7 +9,9 @@ import dataclasses
 import re
 
 import pytest
+import torch
 
+from klear.config import VLLMConfig
 from klear.data.problems import Problem
 from klear.data.prompts import encode_prompt
 from klear.data.readers import write_jsonl
@@ -138,3 +140,45 @@ def test_rope_scaling_reaches_the_model_and_its_context(tmp_path) -> None:
         problems_of(data, arguments(max_new_tokens=1000))
     problems, _, _ = problems_of(data, arguments(max_new_tokens=1000, rope_scaling=yarn))
     assert len(problems.problems) == 1
+
+
+def test_vllm_options_are_rollout_vllm_keys_checked_as_the_config_loader_checks_them() -> None:
+    """``--vllm KEY=VALUE``: the keys and accepted values of ``rollout.vllm``, each refusal one line naming ``--vllm``;
+    the GPU is the engine's alone unless ``--vllm`` says otherwise; the factory gets the options."""
+    vllm = ("tensor_parallel_size=2", "kv_cache_memory_bytes=1048576")
+    options = arguments(engine="vllm", vllm=vllm)
+    assert options.vllm_config() == VLLMConfig(
+        tensor_parallel_size=2, kv_cache_memory_bytes=1 << 20, gpu_memory_utilization=0.9
+    )
+    assert arguments(engine="vllm", vllm=("gpu_memory_utilization=0.4",)).vllm_config().gpu_memory_utilization == 0.4
+    for engine, given, message in [
+        ("vllm", "gpu_memory_utilization=2", "--vllm gpu_memory_utilization = 2.0 is not accepted; accepted: a number "
+         "in (0, 1]"),
+        ("vllm", "dtype=float16", "--vllm dtype = 'float16' is not accepted; accepted: auto, float32, bfloat16"),
+        ("vllm", "max_model_len=long", "bad value for '--vllm max_model_len': Value 'long' of type 'str' could not be "
+         "converted to Integer"),
+        ("vllm", "gpu_memory_utilisation=0.9", "--vllm gpu_memory_utilisation=0.9: 'gpu_memory_utilisation' is no "
+         "option of the vllm engine; accepted: tensor_parallel_size, gpu_memory_utilization, kv_cache_memory_bytes, "
+         "dtype, enable_sleep_mode, enforce_eager, max_model_len, lora_adapters; did you mean "
+         "'gpu_memory_utilization'?"),
+        ("vllm", "enforce_eager", "--vllm 'enforce_eager': give KEY=VALUE, e.g. --vllm gpu_memory_utilization=0.9"),
+        ("hf", "enforce_eager=true", "--vllm enforce_eager=true: --vllm sets options of the vllm engine; give "
+         "--engine vllm"),
+    ]:  # fmt: skip
+        with pytest.raises(EvalError, match=f"^{re.escape(message)}$"):
+            arguments(engine=engine, vllm=(given,)).vllm_config()
+    CALLS.clear()
+    build_engine(arguments())
+    assert CALLS[0][2]["rollout"].vllm == arguments(engine="vllm").vllm_config()
+
+
+def test_on_a_gpu_the_model_an_engine_copies_stays_in_the_hosts_memory(monkeypatch) -> None:
+    """An engine with weights of its own (vLLM) gets the loaded model's once: the model stays on the CPU, so the
+    GPU's memory is the engine's; it is loaded in the GPU's precision, which the engine is told."""
+    monkeypatch.setattr("klear.runtime.device.uses_cuda", lambda device: True)
+    CALLS.clear()
+    engine, _ = build_engine(arguments())
+    policy, _, settings = CALLS[0]
+    parameter = next(policy.parameters())
+    assert (parameter.device.type, parameter.dtype, settings["precision"]) == ("cpu", torch.bfloat16, "bf16-mixed")
+    assert engine.loaded == [name for name, _ in policy.named_parameters()]

@@ -399,6 +399,26 @@ def test_settings_the_engine_refuses_stop_the_run_in_one_line_naming_the_stages_
     ]
 
 
+def test_klear_eval_names_its_own_flags_when_the_engine_refuses_its_settings(tmp_path, capsys):
+    """The same refusal in ``klear.eval``, whose settings are flags: ``--vllm KEY`` and ``--max-new-tokens``."""
+    data = write_jsonl(generate_problems(2, split="eval", seed=0), tmp_path / "eval.jsonl")
+    argv = ["--model", "tiny-sft", "--data", str(data), "--engine", "vllm", "--max-new-tokens", "96"]
+    assert eval_main([*argv, "--vllm", "kv_cache_memory_bytes=1000", "--output", str(tmp_path / "out")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: --engine vllm: the vLLM KV cache of 0 MiB (--vllm kv_cache_memory_bytes; 0: 256 MiB on CPU) cannot "
+        "hold one sequence of max_model_len = "
+    ), errors
+    assert errors[0].endswith("or lower --vllm max_model_len or --max-new-tokens"), errors
+    assert eval_main([*argv, "--vllm", "max_model_len=50", "--output", str(tmp_path / "out")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: --engine vllm: --vllm max_model_len = 50 is shorter "), (
+        errors
+    )
+    assert "(its longest prompt + --max-new-tokens): raise it, set it to 0" in errors[0], errors
+    assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
 def test_rope_scaling_reaches_the_engine_as_the_trainer_has_it():
     """``model.rope_scaling`` (YaRN, the paper's 64K evaluation): vLLM samples with the trainer's rope, not the
     checkpoint's (measured: 1e-6 against the YaRN policy, 1.65 nats against the plain one)."""

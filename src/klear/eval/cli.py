@@ -329,7 +329,7 @@ def check_output(output: Path) -> None:
 
 def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
     """What the command line alone can say is wrong: ranges (`SamplingOptions.requirements` and this command's),
-    a model and saved completions together or neither, the engine's name and the model folder."""
+    a model and saved completions together or neither, the engine's name and its --vllm options, the model folder."""
     n = args.k if args.n is None else args.n
     check_requirements(
         [
@@ -341,6 +341,7 @@ def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
         ]
     )
     options.check_prompt_format()
+    options.vllm_config()
     try:
         check_rope_scaling(options.rope_scaling, "--rope-scaling")
     except ConfigError as error:

@@ -17,8 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from klear.config.load import ConfigError, load_config
 from klear.data.prompts import PromptFormat
+from klear.errors import did_you_mean
 from klear.eval.tasks import EvalError
+from klear.rollout.engine import NEW_TOKENS
+from klear.schema import VLLMConfig
 
 MOST_SAMPLES = 65536
 """The most samples per problem (``klear.eval --n``, curate ``--k``): more than any published estimate draws."""
@@ -26,6 +32,17 @@ MOST_PROCESSES = 4096
 """The most threads or reward worker processes a command starts: more than any machine's cores."""
 Requirement = tuple[str, Any, bool, str]
 """``(option, its value, whether it holds, what it must be)``."""
+FLAGS = {
+    NEW_TOKENS: "--max-new-tokens",
+    "rollout.vllm.": "--vllm ",
+    "rollout.max_new_tokens": "--max-new-tokens",
+    "eval.max_new_tokens": "--max-new-tokens",
+    "rollout.batch_size": "--batch-size",
+}
+"""The config keys the engines name in their errors, as these commands take them (`EngineError.renamed`)."""
+VLLM_DEFAULTS = ("gpu_memory_utilization=0.9",)
+"""Where these commands' ``vllm`` engine differs from a run's: the GPU is the engine's alone (vLLM's own default),
+where a run leaves half of it to the trainer; ``--vllm`` overrides it."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,8 @@ class SamplingOptions:
         batch_size: sequences the engine samples together.
         threads: torch CPU threads (0: chosen by klear).
         num_workers, reward_timeout: reward worker processes (0: score in this process) and their deadline.
+        vllm: ``--vllm KEY=VALUE`` as given: options of the ``vllm`` engine, by the keys of an RL run's
+            ``rollout.vllm`` (`vllm_config`).
         rope_scaling: the model's rope scaling (``klear.eval --rope-scaling``; None: the checkpoint's).
         base: the base model of the adapter folder ``model`` (``klear.eval --base``; None: the one its
             ``adapter_config.json`` names, or ``model`` is a whole model).
@@ -62,6 +81,7 @@ class SamplingOptions:
     prompt_template: str = ""
     system_prompt: str = ""
     apply_chat_template: bool = True
+    vllm: tuple[str, ...] = ()
     rope_scaling: dict[str, Any] | None = None
     base: str | None = None
 
@@ -70,6 +90,7 @@ class SamplingOptions:
         """The options of a parsed command line; a command without ``--rope-scaling`` or ``--base`` has None."""
         own = ("rope_scaling", "base")  # klear.eval's alone
         values = {field.name: getattr(args, field.name) for field in fields(cls) if field.name not in own}
+        values["vllm"] = tuple(values["vllm"] or ())
         return cls(**values, **{name: vars(args).get(name) for name in own})
 
     @property
@@ -87,6 +108,33 @@ class SamplingOptions:
             }[field]
             fix = "; write it into --prompt-template instead" if field == "system" else ""
             raise EvalError(f"{flag} {value!r}: {reason}{fix}")
+
+    def vllm_config(self) -> VLLMConfig:
+        """The ``vllm`` engine's options: its defaults (`VLLM_DEFAULTS` first) with the values of ``--vllm``, checked
+        as the config loader checks ``rollout.vllm`` (read through the SFT schema's ``eval.vllm``, the same section,
+        whose checks import no torch).
+
+        Raises:
+            EvalError: ``--vllm`` without ``--engine vllm``, a token that is no ``KEY=VALUE``, an unknown key or a
+                value the key does not accept, named as ``--vllm KEY``.
+        """
+        if self.vllm and self.engine != "vllm":
+            raise EvalError(f"--vllm {self.vllm[0]}: --vllm sets options of the vllm engine; give --engine vllm")
+        keys = [field.name for field in fields(VLLMConfig)]
+        for token in self.vllm:
+            key, equals, _ = token.partition("=")
+            if not (key and equals):
+                raise EvalError(f"--vllm {token!r}: give KEY=VALUE, e.g. --vllm gpu_memory_utilization=0.9")
+            if key not in keys:
+                close = did_you_mean(key, keys)
+                raise EvalError(
+                    f"--vllm {token}: {key!r} is no option of the vllm engine; accepted: {', '.join(keys)}{close}"
+                )
+        try:
+            config = load_config(None, [f"eval.vllm.{token}" for token in (*VLLM_DEFAULTS, *self.vllm)])
+        except ConfigError as error:
+            raise EvalError(str(error).replace("eval.vllm.", "--vllm ")) from None
+        return VLLMConfig(**OmegaConf.to_container(config.eval.vllm))
 
     def requirements(self) -> list[Requirement]:
         return [
@@ -150,6 +198,13 @@ def add_sampling_arguments(
     group.add_argument("--batch-size", type=int, default=256, help="sequences sampled together (default: %(default)s)")
     group.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads; 0: chosen by klear from the free cores (default: 0)"
+    )
+    group.add_argument(
+        "--vllm",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an option of --engine vllm by its key in rollout.vllm, e.g. --vllm tensor_parallel_size=2; repeatable "
+        "(default: rollout.vllm's defaults, but gpu_memory_utilization=0.9: the GPU is the engine's alone)",
     )
     group.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
     group.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")

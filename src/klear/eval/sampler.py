@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING
 from klear.data.problems import Problem
 from klear.data.prompts import encode_problem
 from klear.errors import first_line
-from klear.eval.options import SamplingOptions
+from klear.eval.options import FLAGS, SamplingOptions
 from klear.eval.tasks import EvalError, load_eval_tokenizer
 from klear.rollout.engine import (
     ENGINES,
     VLLM_INSTALL,
+    EngineError,
     EngineFactory,
     RolloutEngine,
     engine_holds_copy,
@@ -71,13 +72,6 @@ def build_engine(
         raise EvalError("give --model PATH to sample answers")
     factory = check_engine(options.engine)
     on_cuda = uses_cuda("auto")
-    source, adapter = (options.base, options.model) if options.base else (options.model, None)
-    model_config = ModelConfig(path=source, rope_scaling=options.rope_scaling or {})
-    tokenizer = load_eval_tokenizer(source, "--base" if adapter else "--model", chat=options.apply_chat_template)
-    try:
-        model = load_model(model_config, on_cuda=on_cuda, cpu_threads=options.threads, adapter=adapter)
-    except (OSError, ValueError) as error:  # unrecognised model type, broken weights
-        raise EvalError(f"--model {options.model}: {first_line(error)}") from error
     rollout = RolloutConfig(
         engine=options.engine,
         max_new_tokens=options.max_new_tokens,
@@ -85,12 +79,23 @@ def build_engine(
         top_p=options.top_p,
         top_k=options.top_k,
         batch_size=options.batch_size,
+        vllm=options.vllm_config(),
     )
+    source, adapter = (options.base, options.model) if options.base else (options.model, None)
+    model_config = ModelConfig(path=source, rope_scaling=options.rope_scaling or {})
+    tokenizer = load_eval_tokenizer(source, "--base" if adapter else "--model", chat=options.apply_chat_template)
+    try:
+        model = load_model(model_config, on_cuda=on_cuda, cpu_threads=options.threads, adapter=adapter)
+    except (OSError, ValueError) as error:  # unrecognised model type, broken weights
+        raise EvalError(f"--model {options.model}: {first_line(error)}") from error
     lengths = [len(encode_problem(tokenizer, problem)) for problem in problems]
     need = needed_model_len(lengths, options.max_new_tokens) if lengths else None
+    # An engine with weights of its own gets them from this model once (below), which stays in the host's memory:
+    # the GPU's is the engine's, for its weights and KV cache (--vllm gpu_memory_utilization).
+    device = "cuda" if on_cuda and not engine_holds_copy(rollout) else "cpu"
     try:
         engine = factory(
-            model.to("cuda" if on_cuda else "cpu"),
+            model.to(device),
             tokenizer,
             model=model_config,
             rollout=rollout,
@@ -98,7 +103,9 @@ def build_engine(
             precision="bf16-mixed" if on_cuda else "32-true",
             max_model_len=need,
         )
-    except ValueError as error:  # settings the engine refuses (a KV cache too small for one sequence, ...)
+    except EngineError as error:  # settings the engine refuses (a KV cache too small for one sequence, ...)
+        raise EvalError(f"--engine {options.engine}: {first_line(error.renamed(FLAGS))}") from error
+    except ValueError as error:  # the engine's own refusals
         raise EvalError(f"--engine {options.engine}: {first_line(error)}") from error
     except ImportError as error:  # installed, but its import fails (a vLLM built for another torch, ...)
         cause = error.__cause__ if isinstance(error.__cause__, ImportError) else error  # the engine's own re-raise

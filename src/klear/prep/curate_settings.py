@@ -99,6 +99,7 @@ class CurateSettings:
             ]
         )
         self.sampling.check_prompt_format()
+        self.sampling.vllm_config()
         check_greedy(self.sampling, self.k, "a pass rate needs k > 1")
 
     def recorded(self, task: Task) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -124,10 +124,23 @@ ENGINES.register("hf")(_lazy("klear.rollout.hf:build_hf_engine"))
 ENGINES.register("vllm")(_lazy("klear.rollout.vllm_engine:build_vllm_engine"))
 
 
+NEW_TOKENS = "rollout.max_new_tokens, or eval.max_new_tokens in the in-training evaluation"
+"""The response budgets a run's engine holds room for, as its errors name them (a caller with one budget renames
+the phrase: `EngineError.renamed`)."""
+
+
 class EngineError(UserError):
     """Engine settings that cannot work (a KV cache that cannot hold one sequence, a ``max_model_len`` below what the
     run needs, tensor parallelism across training ranks): one line naming the ``rollout.*`` keys to change, checked
     before the engine starts. A run stopped by it ends with that line, not a traceback."""
+
+    def renamed(self, names: Mapping[str, str]) -> EngineError:
+        """The same line with the settings named as the caller takes them: each key of ``names`` (in order) replaced
+        by its value, as SFT's evaluation names ``eval.*`` and ``klear.eval`` its flags."""
+        text = str(self)
+        for key, name in names.items():
+            text = text.replace(key, name)
+        return EngineError(text)
 
 
 VLLM_INSTALL = (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from klear.rollout.engine import EngineError
+from klear.rollout.engine import NEW_TOKENS, EngineError
 
 CPU_KV_CACHE_BYTES = 1 << 28
 """KV cache on CPU when ``kv_cache_memory_bytes`` is 0 (256 MiB: ~260k tokens of the tiny model)."""
@@ -32,8 +32,7 @@ def engine_model_len(option: int, needed: int | None, context: int) -> tuple[int
         if needed is not None and option < needed:
             raise EngineError(
                 f"rollout.vllm.max_model_len = {option} is shorter than the {needed} tokens the run needs (its "
-                "longest prompt + rollout.max_new_tokens, or eval.max_new_tokens in the in-training evaluation): "
-                "raise it, set it to 0 (the run's need), or lower the max_new_tokens"
+                f"longest prompt + {NEW_TOKENS}): raise it, set it to 0 (the run's need), or lower the max_new_tokens"
             )
         return option, EXPLICIT
     if needed is None:

@@ -31,7 +31,7 @@ from klear.models.lora import with_lora
 from klear.rewards import Reward
 from klear.rewards.routing import routed_reward
 from klear.rewards.scorer import RewardScorer
-from klear.rollout.engine import ENGINES, EngineError, RolloutEngine, needed_model_len
+from klear.rollout.engine import ENGINES, NEW_TOKENS, EngineError, RolloutEngine, needed_model_len
 from klear.rollout.refresh import copy_tensors
 from klear.run.directory import RunDir
 from klear.run.stopping import check_finite
@@ -156,7 +156,7 @@ class SFTModule(StageModule):
                     max_model_len=self.max_model_len,
                 )
             except EngineError as error:  # its keys are RL's rollout.*; SFT's are eval.*
-                raise EngineError(str(error).replace("rollout.", "eval.")) from error
+                raise error.renamed({NEW_TOKENS: "eval.max_new_tokens", "rollout.": "eval."}) from error
         return self._eval_engine
 
     def run_eval(self) -> Evaluation:
