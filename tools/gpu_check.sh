@@ -19,7 +19,9 @@
 #    schedule, a gap below 0.05 against the weights that sampled, and the trainer's and engine's idle times;
 # 5. SFT with FSDP2 on CUDA evaluated greedily by the hf engine and by the vllm engine (eval.engine=vllm, loaded with
 #    the trained weights before each evaluation): it asserts that at every evaluation most answers are the same
-#    (bfloat16 kernels differ) and that the trained model's answers differ from the starting model's.
+#    (bfloat16 kernels differ) and that the trained model's answers differ from the starting model's;
+# 6. klear.eval of that trained model with each engine, greedy (--engine vllm with --vllm gpu_memory_utilization,
+#    the model left in the host's memory and its weights loaded into vLLM): it asserts most answers are the same.
 # Exits non-zero if a step failed or vllm is missing (the other steps still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -113,6 +115,23 @@ if python -c "import vllm" 2>/dev/null; then
     step python -m klear.fit "${sft[@]}" eval.engine=hf output_dir="$work/sft-eval-hf" \
         && step python -m klear.fit "${sft[@]}" eval.engine=vllm output_dir="$work/sft-eval-vllm" \
         && step same_answers "$work/sft-eval-hf" "$work/sft-eval-vllm"
+fi
+same_eval_answers() {  # two klear.eval outputs: the same greedy answer to most problems
+    python - "$1" "$2" <<'EOF'
+import json, sys
+texts = [[json.loads(line)["samples"][0]["text"] for line in open(f"{folder}/results.jsonl")] for folder in sys.argv[1:]]
+share = sum(a == b for a, b in zip(*texts)) / len(texts[0])
+print(f"klear.eval, hf and vllm engines: the same greedy answer to {share:.2f} of {len(texts[0])} problems")
+assert len(texts[0]) == len(texts[1]) == 32 and share >= 0.8, share
+EOF
+}
+if python -c "import vllm" 2>/dev/null && [ -f "$work/sft-eval-vllm/hf/config.json" ]; then
+    python -m klear.data synthetic --split eval --num 32 --out "$work/eval.jsonl"
+    evaluation=(--model "$work/sft-eval-vllm/hf" --data "$work/eval.jsonl" --k 1 --temperature 0 --max-new-tokens 96)
+    step python -m klear.eval "${evaluation[@]}" --engine hf --output "$work/eval-hf" \
+        && step python -m klear.eval "${evaluation[@]}" --engine vllm --vllm gpu_memory_utilization=0.6 \
+            --output "$work/eval-vllm" \
+        && step same_eval_answers "$work/eval-hf" "$work/eval-vllm"
 fi
 echo "work directory: $work"
 exit $status
