@@ -85,7 +85,7 @@ def assert_stopped(output: Path, args: list[str], stdout: str, stderr: str, retu
     return checkpoint
 
 
-@pytest.mark.slow  # the default run keeps SIGTERM's stop of one SFT process (below) and of two RL ranks
+@pytest.mark.slow  # the default run keeps SIGTERM's stop of SFT in an evaluation (below) and of two RL ranks
 def test_sigterm_stops_one_process_at_a_step_with_the_summary(tmp_path):
     output = tmp_path / "rl"
     args = ["--config", "configs/rl.yaml", f"output_dir={output}", *LONG]
@@ -95,6 +95,8 @@ def test_sigterm_stops_one_process_at_a_step_with_the_summary(tmp_path):
     assert_stopped(output, args, stdout, stderr, process.returncode)
 
 
+@pytest.mark.slow  # the default run keeps SFT's stop in an evaluation, the saved step and resume after Ctrl-C
+# (tests/test_console.py) and SFT's exact resume (tests/stages/test_sft_end_to_end.py)
 def test_sigterm_between_steps_saves_the_step_and_the_resume_repeats_the_run_exactly(tmp_path):
     """SFT, whose steps have no agreement point inside: the stop is agreed at the end of the step the signal came in,
     which is saved first although no checkpoint was due (every 400 steps), so no step is lost, and the resumed run's

@@ -32,13 +32,7 @@ MOST_PROCESSES = 4096
 """The most threads or reward worker processes a command starts: more than any machine's cores."""
 Requirement = tuple[str, Any, bool, str]
 """``(option, its value, whether it holds, what it must be)``."""
-FLAGS = {
-    NEW_TOKENS: "--max-new-tokens",
-    "rollout.vllm.": "--vllm ",
-    "rollout.max_new_tokens": "--max-new-tokens",
-    "eval.max_new_tokens": "--max-new-tokens",
-    "rollout.batch_size": "--batch-size",
-}
+FLAGS = {NEW_TOKENS: "--max-new-tokens", "rollout.vllm.": "--vllm ", "rollout.max_new_tokens": "--max-new-tokens"}
 """The config keys the engines name in their errors, as these commands take them (`EngineError.renamed`)."""
 VLLM_DEFAULTS = ("gpu_memory_utilization=0.9",)
 """Where these commands' ``vllm`` engine differs from a run's: the GPU is the engine's alone (vLLM's own default),
