@@ -5,6 +5,7 @@ weights into it before each test, so a test that changes them leaves nothing beh
 """
 
 import copy
+import dataclasses
 import json
 
 import lightning as L
@@ -381,6 +382,9 @@ def test_klear_eval_samples_an_adapter_folder_on_vllm_with_its_adapters_merged(t
         results = (tmp_path / name / "results.jsonl").read_text().splitlines()
         texts[name] = [json.loads(line)["samples"][0]["text"] for line in results]
     assert texts["vllm"] == texts["hf"] != texts["base"]
+    recorded = json.loads((tmp_path / "vllm" / "summary.json").read_text())["vllm"]  # the engine's options
+    assert recorded == dataclasses.asdict(VLLMConfig(gpu_memory_utilization=0.9))
+    assert json.loads((tmp_path / "hf" / "summary.json").read_text())["vllm"] is None
 
 
 def test_settings_the_engine_refuses_stop_the_run_in_one_line_naming_the_stages_keys(tmp_path, capsys):

@@ -44,6 +44,7 @@ signal came as they were written; each file is whole or absent); the reward work
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -276,6 +277,7 @@ def set_summary(
         "rope_scaling": options.rope_scaling,
         "prompt_format": options.prompt_format.describe(),
         "engine": options.engine if args.completions is None else None,
+        "vllm": dataclasses.asdict(options.vllm_config()) if options.engine == "vllm" and args.model else None,
         "device": _device(),
     }
     summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
