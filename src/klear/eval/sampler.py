@@ -58,7 +58,8 @@ def build_engine(
     ``options.model`` merged into it (`klear.models.load_model`'s ``adapter``); its tokenizer is the one used.
     ``options.rope_scaling`` (``--rope-scaling``), when set, replaces the model's rope scaling in both engines. The
     engine gets ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` and ``batch_size`` of ``options`` as its
-    rollout options and ``options.seed`` as its seed. Given the ``problems`` it will sample, it also gets their
+    rollout options, ``--vllm``'s as ``rollout.vllm`` (`SamplingOptions.vllm_config`), and ``options.seed`` as its
+    seed. Given the ``problems`` it will sample, it also gets their
     longest prompt + ``max_new_tokens`` as ``max_model_len`` (the ``vllm`` engine's context: without it, the model's
     whole context).
 
