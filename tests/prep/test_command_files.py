@@ -117,6 +117,10 @@ def test_a_count_that_means_nothing_is_refused(tmp_path):
         (["dedup", "--data", "t.jsonl", "--num-perm", "1"], "argument --num-perm: must be a whole number in [2, 4096]"),
         (["dedup", "--data", "t.jsonl", "--threshold", "1.5"], "argument --threshold: must be a number in (0, 1]"),
         (["decontaminate", "--data", "t.jsonl", "--eval", "e.jsonl", "--n", "-1"], "argument --n: must be a whole"),
+        (
+            ["decontaminate", "--data", "t.jsonl", "--eval", "e.jsonl", "--template-share", "1.5"],
+            "argument --template-share: must be a number in [0, 1], got 1.5",
+        ),
         (["filter-tests", "--data", "t.jsonl", "--min-tests", "-1"], "argument --min-tests: must be a whole number"),
         (["filter-tests", "--data", "t.jsonl", "--timeout", "0"], "argument --timeout: must be a number > 0, got 0"),
         (["filter-tests", "--data", "t.jsonl", "--timeout", "nan"], "argument --timeout: must be a finite number"),

@@ -3,7 +3,7 @@
 ``synthetic --num -5`` used to write an empty file and exit 0: a count, a size or a time that cannot mean
 anything is refused before the command does anything, with one line naming the option, what it accepts and what it
 got (exit code 2). Use the helpers as argparse ``type=``: ``type=at_least(1)``, ``type=greater_than(0.0)``,
-``type=in_unit_interval``.
+``type=in_unit_interval``, ``type=share``.
 """
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ def in_unit_interval(text: str) -> float:
     value = _number(text, float, "a number")
     if not 0.0 < value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
+    return value
+
+
+def share(text: str) -> float:
+    """A number in ``[0, 1]`` (a share of a set)."""
+    value = _number(text, float, "a number")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text}")
     return value
 
 
