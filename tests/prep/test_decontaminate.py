@@ -250,7 +250,7 @@ def test_an_instruction_both_files_repeat_is_no_contamination(tmp_path, capsys):
     assert {item["ngram"] for item in report["template"]} == instruction and report["template_share"] == 0.1
     assert {(item["file"], item["problems"], item["of"]) for item in report["template"]} == {(held_out, 6, 6)}
     assert f"removed 1 sharing a 9-gram outside {len(instruction)} template n-grams with 6 rows" in summary
-    # The paper's rule as written: the instruction alone removes every row.
+    # With no template, the instruction alone removes every row.
     assert main([*command, "--template-share", "0"]) == 0
     assert "template" not in capsys.readouterr().out
     report = json.loads((tmp_path / "clean.report.json").read_text())
@@ -298,3 +298,41 @@ def test_the_measurement_docs_data_md_gives(tmp_path, capsys):
     assert (len(removed["0.1"]), len(removed["0"])) == (11, 25)
     assert {item["line"] for item in removed["0.1"]} < {item["line"] for item in removed["0"]}
     assert "p and q are relatively prime" in " ".join(item["ngram"] for item in removed["0.1"])
+
+
+def test_a_gram_of_numbers_alone_is_no_evidence():
+    """Two different code problems whose sample inputs share nine numbers: kept. A copy is still found."""
+    eval_text = "Read n and print the largest gap between neighbours in 1 2 3 4 5 6 7 8 9 10 sorted."
+    index = index_eval([("bench.jsonl", [(1, eval_text)])], n=9)
+    assert "1 2 3 4 5 6 7 8 9" not in index and "2 3 4 5 6 7 8 9 10" not in index
+    other = "Count the inversions of the permutation given on one line, such as 1 2 3 4 5 6 7 8 9 10."
+    assert find_overlap(other, index, 9) is None
+    assert find_overlap(f"Input format. {eval_text}", index, 9) == (
+        "read n and print the largest gap between neighbours",
+        "bench.jsonl",
+        1,
+    )
+    assert find_overlap("1 2 3 4 5 6 7 8 9 10 11", index, 9) is None
+
+
+def test_the_code_measurement_docs_data_md_gives(tmp_path, capsys):
+    """docs/data.md, decontaminate: Klear's constructed Code-R1 rows against rLLM's and LeetCodeDataset's test rows.
+    Rows 4, 11 and 12 share only sample inputs of numbers, rows 1 and 2 only LeetCode's stock opening."""
+    folder = PUBLISHED / "rl"
+    train = require(folder / "klear_code_coder1_longcot.constructed.jsonl.gz")
+    names = [
+        "rllm_test_leetcode_head50.json",
+        "rllm_test_codeforces_head20.json",
+        "rllm_test_code_contests_head20.json",
+        "leetcodedataset_v0.3.1_test_head20.jsonl",
+    ]
+    benchmarks = [str(require(folder / f"{name}.gz")) for name in names]
+    removed = {}
+    for share in ("0.1", "0"):
+        out = tmp_path / f"clean-{share}.jsonl"
+        command = ["decontaminate", "--data", str(train), "--eval", *benchmarks, "--out", str(out)]
+        assert main([*command, "--template-share", share]) == 0
+        capsys.readouterr()
+        report = json.loads((tmp_path / f"clean-{share}.report.json").read_text())
+        removed[share] = [item["line"] for item in report["removed"]]
+    assert removed == {"0.1": [5, 8], "0": [1, 2, 5, 8]}

@@ -8,7 +8,8 @@ identical short text only.
 A gram of a set's template (`klear.prep.ngrams.template_grams`: held by ``--template-share`` of its distinct
 problems, 5 at least, such as an instruction every row repeats) is no evidence: such words are left out of both
 sides' grams (`content_grams`). Without that, a DAPO-layout training set checked against DAPO's AIME file, whose
-rows open with the same instruction, loses every row.
+rows open with the same instruction, loses every row. Nor is a gram of numbers alone (`is_evidence`): a code
+problem's sample input "1 2 3 4 5 6 7 8 9" is in many problems.
 
 Every evaluation file is indexed once (gram -> the first eval file and line holding it); each training problem
 is then one pass over its grams, so the cost is linear in the data and the benchmarks. The report names, for
@@ -56,8 +57,15 @@ def index_eval(
     for path, items in sets:
         for line, text in items:
             for gram in content_grams(words(text), n, template):
-                index.setdefault(gram, (path, line))
+                if is_evidence(gram):
+                    index.setdefault(gram, (path, line))
     return index
+
+
+def is_evidence(gram: str) -> bool:
+    """False for a gram of numbers alone, such as a sample input's "1 2 3 4 5 6 7 8 9" or a list of primes: many
+    problems hold one, and it tells none of them apart."""
+    return not all(token.isdigit() for token in gram.split())
 
 
 def find_overlap(
@@ -66,7 +74,7 @@ def find_overlap(
     """The first n-gram of ``text`` (outside ``template``'s words) found in ``index``, with its eval file and line;
     None when clean."""
     for gram in content_grams(words(text), n, template):
-        hit = index.get(gram)
+        hit = index.get(gram)  # `index_eval` holds no gram that `is_evidence` refuses
         if hit is not None:
             return gram, *hit
     return None
@@ -100,10 +108,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--template-share",
         type=share,
+        metavar="SHARE",
         default=DEFAULT_TEMPLATE_SHARE,
         help="an n-gram held by at least this share of a file's distinct problems (and by 5 or more) is that "
-        "file's template, an instruction or stock phrase, and no evidence; 0: every n-gram counts, the paper's "
-        "rule as written (default: %(default)s)",
+        "file's template, an instruction or stock phrase, and no evidence; 0: no n-gram is (default: %(default)s)",
     )
     parser.add_argument(
         "--key",
