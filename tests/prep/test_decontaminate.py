@@ -281,6 +281,15 @@ def test_dapo_rows_against_dapo_aime_lose_only_the_copies(tmp_path, capsys):
     assert "kept 0 of 2 rows" in capsys.readouterr().out
 
 
+def removals(tmp_path: Path, capsys, train: Path, benchmarks: list[str], share: str) -> list[dict]:
+    """The report's removed rows of ``decontaminate`` at ``--template-share share``."""
+    out = tmp_path / f"clean-{share}.jsonl"
+    command = ["decontaminate", "--data", str(train), "--eval", *benchmarks, "--out", str(out)]
+    assert main([*command, "--template-share", share]) == 0
+    capsys.readouterr()
+    return json.loads((tmp_path / f"clean-{share}.report.json").read_text())["removed"]
+
+
 def test_the_measurement_docs_data_md_gives(tmp_path, capsys):
     """docs/data.md, decontaminate: Open-Reasoner-Zero's first 200 training rows against AIME 2024 and 2025 (Klear's
     and Skywork-OR1's files) lose 11 rows at the defaults, 25 with --template-share 0, each to a stock phrase."""
@@ -288,13 +297,7 @@ def test_the_measurement_docs_data_md_gives(tmp_path, capsys):
     train = require(folder / "orz_math_57k_head.json.gz")
     names = ["klear_bench_aime24.qs", "klear_bench_aime25.qs", "skywork_or1_eval_aime24", "skywork_or1_eval_aime25"]
     benchmarks = [str(require(folder / f"{name}.jsonl.gz")) for name in names]
-    removed = {}
-    for share in ("0.1", "0"):
-        out = tmp_path / f"clean-{share}.jsonl"
-        command = ["decontaminate", "--data", str(train), "--eval", *benchmarks, "--out", str(out)]
-        assert main([*command, "--template-share", share]) == 0
-        capsys.readouterr()
-        removed[share] = json.loads((tmp_path / f"clean-{share}.report.json").read_text())["removed"]
+    removed = {share: removals(tmp_path, capsys, train, benchmarks, share) for share in ("0.1", "0")}
     assert (len(removed["0.1"]), len(removed["0"])) == (11, 25)
     assert {item["line"] for item in removed["0.1"]} < {item["line"] for item in removed["0"]}
     assert "p and q are relatively prime" in " ".join(item["ngram"] for item in removed["0.1"])
@@ -327,12 +330,8 @@ def test_the_code_measurement_docs_data_md_gives(tmp_path, capsys):
         "leetcodedataset_v0.3.1_test_head20.jsonl",
     ]
     benchmarks = [str(require(folder / f"{name}.gz")) for name in names]
-    removed = {}
-    for share in ("0.1", "0"):
-        out = tmp_path / f"clean-{share}.jsonl"
-        command = ["decontaminate", "--data", str(train), "--eval", *benchmarks, "--out", str(out)]
-        assert main([*command, "--template-share", share]) == 0
-        capsys.readouterr()
-        report = json.loads((tmp_path / f"clean-{share}.report.json").read_text())
-        removed[share] = [item["line"] for item in report["removed"]]
-    assert removed == {"0.1": [5, 8], "0": [1, 2, 5, 8]}
+    removed = {share: removals(tmp_path, capsys, train, benchmarks, share) for share in ("0.1", "0")}
+    assert {share: [item["line"] for item in items] for share, items in removed.items()} == {
+        "0.1": [5, 8],
+        "0": [1, 2, 5, 8],
+    }
