@@ -10,10 +10,10 @@ Two tokenisations, for two questions:
 A text shorter than ``n`` tokens has no n-gram of length ``n``; `ngrams` gives it one shorter gram, the whole
 text, so that two identical short texts still match (a short text inside a long one does not).
 
-A set's template is what its rows repeat around their problems: an instruction (DAPO's "Solve the following math
-problem step by step. The last line of your response should be ..."), a benchmark's stock phrase ("where m and n
-are relatively prime positive integers"). Its n-grams cannot tell one problem from another, so `template_grams`
-finds them by how many distinct problems hold each one, and `content_grams` leaves their words out.
+A set's template is what its rows repeat around their problems: an instruction (DAPO's layout opens every prompt
+with the same one), a benchmark's stock phrase ("where m and n are relatively prime positive integers"). Its
+n-grams cannot tell one problem from another, so `template_grams` finds them by how many distinct problems hold
+each one, and `content_grams` leaves their words out.
 """
 
 from __future__ import annotations
