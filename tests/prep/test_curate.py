@@ -124,7 +124,7 @@ def test_curate_keeps_the_middle_band(data, full_run):
         **{"rows": 27, "problems": 24, "done": 24, "pending": 0, "kept": len(expected)},
         **{"below_band": never, "above_band": always, "bad_rows": 3, "reward_timeouts": 0, "reward_errors": 0},
         "truncated_samples": sum(r["truncated"] for r in records.values()),
-        **{"sampled_now": 24, "from_earlier_runs": 0},
+        **{"repeats": 0, "sampled_now": 24, "repeats_now": 0, "from_earlier_runs": 0},
     }
     assert sum(report["correct_histogram"].values()) == 24 and report["correct_histogram"]["4/4"] == always
     assert [(bad["line"], bad["reason"]) for bad in report["bad_rows"]] == [
@@ -193,6 +193,38 @@ def test_resume_continues_without_resampling(data, full_run, tmp_path, capsys):
     assert main(command) == 0
     assert "(0 sampled now, 24 from earlier runs)" in capsys.readouterr().out
     assert (out / "results.jsonl").read_bytes() == after
+
+
+def test_a_repeated_problem_is_sampled_once_and_its_copies_share_its_pass_rate(data, tmp_path, capsys):
+    """Rows that ask a problem again (DAPO-Math-17k lists each of its problems many times over, each copy with its
+    own index): the first is sampled, the later ones carry its results and name it, also across a resume."""
+    rows = rows_of(data, 24)
+    order = [0, 1, 0, 2, 1, 0, 3]  # lines 3 and 6 repeat line 1, line 5 repeats line 2
+    repeated = write_jsonl([{**rows[i], "index": n} for n, i in enumerate(order)], tmp_path / "repeated.jsonl")
+    out = tmp_path / "run"
+    command = [*BASE, "--data", str(repeated), "--out", str(out), "--chunk", "1"]
+    assert main([*command, "--max-problems", "2"]) == 0  # lines 1 and 2 sampled, their repeats filled in
+    assert (
+        "curate: 5 of 7 problems have pass rates (2 sampled now, 3 repeats given the pass rate of the problem they "
+        "repeat, 0 from earlier runs, 2 pending" in capsys.readouterr().out
+    )
+    assert main(command) == 0
+    assert "(2 sampled now, 5 from earlier runs)" in capsys.readouterr().out
+    records = results(out)
+    for line, first in {1: 1, 2: 2, 3: 1, 4: 4, 5: 2, 6: 1, 7: 7}.items():
+        if line == first:
+            assert "same_as" not in records[line] and records[line]["k"] == 4
+            continue
+        copied = {key: value for key, value in records[line].items() if key not in ("line", "hash", "same_as")}
+        assert records[line]["same_as"] == first and copied == {
+            key: value for key, value in records[first].items() if key not in ("line", "hash")
+        }
+        assert records[line]["hash"] != records[first]["hash"]  # each copy its own row
+    counts = json.loads((out / "report.json").read_text())["counts"]
+    assert (counts["done"], counts["repeats"], counts["sampled_now"], counts["repeats_now"]) == (7, 3, 2, 0)
+    kept = [row["index"] for row in rows_of(out / "kept.jsonl")]
+    for copies in ([0, 2, 5], [1, 4]):  # every copy of a problem kept or none
+        assert {index in kept for index in copies} in ({True}, {False})
 
 
 def test_a_torn_last_line_is_resampled(data, full_run, tmp_path, capsys, caplog):

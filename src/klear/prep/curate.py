@@ -17,7 +17,9 @@ are drawn and scored by `klear.rollout.sample_and_score` with the one scorer (`k
   reward timeouts and errors, mean length, truncated samples), appended a chunk at a time. It is the state a
   rerun continues from: finished problems are never sampled again (see `klear.prep.pass_rates`), so a run
   stopped by Ctrl-C, a crash or ``--max-problems`` goes on where it stopped when the same command is rerun,
-  and a rerun with only another ``--band`` samples nothing at all;
+  and a rerun with only another ``--band`` samples nothing at all. A problem that repeats an earlier row's (the
+  same prompt, reference and source, `first_asked`) is not sampled again: its line carries that row's results
+  and names it (``same_as``), so a band keeps or drops every copy of a problem together;
 - ``kept.jsonl``: the rows whose pass rate is in the band, in data order, each with a ``pass_rate`` field (the
   field the SFT correctness filter of ``mix`` reads; ``--band '[0, 1]'`` keeps every row, annotated);
 - ``report.json``: counts (kept, below and above the band, bad rows, pending), the settings, the histogram of
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -67,6 +70,8 @@ from klear.rollout.engine import SamplingParams
 log = logging.getLogger(__name__)
 
 RESULTS, SETTINGS, KEPT, REPORT = "results.jsonl", "settings.json", "kept.jsonl", "report.json"
+SAME_AS = "same_as"
+"""The field of a repeated problem's record naming the line of the first row that asks it, whose samples it shares."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,20 +140,41 @@ def run(args: argparse.Namespace) -> str:
     records = open_results(out, recorded, problems, settings.overwrite)
     pending = [i for i, problem in enumerate(problems) if problem.line not in records]
     earlier = len(problems) - len(pending)
-    pending = pending[: settings.max_problems]
-    if pending:
-        records |= sample(settings, reward, problems, pending, out / RESULTS)
-    runs = {"sampled_now": len(pending), "from_earlier_runs": earlier}
+    first = first_asked(problems)
+    fresh = [i for i in pending if first[i] == i][: settings.max_problems]
+    if fresh:
+        records |= sample(settings, reward, problems, fresh, out / RESULTS)
+    repeats = [
+        {**records[problems[first[i]].line], "line": problems[i].line, "hash": row_digest(problems[i].row)}
+        | {SAME_AS: problems[first[i]].line}
+        for i in pending
+        if first[i] != i and problems[first[i]].line in records
+    ]
+    if repeats:
+        append_results(out / RESULTS, repeats)
+        records |= {record["line"]: record for record in repeats}
+    runs = {"sampled_now": len(fresh), "repeats_now": len(repeats), "from_earlier_runs": earlier}
     counts = write_outputs(out, problems, records, settings, recorded, bad, runs)
     band = settings.band
     left = f", {counts['pending']} pending: rerun to continue" if counts["pending"] else ""
+    copied = f", {len(repeats)} repeats given the pass rate of the problem they repeat" if repeats else ""
     return (
-        f"curate: {counts['done']} of {len(problems)} problems have pass rates ({len(pending)} sampled now, "
+        f"curate: {counts['done']} of {len(problems)} problems have pass rates ({len(fresh)} sampled now{copied}, "
         f"{earlier} from earlier runs{left}); kept {counts['kept']} in {band}, {counts['below_band']} below, "
         f"{counts['above_band']} above; skipped {counts['bad_rows']} bad rows; reward timeouts/errors "
         f"{counts['reward_timeouts']}/{counts['reward_errors']}, truncated samples {counts['truncated_samples']} "
         f"-> {out / KEPT} (report: {out / REPORT})"
     )
+
+
+def first_asked(problems: list[Problem]) -> list[int]:
+    """For each problem, the index of the first one that asks it: the same prompt, reference and source, so the same
+    samples and scores (DAPO-Math-17k's training file lists each of its problems many times over)."""
+    first: dict[str, int] = {}
+    return [
+        first.setdefault(json.dumps([p.prompt, p.plain_reference, p.source], sort_keys=True, default=repr), i)
+        for i, p in enumerate(problems)
+    ]
 
 
 def open_results(out: Path, settings: dict, problems: list[Problem], overwrite: bool) -> dict[int, dict]:
@@ -251,9 +277,10 @@ def write_outputs(
         "below_band": where["below"],
         "above_band": where["above"],
         "bad_rows": len(bad),
-        "reward_timeouts": sum(r["timeouts"] for r in done),
-        "reward_errors": sum(r["errors"] for r in done),
-        "truncated_samples": sum(r["truncated"] for r in done),
+        "reward_timeouts": sum(r["timeouts"] for r in done if SAME_AS not in r),
+        "reward_errors": sum(r["errors"] for r in done if SAME_AS not in r),
+        "truncated_samples": sum(r["truncated"] for r in done if SAME_AS not in r),
+        "repeats": sum(SAME_AS in r for r in done),
         **runs,
     }
     write_rows(kept, out / KEPT)
