@@ -145,10 +145,9 @@ def run(args: argparse.Namespace) -> str:
     if fresh:
         records |= sample(settings, reward, problems, fresh, out / RESULTS)
     repeats = [
-        {**records[problems[first[i]].line], "line": problems[i].line, "hash": row_digest(problems[i].row)}
-        | {SAME_AS: problems[first[i]].line}
+        {**records[asker], "line": problems[i].line, "hash": row_digest(problems[i].row), SAME_AS: asker}
         for i in pending
-        if first[i] != i and problems[first[i]].line in records
+        if first[i] != i and (asker := problems[first[i]].line) in records
     ]
     if repeats:
         append_results(out / RESULTS, repeats)
