@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from klear.data.problems import Task, choose_task, content_digest, load_problems
+from klear.data.problems import Task, choose_task, content_digest, load_problems, problem_key
 from klear.data.readers import DataError
 from klear.rewards import get_reward
 
@@ -236,3 +236,20 @@ def test_prompts_measured_in_a_batch_are_refused_in_file_order(tmp_path):
         load("error", swapped)
     left = load("left")
     assert [(p.line, p.max_prompt_tokens) for p in left.problems] == [(1, 0), (2, 40), (3, 40), (4, 0)]
+
+
+def test_repeated_problems_are_counted_once_whatever_their_other_fields(tmp_path):
+    """Rows that ask one problem again with their own index (DAPO-Math-17k's layout lists each problem ~100 times):
+    the set says how many problems differ, and its report does so only when some repeat."""
+
+    def row(problem: str, answer: str, index: int) -> dict:
+        prompt = [{"role": "user", "content": problem}]
+        return {"data_source": "math_dapo", "prompt": prompt, "reward_model": {"ground_truth": answer}, "index": index}
+
+    rows = [row("1+1?", "2", 0), row("2+2?", "4", 1), row("1+1?", "2", 2), row("1+1?", "3", 3), row("2+2?", "4", 4)]
+    loaded = load_problems(write_lines(tmp_path / "dapo.jsonl", rows), Task("math"), get_reward("math"))
+    assert len(loaded.problems) == 5 and loaded.distinct == 3  # line 4's other answer makes it another problem
+    assert problem_key(loaded.problems[0]) == problem_key(loaded.problems[2]) != problem_key(loaded.problems[3])
+    assert loaded.report()["distinct"] == 3
+    single = load_problems(write_lines(tmp_path / "once.jsonl", rows[:2]), Task("math"), get_reward("math"))
+    assert single.distinct == 2 and "distinct" not in single.report()

@@ -33,6 +33,7 @@ are counted per source and warned about with examples by file and line (`Problem
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -130,6 +131,13 @@ class ProblemSet:
         """Problems per data source, for rows that carry one."""
         return dict(sorted(Counter(problem.source for problem in self.problems if problem.source).items()))
 
+    @functools.cached_property
+    def distinct(self) -> int:
+        """How many different problems the set holds (`problem_key`): fewer than its problems where rows repeat one,
+        as DAPO-Math-17k's training file lists each of its problems about 100 times, and DAPO's AIME 2024 file each
+        of its 30 problems 32 times. Counted once (a set is not changed after it is loaded)."""
+        return len({problem_key(problem) for problem in self.problems})
+
     def digest(self) -> str:
         """A hash of every problem's prompt and reference, in order: equal digests mean the same data."""
         return content_digest([(problem.prompt, problem.plain_reference) for problem in self.problems])
@@ -144,6 +152,8 @@ class ProblemSet:
             "digest": self.digest(),
             "bad_rows": [row.to_dict() for row in self.bad],
         }
+        if self.distinct < len(self.problems):
+            report["distinct"] = self.distinct
         if self.layout is not None:
             report["layout"] = self.layout.describe()
         sources = self.sources()
@@ -448,6 +458,13 @@ def choose_task(
     value = decode_json_text(get_path(rows[0], layout.reference))
     code = isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
     return Task("code" if code else "math", prompt_key or "", reference_key or "", route)
+
+
+def problem_key(problem: Problem) -> str:
+    """What makes two rows one problem: the same prompt, reference and data source (other fields, such as an index,
+    aside), as JSON with sorted keys."""
+    items = [problem.prompt, problem.plain_reference, problem.source]
+    return json.dumps(items, sort_keys=True, ensure_ascii=False, default=str)
 
 
 def content_digest(items: Any) -> str:

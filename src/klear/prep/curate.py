@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -47,7 +46,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from klear.data.problems import Problem
+from klear.data.problems import Problem, problem_key
 from klear.data.readers import BadRow
 from klear.eval.options import add_sampling_arguments
 from klear.eval.tasks import load_eval_problems
@@ -167,13 +166,10 @@ def run(args: argparse.Namespace) -> str:
 
 
 def first_asked(problems: list[Problem]) -> list[int]:
-    """For each problem, the index of the first one that asks it: the same prompt, reference and source, so the same
+    """For each problem, the index of the first one that asks it (`klear.data.problems.problem_key`), so the same
     samples and scores (DAPO-Math-17k's training file lists each of its problems many times over)."""
     first: dict[str, int] = {}
-    return [
-        first.setdefault(json.dumps([p.prompt, p.plain_reference, p.source], sort_keys=True, default=repr), i)
-        for i, p in enumerate(problems)
-    ]
+    return [first.setdefault(problem_key(problem), i) for i, problem in enumerate(problems)]
 
 
 def open_results(out: Path, settings: dict, problems: list[Problem], overwrite: bool) -> dict[int, dict]:

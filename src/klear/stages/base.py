@@ -264,7 +264,11 @@ def stage_problems(
     )
     problems.log(label)
     warn_bad_rows(problems.bad, {source: problems.rows})
-    log.info("%s: %d problems from %s (%d rows skipped)", label, len(problems.problems), source, len(problems.bad))
+    distinct = problems.distinct
+    repeats = f"; {distinct} distinct, the others repeat one" if distinct < len(problems.problems) else ""
+    log.info(
+        "%s: %d problems from %s (%d rows skipped%s)", label, len(problems.problems), source, len(problems.bad), repeats
+    )
     return problems
 
 
