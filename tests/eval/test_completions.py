@@ -83,6 +83,22 @@ def test_saved_completions_are_scored_by_each_rows_verifier(tmp_path, capsys):
     assert "`coder1_longcot`" in printed and "none: completions of" in printed
 
 
+def test_a_set_that_repeats_its_problems_says_how_many_differ(tmp_path, capsys):
+    """DAPO's AIME 2024 file lists each of its 30 problems 32 times, each copy its own row: every row is scored, and
+    the summary and the table say how many problems there are."""
+    rows = mixed_rows()[:2]
+    data = write_jsonl([{**rows[i % 2], "copy": i} for i in range(6)], tmp_path / "repeated.jsonl")
+    gen = [{"completions": [right(rows[i % 2])]} for i in range(6)]
+    output = tmp_path / "out"
+    argv = ["--data", str(data), "--completions", write_gen(tmp_path / "gen.jsonl", gen), "--output", str(output)]
+    assert main(argv) == 0
+    summary = json.loads((output / "summary.json").read_text())
+    assert (summary["problems"], summary["distinct"], summary["avg@k"]) == (6, 2, 1.0)
+    assert "| problems | 6 (2 distinct: the others repeat one) |" in capsys.readouterr().out
+    assert main([*argv[:-1], str(tmp_path / "once"), "--limit", "2"]) == 0  # the first copy of each
+    assert "distinct" not in json.loads((tmp_path / "once" / "summary.json").read_text())
+
+
 def test_reward_forces_one_verifier_on_every_row(tmp_path):
     rows = mixed_rows()[:2]
     data = write_jsonl(rows, tmp_path / "mixed.jsonl")

@@ -143,7 +143,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
         ("data", f"`{summary['data']}` ({reward})"),
         (
             "problems",
-            f"{summary['problems']}" + (f" ({skipped} bad rows skipped: see summary.json)" if skipped else ""),
+            f"{summary['problems']}"
+            + (f" ({summary['distinct']} distinct: the others repeat one)" if "distinct" in summary else "")
+            + (f" ({skipped} bad rows skipped: see summary.json)" if skipped else ""),
         ),
         (
             "samples per problem",
