@@ -39,7 +39,7 @@ import json
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +136,7 @@ class ProblemSet:
         """How many different problems the set holds (`problem_key`): fewer than its problems where rows repeat one,
         as DAPO-Math-17k's training file lists each of its problems about 100 times, and DAPO's AIME 2024 file each
         of its 30 problems 32 times. Counted once (a set is not changed after it is loaded)."""
-        return len({problem_key(problem) for problem in self.problems})
+        return distinct_problems(self.problems)
 
     def digest(self) -> str:
         """A hash of every problem's prompt and reference, in order: equal digests mean the same data."""
@@ -465,6 +465,11 @@ def problem_key(problem: Problem) -> str:
     aside), as JSON with sorted keys."""
     items = [problem.prompt, problem.plain_reference, problem.source]
     return json.dumps(items, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def distinct_problems(problems: Iterable[Problem]) -> int:
+    """How many of ``problems`` differ (`problem_key`)."""
+    return len({problem_key(problem) for problem in problems})
 
 
 def content_digest(items: Any) -> str:

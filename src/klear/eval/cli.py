@@ -57,7 +57,7 @@ from klear import cli
 from klear.config.load import ConfigError, check_rope_scaling
 from klear.config.model_path import BUILTIN_MODELS
 from klear.data.json_text import parse_json
-from klear.data.problems import Problem, ProblemSet, Task, problem_key
+from klear.data.problems import Problem, ProblemSet, Task, distinct_problems
 from klear.data.readers import keep_read, write_jsonl, written
 from klear.data.sets import repeated, set_name
 from klear.errors import UserError
@@ -281,7 +281,7 @@ def set_summary(
         "device": _device(),
     }
     summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
-    distinct = len({problem_key(problem) for problem in one.chosen})
+    distinct = distinct_problems(one.chosen)
     if distinct < len(one.chosen):  # rows that repeat a problem (DAPO's AIME 2024 file: 30 problems, 32 times each)
         summary["distinct"] = distinct
     from klear.runtime.threads import recorded  # torch: imported by the engine or the scorer already
