@@ -107,6 +107,65 @@ def test_the_built_in_task_as_rl_reads_it(capsys):
     assert record["prompt"] == f"Question: {question}\nAnswer:"  # the model's whole input
 
 
+def verl_row(question: str) -> dict:
+    """A row of ours in verl's layout."""
+    return {
+        "data_source": "math_dapo",
+        "prompt": [{"role": "user", "content": question}],
+        "reward_model": {"style": "rule", "ground_truth": "4"},
+    }
+
+
+def test_rl_rows_are_read_as_the_run_reads_them_on_to_the_first_usable_row(tmp_path, capsys):
+    """A prompt the run refuses for its length is shown skipped for that reason (or cut, with data.truncation=left);
+    when the first rows are all skipped, show reads on to the first usable one."""
+    long = "Add the numbers " + " ".join(str(n) for n in range(400)) + ". What is 2 + 2?"
+    rows = [verl_row("")] * 3 + [verl_row(long), verl_row("What is 2 + 2?"), verl_row("And 1 + 3?")]
+    write_jsonl(rows, tmp_path / "rl.jsonl")
+    args = str(tmp_path / "rl.jsonl"), "--stage", "rl", "--rows", "2", "rollout.max_new_tokens=16"
+    records = show(capsys, *args)
+    assert [record["line"] for record in records] == [1, 2, 3, 4, 5]
+    no_prompt = "no prompt text: the messages of 'prompt' do not end in a user turn with text"
+    assert [record.get("skipped") for record in records[:3]] == [no_prompt] * 3
+    assert re.fullmatch(r"prompt of \d+ tokens is longer than max_prompt_tokens = 496", records[3]["skipped"])
+    assert records[4]["prompt"] == "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"
+
+    cut = show(capsys, *args, "data.truncation=left")
+    assert [record["line"] for record in cut] == [1, 2, 3, 4]
+    assert cut[3]["truncated"] == "cut to its last 496 tokens by data.truncation=left"
+    assert cut[3]["prompt"].endswith(" 399. What is 2 + 2?<|im_end|>\n<|im_start|>assistant\n")
+    assert "Add the numbers" not in cut[3]["prompt"]
+
+    text = klear("klear.data", "show", *args).stdout  # a reader sees the rows past --rows as one line
+    assert "── line 2: skipped, " + no_prompt in text
+    assert f"── lines 3 to 4: 2 rows skipped (1: {no_prompt}; 1: {records[3]['skipped']})" in text
+    assert "── line 5: scored by math" in text and "line 6" not in text
+    assert text.rstrip().endswith("show: 5 rows of " + args[0] + " as the rl stage reads them (verl)")
+
+
+def test_sft_rows_past_a_broken_start_and_an_unreadable_line(tmp_path, capsys):
+    good = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
+    (tmp_path / "sft.jsonl").write_text(
+        "{not json\n" + "".join(json.dumps(row) + "\n" for row in [{"messages": [good["messages"][0]]}, good, good])
+    )
+    records = show(capsys, str(tmp_path / "sft.jsonl"), "--rows", "1")
+    assert [record["line"] for record in records] == [1, 2, 3]
+    assert records[0]["skipped"].startswith("not valid JSON")
+    assert records[1]["skipped"] == "the conversation has no assistant turn to learn (roles ['user'])"
+    assert records[2]["learned"] == ["4<|im_end|>"]
+
+
+def test_published_code_rows_after_the_rllm_fixtures(capsys):
+    """Klear's code rows in rllm's layout open with 11 fixtures without a prompt; the tiny model's context then
+    refuses the next 17 prompts, as a run does."""
+    path = require(PUBLISHED / "rl" / "klear_code_rllm_layout.jsonl.gz")
+    records = show(capsys, str(path), "--config", str(ROOT / "configs" / "rl_code.yaml"), "rollout.max_new_tokens=16")
+    assert [record["line"] for record in records] == list(range(1, 30))
+    assert all("no prompt text" in record["skipped"] for record in records[:11])
+    assert all("longer than max_prompt_tokens = 496" in record["skipped"] for record in records[11:28])
+    assert records[28]["source"] == "leetcode" and records[28]["route"].startswith("code")
+
+
 @pytest.mark.parametrize("name", ["sharegpt_sky_t1.constructed.jsonl", "trl_prompt_completion_standard.jsonl"])
 def test_published_sft_files(name, capsys):
     records = show(capsys, str(require(PUBLISHED / "sft" / name)), "data.max_length=100000")

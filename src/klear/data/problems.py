@@ -78,6 +78,14 @@ class Task:
     route: bool = True
 
 
+class NoUsableRow(DataError):
+    """No row of a source is usable: ``bad`` holds each refused row and why, in file order."""
+
+    def __init__(self, message: str, bad: list[BadRow]) -> None:
+        super().__init__(message)
+        self.bad = bad
+
+
 @dataclass(frozen=True)
 class Problem:
     """One usable problem: its prompt, its checked reference, and where it came from."""
@@ -197,7 +205,7 @@ def load_problems(
     prompt_format: PromptFormat = AS_GIVEN,
 ) -> ProblemSet:
     """The checked problems of ``source``: a synthetic task (``num`` problems of ``split``, from ``seed`` and
-    ``levels``) or a file / dataset read whole. Raises `DataError` when no row is usable (or, with
+    ``levels``) or a file / dataset read whole. Raises `NoUsableRow` when no row is usable (`DataError`, with
     ``truncation="error"``, at the first prompt that is too long).
 
     Args:
@@ -287,9 +295,10 @@ def load_problems(
             hint += " (configs/rl_code.yaml)" if layout.reward == "code" else ""
         elif over:
             hint = f"; {over} of them refused for a prompt over {limit} tokens" + (f": {too_long}" if too_long else "")
-        raise DataError(
+        raise NoUsableRow(
             f"{source}: no usable problem in {len(bad)} rows (read as {layout.summary()}; each needs a prompt and a "
-            f"reference the {task.reward} reward accepts){_first(bad)}{hint}"
+            f"reference the {task.reward} reward accepts){_first(bad)}{hint}",
+            bad,
         )
     warnings = reader.prose_warnings()
     if cut:

@@ -8,13 +8,15 @@ data file (or a built-in task) and a config, through the very functions a run ca
   renders, and the spans that carry labels: highlighted in a terminal, between ``⟦`` and ``⟧`` otherwise. A row that
   trains turn by turn (a template that rewrites earlier turns) shows each of its examples; a bad row shows why it is
   skipped; an example over ``data.max_length`` shows what ``data.truncation`` does with it.
-- RL rows: the prompt as the model is given it (the chat template with its generation prompt), the reference its
-  verifier checks, and the verifier the row routes to (`klear.rewards.routing`).
+- RL rows: the prompt as the model is given it (the chat template with its generation prompt; measured and
+  refused or cut as the run does, `klear.data.stage_problems`), the reference its verifier checks, and the verifier
+  the row routes to (`klear.rewards.routing`).
 
-``--json`` prints one line per example instead: SFT ``{"line", "layout", "messages": [{"role", "content"}],
-"rendered", "learned": [text, ...]}`` (plus ``turn`` for a row trained turn by turn, ``dropped`` or ``truncated``
-when ``data.max_length`` bites, ``skipped`` for a bad row), RL ``{"line", "layout", "prompt", "reference",
-"route"}``. The stage is the config's (``--config``), else ``--stage``, else SFT when the rows fit an SFT layout and
+When the first ``--rows`` rows are all skipped, it reads on to the first usable row (the rows past ``--rows`` are
+one line on a terminal). ``--json`` prints one line per example instead: SFT ``{"line", "layout", "messages":
+[{"role", "content"}], "rendered", "learned": [text, ...]}`` (plus ``turn`` for a row trained turn by turn,
+``dropped`` or ``truncated`` when ``data.max_length`` bites, ``skipped`` for a bad row), RL ``{"line", "layout",
+"prompt", "reference", "route"}`` (plus ``truncated`` for a prompt cut by ``data.truncation=left``). The stage is the config's (``--config``), else ``--stage``, else SFT when the rows fit an SFT layout and
 RL when they fit an RL one.
 """
 
@@ -22,14 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
 from klear.config.load import load_config
-from klear.data.problems import SYNTHETIC_REWARDS, Task, load_problems
+from klear.data.problems import SYNTHETIC_REWARDS, NoUsableRow, Task
 from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.sft import IGNORE_INDEX, Encoder, file_layout, fit_to_length, sft_source
 from klear.data.sft_layouts import read_conversation
+from klear.data.stage_problems import prompt_limit, read_stage_problems
 from klear.errors import first_line
 from klear.prep.options import at_least
 from klear.prep.paths import Files
@@ -59,12 +63,13 @@ def files(args: argparse.Namespace) -> Files:
 
 
 def run(args: argparse.Namespace) -> str:
-    numbered = _read(args.file)
+    numbered, unreadable = _read(args.file)
     stage = _stage(args, numbered)
     overrides = list(args.overrides) if args.config else [f"stage={stage}", *args.overrides]
     config = load_config(args.config, overrides)
     show = _show_sft if stage == "sft" else _show_rl
-    layout, count = show(config, args.file, numbered[: args.rows], args.rows, _Printer(args.json))
+    read = (numbered, unreadable) if numbered else None
+    layout, count = show(config, args.file, read, args.rows, _Printer(args.json))
     rows = f"{count} row{'s' if count != 1 else ''}"
     summary = f"show: {rows} of {args.file} as the {stage} stage reads them ({layout})"
     if args.json:
@@ -73,14 +78,14 @@ def run(args: argparse.Namespace) -> str:
     return summary
 
 
-def _read(source: str) -> list[tuple[int, dict]]:
-    """The numbered rows of ``source`` (none for a built-in task, which is generated)."""
+def _read(source: str) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    """The numbered rows of ``source`` and its unreadable ones (none for a built-in task, which is generated)."""
     if source in SYNTHETIC_REWARDS:
-        return []
+        return [], []
     numbered, bad = read_numbered(source)
     if not numbered:
         raise DataError(f"{source}: no rows" + (f" ({len(bad)} unreadable; first: {bad[0]})" if bad else ""))
-    return numbered
+    return numbered, bad
 
 
 def _stage(args: argparse.Namespace, numbered: list[tuple[int, dict]]) -> str:
@@ -110,22 +115,32 @@ def model_tokenizer(config):
 
 
 def _show_sft(config, source: str, numbered, rows: int, out: _Printer) -> tuple[str, int]:
+    """The first ``rows`` rows of ``source`` (``numbered``: its rows and unreadable lines; None for a built-in task)
+    as the run reads them, and on to the first usable row when none of them is."""
     data = config.data
     if numbered:
-        lines, records = [line for line, _ in numbered], [row for _, row in numbered]
+        read, unreadable = numbered
+        items = sorted(read + [(row.line, row) for row in unreadable], key=lambda pair: pair[0])
     else:
         lines, records, _ = sft_source(source, rows, config.seed, list(data.levels), data.plain_fraction)
-    layout = file_layout(records, source, data)
+        items = list(zip(lines, records, strict=True))
+    layout = file_layout([row for _, row in items[:rows] if not isinstance(row, BadRow)] or [read[0][1]], source, data)
     tokenizer = model_tokenizer(config)
     out.header(f"{source}: {layout.summary()}; thought markers: {data.thought_markers}")
     encoder = Encoder(tokenizer)
-    for line, row in zip(lines, records, strict=True):
+    usable = False
+    for count, (line, row) in enumerate(items):
+        if count >= rows and usable:
+            return layout.name, count
         try:
+            if isinstance(row, BadRow):
+                raise ValueError(row.reason)
             conversation = read_conversation(row, layout, data.thought_markers)
             encoded, split = encoder.encode(conversation)
         except ValueError as error:  # a bad row (and a template no rule covers): shown, not fatal
-            out.skipped(line, layout.name, first_line(error))
+            out.skipped(line, layout.name, first_line(error), brief=count >= rows)
             continue
+        usable = True
         out.conversation(line, conversation, len(encoded))
         turns = [index for index, turn in enumerate(conversation.turns) if turn.learn] if split else [None]
         for turn, piece in zip(turns, encoded, strict=True):
@@ -142,7 +157,8 @@ def _show_sft(config, source: str, numbered, rows: int, out: _Printer) -> tuple[
                     f"{data.truncation})"
                 )
             out.example(record, runs)
-    return layout.name, len(lines)
+    out.flush()
+    return layout.name, len(items)
 
 
 def _runs(tokenizer, example: dict[str, list[int]]) -> list[tuple[str, bool]]:
@@ -158,43 +174,57 @@ def _runs(tokenizer, example: dict[str, list[int]]) -> list[tuple[str, bool]]:
 
 
 def _show_rl(config, source: str, numbered, rows: int, out: _Printer) -> tuple[str, int]:
-    from klear.data.prompts import PromptFormat, render_prompt
+    """The first ``rows`` rows of ``source`` (``numbered``: its rows and unreadable lines; None for a built-in task),
+    read as the run reads them (`read_stage_problems`: the same checks and prompt limit), and on to the first
+    usable row when none of them is."""
+    from klear.data.prompts import encode_problem, render_prompt
     from klear.rewards.routing import Routed, routed_reward, unrouted
 
     data = config.data
     reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)
     task = Task(config.reward.name, data.prompt_key, data.reference_key)
-    read = (numbered, []) if numbered else None
-    problems = load_problems(
-        source,
-        task,
-        reward,
-        num=rows,
-        seed=config.seed,
-        levels=data.levels,
-        rows=read,
-        prompt_format=PromptFormat.of(data),
-    )
     tokenizer = model_tokenizer(config)
+    max_new_tokens, measured = config.rollout.max_new_tokens, True
+    try:
+        prompt_limit(config, "train", max_new_tokens)
+    except DataError as error:  # the stage's bare defaults: the reference recipe's responses, the tiny model
+        measured = False
+        print(f"prompts not measured: {error}", file=sys.stderr)
+    read, unreadable = numbered or ([], [])
+    window = rows
+    while True:  # a longer part of the file, four times as long, while none of it is usable
+        part = read[:window]
+        whole = window >= len(read)
+        bad = [row for row in unreadable if whole or row.line < part[-1][0]] if read else []
+        try:
+            problems = read_stage_problems(
+                config, "train", tokenizer, task, reward, config.seed, max_new_tokens, source,
+                rows=(part, bad) if read else None, num=rows, measured=measured,
+            )  # fmt: skip
+            break
+        except NoUsableRow:
+            if whole:
+                raise
+            window *= 4
     layout = problems.layout.name if problems.layout else "klear"
     out.header(f"{source}: {problems.layout.summary() if problems.layout else 'the built-in task'}")
     # A generated problem has no line (0): it is shown by its position. Sorted by line alone, in file order.
-    numbered = [(problem.line or index + 1, problem) for index, problem in enumerate(problems.problems)]
-    shown = sorted(numbered + [(bad.line, bad) for bad in problems.bad], key=lambda pair: pair[0])
-    for line, item in shown:
+    found = [(problem.line or index + 1, problem) for index, problem in enumerate(problems.problems)]
+    items = sorted(found + [(row.line, row) for row in problems.bad], key=lambda pair: pair[0])
+    first = next(index for index, (_, item) in enumerate(items) if not isinstance(item, BadRow))
+    shown = items[: max(rows, first + 1)]
+    for index, (line, item) in enumerate(shown):
         if isinstance(item, BadRow):
-            out.skipped(line, layout, item.reason)
+            out.skipped(line, layout, item.reason, brief=index >= rows)
             continue
         label = item.reference.route if isinstance(item.reference, Routed) else None
         name, options = json.loads(label) if label else (config.reward.name, dict(config.reward.options))
         route = name + (f" ({', '.join(f'{key}={value}' for key, value in options.items())})" if options else "")
-        record = {
-            "line": line,
-            "layout": layout,
-            "prompt": render_prompt(tokenizer, item.prompt),
-            "reference": unrouted(item.reference),
-            "route": route,
-        }
+        record = {"line": line, "layout": layout, "prompt": render_prompt(tokenizer, item.prompt)}
+        if item.max_prompt_tokens:  # data.truncation: left cut it to the tokens the model is given
+            record["prompt"] = tokenizer.decode(encode_problem(tokenizer, item), skip_special_tokens=False)
+            record["truncated"] = f"cut to its last {item.max_prompt_tokens} tokens by data.truncation=left"
+        record |= {"reference": unrouted(item.reference), "route": route}
         if item.source:
             record["source"] = item.source
         out.problem(record)
@@ -207,6 +237,7 @@ class _Printer:
     def __init__(self, as_json: bool) -> None:
         self.json = as_json
         self.terminal = sys.stdout.isatty()
+        self.skipped_rows: list[BadRow] = []
         if not as_json:
             from rich.console import Console
 
@@ -216,15 +247,38 @@ class _Printer:
         if not self.json:
             self.console.print(text, markup=False)
 
-    def skipped(self, line: int, layout: str, reason: str) -> None:
+    def skipped(self, line: int, layout: str, reason: str, brief: bool = False) -> None:
+        """A skipped row, and why; ``brief``: one of a run of them, read on to the first usable row, which a reader
+        is shown as one line before that row (`flush`)."""
         if self.json:
             self._line({"line": line, "layout": layout, "skipped": reason})
+        elif brief:
+            self.skipped_rows.append(BadRow("", line, reason))
         else:
             self.console.print(f"\n── line {line}: skipped, {reason}", markup=False)
+
+    def flush(self) -> None:
+        """The run of skipped rows held back, as one line: their lines, their count and their commonest reasons."""
+        rows, self.skipped_rows = self.skipped_rows, []
+        if not rows:
+            return
+        groups: dict[str, list[str]] = {}  # reasons that differ in their numbers alone, the first one quoted
+        for row in rows:
+            groups.setdefault(re.sub(r"\d+", "N", row.reason), []).append(row.reason)
+        common = sorted(groups.values(), key=len, reverse=True)
+        counted = "; ".join(
+            f"{len(group)} like: {group[0]}" if len(set(group)) > 1 else f"{len(group)}: {group[0]}"
+            for group in common[:3]
+        )
+        more = f"; {len(common) - 3} more reasons" if len(common) > 3 else ""
+        self.console.print(
+            f"\n── lines {rows[0].line} to {rows[-1].line}: {len(rows)} rows skipped ({counted}{more})", markup=False
+        )
 
     def conversation(self, line: int, conversation: Any, examples: int) -> None:
         if self.json:
             return
+        self.flush()
         count = f"{examples} examples, one per assistant turn" if examples > 1 else "1 example"
         self.console.print(f"\n── line {line} ({count}): the conversation", markup=False)
         for turn in conversation.turns:
@@ -255,9 +309,11 @@ class _Printer:
         if self.json:
             self._line(record)
             return
+        self.flush()
         source = f", source {record['source']!r}" if "source" in record else ""
         self.console.print(f"\n── line {record['line']}: scored by {record['route']}{source}", markup=False)
-        self.console.print("  prompt, as the model is given it:", markup=False)
+        cut = f" ({record['truncated']})" if "truncated" in record else ""
+        self.console.print(f"  prompt, as the model is given it{cut}:", markup=False)
         self.console.print(record["prompt"], markup=False)
         self.console.print(f"  reference: {json.dumps(record['reference'], ensure_ascii=False)}", markup=False)
 

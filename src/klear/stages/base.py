@@ -5,7 +5,7 @@ metrics per step, and the Hugging Face export at the end.
 A stage sets ``self.model``, ``self.tokenizer`` and ``self.eval_problems`` in its constructor and says how it
 evaluates: by default (:meth:`StageModule.run_eval`) with ``self.scorer`` and the engine of
 :meth:`StageModule.eval_engine` (SFT); RL evaluates through its rollouts instead (`klear.experience.rollouts`).
-Its ``build`` loads its problems with :func:`stage_problems`, which checks every row before the Trainer exists.
+Its ``build`` loads its problems with :func:`stage_sets`, which checks every row before the Trainer exists.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from klear.config.load import ConfigError
-from klear.data.problems import ProblemSet, Task, load_problems
-from klear.data.prompts import PromptFormat, PromptTokens, char_bound, chat_template_problem
+from klear.data.problems import Task
 from klear.data.readers import warn_bad_rows
 from klear.data.sets import DataSets, named_sets, set_key
+from klear.data.stage_problems import read_stage_problems
 from klear.eval.in_training import EVAL_DATA_SEED, Evaluation, evaluate
 from klear.experience.sampling import step_seed
 from klear.kernels.logprobs import post_processing
-from klear.models import hf_config, prompt_budget
+from klear.models import hf_config
 from klear.models.lora import is_lora, trainable_names, write_adapter, write_merged
 from klear.rollout.engine import RolloutEngine
 from klear.run.directory import RunDir, checkpoint_step
@@ -213,79 +213,25 @@ def check_trainable(model: ModelConfig) -> None:
         )
 
 
-def stage_problems(
-    config: RLRunConfig | SFTRunConfig,
-    split: str,
-    tokenizer: PreTrainedTokenizerBase,
-    task: Task,
-    reward: Any,
-    seed: int,
-    max_new_tokens: int,
-    source: str,
-    name: str = "",
-) -> ProblemSet:
-    """The checked problems of ``source``, the set ``name`` of ``config.data.<split>`` (``train`` or ``eval``;
-    `stage_sets`), skipped rows warned about.
-
-    Prompts longer than ``data.max_prompt_tokens`` are handled by ``data.truncation`` (RL; skipped in SFT's
-    evaluation); when that is 0 (or the stage has no such key), the limit is what the model's context leaves after
-    ``max_new_tokens``, so no kept prompt can overflow generation.
-    """
-    data = config.data
-    prompt_format = PromptFormat.of(data)
-    if prompt_format.chat and (problem := chat_template_problem(tokenizer, "data.apply_chat_template=false")):
-        raise ConfigError(f"model.path = {config.model.path!r}: {problem}")
-    label = set_key(split, name)
-    limit = getattr(data, "max_prompt_tokens", 0)
-    too_long = "set a larger data.max_prompt_tokens within the model's context"  # what to change when no row fits
-    if not limit:
-        new_tokens = "rollout.max_new_tokens" if split == "train" else "eval.max_new_tokens"
-        too_long = f"set a smaller {new_tokens} (the limit is the model's context less it)"
-        try:
-            limit = prompt_budget(config.model, max_new_tokens)
-        except ValueError as error:
-            raise ConfigError(f"{new_tokens} = {max_new_tokens}: {error}") from None
-    if config.stage == "rl":
-        too_long = f"data.truncation=left keeps each prompt's last tokens (the reference recipe's), or {too_long}"
-    problems = load_problems(
-        source,
-        task,
-        reward,
-        split=split,
-        num=getattr(data, f"num_{split}"),
-        seed=seed,
-        levels=data.levels,
-        prompt_length=PromptTokens(tokenizer),
-        char_bound=char_bound(tokenizer),
-        max_prompt_tokens=limit,
-        truncation=data.truncation if config.stage == "rl" else "skip",  # SFT's data.truncation cuts its examples
-        too_long=too_long,
-        prompt_format=prompt_format,
-    )
-    problems.log(label)
-    warn_bad_rows(problems.bad, {source: problems.rows})
-    distinct = problems.distinct
-    repeats = f"; {distinct} distinct, the others repeat one" if distinct < len(problems.problems) else ""
-    log.info(
-        "%s: %d problems from %s (%d rows skipped%s)", label, len(problems.problems), source, len(problems.bad), repeats
-    )
-    return problems
-
-
 def stage_sets(
     config: RLRunConfig | SFTRunConfig, split: str, tokenizer: PreTrainedTokenizerBase, task: Task, reward: Any
 ) -> DataSets:
-    """The checked problems of each of ``data.<split>``'s sets (`stage_problems`): the held-out sets, or RL's
-    training sets (seeded by the run's seed, measured against ``rollout.max_new_tokens``)."""
+    """The checked problems of each of ``data.<split>``'s sets (`klear.data.stage_problems.read_stage_problems`):
+    the held-out sets, or RL's training sets (seeded by the run's seed, measured against
+    ``rollout.max_new_tokens``), skipped rows warned about."""
     if split == "eval":
         seed, max_new_tokens = EVAL_DATA_SEED, config.eval.max_new_tokens
     else:
         seed, max_new_tokens = config.seed, config.rollout.max_new_tokens
-    sets = named_sets(getattr(config.data, split), split)
-    return DataSets(
-        split,
-        {
-            name: stage_problems(config, split, tokenizer, task, reward, seed, max_new_tokens, source, name)
-            for name, source in sets.items()
-        },
-    )
+    sets = {}
+    for name, source in named_sets(getattr(config.data, split), split).items():
+        problems = read_stage_problems(config, split, tokenizer, task, reward, seed, max_new_tokens, source)
+        label = set_key(split, name)
+        problems.log(label)
+        warn_bad_rows(problems.bad, {source: problems.rows})
+        distinct = problems.distinct
+        repeats = f"; {distinct} distinct, the others repeat one" if distinct < len(problems.problems) else ""
+        skipped = len(problems.bad)
+        log.info("%s: %d problems from %s (%d rows skipped%s)", label, len(problems.problems), source, skipped, repeats)
+        sets[name] = problems
+    return DataSets(split, sets)
