@@ -179,8 +179,28 @@ def test_no_usable_row_is_one_error_naming_the_file_and_the_first_bad_line(token
         build_sft_examples([{"messages": []}, {"messages": []}], tokenizer, 64, source="sft.jsonl", lines=[4, 6])
     with pytest.raises(DataError, match=r"^empty.jsonl: no rows$"):
         build_sft_examples([], tokenizer, 64, source="empty.jsonl")
-    with pytest.raises(DataError, match=r"all 1 are longer than max_length = 4"):
+    with pytest.raises(DataError, match=r"\(1 longer than max_length = 4: data.max_length=33 keeps the shortest, "):
         build_sft_examples([{"prompt": "p", "response": "long answer"}], tokenizer, 4)
+
+
+def test_no_example_says_which_max_length_keeps_one(tokenizer):
+    """Every row too long, or bad: the shortest length, the setting to change, and the bad rows counted."""
+    rows = [chat(5, 40), chat(50, 5), {"messages": []}]
+    with pytest.raises(DataError) as caught:
+        build_sft_examples(rows, tokenizer, max_length=30, source="sft.jsonl")
+    assert str(caught.value) == (
+        f"sft.jsonl: no SFT example in 3 rows (2 longer than max_length = 30: data.max_length={length(5, 40)} keeps "
+        "the shortest, within the model's context, or data.truncation=right keeps each one's first 30 tokens; 1 bad, "
+        "first: sft.jsonl:3: prompt: missing (fields: ['messages']))"
+    )
+    with pytest.raises(DataError) as caught:
+        build_sft_examples(rows[1:2], tokenizer, max_length=40, truncation="right", source="sft.jsonl")
+    assert str(caught.value) == (
+        "sft.jsonl: no SFT example in 1 rows (1 whose prompt fills max_length = 40, leaving no answer token to learn: "
+        f"data.max_length={length(50, 5)} keeps the shortest, within the model's context)"
+    )
+    _, stats = build_sft_examples(rows, tokenizer, max_length=length(5, 40))
+    assert stats.kept == 1 and stats.shortest_dropped == length(50, 5)
 
 
 def chat(prompt_len: int, answer_len: int) -> dict:

@@ -102,6 +102,8 @@ class SFTStats:
     """Over ``max_length`` with ``truncation="drop"``."""
     dropped_no_assistant: int = 0
     """No learned token left after a ``"right"`` cut."""
+    shortest_dropped: int = 0
+    """Tokens of the shortest example dropped for its length (0: none): the ``max_length`` that would keep one."""
     split_rows: int = 0
     """Multi-turn rows trained turn by turn (the template rewrites earlier turns)."""
     marker_rows: int = 0
@@ -112,6 +114,25 @@ class SFTStats:
     """Rows that are not a valid conversation, or whose text would not reach the tokens, skipped (file, line, why)."""
     traits: TemplateTraits | None = None
     """What the chat template renders (set by `build_sft_examples`)."""
+
+    def why_none(self, max_length: int) -> str:
+        """Why no row gave an example, and what to change (``data.max_length``, ``data.truncation``): the rows
+        dropped for their length, then the bad ones."""
+        why = []
+        keep = f"data.max_length={self.shortest_dropped} keeps the shortest, within the model's context"
+        if self.dropped_too_long:
+            why.append(
+                f"{self.dropped_too_long} longer than max_length = {max_length}: {keep}, or data.truncation=right "
+                f"keeps each one's first {max_length} tokens"
+            )
+        if self.dropped_no_assistant:
+            why.append(
+                f"{self.dropped_no_assistant} whose prompt fills max_length = {max_length}, leaving no answer token "
+                f"to learn: {keep}"
+            )
+        if self.bad:
+            why.append(f"{len(self.bad)} bad, first: {self.bad[0]}" if why else f"first: {self.bad[0]}")
+        return "; ".join(why)
 
     def notes(self, thought_markers: str) -> list[str]:
         """What a user should know about how the rows reached the tokens (logged, and in ``data_report.json``)."""
@@ -399,9 +420,10 @@ def build_sft_examples(
             _encode_planned(encoder, planned, max_length, truncation, source, stats, examples)
             planned, size = [], 0
     if not examples:
-        why = f"first: {stats.bad[0]}" if stats.bad else f"all {stats.rows} are longer than max_length = {max_length}"
         raise DataError(
-            f"{source}: no SFT example in {stats.rows} rows ({why})" if stats.rows else f"{source}: no rows"
+            f"{source}: no SFT example in {stats.rows} rows ({stats.why_none(max_length)})"
+            if stats.rows
+            else f"{source}: no rows"
         )
     return examples, stats
 
@@ -457,6 +479,9 @@ def _fitted(piece: Encoded, max_length: int, truncation: str, stats: SFTStats) -
     example, what = fit_to_length(piece.example(), max_length, truncation)
     if what:
         setattr(stats, what, getattr(stats, what) + 1)
+    if example is None:
+        tokens = len(piece.input_ids)
+        stats.shortest_dropped = min(stats.shortest_dropped or tokens, tokens)
     return example
 
 
