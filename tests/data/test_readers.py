@@ -500,3 +500,21 @@ def test_a_named_pipe_is_refused_before_it_is_opened(tmp_path, name):
     assert str(error) == f"{fifo}: is a named pipe, not a file; a data input is read from a file"
     error = refused(fifo, lambda: read_data_bytes(fifo))  # what --completions and the other whole-file reads use
     assert str(error) == f"{fifo}: is a named pipe, not a file; a data input is read from a file"
+
+
+def test_the_first_rows_alone_good_or_bad_and_a_jsonl_file_read_no_further(tmp_path):
+    """``first``: that many rows, bad ones counted among them, blank lines not; a jsonl file stops there, so a file
+    cut short past them still reads, and a json list is cut to as many."""
+    (tmp_path / "rows.jsonl").write_text('{"n": 1}\n\n[1]\n{"n": 2}\n{"n": 3}\n')
+    rows, bad = read_numbered(tmp_path / "rows.jsonl", first=3)
+    assert rows == [(1, {"n": 1}), (4, {"n": 2})] and [row.line for row in bad] == [3]
+    assert read_numbered(tmp_path / "rows.jsonl", first=9) == read_numbered(tmp_path / "rows.jsonl")
+    whole = write_jsonl([{"n": i, "text": f"row {i} " * 20} for i in range(400)], tmp_path / "whole.jsonl.gz")
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    rows, bad = read_numbered(tmp_path / "cut.jsonl.gz", first=2)
+    assert [row["n"] for _, row in rows] == [0, 1] and not bad
+    with pytest.raises(DataError, match="not a whole gzip stream"):
+        read_numbered(tmp_path / "cut.jsonl.gz")
+    (tmp_path / "rows.json").write_text('[{"n": 1}, 2, {"n": 3}, {"n": 4}]')
+    rows, bad = read_numbered(tmp_path / "rows.json", first=3)
+    assert rows == [(1, {"n": 1}), (3, {"n": 3})] and [row.line for row in bad] == [2]

@@ -155,6 +155,17 @@ def test_sft_rows_past_a_broken_start_and_an_unreadable_line(tmp_path, capsys):
     assert records[2]["learned"] == ["4<|im_end|>"]
 
 
+def test_a_jsonl_file_is_read_no_further_than_shown(tmp_path, capsys):
+    """A file of millions of rows is looked at in a moment: here the end of the file is cut short, which a run
+    refuses, and the first rows show all the same."""
+    rows = [verl_row(f"What is {n} + {n}?") for n in range(2000)]
+    whole = write_jsonl(rows, tmp_path / "whole.jsonl.gz")
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    records = show(capsys, str(tmp_path / "cut.jsonl.gz"), "--stage", "rl", "--rows", "2", "rollout.max_new_tokens=16")
+    assert [record["line"] for record in records] == [1, 2]
+    assert records[1]["prompt"] == "<|im_start|>user\nWhat is 1 + 1?<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_published_code_rows_after_the_rllm_fixtures(capsys):
     """Klear's code rows in rllm's layout open with 11 fixtures without a prompt; the tiny model's context then
     refuses the next 17 prompts, as a run does."""

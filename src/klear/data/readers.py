@@ -126,20 +126,37 @@ def read_rows(path: str | Path, split: str | None = None) -> list[dict]:
     return [row for _, row in rows]
 
 
-def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+def read_numbered(
+    path: str | Path, split: str | None = None, first: int = 0
+) -> tuple[list[tuple[int, dict]], list[BadRow]]:
     """``([(line, row), ...], bad_rows)`` of ``path``, for callers that report rows by where they sit.
 
     For a ``.jsonl`` file the number is the line of the file (1-based, blank lines counted), the number an editor
     shows; for the other inputs it is the row's 1-based position. A jsonl line that is not a JSON object, or a
-    ``.json`` list item that is not an object, is a `BadRow`. Raises `DataError` (one line) for a missing or
-    unreadable input or one of no accepted format.
+    ``.json`` list item that is not an object, is a `BadRow`. ``first > 0``: the first rows alone, that many, good
+    or bad (a ``.jsonl`` file is read no further). Raises `DataError` (one line) for a missing or unreadable input
+    or one of no accepted format.
     """
+    if first > 0:
+        rows, bad = _read_numbered(path, split, first)
+        if len(rows) + len(bad) <= first:
+            return rows, bad
+        last = sorted([line for line, _ in rows] + [row.line for row in bad])[first - 1]
+        return [(line, row) for line, row in rows if line <= last], [row for row in bad if row.line <= last]
     text = str(path)
     local = Path(os.path.expanduser(text))
     refuse_special_file(local, text)
     kept = _KEPT.pop((text, split), None)
     if kept is not None and kept[0] == _signature(local):
         return kept[1]
+    return _read_numbered(path, split)
+
+
+def _read_numbered(path: str | Path, split: str | None, first: int = 0) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    """`read_numbered`, read now (a ``.jsonl`` file no further than its ``first`` rows when > 0)."""
+    text = str(path)
+    local = Path(os.path.expanduser(text))
+    refuse_special_file(local, text)
     config = None
     if split is None and not local.exists() and (named := _named_split(text)):
         text, config, split = named
@@ -159,7 +176,7 @@ def read_numbered(path: str | Path, split: str | None = None) -> tuple[list[tupl
         if not local.is_file():
             raise DataError(f"{text}: no such file; accepted inputs: {ACCEPTED_FORMATS}")
         if suffix == ".jsonl":
-            return _read_jsonl(local, text)
+            return _read_jsonl(local, text, first=first)
         if suffix == ".json":
             return _read_json(local, text)
         return _numbered(_read_parquet(local))
@@ -330,8 +347,11 @@ def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
     return path
 
 
-def _read_jsonl(path: Path, name: str, content: bytes | None = None) -> tuple[list[tuple[int, dict]], list[BadRow]]:
-    """The rows of a JSON-lines file; of ``content``, its (decompressed) bytes, when they were read already."""
+def _read_jsonl(
+    path: Path, name: str, content: bytes | None = None, first: int = 0
+) -> tuple[list[tuple[int, dict]], list[BadRow]]:
+    """The rows of a JSON-lines file (its ``first`` rows, good or bad, when > 0); of ``content``, its (decompressed)
+    bytes, when they were read already."""
     rows, bad = [], []
     number = 0
     try:
@@ -339,6 +359,8 @@ def _read_jsonl(path: Path, name: str, content: bytes | None = None) -> tuple[li
             for number, raw in enumerate(f, start=1):
                 if not raw.strip():
                     continue
+                if first and len(rows) + len(bad) == first:
+                    break
                 try:
                     row = parse_json(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
                 except UnicodeDecodeError:

@@ -13,11 +13,12 @@ data file (or a built-in task) and a config, through the very functions a run ca
   the row routes to (`klear.rewards.routing`).
 
 When the first ``--rows`` rows are all skipped, it reads on to the first usable row (the rows past ``--rows`` are
-one line on a terminal). ``--json`` prints one line per example instead: SFT ``{"line", "layout", "messages":
-[{"role", "content"}], "rendered", "learned": [text, ...]}`` (plus ``turn`` for a row trained turn by turn,
-``dropped`` or ``truncated`` when ``data.max_length`` bites, ``skipped`` for a bad row), RL ``{"line", "layout",
-"prompt", "reference", "route"}`` (plus ``truncated`` for a prompt cut by ``data.truncation=left``). The stage is the config's (``--config``), else ``--stage``, else SFT when the rows fit an SFT layout and
-RL when they fit an RL one.
+one line on a terminal); a jsonl file is read no further than that. ``--json`` prints one line per example instead:
+SFT ``{"line", "layout", "messages": [{"role", "content"}], "rendered", "learned": [text, ...]}`` (plus ``turn``
+for a row trained turn by turn, ``dropped`` or ``truncated`` when ``data.max_length`` bites, ``skipped`` for a bad
+row), RL ``{"line", "layout", "prompt", "reference", "route"}`` (plus ``truncated`` for a prompt cut by
+``data.truncation=left``). The stage is the config's (``--config``), else ``--stage``, else SFT when the first row
+fits an SFT layout and RL otherwise.
 """
 
 from __future__ import annotations
@@ -63,13 +64,12 @@ def files(args: argparse.Namespace) -> Files:
 
 
 def run(args: argparse.Namespace) -> str:
-    numbered, unreadable = _read(args.file)
-    stage = _stage(args, numbered)
+    file = None if args.file in SYNTHETIC_REWARDS else _FirstRows(args.file, args.rows)
+    stage = _stage(args, file)
     overrides = list(args.overrides) if args.config else [f"stage={stage}", *args.overrides]
     config = load_config(args.config, overrides)
     show = _show_sft if stage == "sft" else _show_rl
-    read = (numbered, unreadable) if numbered else None
-    layout, count = show(config, args.file, read, args.rows, _Printer(args.json))
+    layout, count = show(config, args.file, file, args.rows, _Printer(args.json))
     rows = f"{count} row{'s' if count != 1 else ''}"
     summary = f"show: {rows} of {args.file} as the {stage} stage reads them ({layout})"
     if args.json:
@@ -78,26 +78,40 @@ def run(args: argparse.Namespace) -> str:
     return summary
 
 
-def _read(source: str) -> tuple[list[tuple[int, dict]], list[BadRow]]:
-    """The numbered rows of ``source`` and its unreadable ones (none for a built-in task, which is generated)."""
-    if source in SYNTHETIC_REWARDS:
-        return [], []
-    numbered, bad = read_numbered(source)
-    if not numbered:
-        raise DataError(f"{source}: no rows" + (f" ({len(bad)} unreadable; first: {bad[0]})" if bad else ""))
-    return numbered, bad
+class _FirstRows:
+    """The first rows of a data file, ``count`` of them or more, good or bad: a jsonl file is read no further, so a
+    look at a file of millions of rows takes a moment (`read_numbered`'s ``first``)."""
+
+    def __init__(self, source: str, count: int) -> None:
+        self.source = source
+        self.more(count)
+        while not self.rows and not self.whole:  # the first lines unreadable: on to a row
+            self.more(4 * self.count)
+        if not self.rows:
+            raise DataError(
+                f"{source}: no rows" + (f" ({len(self.bad)} unreadable; first: {self.bad[0]})" if self.bad else "")
+            )
+
+    def more(self, count: int) -> None:
+        """Read the first ``count`` rows; ``whole``: the file holds no more."""
+        self.rows, self.bad = read_numbered(self.source, first=count)
+        self.count, self.whole = count, len(self.rows) + len(self.bad) < count
+
+    def items(self) -> list[tuple[int, dict | BadRow]]:
+        """The rows read and the lines that are no row, in file order."""
+        return sorted(self.rows + [(row.line, row) for row in self.bad], key=lambda pair: pair[0])
 
 
-def _stage(args: argparse.Namespace, numbered: list[tuple[int, dict]]) -> str:
+def _stage(args: argparse.Namespace, file: _FirstRows | None) -> str:
     if args.config:
         stage = load_config(args.config).stage
         if args.stage and args.stage != stage:
             raise CommandError(f"--stage {args.stage}: the config {args.config} is a {stage} config")
         return stage
-    if args.stage or not numbered:
+    if args.stage or file is None:
         return args.stage or "sft"
     try:
-        file_layout([numbered[0][1]], args.file)
+        file_layout([file.rows[0][1]], args.file)
     except DataError:
         return "rl"
     return "sft"
@@ -114,51 +128,63 @@ def model_tokenizer(config):
         raise CommandError(f"model.path = {config.model.path!r} cannot be loaded: {first_line(error)}") from None
 
 
-def _show_sft(config, source: str, numbered, rows: int, out: _Printer) -> tuple[str, int]:
-    """The first ``rows`` rows of ``source`` (``numbered``: its rows and unreadable lines; None for a built-in task)
-    as the run reads them, and on to the first usable row when none of them is."""
+def _show_sft(config, source: str, file: _FirstRows | None, rows: int, out: _Printer) -> tuple[str, int]:
+    """The first ``rows`` rows of ``source`` (``file``; None for a built-in task) as the run reads them, and on to
+    the first usable row when none of them is."""
     data = config.data
-    if numbered:
-        read, unreadable = numbered
-        items = sorted(read + [(row.line, row) for row in unreadable], key=lambda pair: pair[0])
-    else:
+    if file is None:
         lines, records, _ = sft_source(source, rows, config.seed, list(data.levels), data.plain_fraction)
         items = list(zip(lines, records, strict=True))
-    layout = file_layout([row for _, row in items[:rows] if not isinstance(row, BadRow)] or [read[0][1]], source, data)
+    else:
+        items = file.items()
+    layout = file_layout(
+        [row for _, row in items[:rows] if not isinstance(row, BadRow)] or [file.rows[0][1]], source, data
+    )
     tokenizer = model_tokenizer(config)
     out.header(f"{source}: {layout.summary()}; thought markers: {data.thought_markers}")
     encoder = Encoder(tokenizer)
-    usable = False
-    for count, (line, row) in enumerate(items):
-        if count >= rows and usable:
+    count, usable = 0, False
+    while True:
+        for line, row in items[count:]:
+            if count >= rows and usable:
+                return layout.name, count
+            count += 1
+            try:
+                if isinstance(row, BadRow):
+                    raise ValueError(row.reason)
+                conversation = read_conversation(row, layout, data.thought_markers)
+                encoded, split = encoder.encode(conversation)
+            except ValueError as error:  # a bad row (and a template no rule covers): shown, not fatal
+                out.skipped(line, layout.name, first_line(error), brief=count > rows)
+                continue
+            usable = True
+            _show_conversation(out, tokenizer, data, layout.name, line, conversation, encoded, split)
+        if file is None or file.whole or (usable and count >= rows):
+            out.flush()
             return layout.name, count
-        try:
-            if isinstance(row, BadRow):
-                raise ValueError(row.reason)
-            conversation = read_conversation(row, layout, data.thought_markers)
-            encoded, split = encoder.encode(conversation)
-        except ValueError as error:  # a bad row (and a template no rule covers): shown, not fatal
-            out.skipped(line, layout.name, first_line(error), brief=count >= rows)
-            continue
-        usable = True
-        out.conversation(line, conversation, len(encoded))
-        turns = [index for index, turn in enumerate(conversation.turns) if turn.learn] if split else [None]
-        for turn, piece in zip(turns, encoded, strict=True):
-            example, what = fit_to_length(piece.example(), data.max_length, data.truncation)
-            record = {"line": line, "layout": layout.name, "messages": conversation.messages()}
-            if turn is not None:
-                record["turn"] = turn
-            runs = _runs(tokenizer, example or piece.example())
-            record["rendered"] = "".join(text for text, _ in runs)
-            record["learned"] = [text for text, learned in runs if learned] if example else []
-            if what:
-                record["dropped" if example is None else "truncated"] = (
-                    f"{len(piece.input_ids)} tokens > data.max_length = {data.max_length} (data.truncation: "
-                    f"{data.truncation})"
-                )
-            out.example(record, runs)
-    out.flush()
-    return layout.name, len(items)
+        file.more(4 * file.count)
+        items = file.items()
+
+
+def _show_conversation(out: _Printer, tokenizer, data, layout: str, line: int, conversation, encoded, split) -> None:
+    """A row's conversation, then each of its examples: rendered, what it learns, and what ``data.max_length``
+    does to it."""
+    out.conversation(line, conversation, len(encoded))
+    turns = [index for index, turn in enumerate(conversation.turns) if turn.learn] if split else [None]
+    for turn, piece in zip(turns, encoded, strict=True):
+        example, what = fit_to_length(piece.example(), data.max_length, data.truncation)
+        record = {"line": line, "layout": layout, "messages": conversation.messages()}
+        if turn is not None:
+            record["turn"] = turn
+        runs = _runs(tokenizer, example or piece.example())
+        record["rendered"] = "".join(text for text, _ in runs)
+        record["learned"] = [text for text, learned in runs if learned] if example else []
+        if what:
+            record["dropped" if example is None else "truncated"] = (
+                f"{len(piece.input_ids)} tokens > data.max_length = {data.max_length} (data.truncation: "
+                f"{data.truncation})"
+            )
+        out.example(record, runs)
 
 
 def _runs(tokenizer, example: dict[str, list[int]]) -> list[tuple[str, bool]]:
@@ -173,10 +199,9 @@ def _runs(tokenizer, example: dict[str, list[int]]) -> list[tuple[str, bool]]:
     return [(tokenizer.decode(ids, skip_special_tokens=False), learned) for ids, learned in runs]
 
 
-def _show_rl(config, source: str, numbered, rows: int, out: _Printer) -> tuple[str, int]:
-    """The first ``rows`` rows of ``source`` (``numbered``: its rows and unreadable lines; None for a built-in task),
-    read as the run reads them (`read_stage_problems`: the same checks and prompt limit), and on to the first
-    usable row when none of them is."""
+def _show_rl(config, source: str, file: _FirstRows | None, rows: int, out: _Printer) -> tuple[str, int]:
+    """The first ``rows`` rows of ``source`` (``file``; None for a built-in task), read as the run reads them
+    (`read_stage_problems`: the same checks and prompt limit), and on to the first usable row when none of them is."""
     from klear.data.prompts import encode_problem, render_prompt
     from klear.rewards.routing import Routed, routed_reward, unrouted
 
@@ -190,22 +215,17 @@ def _show_rl(config, source: str, numbered, rows: int, out: _Printer) -> tuple[s
     except DataError as error:  # the stage's bare defaults: the reference recipe's responses, the tiny model
         measured = False
         print(f"prompts not measured: {error}", file=sys.stderr)
-    read, unreadable = numbered or ([], [])
-    window = rows
-    while True:  # a longer part of the file, four times as long, while none of it is usable
-        part = read[:window]
-        whole = window >= len(read)
-        bad = [row for row in unreadable if whole or row.line < part[-1][0]] if read else []
+    while True:  # four times as many rows, while none of them is usable
         try:
             problems = read_stage_problems(
                 config, "train", tokenizer, task, reward, config.seed, max_new_tokens, source,
-                rows=(part, bad) if read else None, num=rows, measured=measured,
+                rows=None if file is None else (file.rows, file.bad), num=rows, measured=measured,
             )  # fmt: skip
             break
         except NoUsableRow:
-            if whole:
+            if file is None or file.whole:
                 raise
-            window *= 4
+            file.more(4 * file.count)
     layout = problems.layout.name if problems.layout else "klear"
     out.header(f"{source}: {problems.layout.summary() if problems.layout else 'the built-in task'}")
     # A generated problem has no line (0): it is shown by its position. Sorted by line alone, in file order.
