@@ -231,8 +231,9 @@ def test_data_without_a_usable_row_is_refused_before_training(tmp_path):
     error = one_line_error(result)
     assert f"{long}: no usable problem in 3 rows" in error and "is longer than max_prompt_tokens = 496" in error
     assert error.endswith(
-        "3 of them refused for a prompt over 496 tokens: data.truncation=left keeps each prompt's last tokens (the "
-        "reference recipe's), or set a smaller rollout.max_new_tokens (the limit is the model's context less it)"
+        "3 of them refused for a prompt over 496 tokens (the shortest of them 2021): data.truncation=left keeps "
+        "each prompt's last tokens (the reference recipe's), or set a smaller rollout.max_new_tokens (the limit is "
+        "the model's context less it)"
     )
     assert "indexing errors" not in result.stderr  # the tokenizer's own warning: klear measured and said what it did
 

@@ -85,7 +85,9 @@ def test_prompts_over_the_limit_are_skipped_and_counted(tmp_path):
     assert loaded.longest_prompt == 1  # of the kept prompts: what an engine must hold before the response
     assert load_problems(source, Task("math"), get_reward("math")).longest_prompt == 0  # not measured
     with pytest.raises(
-        DataError, match=r"no usable problem in 2 rows .*; 1 of them refused for a prompt over 10 tokens: do this$"
+        DataError,
+        match=r"no usable problem in 2 rows .*; 1 of them refused for a prompt over 10 tokens "
+        r"\(the shortest of them 50\): do this$",
     ):  # the other row's answer is refused: the line counts the rows a larger limit would keep
         too_long = write_lines(tmp_path / "long.jsonl", [{"problem": "x" * 50, "answer": "1"}, {"problem": "y"}])
         load_problems(

@@ -251,7 +251,7 @@ def load_problems(
             raise
         except ValueError as error:
             bad.append(BadRow(source, line, first_line(error)))
-    problems, longest, cut, over = [], 0, 0, 0
+    problems, longest, cut, over, shortest = [], 0, 0, 0, 0
     if limit:  # every prompt measured in batches (`PromptTokens.many`), then each kept or refused in file order
         for entry in read:
             entry.chars = char_bound.too_long(entry.prompt, limit) if char_bound is not None else 0
@@ -277,7 +277,7 @@ def load_problems(
                         message = f"prompt of {tokens} tokens is longer than max_prompt_tokens = {limit}"
                         if truncation == "error":
                             raise DataError(f"{source}:{entry.line}: {message} (truncation: error)")
-                        over += 1
+                        over, shortest = over + 1, min(shortest or tokens, tokens)
                         raise ValueError(message)
                     entry.keep, tokens, cut = limit, limit, cut + 1
                 longest = max(longest, tokens)
@@ -294,7 +294,9 @@ def load_problems(
             hint = f"; {layout.name} rows are {layout.reward} problems, for reward.name={layout.reward}"
             hint += " (configs/rl_code.yaml)" if layout.reward == "code" else ""
         elif over:
-            hint = f"; {over} of them refused for a prompt over {limit} tokens" + (f": {too_long}" if too_long else "")
+            hint = f"; {over} of them refused for a prompt over {limit} tokens"
+            hint += f" (the shortest of them {shortest})" if shortest else ""
+            hint += f": {too_long}" if too_long else ""
         raise NoUsableRow(
             f"{source}: no usable problem in {len(bad)} rows (read as {layout.summary()}; each needs a prompt and a "
             f"reference the {task.reward} reward accepts){_first(bad)}{hint}",
