@@ -255,3 +255,41 @@ def test_repeated_problems_are_counted_once_whatever_their_other_fields(tmp_path
     assert loaded.report()["distinct"] == 3
     single = load_problems(write_lines(tmp_path / "once.jsonl", rows[:2]), Task("math"), get_reward("math"))
     assert single.distinct == 2 and "distinct" not in single.report()
+
+
+def test_the_first_problems_alone_are_checked_measured_and_read(tmp_path, monkeypatch):
+    """``first``: a file's first usable problems, the rows skipped before the last of them, and nothing past it: a
+    part at a time, each twice the last, and the file (jsonl) read no further than four times what is asked."""
+    import gzip
+
+    import klear.data.problems as problems_module
+
+    monkeypatch.setattr(problems_module, "FIRST_PART", 4)
+    rows = [{"problem": "", "answer": "1"}, *({"problem": f"{n} + {n}?", "answer": str(2 * n)} for n in range(3000))]
+    rows[3] = {"problem": "x" * 50, "answer": "1"}
+    source = write_lines(tmp_path / "rows.jsonl", rows)
+    measured = []
+
+    def length(prompt):
+        measured.append(prompt)
+        return len(prompt)
+
+    def load(path, first, **more):
+        return load_problems(path, Task("math"), get_reward("math"), prompt_length=length, max_prompt_tokens=40,
+                             first=first, **more)  # fmt: skip
+
+    loaded = load(source, 5)
+    assert [p.line for p in loaded.problems] == [2, 3, 5, 6, 7]
+    assert [(bad.line, bad.reason.split(" is ")[0]) for bad in loaded.bad] == [
+        (1, "no prompt text: 'problem'"),
+        (4, "prompt of 50 tokens"),
+    ]
+    assert loaded.rows == 7 and loaded.longest_prompt == len("5 + 5?")
+    assert len(measured) == 4 + 10  # parts of 5 and 10 rows, the first one's first row refused before measuring
+    assert [p.line for p in load(source, 10_000).problems] == [p.line for p in load(source, 0).problems]
+    whole = tmp_path / "whole.jsonl.gz"
+    whole.write_bytes(gzip.compress("".join(json.dumps(row) + "\n" for row in rows).encode()))
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    assert [p.line for p in load(str(tmp_path / "cut.jsonl.gz"), 5).problems] == [2, 3, 5, 6, 7]
+    with pytest.raises(DataError, match="not a whole gzip stream"):
+        load(str(tmp_path / "cut.jsonl.gz"), 0)

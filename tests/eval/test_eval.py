@@ -173,6 +173,27 @@ def test_math_end_to_end_on_tiny_sft(tmp_path, capsys):
     assert read_results(output)[0] == records
 
 
+def test_limit_reads_a_file_no_further_than_its_first_problems(tmp_path, capsys):
+    """``--limit``: the first problems and the rows skipped before them; the rest of the file is neither read (here
+    a gzip file cut short past them, which the whole read refuses) nor checked nor measured."""
+    import gzip
+
+    problems = generate_problems(3000, split="eval", seed=0, levels=[1])
+    rows = [{"problem": p["problem"], "answer": p["answer"]} for p in problems]
+    rows.insert(1, {"problem": "no answer here"})
+    whole = tmp_path / "whole.jsonl.gz"
+    whole.write_bytes(gzip.compress("".join(json.dumps(row) + "\n" for row in rows).encode()))
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    argv = ["--model", "tiny-sft", "--data", str(cut), "--max-new-tokens", "8", "--output", str(tmp_path / "out")]
+    assert main([*argv, "--limit", "2"]) == 0
+    records, summary = read_results(tmp_path / "out")
+    assert [record["line"] for record in records] == [1, 3]
+    assert (summary["problems"], summary["rows"], summary["rows_skipped"]) == (2, 3, 1)
+    assert main([*argv, "--overwrite"]) == 2
+    assert "not a whole gzip stream" in capsys.readouterr().err
+
+
 def test_several_data_files_are_each_scored_as_alone_with_the_model_loaded_once(tmp_path, capsys):
     """Two files (one named ``NAME=FILE``): each set's files in a folder of its name, equal to a command of its own;
     a closing table of both; the bad uses of several files refused in one line before any sampling."""

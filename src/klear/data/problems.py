@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from klear.data.first_rows import FirstRows
 from klear.data.json_text import decode_json_text
 from klear.data.layouts import Layout, detect_layout, get_path
 from klear.data.prompts import AS_GIVEN, CharBound, PromptFormat
@@ -203,6 +204,7 @@ def load_problems(
     char_bound: CharBound | None = None,
     too_long: str = "",
     prompt_format: PromptFormat = AS_GIVEN,
+    first: int = 0,
 ) -> ProblemSet:
     """The checked problems of ``source``: a synthetic task (``num`` problems of ``split``, from ``seed`` and
     ``levels``) or a file / dataset read whole. Raises `NoUsableRow` when no row is usable (`DataError`, with
@@ -221,6 +223,8 @@ def load_problems(
             when no row is usable and some were refused for their length.
         prompt_format: what is put around each row's prompt (`klear.data.prompts.PromptFormat`), before it is
             measured: a problem's prompt is the model's; a prompt the format cannot take is a skipped row.
+        first: a file's first ``first`` usable problems alone (0: all), with the rows skipped before the last of
+            them: its rows are checked and measured no further, a part at a time.
     """
     from klear.rewards.routing import RoutedReward
 
@@ -228,9 +232,10 @@ def load_problems(
         raise ValueError(f"truncation {truncation!r} is not one of {', '.join(TRUNCATIONS)}")
     if source in SYNTHETIC_REWARDS:
         numbered, bad = [(0, record) for record in synthetic_records(source, split, num, seed, levels)], []
-        layout, shown = Layout("klear", "problem", "answer"), None
+        layout, shown, first, file = Layout("klear", "problem", "answer"), None, 0, None
     else:
-        numbered, bad = rows if rows is not None else read_numbered(source)
+        file = None if rows is not None or not first else FirstRows(source, max(4 * first, FIRST_PART))
+        numbered, bad = (file.rows, file.bad) if file else rows if rows is not None else read_numbered(source)
         bad = list(bad)
         if not numbered:
             raise DataError(f"{source}: no usable problem in {len(bad)} rows{_first(bad)}")
@@ -242,60 +247,38 @@ def load_problems(
     router = reward if isinstance(reward, RoutedReward) and task.route else None
     reader = _RowReader(source, layout, task, reward, router)
     limit = max_prompt_tokens if prompt_length is not None else 0
-    read = []
-    for line, row in numbered:
-        try:
-            prompt, reference, origin = reader.read(row, line)
-            read.append(_Read(line, row, prompt_format.apply(prompt), reference, origin))
-        except DataError:
-            raise
-        except ValueError as error:
-            bad.append(BadRow(source, line, first_line(error)))
-    problems, longest, cut, over, shortest = [], 0, 0, 0, 0
-    if limit:  # every prompt measured in batches (`PromptTokens.many`), then each kept or refused in file order
-        for entry in read:
-            entry.chars = char_bound.too_long(entry.prompt, limit) if char_bound is not None else 0
-            if entry.chars and truncation == "left":  # tokenize only what the kept tokens can come from
-                entry.prompt, entry.chars = char_bound.cut(entry.prompt, limit), 0
-        measure = getattr(prompt_length, "many", None) or (lambda prompts: [prompt_length(p) for p in prompts])
-        lengths = iter(measure([entry.prompt for entry in read if not entry.chars]))
-    for entry in read:
-        try:
-            if limit:
-                if entry.chars:
-                    message = (
-                        f"prompt of {entry.chars} characters is longer than max_prompt_tokens = {limit} (no {limit} "
-                        f"tokens of this tokenizer spell more than {char_bound.chars(limit)} characters)"
-                    )
-                    if truncation == "error":
-                        raise DataError(f"{source}:{entry.line}: {message} (truncation: error)")
-                    over += 1
-                    raise ValueError(message)
-                tokens = next(lengths)
-                if tokens > limit:
-                    if truncation != "left":
-                        message = f"prompt of {tokens} tokens is longer than max_prompt_tokens = {limit}"
-                        if truncation == "error":
-                            raise DataError(f"{source}:{entry.line}: {message} (truncation: error)")
-                        over, shortest = over + 1, min(shortest or tokens, tokens)
-                        raise ValueError(message)
-                    entry.keep, tokens, cut = limit, limit, cut + 1
-                longest = max(longest, tokens)
-        except DataError:  # truncation: error
-            raise
-        except ValueError as error:
-            bad.append(BadRow(source, entry.line, first_line(error)))
+    kept = _Kept(source, limit, truncation, prompt_length, char_bound)
+    start, size = 0, max(first, FIRST_PART) if first else len(numbered)
+    while not (first and len(kept.problems) >= first):
+        if start >= len(numbered):
+            if file is None or file.whole:
+                break
+            file.more()
+            numbered, bad = file.rows, list(file.bad)
             continue
-        problems.append(Problem(entry.prompt, entry.reference, entry.line, entry.row, entry.origin, entry.keep))
-    bad.sort(key=lambda row: row.line)  # file order: rows the reader refused and rows refused here
+        read = []
+        for line, row in numbered[start : start + size]:
+            try:
+                prompt, reference, origin = reader.read(row, line)
+                read.append(_Read(line, row, prompt_format.apply(prompt), reference, origin))
+            except DataError:
+                raise
+            except ValueError as error:
+                kept.bad.append(BadRow(source, line, first_line(error)))
+        kept.measure(read)
+        start, size = start + size, 2 * size
+    problems, bad = kept.problems, sorted(bad + kept.bad, key=lambda row: row.line)  # file order
+    if first and len(problems) >= first:  # the rows past the last problem asked for are not looked at
+        problems = problems[:first]
+        bad = [row for row in bad if row.line < problems[-1].line]
     if not problems:
         hint = ""
         if layout.reward and layout.reward != task.reward:  # HumanEval rows under a math run
             hint = f"; {layout.name} rows are {layout.reward} problems, for reward.name={layout.reward}"
             hint += " (configs/rl_code.yaml)" if layout.reward == "code" else ""
-        elif over:
-            hint = f"; {over} of them refused for a prompt over {limit} tokens"
-            hint += f" (the shortest of them {shortest})" if shortest else ""
+        elif kept.over:
+            hint = f"; {kept.over} of them refused for a prompt over {limit} tokens"
+            hint += f" (the shortest of them {kept.shortest})" if kept.shortest else ""
             hint += f": {too_long}" if too_long else ""
         raise NoUsableRow(
             f"{source}: no usable problem in {len(bad)} rows (read as {layout.summary()}; each needs a prompt and a "
@@ -303,9 +286,82 @@ def load_problems(
             bad,
         )
     warnings = reader.prose_warnings()
-    if cut:
-        warnings.append(f"{cut} prompts longer than {limit} tokens keep their last {limit} (truncation: left)")
+    if kept.cut:
+        warnings.append(f"{kept.cut} prompts longer than {limit} tokens keep their last {limit} (truncation: left)")
+    longest = max(kept.tokens[: len(problems)])
     return ProblemSet(source, problems, bad, longest, shown, warnings, prompt_format)
+
+
+FIRST_PART = 1024
+"""Rows checked and measured at a time, at least, when only a file's first problems are asked for (``first``): each
+part twice the last, so a set read whole is read in a few parts."""
+
+
+@dataclass
+class _Kept:
+    """The problems kept so far and the rows refused, as `load_problems` measures a part of the rows at a time."""
+
+    source: str
+    limit: int
+    """``max_prompt_tokens``; 0: prompts are not measured."""
+    truncation: str
+    prompt_length: PromptLength | None
+    char_bound: CharBound | None
+    problems: list[Problem] = field(default_factory=list)
+    bad: list[BadRow] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    """Tokens of each kept prompt, in the order of ``problems`` (as cut, for ``left``; 0 when not measured)."""
+    cut: int = 0
+    """Prompts cut to their last ``limit`` tokens (``left``)."""
+    over: int = 0
+    """Prompts refused for their length."""
+    shortest: int = 0
+    """Tokens of the shortest prompt refused for its tokens (0: none)."""
+
+    def measure(self, read: list[_Read]) -> None:
+        """Measure every prompt of ``read`` in batches (`PromptTokens.many`), then keep or refuse each in file
+        order."""
+        limit, source = self.limit, self.source
+        if limit:
+            for entry in read:
+                entry.chars = self.char_bound.too_long(entry.prompt, limit) if self.char_bound is not None else 0
+                if entry.chars and self.truncation == "left":  # tokenize only what the kept tokens can come from
+                    entry.prompt, entry.chars = self.char_bound.cut(entry.prompt, limit), 0
+            many = getattr(self.prompt_length, "many", None)
+            measure = many or (lambda prompts: [self.prompt_length(p) for p in prompts])
+            lengths = iter(measure([entry.prompt for entry in read if not entry.chars]))
+        for entry in read:
+            tokens = 0
+            try:
+                if limit:
+                    if entry.chars:
+                        message = (
+                            f"prompt of {entry.chars} characters is longer than max_prompt_tokens = {limit} (no "
+                            f"{limit} tokens of this tokenizer spell more than {self.char_bound.chars(limit)} "
+                            "characters)"
+                        )
+                        if self.truncation == "error":
+                            raise DataError(f"{source}:{entry.line}: {message} (truncation: error)")
+                        self.over += 1
+                        raise ValueError(message)
+                    tokens = next(lengths)
+                    if tokens > limit:
+                        if self.truncation != "left":
+                            message = f"prompt of {tokens} tokens is longer than max_prompt_tokens = {limit}"
+                            if self.truncation == "error":
+                                raise DataError(f"{source}:{entry.line}: {message} (truncation: error)")
+                            self.over, self.shortest = self.over + 1, min(self.shortest or tokens, tokens)
+                            raise ValueError(message)
+                        entry.keep, tokens, self.cut = limit, limit, self.cut + 1
+            except DataError:  # truncation: error
+                raise
+            except ValueError as error:
+                self.bad.append(BadRow(source, entry.line, first_line(error)))
+                continue
+            self.tokens.append(tokens)
+            self.problems.append(
+                Problem(entry.prompt, entry.reference, entry.line, entry.row, entry.origin, entry.keep)
+            )
 
 
 @dataclass

@@ -58,7 +58,7 @@ from klear.config.load import ConfigError, check_rope_scaling
 from klear.config.model_path import BUILTIN_MODELS
 from klear.data.json_text import parse_json
 from klear.data.problems import Problem, ProblemSet, Task, distinct_problems
-from klear.data.readers import keep_read, write_jsonl, written
+from klear.data.readers import keep_read, read_numbered, write_jsonl, written
 from klear.data.sets import repeated, set_name
 from klear.errors import UserError
 from klear.eval.completions import agreement, read_completions
@@ -108,7 +108,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reward", help="reward name or import path (default: from the fields: math or code)")
     parser.add_argument("--prompt-key", help="field with the prompt text (default: problem / question)")
     parser.add_argument("--reference-key", help="field with the reference (default: answer / tests)")
-    parser.add_argument("--limit", type=int, help="evaluate only the first LIMIT problems (of each --data)")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        help="evaluate only the first LIMIT problems (of each --data); the rows past them are not read",
+    )
     parser.add_argument(
         "--output", help="output directory (default: outputs/eval/<data file stem>; several --data: one each in it)"
     )
@@ -154,11 +158,15 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
     try:
         check_args(args, options)
         planned = data_sets(args)
+        first = 0 if args.completions is not None else args.limit or 0  # saved answers follow every row
         for _, data, output in planned:  # every file and folder before a model's tokenizer is loaded
             if (output / "results.jsonl").exists() and not args.overwrite:
                 raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
             check_output(output)
-            keep_read(data)  # read once: kept for its load below
+            if first:  # its start: a jsonl file is read no further than --limit needs
+                read_numbered(data, first=1)
+            else:
+                keep_read(data)  # read once: kept for its load below
         sets = []
         for name, data, output in planned:
             problems, task, reward = load_eval_problems(
@@ -172,6 +180,7 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
                 rope_scaling=options.rope_scaling,
                 base=args.base,
                 prompt_format=options.prompt_format,
+                first=first,
             )
             sets.append(EvalSet(name, data, output, problems, task, reward, problems.problems[: args.limit]))
         n = args.k if args.n is None else args.n

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from klear.config.model_path import is_adapter_folder, model_path_problem
+from klear.data.first_rows import FirstRows
 from klear.data.problems import ProblemSet, Task, choose_task, load_problems
 from klear.data.prompts import AS_GIVEN, PromptFormat, PromptTokens
 from klear.data.readers import read_numbered, warn_bad_rows
@@ -48,6 +49,7 @@ def load_eval_problems(
     reward_options: dict[str, Any] | None = None,
     base: str | None = None,
     prompt_format: PromptFormat = AS_GIVEN,
+    first: int = 0,
 ) -> tuple[ProblemSet, Task, Reward]:
     """The checked problems of ``data`` (``--data``; bad rows skipped by file and line), their task and reward.
 
@@ -59,13 +61,15 @@ def load_eval_problems(
         max_new_tokens, max_prompt_tokens, rope_scaling: prompts longer than ``max_prompt_tokens`` are skipped (0:
             the model's context, stretched by ``rope_scaling``, minus ``max_new_tokens``).
         prompt_format: what is put around each prompt (``--prompt-template`` ...; `klear.data.prompts.PromptFormat`).
+        first: ``--limit``: the first problems alone, the rows past them neither checked nor measured (0: all).
 
     Raises:
         EvalError: an unknown reward or option, or a model that cannot be loaded or leaves no room for a prompt.
         klear.data.readers.DataError: an unreadable file, or one without a usable row.
     """
-    rows = read_numbered(data)
-    task = choose_task([row for _, row in rows[0]], data, reward, prompt_key, reference_key)
+    rows = None if first else read_numbered(data)  # else read as far as the first problems need
+    head = rows or (FirstRows(data, 1).rows, [])
+    task = choose_task([row for _, row in head[0]], data, reward, prompt_key, reference_key)
     built = build_reward(task.reward, reward_options or {}, route=task.route)
     prompt_length, limit = None, 0
     if model is not None:
@@ -87,6 +91,7 @@ def load_eval_problems(
         max_prompt_tokens=limit,
         too_long=remedy,
         prompt_format=prompt_format,
+        first=first,
     )
     problems.log("--data")
     warn_bad_rows(problems.bad, {data: problems.rows})

@@ -30,8 +30,9 @@ import sys
 from typing import Any
 
 from klear.config.load import load_config
+from klear.data.first_rows import FirstRows
 from klear.data.problems import SYNTHETIC_REWARDS, NoUsableRow, Task
-from klear.data.readers import BadRow, DataError, read_numbered
+from klear.data.readers import BadRow, DataError
 from klear.data.sft import IGNORE_INDEX, Encoder, file_layout, fit_to_length, sft_source
 from klear.data.sft_layouts import read_conversation
 from klear.data.stage_problems import prompt_limit, read_stage_problems
@@ -64,7 +65,11 @@ def files(args: argparse.Namespace) -> Files:
 
 
 def run(args: argparse.Namespace) -> str:
-    file = None if args.file in SYNTHETIC_REWARDS else _FirstRows(args.file, args.rows)
+    file = None if args.file in SYNTHETIC_REWARDS else FirstRows(args.file, args.rows)
+    if file is not None and not file.rows:
+        raise DataError(
+            f"{args.file}: no rows" + (f" ({len(file.bad)} unreadable; first: {file.bad[0]})" if file.bad else "")
+        )
     stage = _stage(args, file)
     overrides = list(args.overrides) if args.config else [f"stage={stage}", *args.overrides]
     config = load_config(args.config, overrides)
@@ -78,31 +83,7 @@ def run(args: argparse.Namespace) -> str:
     return summary
 
 
-class _FirstRows:
-    """The first rows of a data file, ``count`` of them or more, good or bad: a jsonl file is read no further, so a
-    look at a file of millions of rows takes a moment (`read_numbered`'s ``first``)."""
-
-    def __init__(self, source: str, count: int) -> None:
-        self.source = source
-        self.more(count)
-        while not self.rows and not self.whole:  # the first lines unreadable: on to a row
-            self.more(4 * self.count)
-        if not self.rows:
-            raise DataError(
-                f"{source}: no rows" + (f" ({len(self.bad)} unreadable; first: {self.bad[0]})" if self.bad else "")
-            )
-
-    def more(self, count: int) -> None:
-        """Read the first ``count`` rows; ``whole``: the file holds no more."""
-        self.rows, self.bad = read_numbered(self.source, first=count)
-        self.count, self.whole = count, len(self.rows) + len(self.bad) < count
-
-    def items(self) -> list[tuple[int, dict | BadRow]]:
-        """The rows read and the lines that are no row, in file order."""
-        return sorted(self.rows + [(row.line, row) for row in self.bad], key=lambda pair: pair[0])
-
-
-def _stage(args: argparse.Namespace, file: _FirstRows | None) -> str:
+def _stage(args: argparse.Namespace, file: FirstRows | None) -> str:
     if args.config:
         stage = load_config(args.config).stage
         if args.stage and args.stage != stage:
@@ -128,7 +109,7 @@ def model_tokenizer(config):
         raise CommandError(f"model.path = {config.model.path!r} cannot be loaded: {first_line(error)}") from None
 
 
-def _show_sft(config, source: str, file: _FirstRows | None, rows: int, out: _Printer) -> tuple[str, int]:
+def _show_sft(config, source: str, file: FirstRows | None, rows: int, out: _Printer) -> tuple[str, int]:
     """The first ``rows`` rows of ``source`` (``file``; None for a built-in task) as the run reads them, and on to
     the first usable row when none of them is."""
     data = config.data
@@ -162,7 +143,7 @@ def _show_sft(config, source: str, file: _FirstRows | None, rows: int, out: _Pri
         if file is None or file.whole or (usable and count >= rows):
             out.flush()
             return layout.name, count
-        file.more(4 * file.count)
+        file.more()
         items = file.items()
 
 
@@ -199,7 +180,7 @@ def _runs(tokenizer, example: dict[str, list[int]]) -> list[tuple[str, bool]]:
     return [(tokenizer.decode(ids, skip_special_tokens=False), learned) for ids, learned in runs]
 
 
-def _show_rl(config, source: str, file: _FirstRows | None, rows: int, out: _Printer) -> tuple[str, int]:
+def _show_rl(config, source: str, file: FirstRows | None, rows: int, out: _Printer) -> tuple[str, int]:
     """The first ``rows`` rows of ``source`` (``file``; None for a built-in task), read as the run reads them
     (`read_stage_problems`: the same checks and prompt limit), and on to the first usable row when none of them is."""
     from klear.data.prompts import encode_problem, render_prompt
@@ -225,7 +206,7 @@ def _show_rl(config, source: str, file: _FirstRows | None, rows: int, out: _Prin
         except NoUsableRow:
             if file is None or file.whole:
                 raise
-            file.more(4 * file.count)
+            file.more()
     layout = problems.layout.name if problems.layout else "klear"
     out.header(f"{source}: {problems.layout.summary() if problems.layout else 'the built-in task'}")
     # A generated problem has no line (0): it is shown by its position. Sorted by line alone, in file order.
