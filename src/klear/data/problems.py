@@ -286,8 +286,8 @@ def load_problems(
             bad,
         )
     warnings = reader.prose_warnings()
-    if kept.cut:
-        warnings.append(f"{kept.cut} prompts longer than {limit} tokens keep their last {limit} (truncation: left)")
+    if cut := sum(1 for problem in problems if problem.max_prompt_tokens):
+        warnings.append(f"{cut} prompts longer than {limit} tokens keep their last {limit} (truncation: left)")
     longest = max(kept.tokens[: len(problems)])
     return ProblemSet(source, problems, bad, longest, shown, warnings, prompt_format)
 
@@ -311,8 +311,6 @@ class _Kept:
     bad: list[BadRow] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     """Tokens of each kept prompt, in the order of ``problems`` (as cut, for ``left``; 0 when not measured)."""
-    cut: int = 0
-    """Prompts cut to their last ``limit`` tokens (``left``)."""
     over: int = 0
     """Prompts refused for their length."""
     shortest: int = 0
@@ -352,7 +350,7 @@ class _Kept:
                                 raise DataError(f"{source}:{entry.line}: {message} (truncation: error)")
                             self.over, self.shortest = self.over + 1, min(self.shortest or tokens, tokens)
                             raise ValueError(message)
-                        entry.keep, tokens, self.cut = limit, limit, self.cut + 1
+                        entry.keep, tokens = limit, limit
             except DataError:  # truncation: error
                 raise
             except ValueError as error:
