@@ -293,3 +293,6 @@ def test_the_first_problems_alone_are_checked_measured_and_read(tmp_path, monkey
     assert [p.line for p in load(str(tmp_path / "cut.jsonl.gz"), 5).problems] == [2, 3, 5, 6, 7]
     with pytest.raises(DataError, match="not a whole gzip stream"):
         load(str(tmp_path / "cut.jsonl.gz"), 0)
+    monkeypatch.setattr(problems_module, "FIRST_PART", 1024)  # a part longer than the rows read so far
+    late = write_lines(tmp_path / "late.jsonl", [{"problem": "", "answer": "1"}] * 30 + rows[1:3])
+    assert [p.line for p in load(late, 2).problems] == [31, 32]

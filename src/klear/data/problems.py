@@ -79,14 +79,6 @@ class Task:
     route: bool = True
 
 
-class NoUsableRow(DataError):
-    """No row of a source is usable: ``bad`` holds each refused row and why, in file order."""
-
-    def __init__(self, message: str, bad: list[BadRow]) -> None:
-        super().__init__(message)
-        self.bad = bad
-
-
 @dataclass(frozen=True)
 class Problem:
     """One usable problem: its prompt, its checked reference, and where it came from."""
@@ -207,7 +199,7 @@ def load_problems(
     first: int = 0,
 ) -> ProblemSet:
     """The checked problems of ``source``: a synthetic task (``num`` problems of ``split``, from ``seed`` and
-    ``levels``) or a file / dataset read whole. Raises `NoUsableRow` when no row is usable (`DataError`, with
+    ``levels``) or a file / dataset read whole. Raises `DataError` when no row is usable (or, with
     ``truncation="error"``, at the first prompt that is too long).
 
     Args:
@@ -234,7 +226,7 @@ def load_problems(
         numbered, bad = [(0, record) for record in synthetic_records(source, split, num, seed, levels)], []
         layout, shown, first, file = Layout("klear", "problem", "answer"), None, 0, None
     else:
-        file = None if rows is not None or not first else FirstRows(source, max(4 * first, FIRST_PART))
+        file = None if rows is not None or not first else FirstRows(source, 4 * first)
         numbered, bad = (file.rows, file.bad) if file else rows if rows is not None else read_numbered(source)
         bad = list(bad)
         if not numbered:
@@ -256,8 +248,8 @@ def load_problems(
             file.more()
             numbered, bad = file.rows, list(file.bad)
             continue
-        read = []
-        for line, row in numbered[start : start + size]:
+        read, part = [], numbered[start : start + size]
+        for line, row in part:
             try:
                 prompt, reference, origin = reader.read(row, line)
                 read.append(_Read(line, row, prompt_format.apply(prompt), reference, origin))
@@ -266,7 +258,7 @@ def load_problems(
             except ValueError as error:
                 kept.bad.append(BadRow(source, line, first_line(error)))
         kept.measure(read)
-        start, size = start + size, 2 * size
+        start, size = start + len(part), 2 * size
     problems, bad = kept.problems, sorted(bad + kept.bad, key=lambda row: row.line)  # file order
     if first and len(problems) >= first:  # the rows past the last problem asked for are not looked at
         problems = problems[:first]
@@ -280,10 +272,9 @@ def load_problems(
             hint = f"; {kept.over} of them refused for a prompt over {limit} tokens"
             hint += f" (the shortest of them {kept.shortest})" if kept.shortest else ""
             hint += f": {too_long}" if too_long else ""
-        raise NoUsableRow(
+        raise DataError(
             f"{source}: no usable problem in {len(bad)} rows (read as {layout.summary()}; each needs a prompt and a "
-            f"reference the {task.reward} reward accepts){_first(bad)}{hint}",
-            bad,
+            f"reference the {task.reward} reward accepts){_first(bad)}{hint}"
         )
     warnings = reader.prose_warnings()
     if cut := sum(1 for problem in problems if problem.max_prompt_tokens):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from klear.data.problems import ProblemSet, Task, load_problems
 from klear.data.prompts import PromptFormat, PromptTokens, char_bound, chat_template_problem
-from klear.data.readers import BadRow, DataError
+from klear.data.readers import DataError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -29,20 +29,19 @@ def read_stage_problems(
     seed: int,
     max_new_tokens: int,
     source: str,
-    rows: tuple[list[tuple[int, dict]], list[BadRow]] | None = None,
     num: int | None = None,
     measured: bool = True,
+    first: int = 0,
 ) -> ProblemSet:
     """The checked problems of ``source`` for ``config.data.<split>`` (``train`` or ``eval``): `load_problems` in
     the run's prompt format; a built-in task's ``num`` problems (default ``data.num_<split>``) of ``seed``.
 
     Prompts longer than the run's limit (`prompt_limit`) are handled by ``data.truncation`` (RL; skipped in SFT's
-    evaluation); ``measured=False`` reads them unmeasured. ``rows``: the source already read
-    (`klear.data.readers.read_numbered`), or a part of it.
+    evaluation); ``measured=False`` reads them unmeasured. ``first``: the file's first usable problems alone, read
+    no further (`load_problems`).
 
     Raises:
-        DataError: no usable row (`klear.data.problems.NoUsableRow`), a template the model's tokenizer lacks, or no
-            room for a prompt.
+        DataError: no usable row, a template the model's tokenizer lacks, or no room for a prompt.
     """
     data = config.data
     prompt_format = PromptFormat.of(data)
@@ -57,13 +56,13 @@ def read_stage_problems(
         num=getattr(data, f"num_{split}") if num is None else num,
         seed=seed,
         levels=data.levels,
-        rows=rows,
         prompt_length=PromptTokens(tokenizer) if measured else None,
         char_bound=char_bound(tokenizer) if measured else None,
         max_prompt_tokens=limit,
         truncation=data.truncation if config.stage == "rl" else "skip",  # SFT's data.truncation cuts its examples
         too_long=too_long,
         prompt_format=prompt_format,
+        first=first,
     )
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from klear.config.load import load_config
 from klear.data.first_rows import FirstRows
-from klear.data.problems import SYNTHETIC_REWARDS, NoUsableRow, Task
+from klear.data.problems import SYNTHETIC_REWARDS, Task
 from klear.data.readers import BadRow, DataError
 from klear.data.sft import IGNORE_INDEX, Encoder, file_layout, fit_to_length, sft_source
 from klear.data.sft_layouts import read_conversation
@@ -181,8 +181,9 @@ def _runs(tokenizer, example: dict[str, list[int]]) -> list[tuple[str, bool]]:
 
 
 def _show_rl(config, source: str, file: FirstRows | None, rows: int, out: _Printer) -> tuple[str, int]:
-    """The first ``rows`` rows of ``source`` (``file``; None for a built-in task), read as the run reads them
-    (`read_stage_problems`: the same checks and prompt limit), and on to the first usable row when none of them is."""
+    """The first ``rows`` rows of ``source``, read as the run reads them (`read_stage_problems`: the same checks and
+    prompt limit, its first ``rows`` problems, read as far as they need), and on to the first usable row when none
+    of them is. (``file``, the first rows `_show_sft` reads from, is not needed here.)"""
     from klear.data.prompts import encode_problem, render_prompt
     from klear.rewards.routing import Routed, routed_reward, unrouted
 
@@ -196,17 +197,10 @@ def _show_rl(config, source: str, file: FirstRows | None, rows: int, out: _Print
     except DataError as error:  # the stage's bare defaults: the reference recipe's responses, the tiny model
         measured = False
         print(f"prompts not measured: {error}", file=sys.stderr)
-    while True:  # four times as many rows, while none of them is usable
-        try:
-            problems = read_stage_problems(
-                config, "train", tokenizer, task, reward, config.seed, max_new_tokens, source,
-                rows=None if file is None else (file.rows, file.bad), num=rows, measured=measured,
-            )  # fmt: skip
-            break
-        except NoUsableRow:
-            if file is None or file.whole:
-                raise
-            file.more()
+    problems = read_stage_problems(
+        config, "train", tokenizer, task, reward, config.seed, max_new_tokens, source, num=rows, measured=measured,
+        first=rows,
+    )  # fmt: skip
     layout = problems.layout.name if problems.layout else "klear"
     out.header(f"{source}: {problems.layout.summary() if problems.layout else 'the built-in task'}")
     # A generated problem has no line (0): it is shown by its position. Sorted by line alone, in file order.
