@@ -350,7 +350,11 @@ assert "gppo" in list_objectives()
     ("docs/performance.md", "python tools/bench_load_problems.py"): Run(
         slow=BENCHMARK,
         extra=("--problems", "200", "--vocab", "4096"),
-        expect=("200 problems", "loaded measuring each prompt alone in"),
+        expect=(
+            "200 problems",
+            "loaded measuring each prompt alone in",
+            "held after loading (200 rows in verl's layout)",
+        ),
     ),
     ("docs/performance.md", "python tools/bench_exit.py"): Covered(
         ("tests/tools/test_bench_exit.py::test_the_benchmark_prints_both_kinds_and_the_ratio",), "1 sample each there"

@@ -6,7 +6,9 @@ prompts run 30-200 words drawn from a Zipf law, tokenized by a byte-level BPE to
 trained in the run (`bench_sft_data.trained_tokenizer`; nothing is downloaded), and loads them with
 `klear.data.problems.load_problems` twice in the same run: with a callable that tokenizes one prompt per call (how
 klear measured them before) and with `klear.data.prompts.PromptTokens`, which renders a batch of prompts and
-tokenizes it in one call. Both must keep the same problems with the same lengths.
+tokenizes it in one call. Both must keep the same problems with the same lengths. Then it measures the memory a
+loaded set holds with its rows kept (`Problem.row`, for the commands that copy them) and dropped, as a run drops
+them.
 
     python tools/bench_load_problems.py [--problems 20000] [--vocab 151936]
 """
@@ -14,10 +16,12 @@ tokenizes it in one call. Both must keep the same problems with the same lengths
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 from bench_sft_data import conversations, trained_tokenizer
@@ -68,6 +72,38 @@ def main() -> None:
     print(
         f"loaded measuring each prompt alone in {alone_s:.2f} s, in batches in {batched_s:.2f} s: "
         f"{alone_s / batched_s:.1f}x"
+    )
+    held_memory(rows)
+
+
+def held_memory(rows: list[dict]) -> None:
+    """The memory a loaded set holds, its rows kept (what curate and filter-tests copy) and dropped (a run's,
+    `klear.data.stage_problems`), the rows written in verl's layout as DAPO's training file carries them."""
+    verl = [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": row["problem"]}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": row["answer"], "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": str(index), "split": "train"},
+        }
+        for index, row in enumerate(rows)
+    ]
+    held = {}
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(write_jsonl(verl, Path(folder) / "verl.jsonl"))
+        for keep_rows in (True, False):
+            gc.collect()
+            tracemalloc.start()
+            loaded = load_problems(path, Task("math", route=True), routed_reward("math"), keep_rows=keep_rows)
+            gc.collect()
+            held[keep_rows] = tracemalloc.get_traced_memory()[0] / 2**20
+            tracemalloc.stop()
+            assert len(loaded.problems) == len(rows)
+            del loaded
+    print(
+        f"held after loading ({len(rows)} rows in verl's layout): {held[True]:.0f} MB with the rows, "
+        f"{held[False]:.0f} MB without (a run's): {held[True] / held[False]:.1f}x"
     )
 
 

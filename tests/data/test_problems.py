@@ -296,3 +296,24 @@ def test_the_first_problems_alone_are_checked_measured_and_read(tmp_path, monkey
     monkeypatch.setattr(problems_module, "FIRST_PART", 1024)  # a part longer than the rows read so far
     late = write_lines(tmp_path / "late.jsonl", [{"problem": "", "answer": "1"}] * 30 + rows[1:3])
     assert [p.line for p in load(late, 2).problems] == [31, 32]
+
+
+def test_a_run_s_problems_drop_their_rows(tmp_path):
+    """A run reads a problem's prompt and reference alone: its set holds no row (two thirds of a set's memory),
+    while the commands that copy rows (curate, filter-tests) get them."""
+    from klear.config.load import load_config
+    from klear.data.stage_problems import read_stage_problems
+    from klear.models.tokenizer import build_tokenizer
+
+    source = write_lines(
+        tmp_path / "rows.jsonl", [{"problem": f"{n} + 1?", "answer": str(n + 1), "id": n} for n in range(3)]
+    )
+    kept = load_problems(source, Task("math"), get_reward("math"))
+    assert [problem.row["id"] for problem in kept.problems] == [0, 1, 2]
+    config = load_config(None, ["stage=rl", "rollout.max_new_tokens=16"])
+    run = read_stage_problems(config, "train", build_tokenizer(), Task("math"), get_reward("math"), 0, 16, source)
+    assert [problem.row for problem in run.problems] == [{}, {}, {}]
+    assert [(p.prompt, p.reference, p.line) for p in run.problems] == [
+        (p.prompt, p.reference, p.line) for p in kept.problems
+    ]
+    assert run.digest() == kept.digest()

@@ -91,7 +91,8 @@ class Problem:
     line: int = 0
     """1-based line of a jsonl file (else 1-based position in the source); 0 for a synthetic problem."""
     row: dict = field(default_factory=dict, compare=False)
-    """The data row as read (a synthetic problem's record), for outputs that copy it."""
+    """The data row as read (a synthetic problem's record), for outputs that copy it; empty where the loader was
+    told not to keep it (`load_problems`' ``keep_rows``: a run's problems)."""
     source: str = ""
     """The row's data source (else its ``ability``); "" when it has none."""
     max_prompt_tokens: int = 0
@@ -197,6 +198,7 @@ def load_problems(
     too_long: str = "",
     prompt_format: PromptFormat = AS_GIVEN,
     first: int = 0,
+    keep_rows: bool = True,
 ) -> ProblemSet:
     """The checked problems of ``source``: a synthetic task (``num`` problems of ``split``, from ``seed`` and
     ``levels``) or a file / dataset read whole. Raises `DataError` when no row is usable (or, with
@@ -217,6 +219,8 @@ def load_problems(
             measured: a problem's prompt is the model's; a prompt the format cannot take is a skipped row.
         first: a file's first ``first`` usable problems alone (0: all), with the rows skipped before the last of
             them: its rows are checked and measured no further, a part at a time.
+        keep_rows: each problem holds its row as read (`Problem.row`), for the commands that copy it; a run, which
+            reads only the prompt and reference, drops them: two thirds of a set's memory.
     """
     from klear.rewards.routing import RoutedReward
 
@@ -239,7 +243,7 @@ def load_problems(
     router = reward if isinstance(reward, RoutedReward) and task.route else None
     reader = _RowReader(source, layout, task, reward, router)
     limit = max_prompt_tokens if prompt_length is not None else 0
-    kept = _Kept(source, limit, truncation, prompt_length, char_bound)
+    kept = _Kept(source, limit, truncation, prompt_length, char_bound, keep_rows)
     start, size = 0, max(first, FIRST_PART) if first else len(numbered)
     while not (first and len(kept.problems) >= first):
         if start >= len(numbered):
@@ -298,6 +302,7 @@ class _Kept:
     truncation: str
     prompt_length: PromptLength | None
     char_bound: CharBound | None
+    keep_rows: bool
     problems: list[Problem] = field(default_factory=list)
     bad: list[BadRow] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
@@ -349,7 +354,14 @@ class _Kept:
                 continue
             self.tokens.append(tokens)
             self.problems.append(
-                Problem(entry.prompt, entry.reference, entry.line, entry.row, entry.origin, entry.keep)
+                Problem(
+                    entry.prompt,
+                    entry.reference,
+                    entry.line,
+                    entry.row if self.keep_rows else {},
+                    entry.origin,
+                    entry.keep,
+                )
             )
 
 

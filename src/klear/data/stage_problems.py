@@ -63,6 +63,7 @@ def read_stage_problems(
         too_long=too_long,
         prompt_format=prompt_format,
         first=first,
+        keep_rows=False,  # a run reads a problem's prompt and reference alone
     )
 
 
