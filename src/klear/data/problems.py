@@ -190,7 +190,7 @@ def load_problems(
     num: int = 0,
     seed: int = 0,
     levels: Sequence[int] = (),
-    rows: tuple[list[tuple[int, dict]], list[BadRow]] | None = None,
+    rows: tuple[list[tuple[int, dict]], list[BadRow]] | FirstRows | None = None,
     prompt_length: PromptLength | None = None,
     max_prompt_tokens: int = 0,
     truncation: str = "skip",
@@ -208,7 +208,8 @@ def load_problems(
         task: the reward name (for messages and for rows without a source), field overrides, whether to route.
         reward: the reward callable whose `check_reference` validates and normalises each reference; a
             `klear.rewards.routing.RoutedReward` routes rows by their source.
-        rows: the source already read with `read_numbered` (rows and bad rows), to read it once.
+        rows: the source already read with `read_numbered` (rows and bad rows), to read it once; or its first rows
+            (`FirstRows`, with ``first``), read on as far as the first problems need.
         prompt_length: tokens of a prompt; with ``max_prompt_tokens > 0``, longer prompts are handled by
             ``truncation`` (`TRUNCATIONS`).
         char_bound: the tokenizer's `klear.data.prompts.CharBound`: a prompt it proves too long is refused (or, for
@@ -230,8 +231,13 @@ def load_problems(
         numbered, bad = [(0, record) for record in synthetic_records(source, split, num, seed, levels)], []
         layout, shown, first, file = Layout("klear", "problem", "answer"), None, 0, None
     else:
-        file = None if rows is not None or not first else FirstRows(source, 4 * first)
-        numbered, bad = (file.rows, file.bad) if file else rows if rows is not None else read_numbered(source)
+        if isinstance(rows, FirstRows):
+            file = rows
+        elif rows is None and first:
+            file = FirstRows(source, 4 * first)
+        else:
+            file = None
+        numbered, bad = (file.rows, file.bad) if file else rows or read_numbered(source)
         bad = list(bad)
         if not numbered:
             raise DataError(f"{source}: no usable problem in {len(bad)} rows{_first(bad)}")

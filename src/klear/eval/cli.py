@@ -56,9 +56,10 @@ from typing import TYPE_CHECKING, Any
 from klear import cli
 from klear.config.load import ConfigError, check_rope_scaling
 from klear.config.model_path import BUILTIN_MODELS
+from klear.data.first_rows import FirstRows
 from klear.data.json_text import parse_json
 from klear.data.problems import Problem, ProblemSet, Task, distinct_problems
-from klear.data.readers import keep_read, read_numbered, write_jsonl, written
+from klear.data.readers import keep_read, write_jsonl, written
 from klear.data.sets import repeated, set_name
 from klear.errors import UserError
 from klear.eval.completions import agreement, read_completions
@@ -159,12 +160,13 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
         check_args(args, options)
         planned = data_sets(args)
         first = 0 if args.completions is not None else args.limit or 0  # saved answers follow every row
+        heads: dict[str, FirstRows] = {}
         for _, data, output in planned:  # every file and folder before a model's tokenizer is loaded
             if (output / "results.jsonl").exists() and not args.overwrite:
                 raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
             check_output(output)
-            if first:  # its start: a jsonl file is read no further than --limit needs
-                read_numbered(data, first=1)
+            if first:  # its start, read on by its load below: a jsonl file no further than --limit needs
+                heads[data] = FirstRows(data, 4 * first)
             else:
                 keep_read(data)  # read once: kept for its load below
         sets = []
@@ -181,6 +183,7 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
                 base=args.base,
                 prompt_format=options.prompt_format,
                 first=first,
+                head=heads.get(data),
             )
             sets.append(EvalSet(name, data, output, problems, task, reward, problems.problems[: args.limit]))
         n = args.k if args.n is None else args.n

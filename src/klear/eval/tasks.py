@@ -50,6 +50,7 @@ def load_eval_problems(
     base: str | None = None,
     prompt_format: PromptFormat = AS_GIVEN,
     first: int = 0,
+    head: FirstRows | None = None,
 ) -> tuple[ProblemSet, Task, Reward]:
     """The checked problems of ``data`` (``--data``; bad rows skipped by file and line), their task and reward.
 
@@ -62,14 +63,19 @@ def load_eval_problems(
             the model's context, stretched by ``rope_scaling``, minus ``max_new_tokens``).
         prompt_format: what is put around each prompt (``--prompt-template`` ...; `klear.data.prompts.PromptFormat`).
         first: ``--limit``: the first problems alone, the rows past them neither checked nor measured (0: all).
+        head: with ``first``, the file's first rows as the command's check read them (read here when None), read on
+            as far as the first problems need.
 
     Raises:
         EvalError: an unknown reward or option, or a model that cannot be loaded or leaves no room for a prompt.
         klear.data.readers.DataError: an unreadable file, or one without a usable row.
     """
-    rows = None if first else read_numbered(data)  # else read as far as the first problems need
-    head = rows or (FirstRows(data, 1).rows, [])
-    task = choose_task([row for _, row in head[0]], data, reward, prompt_key, reference_key)
+    if first:  # read as far as the first problems need
+        rows = head or FirstRows(data, 4 * first)
+        task = choose_task([row for _, row in rows.rows], data, reward, prompt_key, reference_key)
+    else:
+        rows = read_numbered(data)
+        task = choose_task([row for _, row in rows[0]], data, reward, prompt_key, reference_key)
     built = build_reward(task.reward, reward_options or {}, route=task.route)
     prompt_length, limit = None, 0
     if model is not None:
