@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from klear.data.first_rows import FirstRows
 from klear.data.problems import ProblemSet, Task, load_problems
 from klear.data.prompts import PromptFormat, PromptTokens, char_bound, chat_template_problem
 from klear.data.readers import DataError
@@ -32,13 +33,14 @@ def read_stage_problems(
     num: int | None = None,
     measured: bool = True,
     first: int = 0,
+    rows: FirstRows | None = None,
 ) -> ProblemSet:
     """The checked problems of ``source`` for ``config.data.<split>`` (``train`` or ``eval``): `load_problems` in
     the run's prompt format; a built-in task's ``num`` problems (default ``data.num_<split>``) of ``seed``.
 
     Prompts longer than the run's limit (`prompt_limit`) are handled by ``data.truncation`` (RL; skipped in SFT's
     evaluation); ``measured=False`` reads them unmeasured. ``first``: the file's first usable problems alone, read
-    no further (`load_problems`).
+    no further (`load_problems`), from ``rows`` when its first rows are read already.
 
     Raises:
         DataError: no usable row, a template the model's tokenizer lacks, or no room for a prompt.
@@ -63,6 +65,7 @@ def read_stage_problems(
         too_long=too_long,
         prompt_format=prompt_format,
         first=first,
+        rows=rows,
         keep_rows=False,  # a run reads a problem's prompt and reference alone
     )
 

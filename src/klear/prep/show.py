@@ -181,9 +181,9 @@ def _runs(tokenizer, example: dict[str, list[int]]) -> list[tuple[str, bool]]:
 
 
 def _show_rl(config, source: str, file: FirstRows | None, rows: int, out: _Printer) -> tuple[str, int]:
-    """The first ``rows`` rows of ``source``, read as the run reads them (`read_stage_problems`: the same checks and
-    prompt limit, its first ``rows`` problems, read as far as they need), and on to the first usable row when none
-    of them is. (``file``, the first rows `_show_sft` reads from, is not needed here.)"""
+    """The first ``rows`` rows of ``source`` (``file``; None for a built-in task), read as the run reads them
+    (`read_stage_problems`: the same checks and prompt limit, its first ``rows`` problems, the file read on as far
+    as they need), and on to the first usable row when none of them is."""
     from klear.data.prompts import encode_problem, render_prompt
     from klear.rewards.routing import Routed, routed_reward, unrouted
 
@@ -199,7 +199,7 @@ def _show_rl(config, source: str, file: FirstRows | None, rows: int, out: _Print
         print(f"prompts not measured: {error}", file=sys.stderr)
     problems = read_stage_problems(
         config, "train", tokenizer, task, reward, config.seed, max_new_tokens, source, num=rows, measured=measured,
-        first=rows,
+        first=rows, rows=file,
     )  # fmt: skip
     layout = problems.layout.name if problems.layout else "klear"
     out.header(f"{source}: {problems.layout.summary() if problems.layout else 'the built-in task'}")
