@@ -183,6 +183,27 @@ def test_an_output_dir_that_is_a_file_or_cannot_be_written(tmp_path):
     assert "output_dir '/proc/klear-run' is not writable" in error
 
 
+def test_a_start_refused_for_its_output_dir_is_refused_before_the_data_is_read(tmp_path):
+    # Reading and checking DAPO-Math-17k's 1.79M rows takes about a minute: a start that --resume or --overwrite
+    # would refuse anyway says so first (here the data file does not exist, which the data check would name).
+    held = tmp_path / "run"
+    held.mkdir()
+    (held / "metrics.csv").write_text("step\n")
+    missing = ["data.train=no/such/train.jsonl"]
+    error = one_line_error(klear("klear.fit", "--config", "configs/rl.yaml", f"output_dir={held}", *missing))
+    assert f"output_dir '{held}' holds a run that stopped before its first complete checkpoint" in error
+    fresh = tmp_path / "fresh"
+    error = one_line_error(
+        klear("klear.fit", "--config", "configs/rl.yaml", f"output_dir={fresh}", "--resume", *missing)
+    )
+    assert error == f"error: --resume: no checkpoint in {fresh}/checkpoints; start the run without --resume"
+    assert not fresh.exists()
+    error = one_line_error(
+        klear("klear.fit", "--config", "configs/rl.yaml", f"output_dir={held}", "--overwrite", *missing)
+    )
+    assert "no/such/train.jsonl: no such file" in error  # --overwrite: the data's own error
+
+
 def write_rows(path, rows) -> str:
     path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
     return str(path)

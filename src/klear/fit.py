@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.quiet:
                 config.trainer.progress_bar = False
+            check_output(RunDir(config.output_dir, resume=args.resume), config, args.resume, args.overwrite)
             preflight(config)  # the machine, model and data files: before output_dir holds anything
             output = OutputState(config.output_dir)
             run_dir, module, batches = start(config, resume=args.resume, overwrite=args.overwrite)
@@ -332,10 +333,18 @@ def prepare_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir
 
 
 def check_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir:
-    """Check the output directory against ``--resume`` / ``--overwrite`` (a resume: that its last checkpoint is
-    complete and the config changed only in `RESUMABLE_CHANGES`), reading only."""
+    """The output directory, checked writable and against ``--resume`` / ``--overwrite`` (`check_output`)."""
     run_dir = RunDir(config.output_dir, resume=resume)
     run_dir.check_writable()
+    check_output(run_dir, config, resume, overwrite)
+    return run_dir
+
+
+def check_output(run_dir: RunDir, config: DictConfig, resume: bool, overwrite: bool) -> None:
+    """Check what the output directory holds against ``--resume`` / ``--overwrite`` (a resume: that its last
+    checkpoint is complete and the config changed only in `RESUMABLE_CHANGES`), reading only: `main` asks before the
+    data files are read, so a start refused for it is refused at once whatever the data's size, and `start` again
+    under the directory's lock."""
     if resume:
         run_dir.check_resumable()
         changed = {key for key in _changed_keys(read_yaml(run_dir.config), config) if not _resumable(key)}
@@ -355,7 +364,6 @@ def check_run_dir(config: DictConfig, resume: bool, overwrite: bool) -> RunDir:
             f"output_dir {root!r} already holds a run; continue it with --resume, replace it with --overwrite, or "
             f"set output_dir=..."
         )
-    return run_dir
 
 
 def begin_run(config: DictConfig, run_dir: RunDir, resume: bool, overwrite: bool) -> None:
