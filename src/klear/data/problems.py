@@ -37,7 +37,6 @@ import functools
 import hashlib
 import json
 import logging
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from typing import Any
 from klear.data.first_rows import FirstRows
 from klear.data.json_text import decode_json_text
 from klear.data.layouts import Layout, detect_layout, get_path
+from klear.data.problem_rows import MeasuredPrompt, RowRead, RowReader, prompt_key
 from klear.data.prompts import AS_GIVEN, CharBound, PromptFormat
 from klear.data.readers import BadRow, DataError, read_numbered
 from klear.data.synthetic import generate_problems
@@ -58,9 +58,6 @@ SYNTHETIC_REWARDS: dict[str, str] = {"synthetic": "math", "synthetic-code": "cod
 TRUNCATIONS = ("skip", "left", "error")
 """What happens to a prompt longer than ``max_prompt_tokens``: skipped (a counted bad row), cut to its last tokens
 (verl's ``truncation: left``, the Klear-Reasoner recipe's), or the load stops with the file and line."""
-_SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
-EXAMPLES = 3
-"""Rows quoted by file and line in a warning about a source's references."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +196,7 @@ def load_problems(
     prompt_format: PromptFormat = AS_GIVEN,
     first: int = 0,
     keep_rows: bool = True,
+    checked: ProblemSet | None = None,
 ) -> ProblemSet:
     """The checked problems of ``source``: a synthetic task (``num`` problems of ``split``, from ``seed`` and
     ``levels``) or a file / dataset read whole. Raises `DataError` when no row is usable (or, with
@@ -222,12 +220,18 @@ def load_problems(
             them: its rows are checked and measured no further, a part at a time.
         keep_rows: each problem holds its row as read (`Problem.row`), for the commands that copy it; a run, which
             reads only the prompt and reference, drops them: two thirds of a set's memory.
+        checked: ``source``'s problems as this loader checked them without a tokenizer, in ``prompt_format``
+            (`klear.data.preflight.kept_problems`): not read or checked again, only measured.
     """
     from klear.rewards.routing import RoutedReward
 
     if truncation not in TRUNCATIONS:
         raise ValueError(f"truncation {truncation!r} is not one of {', '.join(TRUNCATIONS)}")
-    if source in SYNTHETIC_REWARDS:
+    router = reward if isinstance(reward, RoutedReward) and task.route else None
+    if checked is not None:  # read and checked before (`klear.data.preflight`): its prompts are measured alone
+        numbered, bad, first, file = checked.problems, list(checked.bad), 0, None
+        layout = shown = checked.layout
+    elif source in SYNTHETIC_REWARDS:
         numbered, bad = [(0, record) for record in synthetic_records(source, split, num, seed, levels)], []
         layout, shown, first, file = Layout("klear", "problem", "answer"), None, 0, None
     else:
@@ -246,8 +250,7 @@ def load_problems(
         except ValueError as error:
             raise DataError(f"{source}: {error}") from None
         shown = layout
-    router = reward if isinstance(reward, RoutedReward) and task.route else None
-    reader = _RowReader(source, layout, task, reward, router)
+    reader = RowReader(source, layout, task.reward, reward, router) if checked is None else _Checked(checked)
     limit = max_prompt_tokens if prompt_length is not None else 0
     kept = _Kept(source, limit, truncation, prompt_length, char_bound, keep_rows)
     start, size = 0, max(first, FIRST_PART) if first else len(numbered)
@@ -258,16 +261,8 @@ def load_problems(
             file.more()
             numbered, bad = file.rows, list(file.bad)
             continue
-        read, part = [], numbered[start : start + size]
-        for line, row in part:
-            try:
-                prompt, reference, origin = reader.read(row, line)
-                read.append(_Read(line, row, prompt_format.apply(prompt), reference, origin))
-            except DataError:
-                raise
-            except ValueError as error:
-                kept.bad.append(BadRow(source, line, first_line(error)))
-        kept.measure(read)
+        part = numbered[start : start + size]
+        kept.measure(reader.part(part, prompt_format, kept.bad))
         start, size = start + len(part), 2 * size
     problems, bad = kept.problems, sorted(bad + kept.bad, key=lambda row: row.line)  # file order
     if first and len(problems) >= first:  # the rows past the last problem asked for are not looked at
@@ -317,26 +312,22 @@ class _Kept:
     """Prompts refused for their length."""
     shortest: int = 0
     """Tokens of the shortest prompt refused for its tokens (0: none)."""
+    seen: dict[int, MeasuredPrompt] = field(default_factory=dict)
+    """`prompt_key` -> the first prompt of that key as measured, for every prompt measured so far."""
 
-    def measure(self, read: list[_Read]) -> None:
-        """Measure every prompt of ``read`` in batches (`PromptTokens.many`), then keep or refuse each in file
+    def measure(self, read: list[RowRead]) -> None:
+        """Measure each distinct prompt of ``read`` once (`_measure_distinct`), then keep or refuse each row in file
         order."""
         limit, source = self.limit, self.source
         if limit:
-            for entry in read:
-                entry.chars = self.char_bound.too_long(entry.prompt, limit) if self.char_bound is not None else 0
-                if entry.chars and self.truncation == "left":  # tokenize only what the kept tokens can come from
-                    entry.prompt, entry.chars = self.char_bound.cut(entry.prompt, limit), 0
-            many = getattr(self.prompt_length, "many", None)
-            measure = many or (lambda prompts: [self.prompt_length(p) for p in prompts])
-            lengths = iter(measure([entry.prompt for entry in read if not entry.chars]))
+            self._measure_distinct(read)
         for entry in read:
             tokens = 0
             try:
                 if limit:
-                    if entry.chars:
+                    if chars := entry.measured.chars:
                         message = (
-                            f"prompt of {entry.chars} characters is longer than max_prompt_tokens = {limit} (no "
+                            f"prompt of {chars} characters is longer than max_prompt_tokens = {limit} (no "
                             f"{limit} tokens of this tokenizer spell more than {self.char_bound.chars(limit)} "
                             "characters)"
                         )
@@ -344,7 +335,7 @@ class _Kept:
                             raise DataError(f"{source}:{entry.line}: {message} (truncation: error)")
                         self.over += 1
                         raise ValueError(message)
-                    tokens = next(lengths)
+                    tokens = entry.measured.tokens
                     if tokens > limit:
                         if self.truncation != "left":
                             message = f"prompt of {tokens} tokens is longer than max_prompt_tokens = {limit}"
@@ -370,129 +361,45 @@ class _Kept:
                 )
             )
 
+    def _measure_distinct(self, read: list[RowRead]) -> None:
+        """Each entry's prompt measured against the limit: told too long by its characters (`CharBound`), cut for
+        ``left``, else its tokens, counted in batches (`PromptTokens.many`). A prompt measured before in this load
+        is not measured again, and the entry takes the first one's object: DAPO-Math-17k's training file lists each
+        of its prompts about 100 times, which are then rendered and tokenized once and held once."""
+        bound, limit = self.char_bound, self.limit
+        pending: list[MeasuredPrompt] = []
+        for entry in read:
+            key = prompt_key(entry.prompt)
+            measured = self.seen.get(key) if key is not None else None
+            if measured is None or not measured.of(entry.prompt):
+                prompt, chars = entry.prompt, bound.too_long(entry.prompt, limit) if bound is not None else 0
+                if chars and self.truncation == "left":  # tokenize only what the kept tokens can come from
+                    prompt, chars = bound.cut(prompt, limit), 0
+                measured = MeasuredPrompt(entry.prompt, prompt, chars)
+                if key is not None:
+                    self.seen.setdefault(key, measured)
+                if not chars:
+                    pending.append(measured)
+            entry.prompt, entry.measured = measured.prompt, measured
+        many = getattr(self.prompt_length, "many", None)
+        prompts = [measured.prompt for measured in pending]
+        counts = many(prompts) if many else [self.prompt_length(prompt) for prompt in prompts]
+        for measured, count in zip(pending, counts, strict=True):
+            measured.tokens = count
 
-@dataclass
-class _Read:
-    """A row read into its prompt (in the run's format) and checked reference, before its prompt is measured."""
 
-    line: int
-    row: dict
-    prompt: Any
-    reference: Any
-    origin: str
-    chars: int = 0
-    """Characters that prove the prompt over the limit without tokenizing it (`CharBound.too_long`); 0 if none."""
-    keep: int = 0
-    """The last tokens a prompt cut by ``truncation: left`` keeps (`Problem.max_prompt_tokens`)."""
+class _Checked:
+    """The problems a check read before (`klear.data.preflight.kept_problems`), read on as `RowReader` reads rows: in
+    the run's prompt format already, with their warnings about references."""
 
+    def __init__(self, checked: ProblemSet) -> None:
+        self.warnings = list(checked.warnings)
 
-class _RowReader:
-    """One row's prompt, checked reference and source, through the file's layout and the row's route."""
-
-    def __init__(self, source: str, layout: Layout, task: Task, reward: Any, router: Any) -> None:
-        from klear.rewards.base import check_reference
-        from klear.rewards.math_reward import reference_answer
-        from klear.rewards.math_size import huge_answer, may_be_huge
-
-        self.source, self.layout, self.task, self.reward, self.router = source, layout, task, reward, router
-        self.check = check_reference
-        # The answer the verifier gets (unboxed, after "####"), parsed only when its text may hold such a number.
-        self.is_huge = lambda text: may_be_huge(text) and huge_answer(reference_answer(text))
-        self.prose: dict[str, list] = {}  # source -> [count, line and text of the first]
-        self.huge: dict[str, list] = {}  # source -> [count, (line, answer) of the first EXAMPLES]
-
-    def read(self, row: dict, line: int) -> tuple[str | list[dict[str, str]], Any, str]:
-        from klear.data.code_formats import CONVERTERS, code_row
-
-        if self.layout.name in CONVERTERS:
-            row = code_row(row)
-        prompt, reference, origin = self.layout.extract(row)
-        name, label = self._route(row, origin)
-        reference = _prepared(reference, name, origin)
-        reference = self.check(self.reward if label is None else self.router.reward_of(label), reference)
-        if name == "math":
-            self._note_prose(reference, origin, line)
-            self._note_huge(reference, origin, line)
-        return prompt, reference if label is None else _routed(label, reference), origin
-
-    def _route(self, row: dict, origin: str) -> tuple[str, str | None]:
-        """The reward name of the row and its route label (None: the reward itself scores it): by its data source,
-        else by its ``ability`` (also when no route knows the source)."""
-        if self.router is None or not origin:
-            return self.layout.reward or self.task.reward, None
-        source = self.layout.source_of(row, ability=False)
-        ability = get_path(row, self.layout.ability) if self.layout.ability else None
-        label = self.router.route(source) if source else None
-        if label is None and isinstance(ability, str) and ability.strip():
-            label = self.router.route(ability.strip(), ability=True)
-        if label is None:
-            what = f"{self.layout.source} {source!r}" if source else f"{self.layout.ability} {origin!r}"
-            raise ValueError(
-                f"{what} has no reward: add it to reward.by_source (a name or prefix -> a reward); known: "
-                f"{', '.join(self.router.known())}"
-            )
-        return self.router.name_of(label), label
-
-    def _note_prose(self, reference: Any, origin: str, line: int) -> None:
-        texts = reference if isinstance(reference, list) else [reference]
-        example = next((text for text in texts if looks_like_prose(text)), None)
-        if example is not None:
-            entry = self.prose.setdefault(origin or "(none)", [0, line, example])
-            entry[0] += 1
-
-    def _note_huge(self, reference: Any, origin: str, line: int) -> None:
-        texts = reference if isinstance(reference, list) else [reference]
-        answer = next((text for text in texts if self.is_huge(text)), None)
-        if answer is not None:
-            entry = self.huge.setdefault(origin or "(none)", [0, []])
-            entry[0] += 1
-            if len(entry[1]) < EXAMPLES:
-                entry[1].append(f"{self.source}:{line}: {answer[:80]!r}")
+    def part(self, problems: list[Problem], prompt_format: PromptFormat, bad: list[BadRow]) -> list[RowRead]:
+        return [RowRead(problem.line, {}, problem.prompt, problem.reference, problem.source) for problem in problems]
 
     def prose_warnings(self) -> list[str]:
-        from klear.rewards.math_size import MAX_DIGITS
-
-        prose = [
-            f"{count} math references of source {origin!r} read like prose rather than an answer (e.g. "
-            f"{self.source}:{line}: {example[:80]!r}); the math reward compares the final answer with that whole "
-            "text: point data.reference_key (--reference-key) at the answer field"
-            for origin, (count, line, example) in sorted(self.prose.items())
-        ]
-        huge = [
-            f"{count} math references of source {origin!r} spell a number of more than {MAX_DIGITS:,} digits (e.g. "
-            f"{', '.join(examples)}); the math verifier works such a number out, so checking any answer against it "
-            "runs into the reward's timeout and every sample of the problem waits for it: fix or drop these rows"
-            for origin, (count, examples) in sorted(self.huge.items())
-        ]
-        return prose + huge
-
-
-def _routed(label: str, reference: Any) -> Any:
-    from klear.rewards.routing import Routed
-
-    return Routed(label, reference)
-
-
-def _prepared(reference: Any, reward: str, source: str) -> Any:
-    """A reference as its reward reads it: code tests in a publisher's layout as klear's tests, a math answer list
-    stored as JSON text decoded."""
-    if reward == "code":
-        from klear.data.code_layouts import code_reference
-
-        return code_reference(reference, source)
-    if reward == "math":
-        decoded = decode_json_text(reference)
-        if isinstance(decoded, list) and decoded and all(isinstance(item, str) for item in decoded):
-            return decoded  # Skywork-OR1's '["4", "4.0"]': acceptable answers
-    return reference
-
-
-def looks_like_prose(reference: Any) -> bool:
-    """Whether a math reference reads like a worked solution rather than an answer: several sentences, and neither
-    a ``####`` answer nor a ``\\boxed{}`` the math reward would take from it."""
-    if not isinstance(reference, str) or "####" in reference or "\\boxed" in reference or "\\fbox" in reference:
-        return False
-    return len(_SENTENCE_END.findall(reference)) >= 2 and len(reference.split()) >= 8
+        return self.warnings
 
 
 def _first(bad: list[BadRow]) -> str:

@@ -167,22 +167,61 @@ class PromptTokens:
 
     def _counts(self, prompts: list[str | list[dict[str, str]]]) -> list[int]:
         texts = [(render_prompt(self.tokenizer, prompt), isinstance(prompt, RawPrompt)) for prompt in prompts]
-        return [len(ids) for ids in token_ids(self.tokenizer, texts)]
+        return token_counts(self.tokenizer, texts)
 
 
 def token_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
     """The token ids of each ``(text, add_special_tokens)`` of ``texts``, in order, from one call to the tokenizer
     for each setting of special tokens. A chat rendering adds none (its template writes them); a raw prompt, or a
     plain text learned whole, adds the tokenizer's own (a BOS where it adds one)."""
-    out: list[list[int]] = [[] for _ in texts]
+    return _by_special(
+        texts, lambda batch, special: tokenizer(batch, add_special_tokens=special, verbose=False)["input_ids"]
+    )
+
+
+def token_counts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[tuple[str, bool]]) -> list[int]:
+    """``len`` of each of `token_ids`, counted by the tokenizer's Rust backend where it gives the same tokens
+    (`_plain_backend`), without the ids turned into Python lists: twice as fast as `token_ids`, which counts the
+    others."""
+    backend = _plain_backend(tokenizer)
+    if backend is None:
+        return [len(ids) for ids in token_ids(tokenizer, texts)]
+    return _by_special(texts, lambda batch, special: backend.encode_batch(batch, add_special_tokens=special), len)
+
+
+def _by_special(
+    texts: Sequence[tuple[str, bool]], encode: Callable[[list[str], bool], Sequence[Any]], each: Callable | None = None
+) -> list:
+    """What ``encode(batch, special)`` gives for every text of ``texts`` (``each`` of it, when given), in order: one
+    call for the texts without the tokenizer's special tokens, one for those with."""
+    out: list = [None] * len(texts)
     for special in (False, True):
         where = [index for index, (_, flag) in enumerate(texts) if flag is special]
         if where:
-            batch = [texts[index][0] for index in where]
-            ids = tokenizer(batch, add_special_tokens=special, verbose=False)["input_ids"]
-            for index, tokens in zip(where, ids, strict=True):
-                out[index] = tokens
+            for index, encoded in zip(where, encode([texts[index][0] for index in where], special), strict=True):
+                out[index] = encoded if each is None else each(encoded)
     return out
+
+
+def _plain_backend(tokenizer: PreTrainedTokenizerBase) -> Any:
+    """The Rust tokenizer behind ``tokenizer`` when a call to it gives the ids calling ``tokenizer`` gives: a fast
+    tokenizer whose class encodes as transformers' own does (no override, no input/target modes), its backend left
+    as a plain call leaves it (no truncation, no padding, special tokens split as the tokenizer splits them: a call
+    through the tokenizer resets them); None otherwise."""
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+    kind = type(tokenizer)
+    if (
+        not isinstance(tokenizer, PreTrainedTokenizerFast)
+        or kind.__call__ is not PreTrainedTokenizerBase.__call__
+        or kind._encode_plus is not PreTrainedTokenizerFast._encode_plus
+        or hasattr(tokenizer, "_switch_to_input_mode")
+    ):
+        return None
+    backend = tokenizer.backend_tokenizer
+    if backend.truncation is not None or backend.padding is not None:
+        return None
+    return backend if backend.encode_special_tokens == bool(tokenizer.split_special_tokens) else None
 
 
 def encode_problem(tokenizer: PreTrainedTokenizerBase, problem: Any) -> list[int]:

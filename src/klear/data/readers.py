@@ -147,7 +147,7 @@ def read_numbered(
     local = Path(os.path.expanduser(text))
     refuse_special_file(local, text)
     kept = _KEPT.pop((text, split), None)
-    if kept is not None and kept[0] == _signature(local):
+    if kept is not None and kept[0] == file_signature(local):
         return kept[1]
     return _read_numbered(path, split)
 
@@ -202,12 +202,12 @@ def keep_read(path: str | Path, split: str | None = None) -> tuple[list[tuple[in
     the file is unchanged: ``klear.fit`` checks its data before importing torch (`klear.data.preflight`), and the
     stage that tokenizes the rows after the model is loaded gets them without reading or parsing them again."""
     read = read_numbered(path, split)
-    _KEPT[(str(path), split)] = (_signature(Path(os.path.expanduser(str(path)))), read)
+    _KEPT[(str(path), split)] = (file_signature(path), read)
     return read
 
 
 _KEPT: dict[tuple[str, str | None], tuple[tuple[int, int] | None, tuple]] = {}
-"""``(input, split)`` -> (its `_signature` when kept, the rows read): what `keep_read` keeps for the next read."""
+"""``(input, split)`` -> (its `file_signature` when kept, the rows read): what `keep_read` keeps for the next read."""
 
 
 def data_suffix(path: str | Path) -> str:
@@ -309,11 +309,11 @@ def refuse_special_file(path: Path, name: str | None = None) -> None:
         raise DataError(f"{path if name is None else name}: is {kind}, not a file; a data input is read from a file")
 
 
-def _signature(local: Path) -> tuple[int, int] | None:
+def file_signature(path: str | Path) -> tuple[int, int] | None:
     """Modification time and size of a local input (None for a dataset name): a kept read of a file that changed
     since is not served."""
     try:
-        stat = local.stat()
+        stat = Path(os.path.expanduser(str(path))).stat()
     except OSError:
         return None
     return stat.st_mtime_ns, stat.st_size

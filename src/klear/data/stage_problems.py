@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from klear.data.first_rows import FirstRows
+from klear.data.preflight import kept_problems
 from klear.data.problems import ProblemSet, Task, load_problems
 from klear.data.prompts import PromptFormat, PromptTokens, char_bound, chat_template_problem
 from klear.data.readers import DataError
@@ -40,7 +41,8 @@ def read_stage_problems(
 
     Prompts longer than the run's limit (`prompt_limit`) are handled by ``data.truncation`` (RL; skipped in SFT's
     evaluation); ``measured=False`` reads them unmeasured. ``first``: the file's first usable problems alone, read
-    no further (`load_problems`), from ``rows`` when its first rows are read already.
+    no further (`load_problems`), from ``rows`` when its first rows are read already. A file ``klear.fit``'s
+    preflight checked is not read or checked again (`klear.data.preflight.kept_problems`): its prompts are measured.
 
     Raises:
         DataError: no usable row, a template the model's tokenizer lacks, or no room for a prompt.
@@ -50,6 +52,7 @@ def read_stage_problems(
     if prompt_format.chat and (problem := chat_template_problem(tokenizer, "data.apply_chat_template=false")):
         raise DataError(f"model.path = {config.model.path!r}: {problem}")
     limit, too_long = prompt_limit(config, split, max_new_tokens) if measured else (0, "")
+    checked = None if first or rows is not None else kept_problems(source, split, task, reward, prompt_format)
     return load_problems(
         source,
         task,
@@ -67,6 +70,7 @@ def read_stage_problems(
         first=first,
         rows=rows,
         keep_rows=False,  # a run reads a problem's prompt and reference alone
+        checked=checked,
     )
 
 

@@ -20,6 +20,7 @@ Rewards are built when a row first routes to them, so a math-only run never star
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -101,10 +102,18 @@ class RoutedReward(Reward):
         self._default_label = _label(default_name, {})
         self.rewards: dict[str, Reward] = {self._default_label: default}
         """Label (the JSON of ``[name, options]``) -> its reward."""
+        self._labels: dict[tuple[str, bool], str | None] = {}
+        """``(source, ability)`` -> its `route`: a set's rows share a few sources, and are routed by the million."""
 
     def route(self, source: str, ability: bool = False) -> str | None:
         """The label of the reward that scores rows of ``source`` (an ``ability`` when ``ability``), building that
         reward on first use; None when no route matches."""
+        key = (source, ability)
+        if key not in self._labels:
+            self._labels[key] = self._route(source, ability)
+        return self._labels[key]
+
+    def _route(self, source: str, ability: bool) -> str | None:
         if ability:
             name = ABILITY_ROUTES.get(source.lower())
             return None if name is None else self._build(name, {})
@@ -115,13 +124,18 @@ class RoutedReward(Reward):
             return None
         return self._build(*self.routes[max(prefixes, key=len)])
 
+    def spec(self) -> str:
+        """What decides how this reward checks each reference (JSON): its default reward and options, and every
+        route. Two rewards of one spec read a data set alike."""
+        return json.dumps([self.default_name, self.default_options, self.routes], sort_keys=True, default=_plain)
+
     def known(self) -> list[str]:
         """The route keys, for messages."""
         return sorted(self.routes)
 
     def name_of(self, label: str) -> str:
         """The registered reward name (or import path) behind ``label``."""
-        return json.loads(label)[0]
+        return _name_of(label)
 
     def reward_of(self, label: str) -> Reward:
         """The reward of ``label``, built when first asked for (a rollout worker receives routed references from the
@@ -173,6 +187,20 @@ class RoutedReward(Reward):
 
     def __repr__(self) -> str:
         return f"RoutedReward(default={self.default_name!r}, rewards={sorted(self.rewards)})"
+
+
+def _plain(value: Any) -> Any:
+    """A config's mapping or list (an omegaconf container) as JSON writes it."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return list(value)
+    return repr(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _name_of(label: str) -> str:
+    return json.loads(label)[0]
 
 
 def _label(name: str, options: Mapping[str, Any]) -> str:

@@ -46,7 +46,7 @@ def preflight(config: DictConfig) -> None:
     ``config``: the checks of the module docstring."""
     check_machine(config)
     check_model(config)
-    check_data(config)
+    check_data(config, keep=True)  # what the stage reads next, checked
 
 
 def check_model(config: DictConfig) -> None:
