@@ -354,6 +354,9 @@ assert "gppo" in list_objectives()
             "200 problems",
             "loaded measuring each prompt alone in",
             "held after loading (200 rows in verl's layout)",
+            "a run's load of 200 rows (200 distinct): checked once",
+            "200 rows repeating each prompt 100 times load in",
+            "tokens of 200 rendered prompts counted by the backend in",
         ),
     ),
     ("docs/performance.md", "python tools/bench_exit.py"): Covered(

@@ -10,6 +10,14 @@ tokenizes it in one call. Both must keep the same problems with the same lengths
 loaded set holds with its rows kept (`Problem.row`, for the commands that copy them) and dropped, as a run drops
 them.
 
+Then a run's load as ``klear.fit`` does it, the rows in verl's layout as DAPO's training file carries them: the
+preflight reads and checks every row without a tokenizer and keeps the checked set (`klear.data.preflight`), the
+stage measures its prompts; against the stage reading and checking the file again. It times the same load on a file
+of as many rows that repeat each of 1/100 of the prompts 100 times, as DAPO-Math-17k's training file does (each
+distinct prompt is measured once), and counting the tokens of the rendered prompts by the tokenizer's Rust backend
+(`klear.data.prompts.token_counts`) against taking the lengths of the ids the tokenizer returns (`token_ids`).
+Each way must give the same problems.
+
     python tools/bench_load_problems.py [--problems 20000] [--vocab 151936]
 """
 
@@ -74,12 +82,12 @@ def main() -> None:
         f"{alone_s / batched_s:.1f}x"
     )
     held_memory(rows)
+    run_load(rows, tokenizer, args.max_prompt_tokens)
 
 
-def held_memory(rows: list[dict]) -> None:
-    """The memory a loaded set holds, its rows kept (what curate and filter-tests copy) and dropped (a run's,
-    `klear.data.stage_problems`), the rows written in verl's layout as DAPO's training file carries them."""
-    verl = [
+def verl_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` in verl's layout, as DAPO's training file carries them."""
+    return [
         {
             "data_source": "math_dapo",
             "prompt": [{"role": "user", "content": row["problem"]}],
@@ -89,6 +97,65 @@ def held_memory(rows: list[dict]) -> None:
         }
         for index, row in enumerate(rows)
     ]
+
+
+def run_load(rows: list[dict], tokenizer, max_prompt_tokens: int) -> None:
+    """A run's load (the preflight's checked set measured by the stage) against the stage reading the file again;
+    on distinct and on repeated prompts; and the token counts by the backend against the ids' lengths."""
+    from klear.data.preflight import check_problems, kept_problems
+    from klear.data.prompts import AS_GIVEN, render_prompt, token_counts, token_ids
+
+    repeats = 100
+    repeated = [rows[index % max(1, len(rows) // repeats)] for index in range(len(rows))]
+    with tempfile.TemporaryDirectory() as folder:
+        loaded = {}
+        for name, chosen in (("distinct", rows), ("repeated", repeated)):
+            path = str(write_jsonl(verl_rows(chosen), Path(folder) / f"{name}.jsonl"))
+            task, reward = Task("math"), routed_reward("math")
+
+            def stage(checked, path=path, task=task, reward=reward):
+                return load_problems(path, task, reward, prompt_length=PromptTokens(tokenizer), keep_rows=False,
+                                     char_bound=char_bound(tokenizer), max_prompt_tokens=max_prompt_tokens,
+                                     checked=checked)  # fmt: skip
+
+            started = time.perf_counter()
+            check_problems(path, task, reward, "train", AS_GIVEN)  # klear.compare's check: nothing kept
+            again = stage(None)
+            again_s = time.perf_counter() - started
+            started = time.perf_counter()
+            check_problems(path, task, reward, "train", AS_GIVEN, keep=True)  # klear.fit's
+            once = stage(kept_problems(path, "train", task, reward, AS_GIVEN))
+            loaded[name] = once_s = time.perf_counter() - started
+            assert once.report() == again.report() and once.longest_prompt == again.longest_prompt
+            print(
+                f"a run's load of {len(chosen)} rows ({once.distinct} distinct): checked once "
+                f"{once_s:.2f} s, checked again by the stage {again_s:.2f} s: {again_s / once_s:.1f}x"
+            )
+    print(
+        f"{len(rows)} rows repeating each prompt {repeats} times load in {loaded['repeated']:.2f} s, "
+        f"{len(rows)} distinct in {loaded['distinct']:.2f} s: {loaded['distinct'] / loaded['repeated']:.1f}x"
+    )
+    texts = [(render_prompt(tokenizer, row["problem"]), False) for row in rows]
+    lengths = [len(ids) for ids in token_ids(tokenizer, texts)]  # the tokenizer's caches warmed for both
+    times: dict[str, list[float]] = {"ids": [], "counts": []}
+    for _ in range(2):
+        started = time.perf_counter()
+        assert [len(ids) for ids in token_ids(tokenizer, texts)] == lengths
+        times["ids"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        assert token_counts(tokenizer, texts) == lengths
+        times["counts"].append(time.perf_counter() - started)
+    ids_s, counts_s = min(times["ids"]), min(times["counts"])
+    print(
+        f"tokens of {len(texts)} rendered prompts counted by the backend in {counts_s:.2f} s, as the lengths of "
+        f"their ids in {ids_s:.2f} s: {ids_s / counts_s:.1f}x"
+    )
+
+
+def held_memory(rows: list[dict]) -> None:
+    """The memory a loaded set holds, its rows kept (what curate and filter-tests copy) and dropped (a run's,
+    `klear.data.stage_problems`), the rows written in verl's layout as DAPO's training file carries them."""
+    verl = verl_rows(rows)
     held = {}
     with tempfile.TemporaryDirectory() as folder:
         path = str(write_jsonl(verl, Path(folder) / "verl.jsonl"))
