@@ -357,6 +357,7 @@ assert "gppo" in list_objectives()
             "a run's load of 200 rows (200 distinct): checked once",
             "200 rows repeating each prompt 100 times load in",
             "tokens of 200 rendered prompts counted by the backend in",
+            "peak of a check of 200 rows in verl's layout:",
         ),
     ),
     ("docs/performance.md", "python tools/bench_exit.py"): Covered(

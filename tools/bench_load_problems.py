@@ -16,7 +16,8 @@ stage measures its prompts; against the stage reading and checking the file agai
 of as many rows that repeat each of 1/100 of the prompts 100 times, as DAPO-Math-17k's training file does (each
 distinct prompt is measured once), and counting the tokens of the rendered prompts by the tokenizer's Rust backend
 (`klear.data.prompts.token_counts`) against taking the lengths of the ids the tokenizer returns (`token_ids`).
-Each way must give the same problems.
+Each way must give the same problems. Last, the peak memory of the preflight's check of a file read whole against
+read a part at a time, as it reads a JSON-lines file (`klear.data.row_parts.RowParts`).
 
     python tools/bench_load_problems.py [--problems 20000] [--vocab 151936]
 """
@@ -83,6 +84,7 @@ def main() -> None:
     )
     held_memory(rows)
     run_load(rows, tokenizer, args.max_prompt_tokens)
+    check_memory(rows)
 
 
 def verl_rows(rows: list[dict]) -> list[dict]:
@@ -152,26 +154,47 @@ def run_load(rows: list[dict], tokenizer, max_prompt_tokens: int) -> None:
     )
 
 
+def check_memory(rows: list[dict]) -> None:
+    """The peak memory of the preflight's check of a file (no tokenizer, rows dropped), its rows read whole against
+    a part at a time (`klear.data.row_parts.RowParts`), parts of a tenth of the file here."""
+    from klear.data.row_parts import RowParts
+
+    size = max(1, len(rows) // 10)
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(write_jsonl(verl_rows(rows), Path(folder) / "verl.jsonl"))
+        peak = {parts: traced_load(path, len(rows), size if parts else 0)[1] for parts in (False, True)}
+    print(
+        f"peak of a check of {len(rows)} rows in verl's layout: {peak[True]:.0f} MB read in parts of {size} rows "
+        f"(a run's: {RowParts.SIZE}), {peak[False]:.0f} MB read whole: {peak[False] / peak[True]:.1f}x"
+    )
+
+
 def held_memory(rows: list[dict]) -> None:
     """The memory a loaded set holds, its rows kept (what curate and filter-tests copy) and dropped (a run's,
     `klear.data.stage_problems`), the rows written in verl's layout as DAPO's training file carries them."""
-    verl = verl_rows(rows)
-    held = {}
     with tempfile.TemporaryDirectory() as folder:
-        path = str(write_jsonl(verl, Path(folder) / "verl.jsonl"))
-        for keep_rows in (True, False):
-            gc.collect()
-            tracemalloc.start()
-            loaded = load_problems(path, Task("math", route=True), routed_reward("math"), keep_rows=keep_rows)
-            gc.collect()
-            held[keep_rows] = tracemalloc.get_traced_memory()[0] / 2**20
-            tracemalloc.stop()
-            assert len(loaded.problems) == len(rows)
-            del loaded
+        path = str(write_jsonl(verl_rows(rows), Path(folder) / "verl.jsonl"))
+        held = {keep_rows: traced_load(path, len(rows), keep_rows=keep_rows)[0] for keep_rows in (True, False)}
     print(
         f"held after loading ({len(rows)} rows in verl's layout): {held[True]:.0f} MB with the rows, "
         f"{held[False]:.0f} MB without (a run's): {held[True] / held[False]:.1f}x"
     )
+
+
+def traced_load(path: str, problems: int, parts: int = 0, keep_rows: bool = False) -> tuple[float, float]:
+    """The memory (MB of traced allocations) that loading ``path``'s ``problems`` problems holds after and at its
+    peak; read ``parts`` lines at a time when > 0 (`klear.data.row_parts.RowParts`), else whole."""
+    from klear.data.row_parts import RowParts
+
+    gc.collect()
+    tracemalloc.start()
+    rows = RowParts(path, parts) if parts else None
+    loaded = load_problems(path, Task("math", route=True), routed_reward("math"), keep_rows=keep_rows, rows=rows)
+    gc.collect()
+    held, peak = (size / 2**20 for size in tracemalloc.get_traced_memory())
+    tracemalloc.stop()
+    assert len(loaded.problems) == problems
+    return held, peak
 
 
 if __name__ == "__main__":

@@ -111,14 +111,16 @@ def stage_read(config, source: str):
 
 @pytest.fixture
 def reads(monkeypatch):
-    """The files `load_problems` reads, in order."""
-    read, files = problems_module.read_numbered, []
+    """The data files opened, in order."""
+    from klear.data import readers
+
+    opened, files = readers.open_data, []
 
     def counted(path, *args, **kwargs):
         files.append(str(path))
-        return read(path, *args, **kwargs)
+        return opened(path, *args, **kwargs)
 
-    monkeypatch.setattr(problems_module, "read_numbered", counted)
+    monkeypatch.setattr(readers, "open_data", counted)
     return files
 
 
@@ -218,3 +220,35 @@ def test_token_counts_are_the_lengths_of_the_tokenizer_s_ids(which):
     assert _plain_backend(tokenizer) is None
     assert token_counts(tokenizer, texts) == ids
     assert token_counts(tokenizer, texts) == ids  # that call left it as a plain call leaves it
+
+
+def test_a_check_holds_a_part_of_a_jsonl_file_s_rows_at_a_time(tmp_path):
+    import gzip
+
+    from klear.data.row_parts import RowParts
+
+    rows = ["{broken", "[1]", *(verl_row(f"{n}+1?", str(n + 1), n) for n in range(7)), "", verl_row("x", "", 9)]
+    source = write_lines(tmp_path / "rows.jsonl", rows)
+    parts = RowParts(source, size=3)
+    assert [line for line, _ in parts.rows] == [3]  # the first part's two bad lines, then the next part's row
+    assert [bad.line for bad in parts.bad] == [1, 2] and not parts.whole
+    seen = [[line for line, _ in parts.rows]]
+    while not parts.whole:
+        parts.more()
+        seen.append([line for line, _ in parts.rows])
+    assert seen == [[3], [4, 5, 6], [7, 8, 9], [11]]  # a part is its lines, blank ones aside
+    whole = load_problems(source, Task("math"), routed_reward("math"), keep_rows=False)
+    for size in (1, 2, 3, 100):
+        parts = RowParts(source, size)
+        parted = load_problems(source, Task("math"), routed_reward("math"), rows=parts, keep_rows=False)
+        assert parted.report() == whole.report() and parted.problems == whole.problems and parted.rows == 10
+    assert [bad.line for bad in whole.bad] == [1, 2, 11]
+    packed = tmp_path / "rows.jsonl.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "rows.jsonl").read_bytes()))
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(packed.read_bytes()[:-20])
+    assert RowParts.fits(str(packed)) and RowParts.fits(source)
+    assert not RowParts.fits(str(tmp_path / "no.jsonl")) and not RowParts.fits("openai/gsm8k")
+    with pytest.raises(DataError, match=r"cut\.jsonl\.gz"):
+        load_problems(str(cut), Task("math"), routed_reward("math"), rows=RowParts(str(cut), 2))
+    assert load_problems(str(packed), Task("math"), routed_reward("math"), rows=RowParts(str(packed), 2)).rows == 10

@@ -7,11 +7,12 @@ reference and route (`klear.data.problems.load_problems`, the loader the stage c
 row stops the run with one line (`DataError`); bad rows are left for the stage to warn about and count, once. What
 needs the tokenizer (prompt lengths) comes after the model is loaded.
 
-Each row is read and checked once: with ``keep`` (``klear.fit``'s preflight), a problem file's checked problems are
-kept (`kept_problems`) for the stage, which then only measures their prompts, and an SFT file's rows are kept
-(`klear.data.readers.keep_read`) for its own read. A kept set is served once, to a load of the same unchanged file
-in the same way (split, task, reward and prompt format), and holds no copy of its rows. The built-in synthetic tasks
-are generated, not read: nothing to check before.
+A JSON-lines file is read a part at a time (`klear.data.row_parts.RowParts`): the check holds no more of its rows
+than a part. Each row is read and checked once: with ``keep`` (``klear.fit``'s preflight), a problem file's checked
+problems are kept (`kept_problems`) for the stage, which then only measures their prompts, and an SFT file's rows
+are kept (`klear.data.readers.keep_read`) for its own read. A kept set is served once, to a load of the same
+unchanged file in the same way (split, task, reward and prompt format), and holds no copy of its rows. The built-in
+synthetic tasks are generated, not read: nothing to check before.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from omegaconf import DictConfig
 from klear.data.problems import SYNTHETIC_REWARDS, ProblemSet, Task, load_problems
 from klear.data.prompts import AS_GIVEN, PromptFormat
 from klear.data.readers import DataError, file_signature, keep_read, read_numbered
+from klear.data.row_parts import RowParts
 from klear.data.sets import sources
 from klear.data.sft import check_sft_rows
 
@@ -58,7 +60,8 @@ def check_problems(
     checked problems kept for the stage's load (`kept_problems`)."""
     if source in SYNTHETIC_REWARDS:
         return
-    problems = load_problems(source, task, reward, split=split, prompt_format=prompt_format, keep_rows=False)
+    rows = RowParts(source) if RowParts.fits(source) else None  # a part at a time: a large file is not held whole
+    problems = load_problems(source, task, reward, split=split, rows=rows, prompt_format=prompt_format, keep_rows=False)
     way = _way(task, reward, prompt_format)
     if keep and way is not None:
         _CHECKED[(source, split)] = (file_signature(source), way, problems)

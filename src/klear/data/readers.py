@@ -353,30 +353,40 @@ def _read_jsonl(
     """The rows of a JSON-lines file (its ``first`` rows, good or bad, when > 0); of ``content``, its (decompressed)
     bytes, when they were read already."""
     rows, bad = [], []
+    for number, entry in jsonl_entries(path, name, content):
+        if first and len(rows) + len(bad) == first:
+            break
+        if isinstance(entry, BadRow):
+            bad.append(entry)
+        else:
+            rows.append((number, entry))
+    return rows, bad
+
+
+def jsonl_entries(path: Path, name: str, content: bytes | None = None) -> Iterator[tuple[int, dict | BadRow]]:
+    """``(line, row)`` for each non-blank line of a JSON-lines file, ``(line, BadRow)`` for one that is no row, read
+    as they are asked for; of ``content``, its bytes, when they were read already. `DataError` for a file that
+    cannot be read on (a gzip stream cut short: at its line)."""
     number = 0
     try:
         with open_data(path) if content is None else io.BytesIO(content) as f:
             for number, raw in enumerate(f, start=1):
                 if not raw.strip():
                     continue
-                if first and len(rows) + len(bad) == first:
-                    break
                 try:
-                    row = parse_json(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
+                    row = as_row(parse_json(raw.decode("utf-8-sig" if number == 1 else "utf-8")))
                 except UnicodeDecodeError:
-                    bad.append(BadRow(name, number, "not valid JSON (not UTF-8)"))
+                    yield number, BadRow(name, number, "not valid JSON (not UTF-8)")
                     continue
                 except json.JSONDecodeError as error:
-                    bad.append(BadRow(name, number, json_error_reason(error)))
+                    yield number, BadRow(name, number, json_error_reason(error))
                     continue
-                row = as_row(row)
                 if isinstance(row, dict):
-                    rows.append((number, row))
+                    yield number, row
                 else:
-                    bad.append(BadRow(name, number, f"a JSON {type(row).__name__}, not an object"))
+                    yield number, BadRow(name, number, f"a JSON {type(row).__name__}, not an object")
     except (OSError, *_DECOMPRESSION_ERRORS) as error:
         raise _read_error(path, error, number) from None
-    return rows, bad
 
 
 def _read_json(path: Path, name: str) -> tuple[list[tuple[int, dict]], list[BadRow]]:
