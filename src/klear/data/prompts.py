@@ -181,8 +181,8 @@ def token_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[tuple[str, boo
 
 def token_counts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[tuple[str, bool]]) -> list[int]:
     """``len`` of each of `token_ids`, counted by the tokenizer's Rust backend where it gives the same tokens
-    (`_plain_backend`), without the ids turned into Python lists: twice as fast as `token_ids`, which counts the
-    others."""
+    (`_plain_backend`), without the ids turned into Python lists (2.3x as fast on the tiny tokenizer's long ids, 1.1x
+    to 1.3x on a real vocabulary's); by `token_ids` otherwise."""
     backend = _plain_backend(tokenizer)
     if backend is None:
         return [len(ids) for ids in token_ids(tokenizer, texts)]
