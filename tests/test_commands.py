@@ -165,9 +165,12 @@ def test_eval_on_both_built_in_tasks_in_one_command(tmp_path):
     assert {name: summary["reward"] for name, summary in summaries.items()} == {"eval": "math", "code": "code"}
     assert all(summary["problems"] == 8 and summary["samples"] == 32 for summary in summaries.values())
     assert 0.0 < summaries["code"]["avg@k"] < 1.0  # tiny-sft-code writes programs that pass some tests
-    table = result.stdout[result.stdout.index("| set | problems | avg@4 | pass@4 | results |") :]
+    assert summaries["code"]["maj@k"] is None and summaries["eval"]["maj_problems"] == 8  # math samples vote
+    table = result.stdout[result.stdout.index("| set | problems | avg@4 | pass@4 | maj@4 | results |") :]
     for name, summary in summaries.items():
-        assert f"| {name} | 8 | {summary['avg@k']:.4f} | {summary['pass@k']:.4f} | `outputs/eval/{name}` |" in table
+        maj = "-" if summary["maj@k"] is None else f"{summary['maj@k']:.4f}"
+        row = f"| {name} | 8 | {summary['avg@k']:.4f} | {summary['pass@k']:.4f} | {maj} | `outputs/eval/{name}` |"
+        assert row in table
 
 
 def test_data_commands_on_the_embedded_default(tmp_path):

@@ -41,7 +41,7 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "fit": Command("klear.fit:main", "train one stage, SFT or RL, from a config and key=value overrides"),
-    "eval": Command("klear.eval.__main__:main", "avg@k and unbiased pass@k of a model on math or code problems"),
+    "eval": Command("klear.eval.__main__:main", "avg@k, unbiased pass@k and maj@k of a model on math or code problems"),
     "compare": Command(
         "klear.compare.__main__:main", "objectives x seeds, all else equal, and the comparison report", setup=False
     ),

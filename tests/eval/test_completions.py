@@ -75,12 +75,20 @@ def test_saved_completions_are_scored_by_each_rows_verifier(tmp_path, capsys):
     assert summary["rows"] == 5 and summary["rows_skipped"] == 1 and "mystery" in summary["bad_rows"][0]["reason"]
     assert summary["avg@k"] == pytest.approx(4 / 8) and summary["n"] == 2 and summary["model"] is None
     assert summary["layout"]["name"] == "verl" and summary["layout"]["source"] == "data_source"
+    code = {"problems": 2, "samples": 4, "avg@k": 0.75, "pass@k": 1.0, "maj@k": None, "maj_problems": 0}
+    # maj@2 of the math rows: a right and a wrong answer tied (0.5), then a wrong answer tied with "no answer" (0).
+    math = {"problems": 2, "samples": 4, "avg@k": 0.25, "pass@k": 0.5, "maj@k": 0.25, "maj_problems": 2}
     assert summary["by_source"] == {
-        "coder1_longcot": {"problems": 2, "samples": 4, "avg@k": 0.75, "pass@k": 1.0, "reward_code_timeouts": 0},
-        "math_longcot_math_verify": {"problems": 2, "samples": 4, "avg@k": 0.25, "pass@k": 0.5},
+        "coder1_longcot": {**code, "reward_code_timeouts": 0},
+        "math_longcot_math_verify": math,
     }
+    assert [record.get("maj") for record in records] == [0.5, None, 0.0, None]
+    wrong_vote, none_vote = (sample["vote"] for sample in records[2]["samples"])
+    assert isinstance(wrong_vote, str) and none_vote is None  # the completion that is not text gives no answer
+    assert (summary["maj@k"], summary["maj_problems"]) == (0.25, 2)
     printed = capsys.readouterr().out
     assert "`coder1_longcot`" in printed and "none: completions of" in printed
+    assert "| maj@2 | 0.2500 (the 2 of 4 problems whose reward's samples vote) |" in printed
 
 
 def test_a_set_that_repeats_its_problems_says_how_many_differ(tmp_path, capsys):

@@ -3,6 +3,7 @@ the shipped tiny-sft model (math and code data), and one-line errors for bad inp
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,17 @@ def test_math_end_to_end_on_tiny_sft(tmp_path, capsys):
     assert summary["truncated_frac"] == pytest.approx(sum(s["finish_reason"] == "length" for s in samples) / 24)
     assert summary["mean_response_length"] == pytest.approx(sum(sample["length"] for sample in samples) / 24)
     assert 0.0 < summary["avg@k"] <= summary["pass@k"] <= 1.0  # tiny-sft solves some of these
+    # maj@4, by hand: each sample votes its boxed answer (or "no answer"); is the most given answer right?
+    for record in records:
+        votes = [sample["vote"] for sample in record["samples"]]
+        assert votes == math_reward.answers([sample["text"] for sample in record["samples"]], record["reference"])
+        tally = Counter(votes)  # None: "no answer", never right
+        tied = [vote for vote, count in tally.items() if count == max(tally.values())]
+        right = {s["vote"] for s in record["samples"] if s["correct"]} - {None}
+        assert record["maj"] == sum(vote in right for vote in tied) / len(tied)
+    assert summary["maj@k"] == pytest.approx(sum(record["maj"] for record in records) / 6)
+    assert summary["maj_problems"] == 6
+    assert f"| maj@4 | {summary['maj@k']:.4f} |" in (output / "summary.md").read_text()
 
     # Same seed, same samples; an existing result is not replaced without --overwrite.
     assert main([*argv, "--output", str(output)]) == 2
@@ -210,8 +222,9 @@ def test_several_data_files_are_each_scored_as_alone_with_the_model_loaded_once(
         assert main([*argv, "--data", str(data), "--output", str(alone)]) == 0
         assert read_results(alone)[0] == records  # the samples it gets alone
         assert summary["data"] == str(data) and (output / name / "summary.md").read_text().strip() in out
-        assert f"| {name} | {summary['problems']} | {summary['avg@k']:.4f} | {summary['pass@k']:.4f} |" in out
-    assert out.index("| set | problems | avg@2 | pass@2 | results |") > out.index("## second:")
+        row = f"| {name} | {summary['problems']} | {summary['avg@k']:.4f} | {summary['pass@k']:.4f} | "
+        assert f"{row}{summary['maj@k']:.4f} |" in out
+    assert out.index("| set | problems | avg@2 | pass@2 | maj@2 | results |") > out.index("## second:")
     capsys.readouterr()
 
     fresh = ["--output", str(tmp_path / "refused")]
@@ -252,7 +265,7 @@ def test_correctness_is_the_rewards_verdict_not_its_score(tmp_path):
     assert [b["correct"] for _, b in pairs] == [a["correct"] for a, _ in pairs]
     assert [b["score"] for _, b in pairs] == [0.5 if a["correct"] else -0.5 for a, _ in pairs]
     assert any(b["correct"] for _, b in pairs)  # tiny-sft solves some of these: at a score of 0.5 they count
-    for key in ("avg@k", "pass@k", "pass@"):
+    for key in ("avg@k", "pass@k", "pass@", "maj@k"):
         assert half_summary[key] == default_summary[key]
 
 
@@ -275,6 +288,8 @@ def test_code_end_to_end_on_tiny_sft(tmp_path):
         sample["score"] == 0.0 and sample["status"] == "ok" for sample in samples
     )  # the tiny model writes no code
     assert (summary["avg@k"], summary["pass@k"], summary["reward_errors"], summary["reward_timeouts"]) == (0, 0, 0, 0)
+    assert (summary["maj@k"], summary["maj_problems"]) == (None, 0)  # programs do not vote
+    assert all("vote" not in sample for sample in samples) and all("maj" not in record for record in records)
 
 
 # ------------------------------------------------------------------------------------------- bad input

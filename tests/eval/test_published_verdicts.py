@@ -1,12 +1,14 @@
 """klear's math verifier against a publisher's grader, on real completions: Qwen2.5-Math's own evaluation example
 (``../shared/published/math/qwen25math_math_cot_100.jsonl.gz``: 100 MATH test problems, 8 completions each, with
 the harness's verdicts in ``score``), scored as it ships by ``python -m klear.eval`` with the file as both its data
-and its completions. The two agree on 799 of the 800 samples; the one they do not is listed with why. And on the
+and its completions. The two agree on 799 of the 800 samples; the one they do not is listed with why; and on the
+majority answer of each problem (maj@8) as the harness's own extracted answers give it. And on the
 whole published benchmark files (MATH-500, GSM8K test, AIME 2024 and 2025: 1879 problems), every publisher's answer
 scores right and every integer answer plus one wrong."""
 
 import gzip
 import json
+from collections import Counter
 
 import pytest
 
@@ -31,6 +33,26 @@ def test_klears_math_verdicts_agree_with_qwens_grader_on_its_published_completio
     assert compared["disagree"] == [{"line": 73, "sample": 7, "klear": True, "saved": False}]
     rows = [json.loads(line) for line in gzip.decompress(dump.read_bytes()).splitlines()]
     assert rows[72]["gt"] == "10{,}000" and rows[72]["pred"][7] == "10000"
+
+    # maj@8: klear's votes, read from the completions, against the harness's own extracted answers (``pred``) and
+    # verdicts: the same samples agree, and the same majority on every problem. Four are ties of two answers, each
+    # counted as the share of the tied answers that are right; a tie broken by the first answer listed gives 0.93.
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    ties = 0
+    for row, record in zip(rows, records, strict=True):
+        votes = Counter(row["pred"])
+        tied = [answer for answer, count in votes.items() if count == max(votes.values())]
+        right = {answer for answer, verdict in zip(row["pred"], row["score"], strict=True) if verdict}
+        assert record["maj"] == sum(answer in right for answer in tied) / len(tied), record["line"]
+        assert groups([sample["vote"] for sample in record["samples"]]) == groups(row["pred"]), record["line"]
+        ties += len(tied) > 1
+    assert (summary["maj@k"], summary["maj_problems"], ties) == (0.925, 100, 4)
+    assert summary["avg@k"] < summary["maj@k"] < summary["pass@k"]
+
+
+def groups(answers: list) -> set[tuple[int, ...]]:
+    """Which samples give the same answer: the sets of their indices."""
+    return {tuple(i for i, other in enumerate(answers) if other == answer) for answer in answers}
 
 
 BENCHMARKS = {

@@ -1,4 +1,5 @@
-"""``python -m klear.eval --model PATH --data FILE.jsonl --k K``: avg@k and unbiased pass@k on math or code problems.
+"""``python -m klear.eval --model PATH --data FILE.jsonl --k K``: avg@k, unbiased pass@k (and, on math, maj@n) on math
+or code problems.
 
 Every problem is put to the model through its chat template, ``n`` samples are drawn (``--n``, default ``k``) at
 the paper's protocol (temperature 0.6, top-p 0.95), each is scored by a verifiable reward, and a sample counts as
@@ -6,7 +7,8 @@ correct when the reward says so (math: its final answer is equivalent to the ref
 test), whatever the reward's score values (see :mod:`klear.eval.metrics` for the estimators). The output
 directory gets ``results.jsonl`` (one line per problem: its row index in the data, text, reference, every
 sample's text, score, correctness, reward status, length and finish reason, with the reward's reason where it gives
-one, such as the code reward's ``wrong_answer`` or ``timeout``, and the problem's correct count, avg and pass@k),
+one, such as the code reward's ``wrong_answer`` or ``timeout``, and the problem's correct count, avg and pass@k;
+on math, each sample's ``vote`` and the problem's ``maj``),
 ``summary.json`` and ``summary.md``; the summary table is also printed. Several ``--data`` (``--data aime24.jsonl
 aime25.jsonl``, or ``NAME=FILE`` each) are each read and checked, the model is loaded once, and each set is sampled
 in a call of its own (its samples are those it gets alone), its files written into a folder of its name in
@@ -80,6 +82,8 @@ from klear.run.loading_stop import Terminated, stop_outcome, stop_signals_raise
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from klear.rewards.base import Reward
 
 log = logging.getLogger(__name__)
 
@@ -325,13 +329,16 @@ def write_results(output: Path, summary: dict[str, Any], records: list[dict[str,
 
 
 def sets_table(finals: list[tuple[EvalSet, dict[str, Any]]], k: int) -> str:
-    """Every set's problems, avg@n and pass@k, and where its results are, as a markdown table."""
+    """Every set's problems, avg@n, pass@k and maj@n (where its samples vote: "-" otherwise), and where its results
+    are, as a markdown table."""
     n = finals[0][1]["n"]
     rows = [
-        f"| {one.name} | {summary['problems']} | {summary['avg@k']:.4f} | {summary['pass@k']:.4f} | `{one.output}` |"
+        f"| {one.name} | {summary['problems']} | {summary['avg@k']:.4f} | {summary['pass@k']:.4f} | "
+        f"{'-' if summary['maj@k'] is None else format(summary['maj@k'], '.4f')} | `{one.output}` |"
         for one, summary in finals
     ]
-    return "\n".join([f"| set | problems | avg@{n} | pass@{k} | results |", "|---|---|---|---|---|", *rows])
+    head = f"| set | problems | avg@{n} | pass@{k} | maj@{n} | results |"
+    return "\n".join([head, "|---|---|---|---|---|---|", *rows])
 
 
 def check_output(output: Path) -> None:
@@ -403,7 +410,7 @@ def run(
     tokens = sum(len(rollout.response_ids) for rollout in sampled.rollouts)
     timing = {"sampling_s": sampled.sampling_s, "scoring_s": sampled.scoring_s}
     timing["sampled_tokens_per_s"] = tokens / sampled.sampling_s
-    return records_of(problems, sampled.groups, sampled.scores, k), timing
+    return records_of(problems, sampled.groups, sampled.scores, k, scorer.reward), timing
 
 
 def score_saved(
@@ -418,18 +425,24 @@ def score_saved(
     timer = time.perf_counter()
     references = sample_references(problems, len(samples[0]) if samples else 0, seed)
     scores = scorer.score_texts([sample.text for row in samples for sample in row], references)
-    return records_of(problems, samples, scores, k), {"scoring_s": time.perf_counter() - timer}
+    return records_of(problems, samples, scores, k, scorer.reward), {"scoring_s": time.perf_counter() - timer}
 
 
 def records_of(
-    problems: list[Problem], samples: list[list[Rollout | SavedCompletion]], scores: ScoredRollouts, k: int
+    problems: list[Problem],
+    samples: list[list[Rollout | SavedCompletion]],
+    scores: ScoredRollouts,
+    k: int,
+    reward: Reward,
 ) -> list[dict[str, Any]]:
-    """One record per problem (`problem_record`) of its samples and their slice of ``scores``."""
+    """One record per problem (`problem_record`) of its samples, their slice of ``scores`` and their votes (the
+    final answers ``reward`` reads in them, `klear.rewards.Reward.answers`)."""
     records, start = [], 0
     for problem, row in zip(problems, samples, strict=True):
         part = scores.slice(start, start + len(row))
         start += len(row)
-        records.append(problem_record(problem, row, part.raw, part.statuses, part.correct, k, part.reasons))
+        votes = reward.answers([sample.text for sample in row], problem.reference)
+        records.append(problem_record(problem, row, part.raw, part.statuses, part.correct, k, part.reasons, votes))
     return records
 
 

@@ -13,6 +13,15 @@ correct:
   ``n == k`` it is the share of problems with at least one correct sample; more samples than ``k`` lower its
   variance, not its expectation.
 
+- maj@k (majority voting, DeepSeek-R1's cons@k) is whether the answer most of a problem's ``n`` samples give is
+  correct, averaged over problems. A sample's vote is its final answer as the reward reads it
+  (`klear.rewards.Reward.answers`: for ``math``, equal spellings and equal exact numbers are one vote); samples
+  with no answer vote together for "no answer", which is never correct, as the usual implementations count the
+  answer extracted from every sample, empty or not. An answer is correct when a sample giving it was judged
+  correct. A tie between answers scores the share of the tied answers that are correct: the expectation of
+  breaking it at random, so the number does not depend on the samples' order. Rewards whose samples do not vote
+  (``code``: two programs are not one answer) have no maj@k.
+
 The product form ``1 - prod_{i = n - c + 1}^{n} (1 - k / i)`` of the ratio of binomials never builds the huge
 integers ``C(n, k)`` and stays exact to float precision for any ``n``.
 """
@@ -35,6 +44,20 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:  # every draw of k samples holds a correct one
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def majority(votes: Sequence[str | None], correct: Sequence[bool]) -> float:
+    """maj@n of a problem whose ``n`` samples gave ``votes`` and were judged ``correct``: 1 or 0 when one answer has
+    the most votes, the share of the correct ones among those tied otherwise. None is the vote of a sample with no
+    answer: "no answer", never correct."""
+    tally: dict[str | None, list[int]] = {}  # answer -> [votes, correct samples]
+    for vote, flag in zip(votes, correct, strict=True):
+        counts = tally.setdefault(vote, [0, 0])
+        counts[0] += 1
+        counts[1] += bool(flag) and vote is not None
+    most = max(count for count, _ in tally.values())
+    tied = [right > 0 for count, right in tally.values() if count == most]
+    return sum(tied) / len(tied)
 
 
 def reported_ks(k: int) -> list[int]:
@@ -60,15 +83,21 @@ def problem_record(
     correct: Sequence[bool],
     k: int,
     reasons: Sequence[str] = (),
+    votes: Sequence[str | None] | None = None,
 ) -> dict[str, Any]:
     """One line of ``results.jsonl``: the problem (``line`` of its data row, prompt, reference and, when the row has
     one, its ``source``), every sample (with its score, status and whether it is ``correct``, as the reward decided;
     ``length`` and ``finish_reason`` are None for saved completions; ``reason``, where the reward gives one: the
-    code reward's ``passed``, ``wrong_answer``, ``timeout``, ``error``, ...), and the problem's correct count, avg
-    and pass@k."""
+    code reward's ``passed``, ``wrong_answer``, ``timeout``, ``error``, ...; ``vote``, its answer in the majority
+    vote, where the reward's samples vote), and the problem's correct count, avg and pass@k (and ``maj``,
+    `majority`, with ``votes``)."""
     reasons = list(reasons) or [""] * len(rollouts)
+    voted = votes is not None
+    votes = list(votes) if voted else [None] * len(rollouts)
     samples = []
-    for rollout, score, status, flag, reason in zip(rollouts, scores, statuses, correct, reasons, strict=True):
+    for rollout, score, status, flag, reason, vote in zip(
+        rollouts, scores, statuses, correct, reasons, votes, strict=True
+    ):
         sample = {
             "text": rollout.text,
             "score": score,
@@ -77,12 +106,19 @@ def problem_record(
             "length": rollout.length if isinstance(rollout, SavedCompletion) else len(rollout.response_ids),
             "finish_reason": rollout.finish_reason,
         }
-        samples.append({**sample, "reason": reason} if reason else sample)
+        if reason:
+            sample["reason"] = reason
+        if voted:
+            sample["vote"] = vote
+        samples.append(sample)
     n, c = len(samples), sum(sample["correct"] for sample in samples)
     record = {"line": problem.line, "problem": problem.prompt, "reference": problem.plain_reference}
     if problem.source:
         record["source"] = problem.source
-    return {**record, "n": n, "correct": c, "avg": c / n, "pass@k": pass_at_k(n, c, k), "samples": samples}
+    record = {**record, "n": n, "correct": c, "avg": c / n, "pass@k": pass_at_k(n, c, k)}
+    if voted:
+        record["maj"] = majority(votes, correct)
+    return {**record, "samples": samples}
 
 
 def summarize(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
@@ -101,6 +137,7 @@ def summarize(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
         "avg@k": _mean([sample["correct"] for sample in samples]),
         "pass@k": pass_at[str(k)],
         "pass@": pass_at,
+        **_majority(records),
         "mean_response_length": _mean(lengths) if lengths else None,
         "truncated_frac": _mean([reason == "length" for reason in reasons]) if reasons else None,
         "reward_timeouts": statuses.count("timeout"),
@@ -121,10 +158,19 @@ def _source_summary(records: Sequence[dict[str, Any]], source: str, k: int) -> d
         "samples": len(samples),
         "avg@k": _mean([sample["correct"] for sample in samples]),
         "pass@k": _mean([pass_at_k(r["n"], r["correct"], k) for r in mine]),
+        **_majority(mine),
     }
     if any("reason" in sample for sample in samples):  # the code reward scored them
         summary["reward_code_timeouts"] = _code_timeouts(samples)
     return summary
+
+
+def _majority(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``maj@k``, the mean `majority` of the problems whose samples vote, and ``maj_problems``, how many they are
+    (all of them, but in a set that routes some rows to a reward whose samples do not vote); None and 0 when none
+    does."""
+    voted = [record["maj"] for record in records if "maj" in record]
+    return {"maj@k": _mean(voted) if voted else None, "maj_problems": len(voted)}
 
 
 def _code_timeouts(samples: Sequence[dict[str, Any]]) -> int:
@@ -153,10 +199,13 @@ def markdown_table(summary: dict[str, Any]) -> str:
         ),
         (f"avg@{n} (= pass@1)", f"{summary['avg@k']:.4f}"),
         *[(f"pass@{j}", f"{value:.4f}") for j, value in summary["pass@"].items() if j != "1"],
+        *_majority_row(summary),
         *[
             (
                 f"`{source}`",
-                f"avg@{n} {row['avg@k']:.4f}, pass@{summary['k']} {row['pass@k']:.4f} ({row['problems']} problems)",
+                f"avg@{n} {row['avg@k']:.4f}, pass@{summary['k']} {row['pass@k']:.4f}"
+                + (f", maj@{n} {row['maj@k']:.4f}" if row.get("maj@k") is not None else "")
+                + f" ({row['problems']} problems)",
             )
             for source, row in summary.get("by_source", {}).items()
         ],
@@ -180,6 +229,15 @@ def markdown_table(summary: dict[str, Any]) -> str:
         rows.append(("sampling", f"{summary['sampling_s']:.1f} s ({summary['sampled_tokens_per_s']:.0f} tokens/s)"))
     rows += [("scoring", f"{summary['scoring_s']:.1f} s"), ("wall time", f"{summary['wall_s']:.1f} s")]
     return "\n".join(["| metric | value |", "|---|---|", *[f"| {name} | {value} |" for name, value in rows]])
+
+
+def _majority_row(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The table's maj@n row, where samples voted: over the problems whose reward's samples vote, when not all."""
+    if summary.get("maj@k") is None:
+        return []
+    value, voted, problems = summary["maj@k"], summary["maj_problems"], summary["problems"]
+    some = "" if voted == problems else f" (the {voted} of {problems} problems whose reward's samples vote)"
+    return [(f"maj@{summary['n']}", f"{value:.4f}{some}")]
 
 
 def _mean(values: Sequence[float]) -> float:

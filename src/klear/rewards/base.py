@@ -136,10 +136,9 @@ class Reward:
         Raises:
             ValueError: a malformed ``reference`` (a dataset bug; `check_reference` finds it before training).
         """
-        if isinstance(completion, bytes):
-            completion = completion.decode("utf-8", errors="replace")
-        if isinstance(completion, str):
-            outcome = self._evaluate(completion, reference)
+        text = completion_text(completion)
+        if text is not None:
+            outcome = self._evaluate(text, reference)
         else:
             outcome = self._evaluate("", reference)
             note = f"completion is not text ({type(completion).__name__}); scored as the empty completion"
@@ -181,6 +180,13 @@ class Reward:
             with self._counts_lock:  # the caller asked for a per-item error instead of the exception
                 self.counts["error"] += 1
             return RewardOutcome(failure_reward, "error", f"the reward raised {_reason(error)}")
+
+    def answers(self, completions: Sequence[object], reference: Any) -> list[str | None] | None:
+        """The vote of each of ``completions``, samples of one problem (``reference``), for the majority vote of
+        ``klear.eval`` (``maj@k``): the final answer it gives, in a form two samples share exactly when they give
+        the same answer; None for a sample that gives none. This default: None, the reward's samples do not vote
+        (the code reward: two programs are not one answer). Never raises on model output."""
+        return None
 
     def check_reference(self, reference: Any) -> Any:
         """``reference`` checked before training, and normalised into what this reward scores against.
@@ -282,6 +288,14 @@ def check_reference(reward: RewardFn, reference: Any) -> Any:
     if not callable(reward):
         raise TypeError(f"reward must be callable, got {type(reward).__name__}")
     return as_reward(reward).check_reference(reference)
+
+
+def completion_text(completion: object) -> str | None:
+    """A completion as the text a reward reads: a ``str``, ``bytes`` decoded as UTF-8 (undecodable bytes replaced);
+    None for anything else (None, a number, a list), which is not text."""
+    if isinstance(completion, bytes):
+        return completion.decode("utf-8", errors="replace")
+    return completion if isinstance(completion, str) else None
 
 
 def _reason(error: BaseException) -> str:

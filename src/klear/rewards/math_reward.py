@@ -39,7 +39,7 @@ from fractions import Fraction
 from typing import Any
 
 from klear.rewards import math_checker
-from klear.rewards.base import Reward, RewardOutcome, register_reward
+from klear.rewards.base import Reward, RewardOutcome, completion_text, register_reward
 from klear.rewards.extract import after_reasoning, answer_is, answer_line, last_boxed, last_number
 from klear.rewards.shaping import ThinkFormat
 
@@ -154,16 +154,9 @@ class MathReward(Reward):
         penalty = self.format.penalty(completion)
         if penalty is not None:
             return RewardOutcome(penalty, "ok", "format penalty", correct=False)
-        answer = self.extract(completion)
-        if answer is None:
-            return RewardOutcome(self.wrong, "ok", "no final answer found", correct=False)
-        if len(answer) > self.max_answer_chars:
-            return RewardOutcome(
-                self.wrong, "ok", f"answer longer than {self.max_answer_chars} characters", correct=False
-            )
-        pred = normalise(answer)
-        if not _compact(pred):  # "\boxed{}" must never match anything, whatever the reference
-            return RewardOutcome(self.wrong, "ok", "empty final answer", correct=False)
+        pred, missing = self._final_answer(completion)
+        if pred is None:
+            return RewardOutcome(self.wrong, "ok", missing, correct=False)
         verdicts = [fast_verdict(gold, pred) for gold in golds]
         if True in verdicts or all(verdict is False for verdict in verdicts):
             equal = True in verdicts
@@ -179,6 +172,36 @@ class MathReward(Reward):
         score = self.correct if equal else self.wrong
         detail = f"answer {pred[:80]!r}; {result.detail}".rstrip("; ")
         return RewardOutcome(score, result.status, detail, correct=equal)
+
+    def _final_answer(self, completion: str) -> tuple[str | None, str]:
+        """The normalised final answer of ``completion`` that is checked against the reference; or None and why
+        there is none (none found, one too long, an empty one: ``\\boxed{}`` never matches anything)."""
+        answer = self.extract(completion)
+        if answer is None:
+            return None, "no final answer found"
+        if len(answer) > self.max_answer_chars:
+            return None, f"answer longer than {self.max_answer_chars} characters"
+        pred = normalise(answer)
+        return (pred, "") if _compact(pred) else (None, "empty final answer")
+
+    def answers(self, completions: Sequence[object], reference: Any) -> list[str | None]:
+        """Each completion's vote (`vote_key` of its final answer), None where it gives no answer the reward
+        would check: a format penalty, no answer found, one too long or empty, or a completion that is not text."""
+        votes: list[str | None] = []
+        for completion in completions:
+            text, pred = completion_text(completion), None
+            if text is not None and self.format.penalty(text) is None:
+                pred, _ = self._final_answer(text)
+            votes.append(None if pred is None else vote_key(pred))
+        return votes
+
+
+def vote_key(pred: str) -> str:
+    """What two final answers share when they are one vote: the exact value of an integer, decimal or simple
+    fraction (``1/2``, ``\\frac{1}{2}``, ``\\dfrac{1}{2}`` and ``0.5`` are ``1/2``), else the answer as written,
+    spacing and ``\\left``/``\\dfrac``-style spellings aside (`_compact`)."""
+    value = _exact(pred)
+    return str(value[0]) if value is not None else _compact(pred)
 
 
 def _reference_text(reference: Any, what: str) -> str:

@@ -160,6 +160,11 @@ class RoutedReward(Reward):
             return Routed(reference.route, self.reward_of(reference.route).check_reference(reference.reference))
         return self.default.check_reference(reference)
 
+    def answers(self, completions: Sequence[object], reference: Any) -> list[str | None] | None:
+        if isinstance(reference, Routed):
+            return self.reward_of(reference.route).answers(completions, reference.reference)
+        return self.default.answers(completions, reference)
+
     def _evaluate(self, completion: str, reference: Any) -> RewardOutcome:
         if isinstance(reference, Routed):
             return self.reward_of(reference.route).evaluate(completion, reference.reference)

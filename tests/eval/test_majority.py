@@ -1,0 +1,122 @@
+"""maj@k: each sample's vote as the reward reads its final answer, the majority per problem, and the summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from klear.data.problems import Problem
+from klear.eval.metrics import SavedCompletion, majority, markdown_table, problem_record, summarize
+from klear.rewards import get_reward
+from klear.rewards.math_reward import vote_key
+from klear.rewards.routing import Routed, routed_reward
+
+
+@pytest.mark.parametrize(
+    ("votes", "correct", "expected"),
+    [
+        (["4", "4", "5", "4"], [True, True, False, True], 1.0),  # the most given answer is right
+        (["4", "5", "5", "6"], [True, False, False, False], 0.0),  # right once, but not the majority: pass, not maj
+        (["4", "4", "5", "5"], [True, True, False, False], 0.5),  # a tie of a right and a wrong answer
+        (["4", "5", "6", "7"], [False, True, False, True], 0.5),  # four answers tied, two of them right
+        ([None, None, "5", None], [False, False, True, False], 0.0),  # "no answer" wins, and is never right
+        (["5", None], [True, False], 0.5),  # a right answer tied with "no answer"
+        ([None, None, None], [False, False, False], 0.0),  # no sample answers
+        (["4", "4", "5"], [True, False, False], 1.0),  # a right answer whose other sample's check timed out
+    ],
+)
+def test_the_majority_of_a_problem_by_hand(votes, correct, expected):
+    assert majority(votes, correct) == expected
+
+
+def test_the_order_of_the_samples_does_not_change_the_majority():
+    votes, correct = ["3", "9", "3", "9", None, "1"], [False, True, False, True, False, False]
+    assert majority(votes, correct) == majority(votes[::-1], correct[::-1]) == 0.5
+
+
+def test_math_votes_are_the_final_answers_as_the_reward_checks_them():
+    reward = get_reward("math")
+    texts = [
+        "so \\boxed{\\frac{1}{2}}",
+        "\\boxed{1/2}",
+        "\\boxed{0.5}",
+        "\\boxed{\\dfrac{1}{2}}.",
+        "\\boxed{ x + 1 }",
+        "\\boxed{x+1}",
+        "\\boxed{1,000}",
+        "\\boxed{1000}",
+        "the answer is 7",  # no boxed answer, and no fallback asked for
+        "\\boxed{}",  # empty: never an answer
+        "\\boxed{" + "9" * 5000 + "}",  # longer than max_answer_chars
+        b"\\boxed{3}",  # bytes are read as text, as scoring reads them
+        None,  # not text: no answer
+    ]
+    assert reward.answers(texts, "1/2") == [
+        "1/2",
+        "1/2",
+        "1/2",
+        "1/2",
+        "x+1",
+        "x+1",
+        "1000",
+        "1000",
+        None,
+        None,
+        None,
+        "3",
+        None,
+    ]
+    assert vote_key("-0") == vote_key("0") == "0" and vote_key("\\pi") == "\\pi"
+
+
+def test_math_votes_follow_the_reward_s_options():
+    lines = get_reward("math", extract="answer_line")
+    assert lines.answers(["work\nAnswer: 12", "\\boxed{12}"], "12") == ["12", None]
+    strict = get_reward("math", missing_think=-1.0)
+    assert strict.answers(["<think>x</think> \\boxed{2}", "\\boxed{2}"], "2") == ["2", None]  # the format penalty
+
+
+def test_code_samples_do_not_vote_and_a_routed_reward_asks_the_row_s_reward():
+    assert get_reward("code").answers(["print(1)"], {"inputs": ["1"], "outputs": ["1"]}) is None
+    reward = routed_reward("math", {}, {"my_code": "code"})
+    code_route = reward.route("my_code")
+    assert reward.answers(["\\boxed{2}"], "2") == ["2"]  # no route: the default reward
+    assert reward.answers(["\\boxed{2}"], Routed(code_route, {"inputs": ["1"], "outputs": ["1"]})) is None
+
+
+def record(votes, correct, source=""):
+    texts = [SavedCompletion(f"sample {index}") for index in range(len(correct))]
+    return problem_record(
+        Problem("p", "1", line=1, source=source),
+        texts,
+        [float(flag) for flag in correct],
+        ["ok"] * len(correct),
+        correct,
+        k=2,
+        votes=votes,
+    )
+
+
+def test_records_and_the_summary_carry_the_majority_where_samples_vote():
+    right = record(["1", "1", "2", None], [True, True, False, False], "math_a")  # "no answer" is outvoted
+    tied = record(["1", "2", "2", "1"], [True, False, False, True], "math_a")
+    wrong = record(["2", "2", "1", "3"], [False, False, True, False], "math_b")
+    code = record(None, [True, False, False, False], "code_c")
+    assert [right["maj"], tied["maj"], wrong["maj"]] == [1.0, 0.5, 0.0] and "maj" not in code
+    assert [sample["vote"] for sample in right["samples"]] == ["1", "1", "2", None]
+    assert all("vote" not in sample for sample in code["samples"])
+
+    summary = summarize([right, tied, wrong, code], k=2)
+    assert summary["maj@k"] == pytest.approx(1.5 / 3) and summary["maj_problems"] == 3
+    assert summary["by_source"]["math_a"]["maj@k"] == 0.75 and summary["by_source"]["math_b"]["maj@k"] == 0.0
+    assert summary["by_source"]["code_c"] == {**summary["by_source"]["code_c"], "maj@k": None, "maj_problems": 0}
+    assert summary["pass@k"] > summary["maj@k"]  # the third problem is solved once, outvoted
+
+    shown = {**summary, "n": 4, "k": 2, "rows_skipped": 0, "model": "m", "data": "d.jsonl", "reward": "math"}
+    shown.update(completions="gen.jsonl", scoring_s=0.1, wall_s=0.2)
+    table = markdown_table(shown)
+    assert "| maj@4 | 0.5000 (the 3 of 4 problems whose reward's samples vote) |" in table
+    assert "| `math_a` | avg@4 0.5000, pass@2 0.8333, maj@4 0.7500 (2 problems) |" in table
+    assert "| `code_c` | avg@4 0.2500, pass@2 0.5000 (1 problems) |" in table
+    only_code = summarize([code], k=2)
+    assert (only_code["maj@k"], only_code["maj_problems"]) == (None, 0)
+    assert "maj@" not in markdown_table({**shown, **only_code})
