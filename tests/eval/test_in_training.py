@@ -52,11 +52,18 @@ def test_accuracy_and_pass_at_k_from_the_verdicts() -> None:
         ["\\boxed{4}", "\\boxed{3.0}", "\\boxed{5}", "\\boxed{6}"],  # 1 of 4
         ["\\boxed{1}"] * 4,  # 0 of 4
     ]
-    metrics = evaluate(ScriptedEngine(answers), build_tokenizer(), PROBLEMS, config(4), scorer.correctness).metrics
+    engine, tokenizer = ScriptedEngine(answers), build_tokenizer()
+    metrics = evaluate(engine, tokenizer, PROBLEMS, config(4), scorer.correctness).metrics
     assert metrics["eval/accuracy"] == pytest.approx(3 / 12)
     assert metrics["eval/response_length"] == pytest.approx(2.5)
     assert metrics["eval/pass_at_4"] == pytest.approx(2 / 3)  # problems with a correct sample
     assert metrics["eval/pass_at_4"] == pytest.approx(sum(pass_at_k(4, c, 4) for c in (2, 1, 0)) / 3)
+    assert "eval/maj_at_4" not in metrics  # without the reward's answers, nothing votes
+    # maj@4: "2" twice of four (right); four answers tied, "3.0" the right one (1/4); "1" four times (wrong)
+    voted = evaluate(engine, tokenizer, PROBLEMS, config(4), scorer.correctness, answers=scorer.reward.answers)
+    assert voted.metrics == {**metrics, "eval/maj_at_4": pytest.approx((1 + 1 / 4 + 0) / 3)}
+    silent = get_reward("code").answers  # a reward whose samples do not vote
+    assert evaluate(engine, tokenizer, PROBLEMS, config(4), scorer.correctness, answers=silent).metrics == metrics
 
 
 def test_a_scorer_of_rewards_is_refused() -> None:
@@ -124,16 +131,20 @@ def test_each_eval_set_is_scored_on_its_first_num_prompts_and_on_its_own():
     }
     engine, scorer = AnsweringEngine(answers), RewardScorer("math", {})
     settings = EvalConfig(num_prompts=2, max_new_tokens=8, temperature=1.0, samples=2)
-    evaluation = evaluate(engine, engine.tokenizer, problems, settings, scorer.correctness, keep=1)
+    answers_of = scorer.reward.answers
+    evaluation = evaluate(engine, engine.tokenizer, problems, settings, scorer.correctness, keep=1, answers=answers_of)
     metrics = evaluation.metrics
     assert metrics == {
         "eval/accuracy": 4 / 8,
         "eval/response_length": 1.0,
         "eval/pass_at_2": 3 / 4,
+        "eval/maj_at_2": (1 + 0 + 1 / 2 + 1 / 2) / 4,  # hmmt's problems: a right and a wrong answer tied
         "eval/accuracy/aime": 2 / 4,
         "eval/pass_at_2/aime": 1 / 2,
+        "eval/maj_at_2/aime": 1 / 2,
         "eval/accuracy/hmmt": 2 / 4,
         "eval/pass_at_2/hmmt": 1.0,
+        "eval/maj_at_2/hmmt": 1 / 2,
         "eval/accuracy/hmmt_src": 2 / 4,  # a data source's, as before
     }
     # the answers kept for samples.jsonl: the first problem of each set, as klear.eval records it, with its set
@@ -145,15 +156,18 @@ def test_each_eval_set_is_scored_on_its_first_num_prompts_and_on_its_own():
     assert [sample["text"] for sample in evaluation.samples[1]["samples"]] == ["\\boxed{4}", "\\boxed{1}"]
     assert [sample["correct"] for sample in evaluation.samples[1]["samples"]] == [True, False]
     assert evaluation.samples[1]["source"] == "hmmt_src" and evaluation.samples[1]["reference"] == "4"
+    assert [sample["vote"] for sample in evaluation.samples[1]["samples"]] == ["4", "1"]
+    assert [record["maj"] for record in evaluation.samples] == [1.0, 0.5]
     alone = evaluate(engine, engine.tokenizer, problems[:3], settings, scorer.correctness).metrics
     assert alone["eval/accuracy/aime"] == alone["eval/accuracy"] == metrics["eval/accuracy/aime"]
     # trainer.best_metric accepts exactly the set and pass@K metrics this evaluation logs (the config check names
-    # them without running one)
+    # them without running one); not maj@K, which only a reward whose samples vote logs
     overrides = ["data.eval={aime: a.jsonl, hmmt: b.jsonl}", "eval.temperature=1.0", "eval.samples=2"]
     with pytest.raises(ConfigError) as refused:
         load_config(None, ["stage=rl", *overrides, "trainer.best_metric=?"])
     accepted = str(refused.value).split("accepted: ")[1].split(", ")
-    assert sorted(accepted) == sorted(key for key in metrics if key != "eval/response_length" and "src" not in key)
+    logged = [key for key in metrics if key != "eval/response_length" and "src" not in key and "maj" not in key]
+    assert sorted(accepted) == sorted(logged)
 
 
 def test_kept_answers_copy_a_reference_up_to_its_bound_and_name_a_longer_one_by_its_size():

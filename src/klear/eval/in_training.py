@@ -4,9 +4,11 @@ The problems, their order and (when sampling) the seed are the same at every eva
 ``eval/accuracy`` measures the policy and nothing else. Greedy decoding gives the accuracy of the single most
 likely answer; with a temperature, ``samples`` answers per problem are drawn and ``eval/accuracy`` is their
 mean (avg@k), with ``eval/pass_at_k`` alongside (`klear.eval.metrics.pass_at_k` with ``n = k = samples``: the
-share of problems with at least one correct answer), and, when the problems carry data sources,
+share of problems with at least one correct answer) and, given the reward's ``answers``, ``eval/maj_at_k``
+(`klear.eval.metrics.majority`, over the problems whose samples vote: math's), and, when the problems carry data
+sources,
 ``eval/accuracy/<source>`` for each. When ``data.eval`` names several sets (`klear.data.sets`), each set's
-first ``num_prompts`` problems are scored and each set has its ``eval/accuracy/<name>`` (and pass@k) too;
+first ``num_prompts`` problems are scored and each set has its ``eval/accuracy/<name>`` (and pass@k, maj@k) too;
 ``eval/accuracy`` is over all of them. Whether an answer is correct is the reward's verdict
 (`klear.rewards.scorer.RewardScorer.correctness`), not a threshold on its score. Sampling and scoring are
 `klear.rollout.sample_and_score`'s, as RL's step, ``klear.eval`` and ``klear.data curate`` sample and score.
@@ -25,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.data.problems import Problem
 from klear.data.sets import ONE, first_of_each, metric_suffix
-from klear.eval.metrics import pass_at_k, problem_record
+from klear.eval.metrics import majority, pass_at_k, problem_record
 from klear.rewards.scorer import ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 from klear.rollout.sample_and_score import sample_and_score
@@ -43,6 +45,9 @@ KEPT_REFERENCE_CHARS = 2_000
 Scorer = Callable[[list[str], list[Any]], list[bool]]
 """``(completions, references) -> correct``, whether each completion is correct (`RewardScorer.correctness`); a
 reference is whatever the reward checks (an answer, a test list)."""
+Answers = Callable[[Sequence[str], Any], "list[str | None] | None"]
+"""``(completions, reference) -> votes``, the final answers one problem's samples give (`klear.rewards.Reward.
+answers`), or None when the reward's samples do not vote."""
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,11 @@ def evaluate(
     stop_point: Callable[[], None] | None = None,
     engine_batch: int = 0,
     keep: int = 0,
+    answers: Answers | None = None,
 ) -> Evaluation:
-    """``eval/accuracy`` (the share of correct answers over problems x samples), response length and pass@k; and
-    the records of the first ``keep`` problems of each set, every answer to them with its verdict.
+    """``eval/accuracy`` (the share of correct answers over problems x samples), response length, pass@k and (with
+    ``answers``, where samples vote) maj@k; and the records of the first ``keep`` problems of each set, every answer
+    to them with its verdict (and vote).
 
     With ``world`` data-parallel ranks, each samples and scores its contiguous share of the problems (prompt
     ``i`` is seeded by ``EVAL_SEED + i`` wherever it runs) and all ranks return the metrics of the whole set.
@@ -90,7 +97,7 @@ def evaluate(
     chunk = len(problems) if stop_point is None else chunk_prompts(engine_batch, samples, world)
     log.debug("evaluating %d problems x %d samples, %d prompts at a time", len(problems), samples, chunk)
     kept = set(first_of_each(range(len(problems)), [problem.set_name for problem in problems], keep))
-    correct, lengths, records = [], [], []
+    correct, lengths, records, majorities = [], [], [], []
     for start in range(0, len(problems), chunk):
         if start:
             stop_point()
@@ -99,9 +106,11 @@ def evaluate(
         correct += sampled.scores.correct
         lengths += [len(rollout.response_ids) for rollout in sampled.rollouts]
         for i, (problem, group) in enumerate(zip(part, sampled.groups, strict=True)):
+            scores = sampled.scores.slice(i * samples, (i + 1) * samples)
+            votes = answers([rollout.text for rollout in group], problem.reference) if answers else None
+            majorities.append(None if votes is None else majority(votes, scores.correct))
             if start + i in kept:
-                scores = sampled.scores.slice(i * samples, (i + 1) * samples)
-                record = problem_record(problem, group, scores.raw, scores.statuses, scores.correct, samples)
+                record = problem_record(problem, group, scores.raw, scores.statuses, scores.correct, samples, (), votes)
                 record["reference"] = _kept_reference(record["reference"])
                 records.append({"set": problem.set_name, **record} if problem.set_name else record)
     metrics = {
@@ -116,6 +125,9 @@ def evaluate(
         if samples > 1:
             passed = sum(pass_at_k(samples, counts[i], samples) for i in mine) / len(mine)
             metrics[f"eval/pass_at_{samples}{metric_suffix(name)}"] = passed
+            voted = [majorities[i] for i in mine if majorities[i] is not None]
+            if voted:
+                metrics[f"eval/maj_at_{samples}{metric_suffix(name)}"] = sum(voted) / len(voted)
     for source in sorted({problem.source for problem in problems} - {""}):
         hits = [value for i, value in enumerate(correct) if problems[i // samples].source == source]
         metrics[f"eval/accuracy/{source}"] = sum(hits) / len(hits)

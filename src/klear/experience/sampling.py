@@ -142,6 +142,7 @@ class SyncRollouts:
                 stop_point=self.stop_point,
                 engine_batch=self.engine_batch,
                 keep=self.keep_samples,
+                answers=self.scorer.reward.answers,
             )
 
     def take_eval(self, version: int) -> Evaluation:

@@ -6,7 +6,8 @@ At each evaluation (before the first step, every ``eval.every_n_steps`` and afte
 
 - ``"split": "eval"``: the first N problems of each held-out set, one line each, as ``klear.eval`` writes its
   ``results.jsonl`` (`klear.eval.metrics.problem_record`: the data ``line``, ``problem``, ``reference``, ``source``,
-  every sample's ``text``, ``correct``, ``length`` and ``finish_reason``, the problem's ``avg`` and ``pass@k``),
+  every sample's ``text``, ``correct``, ``length`` and ``finish_reason`` (and ``vote`` where the reward's samples
+  vote: math), the problem's ``avg`` and ``pass@k`` (and ``maj``)),
   with its ``set`` when ``data.eval`` has several;
 - ``"split": "train"`` (RL): the first N prompt groups the step trains on (`train_records`), one line each: the
   ``prompt`` as the model read it (its chat template rendered) and every response's ``text``, ``reward`` (shaped,

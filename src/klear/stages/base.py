@@ -187,6 +187,7 @@ class StageModule(L.LightningModule):
                 stop_point=self.stop_point,
                 engine_batch=self.config.eval.batch_size,  # the batch size of the engine of `eval_engine`
                 keep=self.config.logging.samples,
+                answers=self.scorer.reward.answers,
             )
 
     # -------------------------------------------------------------------------------------------- output
