@@ -83,7 +83,7 @@ def test_code_samples_do_not_vote_and_a_routed_reward_asks_the_row_s_reward():
     assert reward.answers(["\\boxed{2}"], Routed(code_route, {"inputs": ["1"], "outputs": ["1"]})) is None
 
 
-def record(votes, correct, source=""):
+def record(votes, correct, source="", k=2):
     texts = [SavedCompletion(f"sample {index}") for index in range(len(correct))]
     return problem_record(
         Problem("p", "1", line=1, source=source),
@@ -91,7 +91,7 @@ def record(votes, correct, source=""):
         [float(flag) for flag in correct],
         ["ok"] * len(correct),
         correct,
-        k=2,
+        k=k,
         votes=votes,
     )
 
@@ -120,3 +120,6 @@ def test_records_and_the_summary_carry_the_majority_where_samples_vote():
     only_code = summarize([code], k=2)
     assert (only_code["maj@k"], only_code["maj_problems"]) == (None, 0)
     assert "maj@" not in markdown_table({**shown, **only_code})
+    single = summarize([record(["1"], [True], k=1), record([None], [False], k=1)], k=1)
+    assert single["maj@k"] == single["avg@k"] == 0.5  # one sample: its own majority
+    assert "maj@" not in markdown_table({**shown, **single, "n": 1, "k": 1})

@@ -204,7 +204,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
             (
                 f"`{source}`",
                 f"avg@{n} {row['avg@k']:.4f}, pass@{summary['k']} {row['pass@k']:.4f}"
-                + (f", maj@{n} {row['maj@k']:.4f}" if row.get("maj@k") is not None else "")
+                + (f", maj@{n} {row['maj@k']:.4f}" if row.get("maj@k") is not None and n > 1 else "")
                 + f" ({row['problems']} problems)",
             )
             for source, row in summary.get("by_source", {}).items()
@@ -232,8 +232,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
 
 def _majority_row(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """The table's maj@n row, where samples voted: over the problems whose reward's samples vote, when not all."""
-    if summary.get("maj@k") is None:
+    """The table's maj@n row, where samples voted and there are several (maj@1 is avg@1): over the problems whose
+    reward's samples vote, when not all."""
+    if summary.get("maj@k") is None or summary["n"] == 1:
         return []
     value, voted, problems = summary["maj@k"], summary["maj_problems"], summary["problems"]
     some = "" if voted == problems else f" (the {voted} of {problems} problems whose reward's samples vote)"
