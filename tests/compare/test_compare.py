@@ -95,6 +95,8 @@ def test_table_matches_the_csv(comparison):
     assert table.count("- gppo - ppo:") == 3  # final accuracy, AUC, final - best
     assert "## Against the baseline, ppo" in table
     assert "| gppo |" in table.split("Diagnostics:")[1]  # the diagnostics table
+    # the evaluation samples 4 answers: pass@4 at the last evaluation; no maj@4, the function reward gives no votes
+    assert "| run | final pass@4 |\n|---|---|\n| ppo | " in table and "maj@4" not in table
 
 
 def test_rerun_skips_finished_runs(comparison, capsys):
@@ -262,6 +264,31 @@ def test_each_eval_set_has_its_final_accuracy_in_the_table(tmp_path, capsys):
     assert "| run | aime24 | aime25 |\n|---|---|---|\n" in table and "| src |" not in table
     assert f"| ppo | {cell([0.2, 0.4])} | {cell([0.1, 0.3])} |" in table
     assert f"| gppo | {cell([0.5, 0.7])} | {cell([0.2, 0.2])} |" in table
+
+
+def test_final_pass_and_maj_at_k_are_in_the_table(tmp_path, capsys):
+    """Runs whose evaluation sampled 4 answers per problem: comparison.md gives each label's final pass@4 and maj@4
+    over its seeds, from the last evaluation that logged them; a set's pass@4 is not the evaluation's."""
+    finals = {("ppo", 0): (0.6, 0.3), ("ppo", 1): (0.8, 0.5), ("gppo", 0): (0.9, 0.4), ("gppo", 1): (0.7, 0.4)}
+    for (objective, seed), (passed, majority) in finals.items():
+        directory = tmp_path / "runs" / f"{objective}-seed{seed}"
+        directory.mkdir(parents=True)
+        lines = ["step,eval/accuracy,eval/pass_at_4,eval/maj_at_4,eval/pass_at_4/aime,reward/mean"]
+        lines += ["0,0.1,0.2,0.1,0.2,0.5", f"1,0.3,{passed},{majority},0.9,0.6", "2,,,,,0.7"]
+        (directory / "metrics.csv").write_text("\n".join(lines) + "\n")
+        (directory / "done.json").write_text('{"seconds": 1.0}')
+    args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--seeds", "0,1", f"output_dir={tmp_path}"]
+    assert main(args) == 0  # every run is finished: nothing trains
+    capsys.readouterr()
+    table = (tmp_path / "comparison.md").read_text()
+
+    def cell(values):
+        mean, half = mean_ci(values)
+        return f"{mean:.3f} ± {half:.3f}"
+
+    assert "| run | final pass@4 | final maj@4 |\n|---|---|---|\n" in table and "aime" not in table
+    assert f"| ppo | {cell([0.6, 0.8])} | {cell([0.3, 0.5])} |" in table
+    assert f"| gppo | {cell([0.9, 0.7])} | {cell([0.4, 0.4])} |" in table
 
 
 def test_the_last_output_dir_given_is_the_comparisons(tmp_path):

@@ -4,7 +4,9 @@ verdicts against a baseline, and a figure of the curves and the diagnostics with
 Per label (objective or objective+variant), over seeds: start, final and best ``eval/accuracy``, the area under the
 accuracy curve (the mean accuracy over the steps of the run, trapezoid rule, so early learners score higher) and
 the drop (final minus best, 0 for a run that ends at its best), each as a mean with its 95% Student-t interval; when
-``data.eval`` names several sets, each set's final ``eval/accuracy/<set>`` too.
+``data.eval`` names several sets, each set's final ``eval/accuracy/<set>`` too; when the evaluation samples K > 1
+answers per problem, the final ``eval/pass_at_K`` and (on math) ``eval/maj_at_K``: any of K answers right, the most
+given of K answers right, which tell an objective that keeps the policy exploring from one that sharpens it.
 Each label other than the baseline is compared with it on each of the three, pairing runs by seed (runs with the
 same seed share their step-0 rollouts, which is what makes pairing right): the mean paired difference, its
 interval, and the paired t-test's p-value Holm-corrected over the labels compared, with a one-line verdict, and
@@ -18,6 +20,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,6 +83,8 @@ FINAL_DIAGNOSTICS = [
     ("rollout/response_length", "final length"),
 ]
 """Diagnostics at each run's last logged step, then over seeds."""
+AT_K = re.compile(r"eval/(pass|maj)_at_(\d+)")
+"""The evaluation's pass@K and maj@K over all its problems (`klear.eval.in_training.evaluate`), not a set's."""
 SIGNIFICANCE = 0.05
 POWER = 0.8
 
@@ -161,11 +166,19 @@ def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> d
             )
         },
     }
+    logged = {key for run in runs for row in metrics[id(run)] for key in row if AT_K.fullmatch(key)}
+    summary["at_k"] = {key: [last_of(key, metrics[id(run)]) for run in runs] for key in sorted(logged, key=_at_k_order)}
     for key, _ in DIAGNOSTICS:
         summary[key] = [mean_of(key, metrics[id(run)]) for run in runs]
     for key, _ in FINAL_DIAGNOSTICS:
         summary[key] = [last_of(key, metrics[id(run)]) for run in runs]
     return summary
+
+
+def _at_k_order(key: str) -> tuple[int, int]:
+    """pass@K before maj@K, by K."""
+    kind, k = AT_K.fullmatch(key).groups()
+    return int(k), kind == "maj"
 
 
 def _fmt(values: list[float], digits: int = 3, style: str = "f") -> str:
@@ -260,6 +273,16 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
     if sets:  # data.eval named several sets: each one's final accuracy
         lines += ["", "Final accuracy of each eval set (`eval/accuracy/<set>` at the last evaluation):", ""]
         lines += _label_table(summary, sets, lambda s: [_fmt(s["sets"].get(name, [])) for name in sets])
+    at_k = list(dict.fromkeys(key for s in summary.values() if s for key in s["at_k"]))
+    if at_k:  # the evaluation sampled K > 1 answers per problem
+        lines += [
+            "",
+            "Final pass@K and maj@K (`eval/pass_at_K`, `eval/maj_at_K` at the last evaluation): a problem with any of "
+            "its K answers right, and one whose most given answer is right.",
+            "",
+        ]
+        names = [f"final {AT_K.fullmatch(key).group(1)}@{AT_K.fullmatch(key).group(2)}" for key in at_k]
+        lines += _label_table(summary, names, lambda s: [_fmt(s["at_k"].get(key, [])) for key in at_k])
     lines += [
         "",
         "Diagnostics: token shares and gradient shares are means over each run's steps (the tokens that left the "
