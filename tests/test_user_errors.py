@@ -259,6 +259,21 @@ def test_data_without_a_usable_row_is_refused_before_training(tmp_path):
     assert "indexing errors" not in result.stderr  # the tokenizer's own warning: klear measured and said what it did
 
 
+def test_a_maj_at_k_best_metric_without_a_problem_that_votes_is_refused_before_training(tmp_path):
+    """``trainer.best_metric=eval/maj_at_4`` passes the config check under ``reward.name=math``, but a ``data.eval``
+    whose rows all route to the code reward has no sample that votes: one line, before the first step."""
+    from tests.eval.test_completions import mixed_rows
+
+    data = write_rows(tmp_path / "code_eval.jsonl", [row for row in mixed_rows() if row["ability"] == "code"])
+    args = ["--config", "configs/rl.yaml", f"output_dir={tmp_path / 'run'}", *RL_QUICK, f"data.eval={data}"]
+    error = one_line_error(klear("klear.fit", *args, "reward.name=math", "trainer.best_metric=eval/maj_at_4"))
+    assert error == (
+        "error: trainer.best_metric = 'eval/maj_at_4': no problem of data.eval is scored by a reward whose samples "
+        "vote (math's), so no evaluation logs it; rank the checkpoints by eval/accuracy or an eval/pass_at_K"
+    )
+    assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
 def test_a_malformed_code_test_is_skipped_not_a_crash_mid_run(tmp_path):
     tests = [{"input": "2\n", "output": "4\n"}]
     rows = [{"problem": f"Read n, print n * {i}.", "answer": tests} for i in range(8)]

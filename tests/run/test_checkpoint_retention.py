@@ -4,6 +4,8 @@
 would have no evaluation, and a ``best_metric`` the evaluation does not log. A run that keeps them,
 resumed: tests/models/test_checkpoint_models.py."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from klear.config.load import ConfigError, load_config
@@ -73,22 +75,73 @@ def test_the_evaluations_are_part_of_the_checkpoint(tmp_path):
     ("overrides", "accepted"),
     [
         (["eval.temperature=0", "eval.samples=1"], "eval/accuracy"),
-        ([], "eval/accuracy, eval/pass_at_4"),
+        ([], "eval/accuracy, eval/pass_at_4, eval/maj_at_4"),
         (
             ["data.eval=[a/aime24.jsonl,b/aime25.jsonl]"],
             "eval/accuracy, eval/accuracy/aime24, eval/accuracy/aime25, eval/pass_at_4, eval/pass_at_4/aime24, "
-            "eval/pass_at_4/aime25",
+            "eval/pass_at_4/aime25, eval/maj_at_4, eval/maj_at_4/aime24, eval/maj_at_4/aime25",
+        ),
+        (
+            ["reward.name=code", "data.train=synthetic-code", "data.eval=synthetic-code"],
+            "eval/accuracy, eval/pass_at_4",  # programs do not vote
+        ),
+        (["stage=sft", "eval.samples=4", "eval.temperature=0.6"], "eval/accuracy, eval/pass_at_4, eval/maj_at_4"),
+        (
+            ["stage=sft", "eval.samples=2", "eval.temperature=1", "eval.reward=code", "data.eval=synthetic-code"],
+            "eval/accuracy, eval/pass_at_2",  # programs do not vote
         ),
     ],
 )
 def test_a_best_metric_the_evaluation_does_not_log_is_refused(overrides, accepted):
+    config = "configs/sft.yaml" if "stage=sft" in overrides else "configs/rl.yaml"
+    overrides = [override for override in overrides if override != "stage=sft"]
     for metric in accepted.split(", "):
-        assert load_config("configs/rl.yaml", [f"trainer.best_metric={metric}", *overrides])
+        assert load_config(config, [f"trainer.best_metric={metric}", *overrides])
     with pytest.raises(ConfigError) as refused:
-        load_config("configs/rl.yaml", ["trainer.best_metric=eval/accuracy/aime", *overrides])
+        load_config(config, ["trainer.best_metric=eval/accuracy/aime", *overrides])
     assert str(refused.value) == (
         "trainer.best_metric = 'eval/accuracy/aime' is not a metric this run's evaluation logs; accepted: " + accepted
     )
+
+
+def test_a_maj_at_k_best_metric_needs_held_out_problems_whose_samples_vote():
+    """``reward.name=math`` lets ``eval/maj_at_4`` through the config check, but rows that route to the code reward
+    do not vote: with none among the problems each evaluation scores, the stage stops before training, in one line."""
+    from omegaconf import OmegaConf
+
+    from klear.data.problems import Problem
+    from klear.data.readers import DataError
+    from klear.data.sets import DataSets
+    from klear.rewards.routing import Routed, routed_reward
+    from klear.stages.base import check_best_votes
+
+    reward = routed_reward("math")
+    code, math = Routed(reward.route("codecontests"), [{"input": "1", "output": "1"}]), "2"
+    aime, hmmt = SimpleNamespace(problems=[Problem("p", math)]), SimpleNamespace(problems=[Problem("q", code)])
+    evaluation = DataSets("eval", {"aime": aime, "hmmt": hmmt})
+
+    def check(metric: str, problems_per_set: int = 1) -> None:
+        overrides = ["data.eval={aime: a.jsonl, hmmt: h.jsonl}", f"trainer.best_metric={metric}"]
+        config = OmegaConf.to_object(
+            load_config("configs/rl.yaml", [*overrides, f"eval.num_prompts={problems_per_set}"])
+        )
+        check_best_votes(config, evaluation, reward)
+
+    check("eval/maj_at_4")  # aime's problem votes
+    check("eval/maj_at_4/aime")
+    check("eval/pass_at_4/hmmt")  # not a maj@K: nothing to check
+    with pytest.raises(DataError) as refused:
+        check("eval/maj_at_4/hmmt")
+    assert str(refused.value) == (
+        "trainer.best_metric = 'eval/maj_at_4/hmmt': no problem of data.eval's set 'hmmt' is scored by a reward whose "
+        "samples vote (math's), so no evaluation logs it; rank the checkpoints by eval/accuracy or an eval/pass_at_K"
+    )
+    evaluation = DataSets("eval", {"hmmt": hmmt, "aime": aime})
+    check("eval/maj_at_4", problems_per_set=1)  # each set's first problem is scored: aime's votes
+    evaluation = DataSets("eval", {"": SimpleNamespace(problems=[*hmmt.problems, *aime.problems])})
+    check("eval/maj_at_4", problems_per_set=2)
+    with pytest.raises(DataError, match=r"no problem of data\.eval is scored"):
+        check("eval/maj_at_4", problems_per_set=1)  # the one set's first problem alone is scored: a code one
 
 
 @pytest.mark.parametrize(

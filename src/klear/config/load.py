@@ -201,8 +201,10 @@ def _check_best_metric(config: DictConfig) -> None:
     suffixes = [metric_suffix(name) for name in named_sets(_sets_value(config.data, "eval"))]
     logged = ["eval/accuracy", *(f"eval/accuracy{suffix}" for suffix in suffixes if suffix)]
     samples = config.eval.samples if config.eval.temperature > 0 else 1
-    if samples > 1:
-        logged += [f"eval/pass_at_{samples}{suffix}" for suffix in dict.fromkeys(["", *suffixes])]
+    if samples > 1:  # pass@K; and maj@K, where the evaluation's reward is math's, whose samples vote
+        voting = (config.eval.reward if config.stage == "sft" else config.reward.name) == "math"
+        kinds = ["pass", "maj"] if voting else ["pass"]
+        logged += [f"eval/{kind}_at_{samples}{suffix}" for kind in kinds for suffix in dict.fromkeys(["", *suffixes])]
     if config.trainer.best_metric not in logged:
         raise ConfigError(
             f"trainer.best_metric = {config.trainer.best_metric!r} is not a metric this run's evaluation logs; "

@@ -143,7 +143,8 @@ class TrainerConfig:
     best_metric: str = field(default="eval/accuracy", metadata={"example": "eval/accuracy/aime24"})
     """The evaluation metric that ranks the checkpoints (``keep_best``, and the best kept one the closing lines and
     ``summary.json`` name): ``eval/accuracy``, one of ``data.eval``'s sets' ``eval/accuracy/<set>`` (choose on a
-    validation set, report on another), or ``eval/pass_at_K`` (``/<set>``) when the evaluation samples K > 1."""
+    validation set, report on another), or ``eval/pass_at_K`` (``/<set>``) when the evaluation samples K > 1, and
+    ``eval/maj_at_K`` (``/<set>``) too when its reward is ``math``."""
     progress_bar: bool = True
     cpu_threads: int = at_least(0, 0)
     """torch's CPU threads; 0: chosen by klear from the free cores and the model's size, logged at start and

@@ -22,8 +22,8 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.config.load import ConfigError
 from klear.data.problems import Task
-from klear.data.readers import warn_bad_rows
-from klear.data.sets import DataSets, named_sets, set_key
+from klear.data.readers import DataError, warn_bad_rows
+from klear.data.sets import DataSets, first_of_each, metric_suffix, named_sets, set_key
 from klear.data.stage_problems import read_stage_problems
 from klear.eval.in_training import EVAL_DATA_SEED, Evaluation, evaluate
 from klear.experience.sampling import step_seed
@@ -236,3 +236,22 @@ def stage_sets(
         log.info("%s: %d problems from %s (%d rows skipped%s)", label, len(problems.problems), source, skipped, repeats)
         sets[name] = problems
     return DataSets(split, sets)
+
+
+def check_best_votes(config: RLRunConfig | SFTRunConfig, evaluation: DataSets, reward: Any) -> None:
+    """A maj@K as ``trainer.best_metric`` (``eval/maj_at_K``, ``/<set>``) needs held-out problems, among those each
+    evaluation scores, whose reward's samples vote (`klear.rewards.Reward.answers`: math's): else no evaluation
+    would log it and no checkpoint would be ranked. `DataError` in one line, before training."""
+    metric = config.trainer.best_metric
+    if not metric.startswith("eval/maj_at_"):
+        return
+    suffix = metric.removeprefix("eval/maj_at_").partition("/")[2]
+    problems = evaluation.problems
+    scored = first_of_each(problems, [problem.set_name for problem in problems], config.eval.num_prompts)
+    mine = [problem for problem in scored if not suffix or metric_suffix(problem.set_name) == f"/{suffix}"]
+    if not any(reward.answers([], problem.reference) is not None for problem in mine):
+        where = f"data.eval's set {suffix!r}" if suffix else "data.eval"
+        raise DataError(
+            f"trainer.best_metric = {metric!r}: no problem of {where} is scored by a reward whose samples vote "
+            "(math's), so no evaluation logs it; rank the checkpoints by eval/accuracy or an eval/pass_at_K"
+        )

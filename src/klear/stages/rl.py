@@ -59,7 +59,7 @@ from klear.runtime.device import policy_model, policy_on_cuda
 from klear.runtime.distributed import Ranks
 from klear.runtime.strategies import full_tensors
 from klear.schema import RLRunConfig
-from klear.stages.base import StageModule, check_trainable, stage_sets
+from klear.stages.base import StageModule, check_best_votes, check_trainable, stage_sets
 from klear.update.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
@@ -275,6 +275,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[RLModule, ResumableBatch
     reward = routed_reward(config.reward.name, config.reward.options, config.reward.by_source)
     train = stage_sets(config, "train", tokenizer, task, reward)
     evaluation = stage_sets(config, "eval", tokenizer, task, reward)
+    check_best_votes(config, evaluation, reward)
     run_dir.record_data({**train.reports(), **evaluation.reports()})
     # The engine serves the rollouts and the in-training evaluation: it must hold the longer of the two. The
     # prompts were measured by their checks (each is at most the model's context minus its max_new_tokens).

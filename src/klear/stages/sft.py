@@ -39,7 +39,7 @@ from klear.runtime.device import compute_precision, policy_model, policy_on_cuda
 from klear.runtime.distributed import padded_share
 from klear.runtime.optim import clip_grad_norm, share_of
 from klear.schema import RolloutConfig, SFTRunConfig
-from klear.stages.base import StageModule, check_trainable, stage_sets
+from klear.stages.base import StageModule, check_best_votes, check_trainable, stage_sets
 
 FINITE_METRICS = ("train/loss", "train/grad_norm")
 """Checked finite before each optimizer step (`klear.run.stopping.check_finite`)."""
@@ -216,6 +216,7 @@ def build(config: DictConfig, run_dir: RunDir) -> tuple[SFTModule, ResumableBatc
     config.trainer.max_steps = run_steps(config, len(plan))
     task, reward = Task(config.eval.reward), routed_reward(config.eval.reward)
     eval_problems = stage_sets(config, "eval", tokenizer, task, reward)
+    check_best_votes(config, eval_problems, reward)
     run_dir.record_data({**train_reports, **eval_problems.reports()})
     need = needed_model_len([eval_problems.longest_prompt], config.eval.max_new_tokens)
     module = SFTModule(config, eval_problems.problems, tokenizer, reward, max_model_len=need)
