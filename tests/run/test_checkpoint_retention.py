@@ -45,6 +45,38 @@ def test_the_newest_and_the_best_scored_checkpoints_are_kept(tmp_path, settings,
     assert steps(callback.kept()) == expected
 
 
+def test_the_evaluation_after_the_last_step_chooses_the_checkpoints_again(tmp_path):
+    """The final evaluation is run after the last checkpoint is saved: once the fit ends it ranks that checkpoint
+    too, and the best kept so far is removed when the last one scores higher; kept when it does not."""
+    for final, expected in ((0.9, [8]), (0.5, [4, 8]), (0.7, [4, 8])):  # a tie keeps the earlier
+        callback = saving(tmp_path / str(final), [4, 8], keep_best=True)
+        callback.evaluations = {2: {"eval/accuracy": 0.1}, 4: {"eval/accuracy": 0.7}}
+        progress = SimpleNamespace(total=SimpleNamespace(completed=8))
+        trainer = SimpleNamespace(
+            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+            num_training_batches=8,
+            is_global_zero=True,
+        )
+        module = SimpleNamespace(step_metrics={"eval/accuracy": final, "eval/response_length": 3.0})
+        callback.on_fit_end(trainer, module)
+        assert callback.evaluations[8] == {"eval/accuracy": final, "eval/response_length": 3.0}
+        assert steps(callback.run_dir.saved_checkpoints()) == expected, final
+    # a fit that ended before its last step (stopped) or without an evaluation in its last row: nothing changes
+    for completed, metrics in ((6, {"eval/accuracy": 0.9}), (8, {"train/loss": 1.0})):
+        saved = [4, 6, 8][: 1 + completed // 4]
+        callback = saving(tmp_path / f"ended-{completed}-{len(metrics)}", saved, keep_best=True)
+        callback.evaluations = {4: {"eval/accuracy": 0.7}}
+        progress = SimpleNamespace(total=SimpleNamespace(completed=completed))
+        trainer = SimpleNamespace(
+            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+            num_training_batches=8,
+            is_global_zero=True,
+        )
+        callback.on_fit_end(trainer, SimpleNamespace(step_metrics=metrics))
+        assert callback.evaluations == {4: {"eval/accuracy": 0.7}}
+        assert steps(callback.run_dir.saved_checkpoints()) == saved
+
+
 def test_the_best_is_ranked_by_the_best_metric(tmp_path):
     """Chosen on one set (``aime24``) while ``eval/accuracy`` over every set would choose another checkpoint."""
     evaluations = {

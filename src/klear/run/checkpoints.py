@@ -85,6 +85,19 @@ class StepCheckpoint(Checkpoint):
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.save(trainer, lightning_compat.completed_steps(trainer))
 
+    def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        """The evaluation after the last step comes after the last checkpoint (the module's ``on_train_end``, which
+        runs it, runs after this callback's): it joins the others here, and the checkpoints are chosen again, so a
+        checkpoint kept as the best so far goes when the last one scores higher (it no longer stays beside it)."""
+        step = lightning_compat.completed_steps(trainer)
+        metrics = getattr(module, "step_metrics", {})  # the last row: the final evaluation's
+        evaluation = {key: float(value) for key, value in metrics.items() if key.startswith("eval/")}
+        if not evaluation or step != trainer.num_training_batches or not self.run_dir.checkpoint(step).exists():
+            return
+        self.evaluations[step] = evaluation
+        if trainer.is_global_zero:
+            self.remove_unkept()
+
     def state_dict(self) -> dict[str, Any]:
         return {"evaluations": {step: dict(evaluation) for step, evaluation in self.evaluations.items()}}
 
@@ -150,11 +163,15 @@ class StepCheckpoint(Checkpoint):
         trainer.strategy.barrier("klear-checkpoint-saved")
         if trainer.is_global_zero:
             os.replace(temporary, target)
-            kept = self.kept()
-            for path in self.run_dir.saved_checkpoints():
-                if path not in kept:
-                    remove_path(path)
+            self.remove_unkept()
         trainer.strategy.barrier("klear-checkpoint")
+
+    def remove_unkept(self) -> None:
+        """Remove the saved checkpoints that are not `kept` (the first rank's work)."""
+        kept = self.kept()
+        for path in self.run_dir.saved_checkpoints():
+            if path not in kept:
+                remove_path(path)
 
 
 class StreamingCheckpointIO(TorchCheckpointIO):
