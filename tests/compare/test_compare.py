@@ -92,7 +92,7 @@ def test_table_matches_the_csv(comparison):
     number = r"[+-]\d\.\d{3}"
     verdict = rf"- gppo - ppo: {number} \[{number}, {number}\], p_holm = \d\.\d{{3}}: "
     assert re.search(verdict + r"(\*\*gppo (higher|lower)\*\*|not distinguishable at 2 seeds)", table), table
-    assert table.count("- gppo - ppo:") == 3  # final accuracy, AUC, final - best
+    assert table.count("- gppo - ppo:") == 4  # final accuracy, AUC, final - best, final pass@4
     assert "## Against the baseline, ppo" in table
     assert "| gppo |" in table.split("Diagnostics:")[1]  # the diagnostics table
     # the evaluation samples 4 answers: pass@4 at the last evaluation; no maj@4, the function reward gives no votes
@@ -289,6 +289,30 @@ def test_final_pass_and_maj_at_k_are_in_the_table(tmp_path, capsys):
     assert "| run | final pass@4 | final maj@4 |\n|---|---|---|\n" in table and "aime" not in table
     assert f"| ppo | {cell([0.6, 0.8])} | {cell([0.3, 0.5])} |" in table
     assert f"| gppo | {cell([0.9, 0.7])} | {cell([0.4, 0.4])} |" in table
+    # and each against the baseline, paired by seed: differences 0.3 and -0.1 (pass@4), 0.1 and -0.1 (maj@4)
+    verdicts = table.split("## Against the baseline, ppo")[1]
+    for name, differences in (("final pass@4", [0.3, -0.1]), ("final maj@4", [0.1, -0.1])):
+        mean, half = mean_ci(differences)
+        line = verdicts.split(f"\n{name}:\n\n")[1].split("\n")[0]
+        assert line.startswith(f"- gppo - ppo: {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}], p_holm = "), line
+
+
+def test_verdicts_pair_the_seeds_both_labels_logged_an_outcome_for():
+    """A seed whose run never logged the outcome (NaN) is left out of the pairing; a label without it has no line;
+    a baseline without it, no lines at all."""
+    from klear.compare.report import verdicts
+
+    summary = {
+        "ppo": {"seeds": [0, 1, 2], "eval/maj_at_4": [0.5, 0.6, float("nan")]},
+        "gppo": {"seeds": [0, 1, 2], "eval/maj_at_4": [0.6, 0.8, 0.9]},
+        "cispo": {"seeds": [0, 1, 2]},
+    }
+    (line,) = verdicts(summary, "ppo", "eval/maj_at_4")
+    mean, half = mean_ci([0.1, 0.2])
+    assert line.startswith(f"- gppo - ppo: {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}], p_holm = "), line
+    needed = seeds_needed([0.1, 0.2], 0.05, 0.8)
+    assert line.endswith(f"not distinguishable at 2 seeds (about {needed} seeds for a difference this size)"), line
+    assert verdicts(summary, "cispo", "eval/maj_at_4") == []
 
 
 def test_the_last_output_dir_given_is_the_comparisons(tmp_path):

@@ -7,10 +7,11 @@ the drop (final minus best, 0 for a run that ends at its best), each as a mean w
 ``data.eval`` names several sets, each set's final ``eval/accuracy/<set>`` too; when the evaluation samples K > 1
 answers per problem, the final ``eval/pass_at_K`` and (on math) ``eval/maj_at_K``: any of K answers right, the most
 given of K answers right, which tell an objective that keeps the policy exploring from one that sharpens it.
-Each label other than the baseline is compared with it on each of the three, pairing runs by seed (runs with the
-same seed share their step-0 rollouts, which is what makes pairing right): the mean paired difference, its
-interval, and the paired t-test's p-value Holm-corrected over the labels compared, with a one-line verdict, and
-for a difference not yet significant the number of seeds it would need (`klear.compare.stats.seeds_needed`).
+Each label other than the baseline is compared with it on each of the three (and on the final pass@K and maj@K,
+when logged), pairing runs by seed (runs with the same seed share their step-0 rollouts, which is what makes pairing
+right): the mean paired difference, its interval, and the paired t-test's p-value Holm-corrected over the labels
+compared, with a one-line verdict, and for a difference not yet significant the number of seeds it would need
+(`klear.compare.stats.seeds_needed`).
 A second table holds the diagnostics (`DIAGNOSTICS`) that explain the differences: what the objectives do with
 the tokens that left the clip band.
 """
@@ -167,12 +168,20 @@ def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> d
         },
     }
     logged = {key for run in runs for row in metrics[id(run)] for key in row if AT_K.fullmatch(key)}
-    summary["at_k"] = {key: [last_of(key, metrics[id(run)]) for run in runs] for key in sorted(logged, key=_at_k_order)}
+    summary["at_k"] = sorted(logged, key=_at_k_order)
+    for key in summary["at_k"]:
+        summary[key] = [last_of(key, metrics[id(run)]) for run in runs]
     for key, _ in DIAGNOSTICS:
         summary[key] = [mean_of(key, metrics[id(run)]) for run in runs]
     for key, _ in FINAL_DIAGNOSTICS:
         summary[key] = [last_of(key, metrics[id(run)]) for run in runs]
     return summary
+
+
+def _at_k_name(key: str) -> str:
+    """``final pass@4`` for ``eval/pass_at_4``."""
+    kind, k = AT_K.fullmatch(key).groups()
+    return f"final {kind}@{k}"
 
 
 def _at_k_order(key: str) -> tuple[int, int]:
@@ -192,15 +201,17 @@ def _fmt(values: list[float], digits: int = 3, style: str = "f") -> str:
 
 
 def verdicts(summary: dict[str, dict], baseline: str, outcome: str) -> list[str]:
-    """One line per label against ``baseline`` on ``outcome`` (a key of `OUTCOMES`), paired by seed, p-values
-    Holm-corrected over the labels compared."""
+    """One line per label against ``baseline`` on ``outcome`` (a key of `OUTCOMES`, or a final pass@K / maj@K), paired
+    by seed over the seeds both logged it for, p-values Holm-corrected over the labels compared."""
+    if outcome not in summary[baseline]:
+        return []
     base = dict(zip(summary[baseline]["seeds"], summary[baseline][outcome], strict=True))
     tests = []
     for label, s in summary.items():
-        if label == baseline or not s:
+        if label == baseline or outcome not in s:
             continue
         values = dict(zip(s["seeds"], s[outcome], strict=True))
-        seeds = sorted(set(values) & set(base))
+        seeds = sorted(seed for seed in set(values) & set(base) if not math.isnan(values[seed] - base[seed]))
         if len(seeds) >= 2:
             a, b = [values[seed] for seed in seeds], [base[seed] for seed in seeds]
             tests.append((label, seeds, [x - y for x, y in zip(a, b, strict=True)], *paired_difference(a, b)))
@@ -281,8 +292,9 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
             "its K answers right, and one whose most given answer is right.",
             "",
         ]
-        names = [f"final {AT_K.fullmatch(key).group(1)}@{AT_K.fullmatch(key).group(2)}" for key in at_k]
-        lines += _label_table(summary, names, lambda s: [_fmt(s["at_k"].get(key, [])) for key in at_k])
+        lines += _label_table(
+            summary, [_at_k_name(key) for key in at_k], lambda s: [_fmt(s.get(key, [])) for key in at_k]
+        )
     lines += [
         "",
         "Diagnostics: token shares and gradient shares are means over each run's steps (the tokens that left the "
@@ -307,7 +319,7 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
     if not summary.get(baseline):
         lines += ["", f"- (no finished run of the baseline {baseline})"]
     else:
-        for outcome, name in OUTCOMES:
+        for outcome, name in [*OUTCOMES, *((key, _at_k_name(key)) for key in at_k)]:
             found = verdicts(summary, baseline, outcome)
             lines += ["", f"{name}:", ""] + (found or ["- (needs at least 2 seeds shared with the baseline)"])
     if failed:
