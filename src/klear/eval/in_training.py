@@ -85,7 +85,7 @@ def evaluate(
     batches one call would make), and every rank calls ``stop_point`` between two chunks: a stop does not wait for
     the whole evaluation. The seeds are those of one call, so the metrics are too.
     """
-    problems = first_of_each(problems, [problem.set_name for problem in problems], config.num_prompts)
+    problems = scored_problems(problems, config.num_prompts)
     samples = config.samples if config.temperature > 0 else 1
     sampling = SamplingParams(
         max_new_tokens=config.max_new_tokens,
@@ -132,6 +132,11 @@ def evaluate(
         hits = [value for i, value in enumerate(correct) if problems[i // samples].source == source]
         metrics[f"eval/accuracy/{source}"] = sum(hits) / len(hits)
     return Evaluation(metrics, records)
+
+
+def scored_problems(problems: Sequence[Problem], num_prompts: int) -> list[Problem]:
+    """The problems an evaluation scores: the first ``num_prompts`` of each set (``eval.num_prompts``)."""
+    return first_of_each(problems, [problem.set_name for problem in problems], num_prompts)
 
 
 def _kept_reference(reference: Any) -> Any:

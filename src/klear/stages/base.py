@@ -23,9 +23,9 @@ from transformers import PreTrainedTokenizerBase
 from klear.config.load import ConfigError
 from klear.data.problems import Task
 from klear.data.readers import DataError, warn_bad_rows
-from klear.data.sets import DataSets, first_of_each, metric_suffix, named_sets, set_key
+from klear.data.sets import DataSets, named_sets, set_key
 from klear.data.stage_problems import read_stage_problems
-from klear.eval.in_training import EVAL_DATA_SEED, Evaluation, evaluate
+from klear.eval.in_training import EVAL_DATA_SEED, Evaluation, evaluate, scored_problems
 from klear.experience.sampling import step_seed
 from klear.kernels.logprobs import post_processing
 from klear.models import hf_config
@@ -246,9 +246,8 @@ def check_best_votes(config: RLRunConfig | SFTRunConfig, evaluation: DataSets, r
     if not metric.startswith("eval/maj_at_"):
         return
     suffix = metric.removeprefix("eval/maj_at_").partition("/")[2]
-    problems = evaluation.problems
-    scored = first_of_each(problems, [problem.set_name for problem in problems], config.eval.num_prompts)
-    mine = [problem for problem in scored if not suffix or metric_suffix(problem.set_name) == f"/{suffix}"]
+    scored = scored_problems(evaluation.problems, config.eval.num_prompts)
+    mine = [problem for problem in scored if not suffix or problem.set_name == suffix]
     if not any(reward.answers([], problem.reference) is not None for problem in mine):
         where = f"data.eval's set {suffix!r}" if suffix else "data.eval"
         raise DataError(
