@@ -42,11 +42,15 @@ def test_rl_report_has_accuracy_speed_final_values_and_settings(tmp_path):
             "actor/grad_norm": 1.5,
             "rollout/response_length": 40 + step,
             "rollout/gen_tokens_per_s": [100, 1000, 1200, 1100][step],  # median 1050: the warm-up step is not it
-            **({"eval/accuracy": accuracy[step]} if step in accuracy else {}),
+            **(
+                {"eval/accuracy": accuracy[step], "eval/pass_at_4": 0.5, "eval/maj_at_4": 0.25}
+                if step in accuracy
+                else {}
+            ),
         }
         for step in range(4)
     ]
-    write_metrics(tmp_path, [*rows, {"step": 4, "eval/accuracy": 0.375}])
+    write_metrics(tmp_path, [*rows, {"step": 4, "eval/accuracy": 0.375, "eval/pass_at_4": 0.75, "eval/maj_at_4": 0.5}])
     written = write_run_report(tmp_path, rl_config(tmp_path, "objective.eps_high=0.3"), wall_seconds=8.0)
 
     assert [path.name for path in written] == ["report.md", "summary.json", "curves.png"]
@@ -59,6 +63,10 @@ def test_rl_report_has_accuracy_speed_final_values_and_settings(tmp_path):
     assert report.startswith(f"# RL run: `{tmp_path}`")
     assert "**Status:** finished; 4 of 4 steps, wall time 8.0 s (0.5 steps/s)." in report
     assert "0.250 -> 0.375 (+0.125) at step 4; best 0.500 at step 2 (3 evaluations)" in report
+    assert (
+        "**pass@K and maj@K** (`eval/pass_at_K`, `eval/maj_at_K`): pass@4 0.500 -> 0.750, maj@4 0.250 -> 0.500."
+        in report
+    )
     assert "| `objective` | gppo (eps_low=0.2, eps_high=0.3," in report  # defaults with the override
     assert "| `rollout.prompts_per_step x rollout.group_size` | 16 x 8 = 128 responses / step |" in report
     assert "| `algorithm.mini_batch_prompts` | 4 (up to 4 updates / step) |" in report

@@ -21,13 +21,12 @@ from __future__ import annotations
 import csv
 import itertools
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 from klear.compare.runs import Run
 from klear.compare.stats import holm, mean_ci, paired_difference, seeds_needed
-from klear.run.report import Series, draw_panels, eval_set_names, read_data_report, read_metrics
+from klear.run.report import AT_K, Series, at_k_order, draw_panels, eval_set_names, read_data_report, read_metrics
 from klear.run.samples_log import answer_lines, last_evaluated, problem_lines
 
 PANELS = [
@@ -84,8 +83,6 @@ FINAL_DIAGNOSTICS = [
     ("rollout/response_length", "final length"),
 ]
 """Diagnostics at each run's last logged step, then over seeds."""
-AT_K = re.compile(r"eval/(pass|maj)_at_(\d+)")
-"""The evaluation's pass@K and maj@K over all its problems (`klear.eval.in_training.evaluate`), not a set's."""
 SIGNIFICANCE = 0.05
 POWER = 0.8
 
@@ -168,7 +165,7 @@ def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> d
         },
     }
     logged = {key for run in runs for row in metrics[id(run)] for key in row if AT_K.fullmatch(key)}
-    summary["at_k"] = sorted(logged, key=_at_k_order)
+    summary["at_k"] = sorted(logged, key=at_k_order)
     for key in summary["at_k"]:
         summary[key] = [last_of(key, metrics[id(run)]) for run in runs]
     for key, _ in DIAGNOSTICS:
@@ -182,12 +179,6 @@ def _at_k_name(key: str) -> str:
     """``final pass@4`` for ``eval/pass_at_4``."""
     kind, k = AT_K.fullmatch(key).groups()
     return f"final {kind}@{k}"
-
-
-def _at_k_order(key: str) -> tuple[int, int]:
-    """pass@K before maj@K, by K."""
-    kind, k = AT_K.fullmatch(key).groups()
-    return int(k), kind == "maj"
 
 
 def _fmt(values: list[float], digits: int = 3, style: str = "f") -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ PANELS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
 }
 """Stage -> the panels of ``curves.png``: title, y-axis label, the metrics drawn together (``prefix/*``: every
 logged metric under the prefix, such as the per-source ``eval/accuracy/<source>``)."""
+AT_K = re.compile(r"eval/(pass|maj)_at_(\d+)")
+"""An evaluation's pass@K and maj@K over all its problems (`klear.eval.in_training.evaluate`), not a set's."""
 KEY_METRICS = {stage: [key for _, _, keys in panels for key in keys] for stage, panels in PANELS.items()}
 """Stage -> the metrics of the final-values table: those of the panels, and for RL the trainer-engine gap."""
 KEY_METRICS["rl"].append("rollout/logprob_gap")
@@ -266,7 +269,21 @@ def _accuracy(rows: list[dict[str, float]], data_report: dict[str, Any]) -> list
     ]
     if courses := eval_set_courses(rows, data_report):
         lines += ["", f"**Each eval set** (`eval/accuracy/<set>`): {courses}."]
+    at_k = sorted({key for row in rows for key in row if AT_K.fullmatch(key)}, key=at_k_order)
+    if at_k:  # the evaluation sampled K > 1 answers per problem
+        courses = []
+        for key in at_k:
+            kind, k = AT_K.fullmatch(key).groups()
+            points = accuracy_course(rows, key)
+            courses.append(f"{kind}@{k} {points[0][1]:.3f} -> {points[-1][1]:.3f}")
+        lines += ["", f"**pass@K and maj@K** (`eval/pass_at_K`, `eval/maj_at_K`): {', '.join(courses)}."]
     return lines
+
+
+def at_k_order(key: str) -> tuple[int, bool]:
+    """pass@K before maj@K, by K (`AT_K`)."""
+    kind, k = AT_K.fullmatch(key).groups()
+    return int(k), kind == "maj"
 
 
 def _settings(config: DictConfig) -> list[tuple[str, object]]:
