@@ -289,6 +289,14 @@ def test_final_pass_and_maj_at_k_are_in_the_table(tmp_path, capsys):
     assert "| run | final pass@4 | final maj@4 |\n|---|---|---|\n" in table and "aime" not in table
     assert f"| ppo | {cell([0.6, 0.8])} | {cell([0.3, 0.5])} |" in table
     assert f"| gppo | {cell([0.9, 0.7])} | {cell([0.4, 0.4])} |" in table
+    # comparison.png: their curves after the accuracy's, each band clipped to [0, 1]
+    from klear.compare.report import comparison_panels, read_run
+
+    runs = [Run(o, o, seed, [], tmp_path / "runs" / f"{o}-seed{seed}") for o in ("ppo", "gppo") for seed in (0, 1)]
+    panels = comparison_panels(["ppo", "gppo"], runs, {id(run): read_run(run) for run in runs})
+    assert [title for title, _, _ in panels[:3]] == ["eval accuracy", "eval pass@4", "eval maj@4"]
+    (_, steps, means, band) = panels[1][2][1]  # gppo's pass@4
+    assert steps == [0.0, 1.0] and means == pytest.approx([0.2, 0.8]) and band[1][1] == 1.0  # 0.8 ± 1.27, clipped
     # and each against the baseline, paired by seed: differences 0.3 and -0.1 (pass@4), 0.1 and -0.1 (maj@4)
     verdicts = table.split("## Against the baseline, ppo")[1]
     for name, differences in (("final pass@4", [0.3, -0.1]), ("final maj@4", [0.1, -0.1])):

@@ -164,8 +164,7 @@ def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> d
             )
         },
     }
-    logged = {key for run in runs for row in metrics[id(run)] for key in row if AT_K.fullmatch(key)}
-    summary["at_k"] = sorted(logged, key=at_k_order)
+    summary["at_k"] = _at_k_keys(runs, metrics)
     for key in summary["at_k"]:
         summary[key] = [last_of(key, metrics[id(run)]) for run in runs]
     for key, _ in DIAGNOSTICS:
@@ -175,10 +174,17 @@ def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> d
     return summary
 
 
+def _at_k_keys(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> list[str]:
+    """The pass@K and maj@K any of ``runs`` logged (`AT_K`), pass@K before maj@K."""
+    return sorted(
+        {key for run in runs for row in metrics[id(run)] for key in row if AT_K.fullmatch(key)}, key=at_k_order
+    )
+
+
 def _at_k_name(key: str) -> str:
-    """``final pass@4`` for ``eval/pass_at_4``."""
+    """``pass@4`` for ``eval/pass_at_4``."""
     kind, k = AT_K.fullmatch(key).groups()
-    return f"final {kind}@{k}"
+    return f"{kind}@{k}"
 
 
 def _fmt(values: list[float], digits: int = 3, style: str = "f") -> str:
@@ -284,7 +290,7 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
             "",
         ]
         lines += _label_table(
-            summary, [_at_k_name(key) for key in at_k], lambda s: [_fmt(s.get(key, [])) for key in at_k]
+            summary, [f"final {_at_k_name(key)}" for key in at_k], lambda s: [_fmt(s.get(key, [])) for key in at_k]
         )
     lines += [
         "",
@@ -310,7 +316,7 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
     if not summary.get(baseline):
         lines += ["", f"- (no finished run of the baseline {baseline})"]
     else:
-        for outcome, name in [*OUTCOMES, *((key, _at_k_name(key)) for key in at_k)]:
+        for outcome, name in [*OUTCOMES, *((key, f"final {_at_k_name(key)}") for key in at_k)]:
             found = verdicts(summary, baseline, outcome)
             lines += ["", f"{name}:", ""] + (found or ["- (needs at least 2 seeds shared with the baseline)"])
     if failed:
@@ -344,10 +350,12 @@ def _plot(path: Path, labels: list[str], runs: list[Run], metrics: dict[int, lis
 def comparison_panels(
     labels: list[str], runs: list[Run], metrics: dict[int, list[dict[str, float]]]
 ) -> list[tuple[str, str, list[Series]]]:
-    """The panels of ``comparison.png`` (`PANELS`): per label, the mean over seeds at the steps every seed logged,
-    and its 95% band as ``(low, high)``, clipped to the metric's `RANGES`."""
+    """The panels of ``comparison.png`` (`PANELS`, with the evaluation's pass@K and maj@K after its accuracy where
+    they were logged): per label, the mean over seeds at the steps every seed logged, and its 95% band as
+    ``(low, high)``, clipped to the metric's `RANGES` (pass@K and maj@K: [0, 1])."""
+    at_k = [(key, f"eval {_at_k_name(key)}", "fraction of problems") for key in _at_k_keys(runs, metrics)]
     panels = []
-    for key, title, unit in PANELS:
+    for key, title, unit in [PANELS[0], *at_k, *PANELS[1:]]:
         lines = []
         if not key.startswith("eval/"):
             title = f"{title} ({SMOOTHING}-step mean)"
@@ -360,7 +368,7 @@ def comparison_panels(
             steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
             if steps:
                 stats = [mean_ci([s[step] for s in series]) for step in steps]
-                low, high = RANGES.get(key, (-math.inf, math.inf))
+                low, high = RANGES.get(key, (0.0, 1.0) if AT_K.fullmatch(key) else (-math.inf, math.inf))
                 band = [(max(m - h, low), min(m + h, high)) for m, h in stats]
                 lines.append((label, steps, [m for m, _ in stats], band))
         panels.append((title, unit, lines))

@@ -430,7 +430,8 @@ def draw_panels(path: Path, panels: list[tuple[str, str, list[Series]]], title: 
     # A legend of more lines than an axis holds without covering them goes below its panel, two labels a line.
     below = [0 if shared or len(panel[2]) <= LEGEND_INSIDE else math.ceil(len(panel[2]) / 2) for panel in panels]
     room = sum(max(below[row * columns : (row + 1) * columns]) * 0.2 for row in range(rows))
-    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows + 0.6 + room), squeeze=False)
+    height = 3.6 * rows + 0.6 + room
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, height), squeeze=False)
     colours = label_colours(list(dict.fromkeys(s[0] for p in panels for s in p[2])))
     for axis, (name, unit, series) in zip(axes.reshape(-1), panels, strict=False):
         for index, (label, steps, values, half) in enumerate(series):
@@ -455,6 +456,7 @@ def draw_panels(path: Path, panels: list[tuple[str, str, list[Series]]], title: 
         handles, labels = axes.reshape(-1)[first].get_legend_handles_labels()
         figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=9)
     figure.suptitle(title)
-    figure.tight_layout(rect=(0, 0.06 if shared else 0, 1, 1))
+    # The title's line and the shared legend's keep their own strip (half an inch each), whatever the height.
+    figure.tight_layout(rect=(0, 0.5 / height if shared else 0, 1, 1 - 0.4 / height))
     figure.savefig(path, dpi=100)
     plt.close(figure)
