@@ -3,6 +3,7 @@ the shipped tiny-sft model (math and code data), and one-line errors for bad inp
 
 import json
 import math
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -119,6 +120,10 @@ def test_records_and_summary_aggregate_by_hand():
     assert summary["mean_response_length"] == pytest.approx((10 + 20 + 30 + 40 + 4 * 10) / 8)
     assert summary["truncated_frac"] == pytest.approx(1 / 8)
     assert (summary["reward_timeouts"], summary["reward_errors"]) == (0 + 1, 0)
+    # standard errors over the 2 problems: sample standard deviation / sqrt(2); no votes, no maj@k
+    assert summary["stderr"]["avg@k"] == pytest.approx(math.sqrt(((0.25 - 0.625) ** 2 + (1 - 0.625) ** 2) / 1 / 2))
+    assert summary["stderr"]["pass@k"] == pytest.approx(0.25) and summary["stderr"]["maj@k"] is None
+    assert summarize([first], k=2)["stderr"] == {"avg@k": None, "pass@k": None, "maj@k": None}  # one problem
 
 
 # ----------------------------------------------------------------------------------------- end to end
@@ -176,6 +181,11 @@ def test_math_end_to_end_on_tiny_sft(tmp_path, capsys):
         assert record["maj"] == sum(vote in right for vote in tied) / len(tied)
     assert summary["maj@k"] == pytest.approx(sum(record["maj"] for record in records) / 6)
     assert summary["maj_problems"] == 6
+    for key, field in (("avg@k", "avg"), ("pass@k", "pass@k"), ("maj@k", "maj")):
+        values = [record[field] for record in records]
+        assert summary["stderr"][key] == pytest.approx(statistics.stdev(values) / math.sqrt(6))
+    shown = f"| standard error over problems | avg@4 {summary['stderr']['avg@k']:.4f}, pass@2 "
+    assert shown in (output / "summary.md").read_text()
     assert f"| maj@4 | {summary['maj@k']:.4f} |" in (output / "summary.md").read_text()
 
     # Same seed, same samples; an existing result is not replaced without --overwrite.

@@ -110,12 +110,16 @@ def test_records_and_the_summary_carry_the_majority_where_samples_vote():
     assert summary["by_source"]["math_a"]["maj@k"] == 0.75 and summary["by_source"]["math_b"]["maj@k"] == 0.0
     assert summary["by_source"]["code_c"] == {**summary["by_source"]["code_c"], "maj@k": None, "maj_problems": 0}
     assert summary["pass@k"] > summary["maj@k"]  # the third problem is solved once, outvoted
+    assert summary["stderr"]["maj@k"] == pytest.approx(0.5 / 3**0.5)  # stdev of 1, 0.5, 0 over sqrt(3)
 
     shown = {**summary, "n": 4, "k": 2, "rows_skipped": 0, "model": "m", "data": "d.jsonl", "reward": "math"}
     shown.update(completions="gen.jsonl", scoring_s=0.1, wall_s=0.2)
     table = markdown_table(shown)
     assert "| maj@4 | 0.5000 (the 3 of 4 problems whose reward's samples vote) |" in table
     assert "| `math_a` | avg@4 0.5000, pass@2 0.8333, maj@4 0.7500 (2 problems) |" in table
+    errors = summary["stderr"]
+    row = f"| standard error over problems | avg@4 {errors['avg@k']:.4f}, pass@2 {errors['pass@k']:.4f}, maj@4 0.2887 |"
+    assert row in table
     assert "| `code_c` | avg@4 0.2500, pass@2 0.5000 (1 problems) |" in table
     only_code = summarize([code], k=2)
     assert (only_code["maj@k"], only_code["maj_problems"]) == (None, 0)
