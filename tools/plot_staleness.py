@@ -19,7 +19,7 @@ import csv
 from collections import defaultdict
 from pathlib import Path
 
-from klear.compare.stats import holm, mean_ci, paired_difference
+from klear.eval.stats import holm, mean_ci, paired_difference
 
 METRICS = [
     ("reward/mean", "training reward"),

@@ -10,8 +10,8 @@ from torch import Tensor
 from klear.compare.cli import main, parse_args, parse_seeds, plan
 from klear.compare.report import answers_section, area_under_curve
 from klear.compare.runs import Run
-from klear.compare.stats import holm, mean_ci, paired_t_test, seeds_needed, t_quantile
 from klear.config.load import ConfigError
+from klear.eval.stats import holm, mean_ci, paired_t_test, seeds_needed, t_quantile
 from klear.objectives import PolicyObjective
 from klear.run.samples_log import last_evaluated
 from tests.test_user_errors import klear as run_command

@@ -1,2 +1,2 @@
 """Objectives head-to-head: the ``python -m klear.compare`` command (`klear.compare.cli`), its runs
-(`klear.compare.runs`), reports (`klear.compare.report`) and statistics (`klear.compare.stats`)."""
+(`klear.compare.runs`) and reports (`klear.compare.report`, with the statistics of `klear.eval.stats`)."""

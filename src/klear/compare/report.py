@@ -11,7 +11,7 @@ Each label other than the baseline is compared with it on each of the three (and
 when logged), pairing runs by seed (runs with the same seed share their step-0 rollouts, which is what makes pairing
 right): the mean paired difference, its interval, and the paired t-test's p-value Holm-corrected over the labels
 compared, with a one-line verdict, and for a difference not yet significant the number of seeds it would need
-(`klear.compare.stats.seeds_needed`).
+(`klear.eval.stats.seeds_needed`).
 A second table holds the diagnostics (`DIAGNOSTICS`) that explain the differences: what the objectives do with
 the tokens that left the clip band.
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from klear.compare.runs import Run
-from klear.compare.stats import holm, mean_ci, paired_difference, seeds_needed
+from klear.eval.stats import holm, mean_ci, paired_difference, seeds_needed
 from klear.run.report import AT_K, Series, at_k_order, draw_panels, eval_set_names, read_data_report, read_metrics
 from klear.run.samples_log import answer_lines, last_evaluated, problem_lines
 

@@ -1,8 +1,9 @@
-"""Small-sample statistics for comparing runs over seeds: Student-t intervals and paired tests.
+"""Small-sample statistics for comparing runs over seeds (``klear.compare``) and two evaluations problem by problem
+(``klear.eval --against``): Student-t intervals and paired tests.
 
-Comparisons have a handful of seeds, so normal approximations would overstate certainty; the t distribution is
-computed here from the regularised incomplete beta function (a continued fraction, as in Numerical Recipes)
-rather than pulling in SciPy for two functions.
+Comparisons have a handful of seeds (or a benchmark's few dozen problems), so normal approximations would overstate
+certainty; the t distribution is computed here from the regularised incomplete beta function (a continued fraction,
+as in Numerical Recipes) rather than pulling in SciPy for two functions.
 """
 
 from __future__ import annotations
