@@ -111,7 +111,7 @@ def test_sft_command(tmp_path):
 
 
 def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
-    """docs/evaluation.md: the held-out file, then klear.eval on tiny-sft."""
+    """docs/evaluation.md: the held-out file, then klear.eval on tiny-sft; then another model against it."""
     klear("klear.data", "synthetic", "--split", "eval", "--num", "20", "--out", "eval.jsonl", cwd=tmp_path)
     root = Path(__file__).parents[1]
     result = klear(
@@ -123,6 +123,24 @@ def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
     assert 0.0 < summary["avg@k"] <= summary["pass@k"] <= 1.0
     assert "| avg@4 (= pass@1) |" in result.stdout
     assert root.is_dir()
+    # docs/evaluation.md, --against: another model on the same file, against the first, problem by problem.
+    args = ["--data", "eval.jsonl", "--k", "4", "--max-new-tokens", "96"]
+    klear("klear.eval", "--model", "tiny-sft", *args, "--output", "outputs/eval/sft", cwd=tmp_path)
+    against_sft = ["--output", "outputs/eval/testbed", "--against", "outputs/eval/sft"]
+    result = klear("klear.eval", "--model", "tiny-sft-testbed", *args, *against_sft, cwd=tmp_path)
+    mine, theirs = (
+        [json.loads(line) for line in (tmp_path / "outputs" / "eval" / name / "results.jsonl").read_text().splitlines()]
+        for name in ("testbed", "sft")
+    )
+    against = json.loads((tmp_path / "outputs" / "eval" / "testbed" / "summary.json").read_text())["against"]
+    assert (against["folder"], against["model"], against["paired"]) == ("outputs/eval/sft", "tiny-sft", 20)
+    for metric in ("avg", "pass@k", "maj"):
+        differences = [a[metric] - b[metric] for a, b in zip(mine, theirs, strict=True)]
+        compared = against["metrics"][metric]
+        assert compared["difference"] == pytest.approx(sum(differences) / 20)
+        assert compared["up"] + compared["down"] + compared["same"] == 20 == compared["problems"]
+        assert compared["up"] == sum(difference > 0 for difference in differences)
+    assert "| avg@4 against `outputs/eval/sft` |" in result.stdout
 
 
 def test_eval_on_synthetic_code_runs_the_sandbox(tmp_path):

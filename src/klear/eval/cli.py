@@ -73,6 +73,7 @@ from klear.eval.options import (
     check_greedy,
     check_requirements,
 )
+from klear.eval.paired import check_common, compare_against, problem_key, read_against
 from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
@@ -123,6 +124,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace earlier results in the output directory")
     parser.add_argument(
+        "--against",
+        metavar="DIR",
+        help="the output folder of an earlier klear.eval of the same --data (another model or checkpoint): each "
+        "metric's difference to it, problem by problem, with its 95%% interval",
+    )
+    parser.add_argument(
         "--base",
         help="the base model of the adapter folder given as --model (default: the one its adapter_config.json names)",
     )
@@ -163,6 +170,9 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
     try:
         check_args(args, options)
         planned = data_sets(args)
+        if args.against is not None and len(planned) > 1:
+            raise EvalError("--against compares the results of one --data; give one data file")
+        against = read_against(args.against, *planned[0][1:]) if args.against is not None else None
         first = 0 if args.completions is not None else args.limit or 0  # saved answers follow every row
         heads: dict[str, FirstRows] = {}
         for _, data, output in planned:  # every file and folder before a model's tokenizer is loaded
@@ -190,6 +200,8 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
                 head=heads.get(data),
             )
             sets.append(EvalSet(name, data, output, problems, task, reward, problems.problems[: args.limit]))
+        if against is not None:
+            check_common(against, [problem_key(problem.line, problem.prompt) for problem in sets[0].chosen])
         n = args.k if args.n is None else args.n
         if args.completions is not None:
             saved = read_completions(args.completions, sets[0].problems, args.k).limit(args.limit)
@@ -212,6 +224,8 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
         finally:
             scorer.close()
         summary = set_summary(one, args, options, n, records, timing, start)
+        if against is not None:
+            summary["against"] = compare_against(records, against, args.k)
         if args.completions is not None and (compared := agreement(saved, records)) is not None:
             summary["saved_verdicts"] = compared  # the file's own grader against klear's reward
         start = time.perf_counter()  # the next set's wall time starts here (the first's includes the loading)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from klear.data.problems import Problem
+from klear.eval.paired import against_rows
 from klear.rollout.engine import Rollout
 
 
@@ -219,6 +220,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
         *[(f"pass@{j}", f"{value:.4f}") for j, value in summary["pass@"].items() if j != "1"],
         *_majority_row(summary),
         *_stderr_row(summary),
+        *against_rows(summary),
         *[
             (
                 f"`{source}`",

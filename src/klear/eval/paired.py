@@ -1,0 +1,123 @@
+"""One ``klear.eval`` result against another on the same problems: ``--against DIR``, problem by problem.
+
+Two models scored on one benchmark differ by less than either number's standard error over the problems suggests
+(`klear.eval.metrics`): a hard problem is hard for both. Paired by problem, the difference's own spread is what
+counts. For each metric a problem has in both results (its ``avg``, its ``pass@k`` when both used the same ``k``,
+its ``maj`` when both runs' samples voted), `compare_against` gives this run's value minus ``DIR``'s: their mean with
+its 95% Student-t interval and the paired t-test's p-value (`klear.eval.stats.paired_difference`), and how many
+problems went up, down or stayed. Problems are matched by their data line and prompt, so the two results must be of
+the same ``--data`` (`read_against` refuses another file, or no problem in common, in one line).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from klear.eval.stats import paired_difference
+from klear.eval.tasks import EvalError
+
+METRICS = {"avg": "avg@{n}", "pass@k": "pass@{k}", "maj": "maj@{n}"}
+"""A result's per-problem metrics compared, and how the table names each."""
+
+
+@dataclass(frozen=True)
+class Against:
+    """The results ``--against`` names: its folder, its ``summary.json``, and its records by `problem_key`."""
+
+    folder: str
+    summary: dict[str, Any]
+    records: dict[tuple[int, str], dict[str, Any]]
+
+
+def problem_key(line: int, prompt: Any) -> tuple[int, str]:
+    """What matches a problem across two results of one data file: its data line and its prompt (as the model read
+    it: a prompt format changes it)."""
+    return line, json.dumps(prompt, sort_keys=True)
+
+
+def read_against(folder: str, data: str, output: Path) -> Against:
+    """The results in ``folder`` (a ``klear.eval`` output folder), checked to be of ``data`` and not ``output``,
+    which this run writes. `EvalError` in one line otherwise."""
+    path = Path(folder)
+    if path.resolve() == output.resolve():
+        raise EvalError(f"--against {folder} is this run's --output, whose results it would replace; pick another")
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+        lines = (path / "results.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as error:
+        raise EvalError(f"--against {folder}: not the output folder of a klear.eval run ({error})") from None
+    theirs = summary.get("data")
+    if not _same_source(str(theirs), data):
+        raise EvalError(f"--against {folder}: its results are of {theirs}, not of --data {data}; compare one data file")
+    return Against(folder, summary, {problem_key(record["line"], record["problem"]): record for record in records})
+
+
+def _same_source(theirs: str, mine: str) -> bool:
+    """Two ``--data`` sources name the same data: the same file (however the path is written), or the same name."""
+    if Path(theirs).exists() and Path(mine).exists():
+        return Path(theirs).resolve() == Path(mine).resolve()
+    return theirs == mine
+
+
+def check_common(against: Against, keys: list[tuple[int, str]]) -> None:
+    """`EvalError` when none of this run's problems (``keys``, `problem_key`) is among ``against``'s."""
+    if not any(key in against.records for key in keys):
+        raise EvalError(
+            f"--against {against.folder}: no problem in common with this run's (compared by line and prompt)"
+        )
+
+
+def compare_against(records: list[dict[str, Any]], against: Against, k: int) -> dict[str, Any]:
+    """``summary.json``'s ``against``: the folder, the problems paired, and per metric both runs have (`METRICS`;
+    ``pass@k`` when both used ``k``) the mean difference (this run minus theirs), its interval, the p-value (None
+    for a single problem) and the problems that went up, down or stayed."""
+    keys = [problem_key(record["line"], record["problem"]) for record in records]
+    pairs = [
+        (record, against.records[key]) for record, key in zip(records, keys, strict=True) if key in against.records
+    ]
+    compared = {}
+    for metric in METRICS:
+        if metric == "pass@k" and against.summary.get("k") != k:
+            continue
+        values = [(mine[metric], theirs[metric]) for mine, theirs in pairs if metric in mine and metric in theirs]
+        if not values:
+            continue
+        ours, theirs = [value for value, _ in values], [value for _, value in values]
+        if len(values) > 1:
+            mean, half, p = paired_difference(ours, theirs)
+        else:
+            mean, half, p = ours[0] - theirs[0], 0.0, None
+        compared[metric] = {
+            "problems": len(values),
+            "difference": mean,
+            "low": mean - half,
+            "high": mean + half,
+            "p": p,
+            "up": sum(a > b for a, b in values),
+            "down": sum(a < b for a, b in values),
+            "same": sum(a == b for a, b in values),
+        }
+    return {"folder": against.folder, "model": against.summary.get("model"), "paired": len(pairs), "metrics": compared}
+
+
+def against_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The table's rows of ``summary["against"]``: one per metric compared."""
+    against = summary.get("against")
+    if not against:
+        return []
+    rows = []
+    for metric, value in against["metrics"].items():
+        name = METRICS[metric].format(n=summary["n"], k=summary["k"])
+        p = "" if value["p"] is None else f", p = {value['p']:.3f}"
+        rows.append(
+            (
+                f"{name} against `{against['folder']}`",
+                f"{value['difference']:+.4f} [{value['low']:+.4f}, {value['high']:+.4f}]{p}; "
+                f"{value['up']} up, {value['down']} down, {value['same']} same of {value['problems']} problems",
+            )
+        )
+    return rows
