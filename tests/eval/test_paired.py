@@ -73,6 +73,11 @@ def test_results_that_cannot_be_compared_are_one_line(tmp_path):
         ((folder, str(data), tmp_path / "base"), "is this run's --output, whose results it would replace"),
         ((folder, str(tmp_path / "b.jsonl"), tmp_path / "new"), f"its results are of {data}, not of --data"),
     ]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "summary.json").write_text("[1, 2]")  # JSON, but not a summary
+    (broken / "results.jsonl").write_text('{"avg": 1.0}\n')  # a line without its problem
+    refused.append(((str(broken), str(data), tmp_path / "new"), "not the output folder of a klear.eval run"))
     for args, message in refused:
         with pytest.raises(EvalError, match=message.replace("(", r"\(")) as error:
             read_against(*args)

@@ -48,12 +48,14 @@ def read_against(folder: str, data: str, output: Path) -> Against:
         summary = json.loads((path / "summary.json").read_text())
         lines = (path / "results.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines if line.strip()]
-    except (OSError, ValueError) as error:
-        raise EvalError(f"--against {folder}: not the output folder of a klear.eval run ({error})") from None
-    theirs = summary.get("data")
+        keyed = {problem_key(record["line"], record["problem"]): record for record in records}
+        theirs = summary["data"]
+    except (OSError, ValueError, KeyError, TypeError) as error:  # no such files, or not klear.eval's
+        what = f"no {error} in its files" if isinstance(error, KeyError) else str(error)
+        raise EvalError(f"--against {folder}: not the output folder of a klear.eval run ({what})") from None
     if not _same_source(str(theirs), data):
         raise EvalError(f"--against {folder}: its results are of {theirs}, not of --data {data}; compare one data file")
-    return Against(folder, summary, {problem_key(record["line"], record["problem"]): record for record in records})
+    return Against(folder, summary, keyed)
 
 
 def _same_source(theirs: str, mine: str) -> bool:
@@ -67,7 +69,7 @@ def check_common(against: Against, keys: list[tuple[int, str]]) -> None:
     """`EvalError` when none of this run's problems (``keys``, `problem_key`) is among ``against``'s."""
     if not any(key in against.records for key in keys):
         raise EvalError(
-            f"--against {against.folder}: no problem in common with this run's (compared by line and prompt)"
+            f"--against {against.folder}: no problem in common with this run's (compared by data line and prompt)"
         )
 
 
