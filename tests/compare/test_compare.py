@@ -86,9 +86,8 @@ def test_table_matches_the_csv(comparison):
         for seed in ("0", "1"):
             evals = [row for row in rows if row["label"] == label and row["seed"] == seed and row["eval/accuracy"]]
             finals.append(float(max(evals, key=lambda row: float(row["step"]))["eval/accuracy"]))
-        mean, half = mean_ci(finals)
         line = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
-        assert line.split("|")[4].strip() == f"{mean:.3f} ± {half:.3f}", line
+        assert line.split("|")[4].strip() == cell(finals), line
     number = r"[+-]\d\.\d{3}"
     verdict = rf"- gppo - ppo: {number} \[{number}, {number}\], p_holm = \d\.\d{{3}}: "
     assert re.search(verdict + r"(\*\*gppo (higher|lower)\*\*|not distinguishable at 2 seeds)", table), table
@@ -240,27 +239,39 @@ def test_bands_of_fractions_stay_in_their_range(tmp_path, capsys):
     assert all(low < mean < high for (low, high), mean in zip(reward_band, reward_means, strict=True))
 
 
+def compare_finished(output, capsys, metrics: dict[tuple[str, int], list[str]], data_report: str = "") -> str:
+    """``comparison.md`` of ppo and gppo over seeds 0 and 1, each run finished with the ``metrics.csv`` lines given
+    (and ``data_report.json``): nothing trains, the reports are written from the files."""
+    for (objective, seed), lines in metrics.items():
+        directory = output / "runs" / f"{objective}-seed{seed}"
+        directory.mkdir(parents=True)
+        (directory / "metrics.csv").write_text("\n".join(lines) + "\n")
+        if data_report:
+            (directory / "data_report.json").write_text(data_report)
+        (directory / "done.json").write_text('{"seconds": 1.0}')
+    args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--seeds", "0,1", f"output_dir={output}"]
+    assert main(args) == 0  # every run is finished: nothing trains
+    capsys.readouterr()
+    return (output / "comparison.md").read_text()
+
+
+def cell(values: list[float]) -> str:
+    """A table's cell: the mean ± its interval's half-width."""
+    mean, half = mean_ci(values)
+    return f"{mean:.3f} ± {half:.3f}"
+
+
 def test_each_eval_set_has_its_final_accuracy_in_the_table(tmp_path, capsys):
     """Runs whose ``data.eval`` named two sets (``data_report.json``'s ``eval/<set>``): comparison.md gives each
     label's final ``eval/accuracy/<set>`` over its seeds; a data source's column is not a set's."""
     finals = {("ppo", 0): (0.2, 0.1), ("ppo", 1): (0.4, 0.3), ("gppo", 0): (0.5, 0.2), ("gppo", 1): (0.7, 0.2)}
-    for (objective, seed), (aime24, aime25) in finals.items():
-        directory = tmp_path / "runs" / f"{objective}-seed{seed}"
-        directory.mkdir(parents=True)
-        lines = ["step,eval/accuracy,eval/accuracy/aime24,eval/accuracy/aime25,eval/accuracy/src"]
-        lines += ["0,0.1,0.1,0.1,0.1", f"1,{(aime24 + aime25) / 2},{aime24},{aime25},0.9"]
-        (directory / "metrics.csv").write_text("\n".join(lines) + "\n")
-        (directory / "data_report.json").write_text('{"train": {}, "eval/aime24": {}, "eval/aime25": {}}')
-        (directory / "done.json").write_text('{"seconds": 1.0}')
-    args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--seeds", "0,1", f"output_dir={tmp_path}"]
-    assert main(args) == 0  # every run is finished: nothing trains
-    capsys.readouterr()
-    table = (tmp_path / "comparison.md").read_text()
-
-    def cell(values):
-        mean, half = mean_ci(values)
-        return f"{mean:.3f} ± {half:.3f}"
-
+    head = "step,eval/accuracy,eval/accuracy/aime24,eval/accuracy/aime25,eval/accuracy/src"
+    metrics = {
+        run: [head, "0,0.1,0.1,0.1,0.1", f"1,{(aime24 + aime25) / 2},{aime24},{aime25},0.9"]
+        for run, (aime24, aime25) in finals.items()
+    }
+    sets = '{"train": {}, "eval/aime24": {}, "eval/aime25": {}}'
+    table = compare_finished(tmp_path, capsys, metrics, sets)
     assert "| run | aime24 | aime25 |\n|---|---|---|\n" in table and "| src |" not in table
     assert f"| ppo | {cell([0.2, 0.4])} | {cell([0.1, 0.3])} |" in table
     assert f"| gppo | {cell([0.5, 0.7])} | {cell([0.2, 0.2])} |" in table
@@ -270,22 +281,12 @@ def test_final_pass_and_maj_at_k_are_in_the_table(tmp_path, capsys):
     """Runs whose evaluation sampled 4 answers per problem: comparison.md gives each label's final pass@4 and maj@4
     over its seeds, from the last evaluation that logged them; a set's pass@4 is not the evaluation's."""
     finals = {("ppo", 0): (0.6, 0.3), ("ppo", 1): (0.8, 0.5), ("gppo", 0): (0.9, 0.4), ("gppo", 1): (0.7, 0.4)}
-    for (objective, seed), (passed, majority) in finals.items():
-        directory = tmp_path / "runs" / f"{objective}-seed{seed}"
-        directory.mkdir(parents=True)
-        lines = ["step,eval/accuracy,eval/pass_at_4,eval/maj_at_4,eval/pass_at_4/aime,reward/mean"]
-        lines += ["0,0.1,0.2,0.1,0.2,0.5", f"1,0.3,{passed},{majority},0.9,0.6", "2,,,,,0.7"]
-        (directory / "metrics.csv").write_text("\n".join(lines) + "\n")
-        (directory / "done.json").write_text('{"seconds": 1.0}')
-    args = ["--config", "configs/rl.yaml", "--objectives", "ppo,gppo", "--seeds", "0,1", f"output_dir={tmp_path}"]
-    assert main(args) == 0  # every run is finished: nothing trains
-    capsys.readouterr()
-    table = (tmp_path / "comparison.md").read_text()
-
-    def cell(values):
-        mean, half = mean_ci(values)
-        return f"{mean:.3f} ± {half:.3f}"
-
+    head = "step,eval/accuracy,eval/pass_at_4,eval/maj_at_4,eval/pass_at_4/aime,reward/mean"
+    metrics = {
+        run: [head, "0,0.1,0.2,0.1,0.2,0.5", f"1,0.3,{passed},{majority},0.9,0.6", "2,,,,,0.7"]
+        for run, (passed, majority) in finals.items()
+    }
+    table = compare_finished(tmp_path, capsys, metrics)
     assert "| run | final pass@4 | final maj@4 |\n|---|---|---|\n" in table and "aime" not in table
     assert f"| ppo | {cell([0.6, 0.8])} | {cell([0.3, 0.5])} |" in table
     assert f"| gppo | {cell([0.9, 0.7])} | {cell([0.4, 0.4])} |" in table
