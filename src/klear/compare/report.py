@@ -26,7 +26,16 @@ from pathlib import Path
 
 from klear.compare.runs import Run
 from klear.eval.stats import holm, mean_ci, paired_difference, seeds_needed
-from klear.run.report import AT_K, Series, at_k_order, draw_panels, eval_set_names, read_data_report, read_metrics
+from klear.run.report import (
+    AT_K,
+    Series,
+    at_k_keys,
+    at_k_name,
+    draw_panels,
+    eval_set_names,
+    read_data_report,
+    read_metrics,
+)
 from klear.run.samples_log import answer_lines, last_evaluated, problem_lines
 
 PANELS = [
@@ -164,7 +173,7 @@ def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> d
             )
         },
     }
-    summary["at_k"] = _at_k_keys(runs, metrics)
+    summary["at_k"] = at_k_keys(row for run in runs for row in metrics[id(run)])
     for key in summary["at_k"]:
         summary[key] = [last_of(key, metrics[id(run)]) for run in runs]
     for key, _ in DIAGNOSTICS:
@@ -172,19 +181,6 @@ def _summarise(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> d
     for key, _ in FINAL_DIAGNOSTICS:
         summary[key] = [last_of(key, metrics[id(run)]) for run in runs]
     return summary
-
-
-def _at_k_keys(runs: list[Run], metrics: dict[int, list[dict[str, float]]]) -> list[str]:
-    """The pass@K and maj@K any of ``runs`` logged (`AT_K`), pass@K before maj@K."""
-    return sorted(
-        {key for run in runs for row in metrics[id(run)] for key in row if AT_K.fullmatch(key)}, key=at_k_order
-    )
-
-
-def _at_k_name(key: str) -> str:
-    """``pass@4`` for ``eval/pass_at_4``."""
-    kind, k = AT_K.fullmatch(key).groups()
-    return f"{kind}@{k}"
 
 
 def _fmt(values: list[float], digits: int = 3, style: str = "f") -> str:
@@ -290,7 +286,7 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
             "",
         ]
         lines += _label_table(
-            summary, [f"final {_at_k_name(key)}" for key in at_k], lambda s: [_fmt(s.get(key, [])) for key in at_k]
+            summary, [f"final {at_k_name(key)}" for key in at_k], lambda s: [_fmt(s.get(key, [])) for key in at_k]
         )
     lines += [
         "",
@@ -316,7 +312,7 @@ def _markdown(summary: dict, failed: list[Run], baseline: str) -> str:
     if not summary.get(baseline):
         lines += ["", f"- (no finished run of the baseline {baseline})"]
     else:
-        for outcome, name in [*OUTCOMES, *((key, f"final {_at_k_name(key)}") for key in at_k)]:
+        for outcome, name in [*OUTCOMES, *((key, f"final {at_k_name(key)}") for key in at_k)]:
             found = verdicts(summary, baseline, outcome)
             lines += ["", f"{name}:", ""] + (found or ["- (needs at least 2 seeds shared with the baseline)"])
     if failed:
@@ -353,7 +349,10 @@ def comparison_panels(
     """The panels of ``comparison.png`` (`PANELS`, with the evaluation's pass@K and maj@K after its accuracy where
     they were logged): per label, the mean over seeds at the steps every seed logged, and its 95% band as
     ``(low, high)``, clipped to the metric's `RANGES` (pass@K and maj@K: [0, 1])."""
-    at_k = [(key, f"eval {_at_k_name(key)}", "fraction of problems") for key in _at_k_keys(runs, metrics)]
+    at_k = [
+        (key, f"eval {at_k_name(key)}", "fraction of problems")
+        for key in at_k_keys(row for run in runs for row in metrics[id(run)])
+    ]
     panels = []
     for key, title, unit in [PANELS[0], *at_k, *PANELS[1:]]:
         lines = []

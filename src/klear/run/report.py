@@ -16,6 +16,7 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -269,21 +270,29 @@ def _accuracy(rows: list[dict[str, float]], data_report: dict[str, Any]) -> list
     ]
     if courses := eval_set_courses(rows, data_report):
         lines += ["", f"**Each eval set** (`eval/accuracy/<set>`): {courses}."]
-    at_k = sorted({key for row in rows for key in row if AT_K.fullmatch(key)}, key=at_k_order)
-    if at_k:  # the evaluation sampled K > 1 answers per problem
+    if at_k := at_k_keys(rows):  # the evaluation sampled K > 1 answers per problem
         courses = []
         for key in at_k:
-            kind, k = AT_K.fullmatch(key).groups()
             points = accuracy_course(rows, key)
-            courses.append(f"{kind}@{k} {points[0][1]:.3f} -> {points[-1][1]:.3f}")
+            courses.append(f"{at_k_name(key)} {points[0][1]:.3f} -> {points[-1][1]:.3f}")
         lines += ["", f"**pass@K and maj@K** (`eval/pass_at_K`, `eval/maj_at_K`): {', '.join(courses)}."]
     return lines
 
 
-def at_k_order(key: str) -> tuple[int, bool]:
-    """pass@K before maj@K, by K (`AT_K`)."""
+def at_k_keys(rows: Iterable[dict[str, float]]) -> list[str]:
+    """The evaluation's pass@K and maj@K logged in ``rows`` (`AT_K`), pass@K before maj@K, by K."""
+
+    def order(key: str) -> tuple[int, bool]:
+        kind, k = AT_K.fullmatch(key).groups()
+        return int(k), kind == "maj"
+
+    return sorted({key for row in rows for key in row if AT_K.fullmatch(key)}, key=order)
+
+
+def at_k_name(key: str) -> str:
+    """``pass@4`` for ``eval/pass_at_4``."""
     kind, k = AT_K.fullmatch(key).groups()
-    return int(k), kind == "maj"
+    return f"{kind}@{k}"
 
 
 def _settings(config: DictConfig) -> list[tuple[str, object]]:
