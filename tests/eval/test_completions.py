@@ -75,9 +75,10 @@ def test_saved_completions_are_scored_by_each_rows_verifier(tmp_path, capsys):
     assert summary["rows"] == 5 and summary["rows_skipped"] == 1 and "mystery" in summary["bad_rows"][0]["reason"]
     assert summary["avg@k"] == pytest.approx(4 / 8) and summary["n"] == 2 and summary["model"] is None
     assert summary["layout"]["name"] == "verl" and summary["layout"]["source"] == "data_source"
-    code = {"problems": 2, "samples": 4, "avg@k": 0.75, "pass@k": 1.0, "maj@k": None, "maj_problems": 0}
+    code = {"problems": 2, "samples": 4, "avg@k": 0.75, "pass@k": 1.0, "maj@k": None, "maj_problems": 0, "maj@": {}}
     # maj@2 of the math rows: a right and a wrong answer tied (0.5), then a wrong answer tied with "no answer" (0).
     math = {"problems": 2, "samples": 4, "avg@k": 0.25, "pass@k": 0.5, "maj@k": 0.25, "maj_problems": 2}
+    math["maj@"] = {"2": 0.25}
     assert summary["by_source"] == {
         "coder1_longcot": {**code, "reward_code_timeouts": 0},
         "math_longcot_math_verify": math,

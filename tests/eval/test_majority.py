@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
+from pytest import approx
 
 from klear.data.problems import Problem
-from klear.eval.metrics import SavedCompletion, majority, markdown_table, problem_record, summarize
+from klear.eval.majority import majority, majority_at
+from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
 from klear.rewards import get_reward
 from klear.rewards.math_reward import vote_key
 from klear.rewards.routing import Routed, routed_reward
@@ -31,6 +36,66 @@ def test_the_majority_of_a_problem_by_hand(votes, correct, expected):
 def test_the_order_of_the_samples_does_not_change_the_majority():
     votes, correct = ["3", "9", "3", "9", None, "1"], [False, True, False, True, False, False]
     assert majority(votes, correct) == majority(votes[::-1], correct[::-1]) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("votes", "correct"),
+    [
+        (["4", "4", "5", "4", "6", "5"], [True, True, False, True, False, False]),
+        (["4", "5", "5", "6", "6", None, None], [True, False, False, False, False, False, False]),
+        ([None, None, "5", None, "5"], [False, False, True, False, True]),
+        (["4", "7", "4", "7", "4", "7", "8", "9"], [True, True, True, True, True, True, False, False]),  # two right
+        (["1", "2", "3", "4", "5"], [True, False, False, False, False]),  # every draw of several is a tie
+        (["4", "4", "4"], [True, False, True]),  # a right answer whose other sample's check timed out
+        ([None, None, None, None], [False] * 4),
+    ],
+)
+def test_maj_at_k_is_the_mean_majority_over_every_draw_of_k_samples(votes, correct):
+    """The exact estimator against its definition: `majority` of every one of the C(n, k) draws, averaged. An answer
+    is right when any of the n samples giving it was judged right, whichever of them a draw holds."""
+    n = len(votes)
+    right = {vote for vote, flag in zip(votes, correct, strict=True) if flag and vote is not None}
+    answer_right = [vote in right for vote in votes]
+    for k in range(1, n + 1):
+        draws = list(itertools.combinations(range(n), k))
+        mean = sum(majority([votes[i] for i in draw], [answer_right[i] for i in draw]) for draw in draws) / len(draws)
+        assert majority_at(votes, correct, k) == pytest.approx(mean, abs=1e-12), k
+    assert majority_at(votes, correct, n) == majority(votes, correct)
+    assert majority_at(votes, correct, 1) == pytest.approx(sum(answer_right) / n)
+
+
+def test_maj_at_k_stays_exact_with_thousands_of_samples():
+    """Binomials such as C(4000, 2000) are far beyond floating point; the estimator's scaled weights are not."""
+    half = ["1"] * 2000 + ["2"] * 2000
+    correct = [vote == "1" for vote in half]
+    for k in (2, 7, 64, 1000):
+        assert majority_at(half, correct, k) == pytest.approx(0.5, abs=1e-9)  # two answers as frequent, one right
+    assert majority_at(["1"] * 3000, [True] * 3000, 1500) == pytest.approx(1.0, abs=1e-9)
+    # three samples in four right: a draw of 101 (odd: no tie) is a majority of right ones as the binomial says
+    many = ["1"] * 3000 + ["2"] * 1000
+    expected = sum(math.comb(3000, x) * math.comb(1000, 101 - x) for x in range(51, 102)) / math.comb(4000, 101)
+    assert majority_at(many, [vote == "1" for vote in many], 101) == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        majority_at(["1", "2"], [True, False], 3)
+
+
+def test_records_and_the_summary_give_maj_at_each_reported_k_below_n():
+    """``--k 8 --n 16``: each record's maj@4 and maj@8 by the estimator, the summary's means with maj@16, and a table
+    row each (maj@2 is avg@1, so it has none)."""
+    votes = [["7"] * 6 + ["3"] * 5 + [None] * 5, ["1", "2"] * 8]
+    flags = [[vote == "7" for vote in votes[0]], [vote == "1" for vote in votes[1]]]
+    records = [record(v, c, k=8) for v, c in zip(votes, flags, strict=True)]
+    for one, v, c in zip(records, votes, flags, strict=True):
+        assert one["maj@"] == {"4": majority_at(v, c, 4), "8": majority_at(v, c, 8)} and one["maj"] == majority(v, c)
+    assert records[1]["maj@"] == approx({"4": 0.5, "8": 0.5}) and records[1]["maj"] == 0.5  # two answers as frequent
+    summary = summarize(records, k=8)
+    means = {j: (records[0]["maj@"][j] + records[1]["maj@"][j]) / 2 for j in ("4", "8")}
+    assert summary["maj@"] == {**means, "16": summary["maj@k"]} and list(summary["maj@"]) == ["4", "8", "16"]
+    assert summary["maj@k"] == (1.0 + 0.5) / 2
+    shown = {**summary, "n": 16, "k": 8, "rows_skipped": 0, "model": "m", "data": "d.jsonl", "reward": "math"}
+    table = markdown_table({**shown, "completions": "gen.jsonl", "scoring_s": 0.1, "wall_s": 0.2})
+    rows = [f"| maj@{j} | {value:.4f} |" for j, value in summary["maj@"].items()]
+    assert "\n".join(rows) in table and "| maj@2 |" not in table
 
 
 def test_math_votes_are_the_final_answers_as_the_reward_checks_them():
@@ -105,8 +170,11 @@ def test_records_and_the_summary_carry_the_majority_where_samples_vote():
     assert [sample["vote"] for sample in right["samples"]] == ["1", "1", "2", None]
     assert all("vote" not in sample for sample in code["samples"])
 
+    assert right["maj@"] == {} and "maj@" not in code  # maj@2 is avg@1: no estimate below maj@4 for k = 2
+
     summary = summarize([right, tied, wrong, code], k=2)
     assert summary["maj@k"] == pytest.approx(1.5 / 3) and summary["maj_problems"] == 3
+    assert summary["maj@"] == {"4": summary["maj@k"]}
     assert summary["by_source"]["math_a"]["maj@k"] == 0.75 and summary["by_source"]["math_b"]["maj@k"] == 0.0
     assert summary["by_source"]["code_c"] == {**summary["by_source"]["code_c"], "maj@k": None, "maj_problems": 0}
     assert summary["pass@k"] > summary["maj@k"]  # the third problem is solved once, outvoted

@@ -7,6 +7,7 @@ whole published benchmark files (MATH-500, GSM8K test, AIME 2024 and 2025: 1879 
 scores right and every integer answer plus one wrong."""
 
 import gzip
+import itertools
 import json
 from collections import Counter
 
@@ -38,16 +39,31 @@ def test_klears_math_verdicts_agree_with_qwens_grader_on_its_published_completio
     # verdicts: the same samples agree, and the same majority on every problem. Four are ties of two answers, each
     # counted as the share of the tied answers that are right; a tie broken by the first answer listed gives 0.93.
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    ties = 0
+    ties, drawn = 0, {2: [], 4: []}
     for row, record in zip(rows, records, strict=True):
-        votes = Counter(row["pred"])
-        tied = [answer for answer, count in votes.items() if count == max(votes.values())]
         right = {answer for answer, verdict in zip(row["pred"], row["score"], strict=True) if verdict}
+        tied = most_given(row["pred"])
         assert record["maj"] == sum(answer in right for answer in tied) / len(tied), record["line"]
         assert groups([sample["vote"] for sample in record["samples"]]) == groups(row["pred"]), record["line"]
         ties += len(tied) > 1
+        # maj@2 and maj@4 from the 8: the majority of every draw of 2 (28 draws) or 4 (70) of the harness's answers,
+        # averaged, an answer right when klear judged a sample giving it right (so at line 73 as well)
+        klears = {answer for answer, sample in zip(row["pred"], record["samples"], strict=True) if sample["correct"]}
+        for j, values in drawn.items():
+            for draw in itertools.combinations(row["pred"], j):
+                values.append(sum(answer in klears for answer in most_given(draw)) / len(most_given(draw)))
     assert (summary["maj@k"], summary["maj_problems"], ties) == (0.925, 100, 4)
     assert summary["avg@k"] < summary["maj@k"] < summary["pass@k"]
+    expected = {str(j): sum(values) / len(values) for j, values in drawn.items()}
+    assert summary["maj@"] == pytest.approx({"4": expected["4"], "8": 0.925}, abs=1e-12)
+    assert summary["avg@k"] < summary["maj@"]["4"] < summary["maj@k"]
+    assert expected["2"] == pytest.approx(summary["avg@k"])  # two samples that differ tie: maj@2 is avg@1
+
+
+def most_given(answers) -> list:
+    """The answers given most often among ``answers``: one, or those tied."""
+    votes = Counter(answers)
+    return [answer for answer, count in votes.items() if count == max(votes.values())]
 
 
 def groups(answers: list) -> set[tuple[int, ...]]:

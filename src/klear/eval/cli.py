@@ -8,7 +8,7 @@ test), whatever the reward's score values (see :mod:`klear.eval.metrics` for the
 directory gets ``results.jsonl`` (one line per problem: its row index in the data, text, reference, every
 sample's text, score, correctness, reward status, length and finish reason, with the reward's reason where it gives
 one, such as the code reward's ``wrong_answer`` or ``timeout``, and the problem's correct count, avg and pass@k;
-on math, each sample's ``vote`` and the problem's ``maj``),
+on math, each sample's ``vote``, the problem's ``maj`` and its ``maj@``, maj@j by j),
 ``summary.json`` and ``summary.md``; the summary table is also printed. Several ``--data`` (``--data aime24.jsonl
 aime25.jsonl``, or ``NAME=FILE`` each) are each read and checked, the model is loaded once, and each set is sampled
 in a call of its own (its samples are those it gets alone), its files written into a folder of its name in

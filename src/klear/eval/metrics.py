@@ -20,7 +20,9 @@ correct:
   answer extracted from every sample, empty or not. An answer is correct when a sample giving it was judged
   correct. A tie between answers scores the share of the tied answers that are correct: the expectation of
   breaking it at random, so the number does not depend on the samples' order. Rewards whose samples do not vote
-  (``code``: two programs are not one answer) have no maj@k.
+  (``code``: two programs are not one answer) have no maj@k. With more samples than the ``j`` of a reported maj@j
+  (``j < n``), it is maj@n's expectation over every draw of ``j`` of the ``n`` samples, computed exactly
+  (`klear.eval.majority.majority_at`), as pass@j's estimator is.
 
 Each comes with its standard error over the problems (``stderr``): the per-problem values' sample standard deviation
 over the square root of their count. On AIME's 30 problems it reaches 0.09 (0.5 / sqrt(30), for values split
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from klear.data.problems import Problem
+from klear.eval.majority import majority, majority_at
 from klear.eval.paired import against_rows
 from klear.rollout.engine import Rollout
 
@@ -53,24 +56,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def majority(votes: Sequence[str | None], correct: Sequence[bool]) -> float:
-    """maj@n of a problem whose ``n`` samples gave ``votes`` and were judged ``correct``: 1 or 0 when one answer has
-    the most votes, the share of the correct ones among those tied otherwise. None is the vote of a sample with no
-    answer: "no answer", never correct."""
-    tally: dict[str | None, list[int]] = {}  # answer -> [votes, correct samples]
-    for vote, flag in zip(votes, correct, strict=True):
-        counts = tally.setdefault(vote, [0, 0])
-        counts[0] += 1
-        counts[1] += bool(flag) and vote is not None
-    most = max(count for count, _ in tally.values())
-    tied = [right > 0 for count, right in tally.values() if count == most]
-    return sum(tied) / len(tied)
-
-
 def reported_ks(k: int) -> list[int]:
     """The pass@j the summary reports: powers of two below ``k``, and ``k`` itself (``[1, 2, 4, 6]`` for 6)."""
     ks = [2**power for power in range(k.bit_length()) if 2**power < k]
     return [*ks, k]
+
+
+def majority_ks(k: int, n: int) -> list[int]:
+    """The maj@j a problem's record gives beside its maj@n: `reported_ks` of ``k`` above 2 and below ``n`` (``[4]``
+    for ``k = 4``, ``n = 16``). maj@1 and maj@2 are avg@1: two samples that differ are a tie, broken at random."""
+    return [j for j in reported_ks(k) if 2 < j < n]
 
 
 @dataclass(frozen=True)
@@ -96,8 +91,8 @@ def problem_record(
     one, its ``source``), every sample (with its score, status and whether it is ``correct``, as the reward decided;
     ``length`` and ``finish_reason`` are None for saved completions; ``reason``, where the reward gives one: the
     code reward's ``passed``, ``wrong_answer``, ``timeout``, ``error``, ...; ``vote``, its answer in the majority
-    vote, where the reward's samples vote), and the problem's correct count, avg and pass@k (and ``maj``,
-    `majority`, with ``votes``)."""
+    vote, where the reward's samples vote), and the problem's correct count, avg and pass@k (and, with ``votes``,
+    ``maj``, `majority`, and ``maj@``, `majority_at` for each of `majority_ks`)."""
     reasons = list(reasons) or [""] * len(rollouts)
     voted = votes is not None
     votes = list(votes) if voted else [None] * len(rollouts)
@@ -125,6 +120,7 @@ def problem_record(
     record = {**record, "n": n, "correct": c, "avg": c / n, "pass@k": pass_at_k(n, c, k)}
     if voted:
         record["maj"] = majority(votes, correct)
+        record["maj@"] = {str(j): majority_at(votes, correct, j) for j in majority_ks(k, n)}
     return {**record, "samples": samples}
 
 
@@ -179,11 +175,16 @@ def _source_summary(records: Sequence[dict[str, Any]], source: str, k: int) -> d
 
 
 def _majority(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """``maj@k``, the mean `majority` of the problems whose samples vote, and ``maj_problems``, how many they are
-    (all of them, but in a set that routes some rows to a reward whose samples do not vote); None and 0 when none
-    does."""
-    voted = [record["maj"] for record in records if "maj" in record]
-    return {"maj@k": _mean(voted) if voted else None, "maj_problems": len(voted)}
+    """``maj@k``, the mean `majority` (maj@n) of the problems whose samples vote, and ``maj_problems``, how many they
+    are (all of them, but in a set that routes some rows to a reward whose samples do not vote); None and 0 when
+    none does. ``maj@``: maj@j for each ``j`` of their records' ``maj@`` (`majority_ks`), then maj@n, when n > 1."""
+    voted = [record for record in records if "maj" in record]
+    if not voted:
+        return {"maj@k": None, "maj_problems": 0, "maj@": {}}
+    value = _mean([record["maj"] for record in voted])
+    curve = {j: _mean([record["maj@"][j] for record in voted]) for j in voted[0].get("maj@", {})}
+    n = voted[0]["n"]
+    return {"maj@k": value, "maj_problems": len(voted), "maj@": {**curve, str(n): value} if n > 1 else {}}
 
 
 def _stderr(values: Sequence[float]) -> float | None:
@@ -253,13 +254,14 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
 
 def _majority_row(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """The table's maj@n row, where samples voted and there are several (maj@1 is avg@1): over the problems whose
-    reward's samples vote, when not all."""
+    """The table's maj@j rows (`majority_ks`, then maj@n), where samples voted and there are several (maj@1 is
+    avg@1): over the problems whose reward's samples vote, when not all (said on the maj@n row)."""
     if summary.get("maj@k") is None or summary["n"] == 1:
         return []
-    value, voted, problems = summary["maj@k"], summary["maj_problems"], summary["problems"]
+    voted, problems, n = summary["maj_problems"], summary["problems"], summary["n"]
     some = "" if voted == problems else f" (the {voted} of {problems} problems whose reward's samples vote)"
-    return [(f"maj@{summary['n']}", f"{value:.4f}{some}")]
+    curve = summary.get("maj@") or {str(n): summary["maj@k"]}
+    return [(f"maj@{j}", f"{value:.4f}" + (some if j == str(n) else "")) for j, value in curve.items()]
 
 
 def _stderr_row(summary: dict[str, Any]) -> list[tuple[str, str]]:
