@@ -142,6 +142,28 @@ def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
         assert compared["up"] == sum(difference > 0 for difference in differences)
     assert "| avg@4 against `outputs/eval/sft` |" in result.stdout
 
+    # The same samples, saved and scored again from another folder, where the data file is a copy at another path:
+    # every problem pairs, and none moves. A copy whose answer at one line was changed is refused, naming the line.
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "data").mkdir(parents=True)
+    rows = (tmp_path / "eval.jsonl").read_text().splitlines()
+    (elsewhere / "data" / "copy.jsonl").write_text("\n".join(rows) + "\n")
+    saved = [{"completions": [sample["text"] for sample in record["samples"]]} for record in theirs]
+    (elsewhere / "gen.jsonl").write_text("".join(json.dumps(row) + "\n" for row in saved))
+    rescored = ["--k", "4", "--completions", "gen.jsonl", "--against", "../outputs/eval/sft"]
+    klear("klear.eval", "--data", "data/copy.jsonl", *rescored, "--output", "again", cwd=elsewhere)
+    against = json.loads((elsewhere / "again" / "summary.json").read_text())["against"]
+    assert against["paired"] == 20 and all(
+        (compared["difference"], compared["same"]) == (0.0, 20) for compared in against["metrics"].values()
+    )
+    changed = json.loads(rows[6])
+    (elsewhere / "data" / "changed.jsonl").write_text("\n".join([*rows[:6], json.dumps({**changed, "answer": "-1"})]))
+    command = [sys.executable, "-m", "klear.eval", "--data", "data/changed.jsonl", *rescored, "--output", "no"]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=elsewhere)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert refused.returncode == 2 and len(errors) == 1 and "whose line 7 holds another reference" in errors[0]
+    assert "Traceback" not in refused.stderr and not (elsewhere / "no").exists()
+
 
 def test_eval_on_synthetic_code_runs_the_sandbox(tmp_path):
     """docs/evaluation.md: klear.eval on tiny-sft-code and the built-in code task."""

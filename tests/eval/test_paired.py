@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from klear.eval.metrics import markdown_table
-from klear.eval.paired import check_common, compare_against, problem_key, read_against
+from klear.eval.paired import check_same_problems, compare_against, read_against
 from klear.eval.stats import mean_ci, paired_t_test
 from klear.eval.tasks import EvalError
 
 
 def result(line: int, avg: float, passed: float, maj: float | None = None, prompt: str = "") -> dict:
-    record = {"line": line, "problem": prompt or f"problem {line}", "avg": avg, "pass@k": passed}
+    record = {"line": line, "problem": prompt or f"problem {line}", "reference": "2", "avg": avg, "pass@k": passed}
     return record if maj is None else {**record, "maj": maj}
 
 
@@ -30,7 +31,7 @@ def test_each_metric_is_compared_problem_by_problem(tmp_path):
     data.write_text("")
     theirs = [result(1, 0.25, 0.5, 0.0), result(2, 0.5, 1.0, 1.0), result(3, 0.0, 0.0, 0.0), result(9, 1.0, 1.0, 1.0)]
     folder = write_result(tmp_path / "base", theirs, str(data))
-    against = read_against(folder, str(tmp_path / "." / "aime.jsonl"), tmp_path / "new")  # the same file
+    against = read_against(folder, tmp_path / "new")
     mine = [result(1, 0.75, 1.0, 1.0), result(2, 0.5, 1.0, 0.5), result(3, 0.25, 0.5, 0.0), result(4, 1.0, 1.0, 1.0)]
     compared = compare_against(mine, against, k=4)
     assert (compared["folder"], compared["model"], compared["paired"]) == (folder, "base", 3)  # line 4 / 9: unpaired
@@ -69,20 +70,32 @@ def test_results_that_cannot_be_compared_are_one_line(tmp_path):
     data.write_text("")
     folder = write_result(tmp_path / "base", [result(1, 0.5, 1.0, prompt="Add 1 to 1.")], str(data))
     refused = [
-        ((str(tmp_path / "none"), str(data), tmp_path / "new"), "not the output folder of a klear.eval run"),
-        ((folder, str(data), tmp_path / "base"), "is this run's --output, whose results it would replace"),
-        ((folder, str(tmp_path / "b.jsonl"), tmp_path / "new"), f"its results are of {data}, not of --data"),
+        ((str(tmp_path / "none"), tmp_path / "new"), "not the output folder of a klear.eval run"),
+        ((folder, tmp_path / "base"), "is this run's --output, whose results it would replace"),
     ]
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "summary.json").write_text("[1, 2]")  # JSON, but not a summary
     (broken / "results.jsonl").write_text('{"avg": 1.0}\n')  # a line without its problem
-    refused.append(((str(broken), str(data), tmp_path / "new"), "not the output folder of a klear.eval run"))
+    refused.append(((str(broken), tmp_path / "new"), "not the output folder of a klear.eval run"))
+    unreferenced = write_result(tmp_path / "old", [{"line": 1, "problem": "Add 1 to 1.", "avg": 1.0}], str(data))
+    refused.append(((unreferenced, tmp_path / "new"), "no 'reference' in its files"))
     for args, message in refused:
-        with pytest.raises(EvalError, match=message.replace("(", r"\(")) as error:
+        with pytest.raises(EvalError, match=re.escape(message)) as error:
             read_against(*args)
         assert "\n" not in str(error.value)
-    against = read_against(folder, str(data), tmp_path / "new")
-    check_common(against, [problem_key(1, "Add 1 to 1.")])
-    with pytest.raises(EvalError, match="no problem in common"):
-        check_common(against, [problem_key(1, "Add 1 to 1. Think step by step.")])  # another prompt format
+
+    # the same problems: the data line, the prompt as the model read it and the reference, whatever the file's path
+    against = read_against(folder, tmp_path / "new")
+    check_same_problems(against, "elsewhere/copy.jsonl", [(1, "Add 1 to 1.", "2"), (2, "Add 2 to 2.", "4")])
+    differ = [
+        ([(1, "Add 1 to 1. Think step by step.", "2")], "line 1 holds another prompt (as the model read it)"),
+        ([(1, "Add 1 to 1.", "3")], "line 1 holds another reference"),  # another version of the file
+        ([(1, "Add 5 to 5.", "10")], f"its results are of {data}, whose line 1 holds another prompt"),
+    ]
+    for problems, message in differ:
+        with pytest.raises(EvalError, match=re.escape(message)) as error:
+            check_same_problems(against, "b.jsonl", problems)
+        assert "this run's --data b.jsonl" in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(EvalError, match="no problem in common with this run's"):
+        check_same_problems(against, "b.jsonl", [(2, "Add 1 to 1.", "2")])

@@ -73,7 +73,7 @@ from klear.eval.options import (
     check_greedy,
     check_requirements,
 )
-from klear.eval.paired import check_common, compare_against, problem_key, read_against
+from klear.eval.paired import check_same_problems, compare_against, read_against
 from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
@@ -172,7 +172,7 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
         planned = data_sets(args)
         if args.against is not None and len(planned) > 1:
             raise EvalError("--against compares the results of one --data; give one data file")
-        against = read_against(args.against, *planned[0][1:]) if args.against is not None else None
+        against = read_against(args.against, planned[0][2]) if args.against is not None else None
         first = 0 if args.completions is not None else args.limit or 0  # saved answers follow every row
         heads: dict[str, FirstRows] = {}
         for _, data, output in planned:  # every file and folder before a model's tokenizer is loaded
@@ -201,7 +201,8 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
             )
             sets.append(EvalSet(name, data, output, problems, task, reward, problems.problems[: args.limit]))
         if against is not None:
-            check_common(against, [problem_key(problem.line, problem.prompt) for problem in sets[0].chosen])
+            chosen = [(problem.line, problem.prompt, problem.plain_reference) for problem in sets[0].chosen]
+            check_same_problems(against, sets[0].data, chosen)
         n = args.k if args.n is None else args.n
         if args.completions is not None:
             saved = read_completions(args.completions, sets[0].problems, args.k).limit(args.limit)

@@ -6,7 +6,9 @@ counts. For each metric a problem has in both results (its ``avg``, its ``pass@k
 its ``maj`` when both runs' samples voted), `compare_against` gives this run's value minus ``DIR``'s: their mean with
 its 95% Student-t interval and the paired t-test's p-value (`klear.eval.stats.paired_difference`), and how many
 problems went up, down or stayed. Problems are matched by their data line and prompt, so the two results must be of
-the same ``--data`` (`read_against` refuses another file, or no problem in common, in one line).
+the same data, wherever its file lies or however its path is written: `check_same_problems` refuses, in one line,
+results whose problem at a line this run scores is another (another file, another version of it, another prompt
+format) or that share no line with this run.
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ class Against:
 def problem_key(line: int, prompt: Any) -> tuple[int, str]:
     """What matches a problem across two results of one data file: its data line and its prompt (as the model read
     it: a prompt format changes it)."""
-    return line, json.dumps(prompt, sort_keys=True)
+    return line, _json(prompt)
 
 
-def read_against(folder: str, data: str, output: Path) -> Against:
-    """The results in ``folder`` (a ``klear.eval`` output folder), checked to be of ``data`` and not ``output``,
-    which this run writes. `EvalError` in one line otherwise."""
+def read_against(folder: str, output: Path) -> Against:
+    """The results in ``folder`` (a ``klear.eval`` output folder), checked not to be ``output``, which this run
+    writes. `EvalError` in one line otherwise."""
     path = Path(folder)
     if path.resolve() == output.resolve():
         raise EvalError(f"--against {folder} is this run's --output, whose results it would replace; pick another")
@@ -49,28 +51,39 @@ def read_against(folder: str, data: str, output: Path) -> Against:
         lines = (path / "results.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines if line.strip()]
         keyed = {problem_key(record["line"], record["problem"]): record for record in records}
-        theirs = summary["data"]
+        held = [("data", summary), *[("reference", record) for record in records]]
+        if absent := [key for key, part in held if key not in part]:  # each line names its problem's reference too
+            raise KeyError(absent[0])
     except (OSError, ValueError, KeyError, TypeError) as error:  # no such files, or not klear.eval's
         what = f"no {error} in its files" if isinstance(error, KeyError) else str(error)
         raise EvalError(f"--against {folder}: not the output folder of a klear.eval run ({what})") from None
-    if not _same_source(str(theirs), data):
-        raise EvalError(f"--against {folder}: its results are of {theirs}, not of --data {data}; compare one data file")
     return Against(folder, summary, keyed)
 
 
-def _same_source(theirs: str, mine: str) -> bool:
-    """Two ``--data`` sources name the same data: the same file (however the path is written), or the same name."""
-    if Path(theirs).exists() and Path(mine).exists():
-        return Path(theirs).resolve() == Path(mine).resolve()
-    return theirs == mine
+def check_same_problems(against: Against, data: str, problems: list[tuple[int, Any, Any]]) -> None:
+    """`EvalError` in one line unless ``against``'s results are of the problems this run scores, ``(line, prompt,
+    reference)`` each from ``data``: at every line both scored, the same prompt as the model read it and the same
+    reference; and at least one line in common."""
+    theirs = {line: record for (line, _), record in against.records.items()}
+    common = [(line, prompt, reference) for line, prompt, reference in problems if line in theirs]
+    if not common:
+        raise EvalError(f"--against {against.folder}: no problem in common with this run's (compared by data line)")
+    for line, prompt, reference in common:
+        record = theirs[line]
+        differs = "prompt (as the model read it)" if _json(prompt) != _json(record["problem"]) else None
+        if differs is None and _json(reference) != _json(record["reference"]):
+            differs = "reference"
+        if differs:
+            raise EvalError(
+                f"--against {against.folder}: its results are of {against.summary['data']}, whose line {line} holds "
+                f"another {differs} than this run's --data {data}; compare results of one data file put to the "
+                "model alike"
+            )
 
 
-def check_common(against: Against, keys: list[tuple[int, str]]) -> None:
-    """`EvalError` when none of this run's problems (``keys``, `problem_key`) is among ``against``'s."""
-    if not any(key in against.records for key in keys):
-        raise EvalError(
-            f"--against {against.folder}: no problem in common with this run's (compared by data line and prompt)"
-        )
+def _json(value: Any) -> str:
+    """``value`` as JSON, keys sorted: a reference as this run holds it and as a results file holds it compare."""
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def compare_against(records: list[dict[str, Any]], against: Against, k: int) -> dict[str, Any]:
