@@ -13,7 +13,8 @@ from klear.data.problems import Problem
 from klear.data.readers import write_jsonl
 from klear.data.synthetic import generate_problems
 from klear.eval.cli import main
-from klear.eval.metrics import pass_at_k, problem_record, reported_ks, summarize
+from klear.eval.estimators import pass_at_k, reported_ks
+from klear.eval.metrics import problem_record, summarize
 from klear.rewards import MathReward, get_reward
 from klear.rollout.engine import Rollout
 

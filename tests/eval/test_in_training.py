@@ -11,8 +11,9 @@ import pytest
 from klear.config import EvalConfig
 from klear.config.load import ConfigError, load_config
 from klear.data.problems import Problem
+from klear.eval.estimators import pass_at_k
 from klear.eval.in_training import evaluate
-from klear.eval.metrics import pass_at_k, problem_record, summarize
+from klear.eval.metrics import problem_record, summarize
 from klear.models.tokenizer import build_tokenizer
 from klear.rewards import RewardScorer, get_reward, score_batch
 from klear.rollout.engine import Rollout, SamplingParams

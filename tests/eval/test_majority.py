@@ -9,7 +9,7 @@ import pytest
 from pytest import approx
 
 from klear.data.problems import Problem
-from klear.eval.majority import majority, majority_at
+from klear.eval.estimators import majority, majority_at
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
 from klear.rewards import get_reward
 from klear.rewards.math_reward import vote_key

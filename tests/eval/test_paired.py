@@ -8,15 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from klear.eval.estimators import pass_at_k
 from klear.eval.metrics import markdown_table
 from klear.eval.paired import check_same_problems, compare_against, read_against
 from klear.eval.stats import mean_ci, paired_t_test
 from klear.eval.tasks import EvalError
 
 
-def result(line: int, avg: float, passed: float, maj: float | None = None, prompt: str = "") -> dict:
-    record = {"line": line, "problem": prompt or f"problem {line}", "reference": "2", "avg": avg, "pass@k": passed}
-    return record if maj is None else {**record, "maj": maj}
+def result(line: int, correct: int, maj: float | None = None, n: int = 4, prompt: str = "", **extra) -> dict:
+    """A line of ``results.jsonl``: ``correct`` of ``n`` samples right, pass@k at k = 4 (where n >= 4)."""
+    record = {"line": line, "problem": prompt or f"problem {line}", "reference": "2", "n": n, "correct": correct}
+    record.update(avg=correct / n, **({"pass@k": pass_at_k(n, correct, 4)} if n >= 4 else {}))
+    return {**record, **extra} if maj is None else {**record, "maj": maj, **extra}
 
 
 def write_result(folder: Path, records: list[dict], data: str, k: int = 4) -> str:
@@ -27,33 +30,55 @@ def write_result(folder: Path, records: list[dict], data: str, k: int = 4) -> st
 
 
 def test_each_metric_is_compared_problem_by_problem(tmp_path):
-    data = tmp_path / "aime.jsonl"
-    data.write_text("")
-    theirs = [result(1, 0.25, 0.5, 0.0), result(2, 0.5, 1.0, 1.0), result(3, 0.0, 0.0, 0.0), result(9, 1.0, 1.0, 1.0)]
-    folder = write_result(tmp_path / "base", theirs, str(data))
-    against = read_against(folder, tmp_path / "new")
-    mine = [result(1, 0.75, 1.0, 1.0), result(2, 0.5, 1.0, 0.5), result(3, 0.25, 0.5, 0.0), result(4, 1.0, 1.0, 1.0)]
+    theirs = [result(1, 1, 0.0), result(2, 2, 1.0), result(3, 0, 0.0), result(9, 4, 1.0)]
+    against = read_against(write_result(tmp_path / "base", theirs, "aime.jsonl"), tmp_path / "new")
+    mine = [result(1, 3, 1.0), result(2, 2, 0.5), result(3, 1, 0.0), result(4, 4, 1.0)]
     compared = compare_against(mine, against, k=4)
+    folder = str(tmp_path / "base")
     assert (compared["folder"], compared["model"], compared["paired"]) == (folder, "base", 3)  # line 4 / 9: unpaired
+    assert list(compared["metrics"]) == ["avg", "pass@2", "pass@k", "maj"]
     avg = compared["metrics"]["avg"]
     differences = [0.5, 0.0, 0.25]
     mean, half = mean_ci(differences)
     assert avg["difference"] == pytest.approx(mean) and avg["high"] - avg["low"] == pytest.approx(2 * half)
     assert avg["p"] == pytest.approx(paired_t_test([0.75, 0.5, 0.25], [0.25, 0.5, 0.0]))
     assert (avg["up"], avg["down"], avg["same"], avg["problems"]) == (2, 0, 1, 3)
+    # pass@2 of 4 samples with c right: 1 - C(4 - c, 2) / C(4, 2); pass@4: whether one is right
+    assert compared["metrics"]["pass@2"]["difference"] == pytest.approx(((1 - 0 / 6) - 0.5 + 0.5 - 0.0) / 3)
+    assert compared["metrics"]["pass@k"]["difference"] == pytest.approx((0.0 + 0.0 + 1.0) / 3)
     assert compared["metrics"]["maj"]["difference"] == pytest.approx((1.0 - 0.5 + 0.0) / 3)
     assert (compared["metrics"]["maj"]["up"], compared["metrics"]["maj"]["down"]) == (1, 1)
 
-    # pass@k only against the same k; maj only where both runs' samples voted; one problem: no p-value
-    assert "pass@k" not in compare_against(mine, against, k=8)["metrics"]
+    # maj only where both runs' samples voted; one problem: no p-value
     no_votes = [{key: value for key, value in record.items() if key != "maj"} for record in mine]
-    assert set(compare_against(no_votes, against, k=4)["metrics"]) == {"avg", "pass@k"}
+    assert list(compare_against(no_votes, against, k=4)["metrics"]) == ["avg", "pass@2", "pass@k"]
     single = compare_against(mine[:1], against, k=4)["metrics"]["avg"]
     assert (single["difference"], single["low"], single["high"], single["p"]) == (0.5, 0.5, 0.5, None)
 
     summary = {"n": 8, "k": 4, "against": compare_against(mine[:1], against, k=4)}
     rows = dict(row.split(" | ", 1) for row in markdown_table_rows(summary))
     assert rows[f"avg@8 against `{folder}`"] == "+0.5000 [+0.5000, +0.5000]; 1 up, 0 down, 0 same of 1 problems"
+    assert list(rows) == [f"{name} against `{folder}`" for name in ("avg@8", "pass@2", "pass@4", "maj@8")]
+
+
+def test_runs_that_drew_other_numbers_of_samples_compare_where_both_estimate(tmp_path):
+    """pass@j from each problem's samples wherever the other run drew at least j; maj@j where both have it: a run
+    of 8 samples has maj@4 (its record's ``maj@``) and maj@8, one of 2 has neither."""
+
+    def compared(theirs: list[dict], name: str) -> dict:
+        against = read_against(write_result(tmp_path / name, theirs, "aime.jsonl"), tmp_path / "new")
+        return compare_against(mine, against, k=4)["metrics"]
+
+    mine = [result(1, 3, 1.0), result(2, 1, 0.0)]  # --k 4, 4 samples
+    more = [result(1, 2, 0.0, n=8, **{"maj@": {"4": 0.25}}), result(2, 8, 1.0, n=8, **{"maj@": {"4": 1.0}})]
+    metrics = compared(more, "more")
+    assert list(metrics) == ["avg", "pass@2", "pass@k", "maj"]
+    assert metrics["pass@k"]["difference"] == pytest.approx(((1 - 0.0) - pass_at_k(8, 2, 4) + 1.0 - 1.0) / 2)
+    assert metrics["maj"]["difference"] == pytest.approx((1.0 - 0.25 + 0.0 - 1.0) / 2)  # its maj@4, not its maj@8
+    older = [{key: value for key, value in record.items() if key != "maj@"} for record in more]
+    assert list(compared(older, "older")) == ["avg", "pass@2", "pass@k"]  # maj@8 is not maj@4
+    fewer = [result(1, 1, 0.5, n=2), result(2, 0, 0.0, n=2)]
+    assert list(compared(fewer, "fewer")) == ["avg", "pass@2"]  # pass@4 and maj@4 need 4 samples
 
 
 def markdown_table_rows(summary: dict) -> list[str]:
@@ -68,7 +93,7 @@ def markdown_table_rows(summary: dict) -> list[str]:
 def test_results_that_cannot_be_compared_are_one_line(tmp_path):
     data = tmp_path / "a.jsonl"
     data.write_text("")
-    folder = write_result(tmp_path / "base", [result(1, 0.5, 1.0, prompt="Add 1 to 1.")], str(data))
+    folder = write_result(tmp_path / "base", [result(1, 2, prompt="Add 1 to 1.")], str(data))
     refused = [
         ((str(tmp_path / "none"), tmp_path / "new"), "not the output folder of a klear.eval run"),
         ((folder, tmp_path / "base"), "is this run's --output, whose results it would replace"),

@@ -27,8 +27,8 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.data.problems import Problem
 from klear.data.sets import ONE, first_of_each, metric_suffix
-from klear.eval.majority import majority
-from klear.eval.metrics import pass_at_k, problem_record
+from klear.eval.estimators import majority, pass_at_k
+from klear.eval.metrics import problem_record
 from klear.rewards.scorer import ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 from klear.rollout.sample_and_score import sample_and_score

@@ -1,4 +1,4 @@
-"""The numbers of ``python -m klear.eval``: the unbiased pass@k estimator, per-problem records and the summary.
+"""The numbers of ``python -m klear.eval``: per-problem records and the summary, by `klear.eval.estimators`.
 
 A sample is correct when its reward says so (`klear.rewards.RewardOutcome.correct`, carried by
 `klear.rewards.BatchResult.correct`): for ``math`` the final answer is equivalent to the reference, for ``code``
@@ -22,15 +22,12 @@ correct:
   breaking it at random, so the number does not depend on the samples' order. Rewards whose samples do not vote
   (``code``: two programs are not one answer) have no maj@k. With more samples than the ``j`` of a reported maj@j
   (``j < n``), it is maj@n's expectation over every draw of ``j`` of the ``n`` samples, computed exactly
-  (`klear.eval.majority.majority_at`), as pass@j's estimator is.
+  (`klear.eval.estimators.majority_at`), as pass@j's estimator is.
 
 Each comes with its standard error over the problems (``stderr``): the per-problem values' sample standard deviation
 over the square root of their count. On AIME's 30 problems it reaches 0.09 (0.5 / sqrt(30), for values split
 between 0 and 1), which a difference between two models on one benchmark has to be read against (two models on the
 same problems are better compared problem by problem: the paired difference's error is smaller).
-
-The product form ``1 - prod_{i = n - c + 1}^{n} (1 - k / i)`` of the ratio of binomials never builds the huge
-integers ``C(n, k)`` and stays exact to float precision for any ``n``.
 """
 
 from __future__ import annotations
@@ -42,30 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from klear.data.problems import Problem
-from klear.eval.majority import majority, majority_at
+from klear.eval.estimators import majority, majority_at, majority_ks, pass_at_k, reported_ks
 from klear.eval.paired import against_rows
 from klear.rollout.engine import Rollout
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of a problem with ``c`` correct samples out of ``n``: ``1 - C(n - c, k) / C(n, k)``."""
-    if n < 1 or not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass@k needs n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
-    if n - c < k:  # every draw of k samples holds a correct one
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
-
-
-def reported_ks(k: int) -> list[int]:
-    """The pass@j the summary reports: powers of two below ``k``, and ``k`` itself (``[1, 2, 4, 6]`` for 6)."""
-    ks = [2**power for power in range(k.bit_length()) if 2**power < k]
-    return [*ks, k]
-
-
-def majority_ks(k: int, n: int) -> list[int]:
-    """The maj@j a problem's record gives beside its maj@n: `reported_ks` of ``k`` above 2 and below ``n`` (``[4]``
-    for ``k = 4``, ``n = 16``). maj@1 and maj@2 are avg@1: two samples that differ are a tie, broken at random."""
-    return [j for j in reported_ks(k) if 2 < j < n]
 
 
 @dataclass(frozen=True)

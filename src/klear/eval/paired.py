@@ -2,9 +2,10 @@
 
 Two models scored on one benchmark differ by less than either number's standard error over the problems suggests
 (`klear.eval.metrics`): a hard problem is hard for both. Paired by problem, the difference's own spread is what
-counts. For each metric a problem has in both results (its ``avg``, its ``pass@k`` when both used the same ``k``,
-its ``maj`` when both runs' samples voted), `compare_against` gives this run's value minus ``DIR``'s: their mean with
-its 95% Student-t interval and the paired t-test's p-value (`klear.eval.stats.paired_difference`), and how many
+counts. For each metric this run reports that a problem has in both results (its ``avg``; pass@j at each j the
+summary reports, from the problem's samples, where ``DIR`` drew at least j; maj@j where both runs' samples voted
+and both have it), `compare_against` gives this run's value minus ``DIR``'s: their mean with its 95% Student-t
+interval and the paired t-test's p-value (`klear.eval.stats.paired_difference`), and how many
 problems went up, down or stayed. Problems are matched by their data line and prompt, so the two results must be of
 the same data, wherever its file lies or however its path is written: `check_same_problems` refuses, in one line,
 results whose problem at a line this run scores is another (another file, another version of it, another prompt
@@ -18,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from klear.eval.estimators import majority_ks, pass_at_k, reported_ks
 from klear.eval.stats import paired_difference
 from klear.eval.tasks import EvalError
 
-METRICS = {"avg": "avg@{n}", "pass@k": "pass@{k}", "maj": "maj@{n}"}
-"""A result's per-problem metrics compared, and how the table names each."""
+NAMES = {"avg": "avg@{n}", "pass@k": "pass@{k}", "maj": "maj@{n}"}
+"""How the table names the metrics compared whose key does not say their ``j`` (`compared_metrics`)."""
 
 
 @dataclass(frozen=True)
@@ -86,19 +88,41 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+def compared_metrics(k: int, n: int) -> dict[str, tuple[str, int]]:
+    """The per-problem metrics of a run of ``--k k`` drawing ``n`` samples, by key: ``(kind, j)``. ``avg`` (avg@n);
+    pass@j at each of `reported_ks` above 1 (``pass@2`` ..., ``pass@k`` for ``k`` itself); maj@j at each of
+    `majority_ks` (``maj@4`` ...) and ``maj`` (maj@n)."""
+    metrics = {"avg": ("avg", n)}
+    metrics |= {("pass@k" if j == k else f"pass@{j}"): ("pass", j) for j in reported_ks(k) if j > 1 or j == k}
+    metrics |= {f"maj@{j}": ("maj", j) for j in majority_ks(k, n)}
+    return {**metrics, "maj": ("maj", n)}
+
+
+def problem_value(record: dict[str, Any], kind: str, j: int) -> float | None:
+    """A result's value of a metric (`compared_metrics`): pass@j from its samples where it drew at least ``j``, maj@j
+    where its samples voted and it has maj@j (its ``maj`` when it drew ``j``); None otherwise."""
+    if kind == "avg":
+        return record["avg"]
+    if kind == "pass":
+        return pass_at_k(record["n"], record["correct"], j) if j <= record["n"] else None
+    if "maj" not in record:
+        return None
+    return record["maj"] if record["n"] == j else record.get("maj@", {}).get(str(j))
+
+
 def compare_against(records: list[dict[str, Any]], against: Against, k: int) -> dict[str, Any]:
-    """``summary.json``'s ``against``: the folder, the problems paired, and per metric both runs have (`METRICS`;
-    ``pass@k`` when both used ``k``) the mean difference (this run minus theirs), its interval, the p-value (None
-    for a single problem) and the problems that went up, down or stayed."""
+    """``summary.json``'s ``against``: the folder, the problems paired, and per metric of this run's
+    (`compared_metrics`) that both runs have for a problem (`problem_value`: the other run may have drawn another
+    number of samples) the mean difference (this run minus theirs), its interval, the p-value (None for a single
+    problem) and the problems that went up, down or stayed."""
     keys = [problem_key(record["line"], record["problem"]) for record in records]
     pairs = [
         (record, against.records[key]) for record, key in zip(records, keys, strict=True) if key in against.records
     ]
     compared = {}
-    for metric in METRICS:
-        if metric == "pass@k" and against.summary.get("k") != k:
-            continue
-        values = [(mine[metric], theirs[metric]) for mine, theirs in pairs if metric in mine and metric in theirs]
+    for metric, (kind, j) in compared_metrics(k, records[0]["n"] if records else 1).items():
+        both = [(problem_value(mine, kind, j), problem_value(theirs, kind, j)) for mine, theirs in pairs]
+        values = [(a, b) for a, b in both if a is not None and b is not None]
         if not values:
             continue
         ours, theirs = [value for value, _ in values], [value for _, value in values]
@@ -126,7 +150,7 @@ def against_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         return []
     rows = []
     for metric, value in against["metrics"].items():
-        name = METRICS[metric].format(n=summary["n"], k=summary["k"])
+        name = NAMES.get(metric, metric).format(n=summary["n"], k=summary["k"])
         p = "" if value["p"] is None else f", p = {value['p']:.3f}"
         rows.append(
             (

@@ -1,4 +1,10 @@
-"""Majority voting over a problem's samples: maj@n over all ``n`` of them, and maj@k for ``k < n`` without bias.
+"""The per-problem estimators of ``klear.eval``: pass@k, and majority voting, maj@n over all ``n`` samples and
+maj@k for ``k < n`` without bias; and which k a summary reports.
+
+pass@k (`pass_at_k`) is the probability that at least one of ``k`` samples is correct, estimated without bias from
+``n >= k`` samples of which ``c`` are correct as ``1 - C(n - c, k) / C(n, k)`` (Chen et al. 2021, arXiv
+2107.03374). Its product form ``1 - prod_{i = n - c + 1}^{n} (1 - k / i)`` never builds the huge integers
+``C(n, k)`` and stays exact to float precision for any ``n``.
 
 maj@n (`majority`) is whether the answer most of the ``n`` samples give is correct: 1 or 0 when one answer has the
 most votes, the share of the correct ones among those tied otherwise (the expectation of breaking the tie at random,
@@ -6,9 +12,9 @@ so the number does not depend on the samples' order). None is the vote of a samp
 which can win a vote and is never correct.
 
 maj@k for ``k < n`` (`majority_at`) is maj@n's expectation over the ``C(n, k)`` ways to draw ``k`` of the ``n``
-samples, as pass@k's estimator is pass@k's (`klear.eval.metrics.pass_at_k`): what a run that drew ``k`` samples would
-score, with the variance of ``n``. Drawing subsets at random (a bootstrap) only approximates it; it is computed
-exactly here, by answer counts rather than subsets. A draw takes ``x_h`` of the ``c_h`` samples of each answer ``h``
+samples, as pass@k's estimator is pass@k's: what a run that drew ``k`` samples would score, with the variance of
+``n``. Drawing subsets at random (a bootstrap) only approximates it; it is computed exactly here, by answer counts
+rather than subsets. A draw takes ``x_h`` of the ``c_h`` samples of each answer ``h``
 with weight ``prod_h C(c_h, x_h)`` (out of ``C(n, k)``). A correct answer ``g`` scores ``1 / T`` in the draws where
 its ``x_g = a`` is the most votes and ``T - 1`` other answers tie with it, so
 
@@ -29,6 +35,27 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of a problem with ``c`` correct samples out of ``n``: ``1 - C(n - c, k) / C(n, k)``."""
+    if n < 1 or not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:  # every draw of k samples holds a correct one
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def reported_ks(k: int) -> list[int]:
+    """The pass@j the summary reports: powers of two below ``k``, and ``k`` itself (``[1, 2, 4, 6]`` for 6)."""
+    ks = [2**power for power in range(k.bit_length()) if 2**power < k]
+    return [*ks, k]
+
+
+def majority_ks(k: int, n: int) -> list[int]:
+    """The maj@j a problem's record gives beside its maj@n: `reported_ks` of ``k`` above 2 and below ``n`` (``[4]``
+    for ``k = 4``, ``n = 16``). maj@1 and maj@2 are avg@1: two samples that differ are a tie, broken at random."""
+    return [j for j in reported_ks(k) if 2 < j < n]
 
 
 def majority(votes: Sequence[str | None], correct: Sequence[bool]) -> float:
