@@ -398,6 +398,11 @@ assert "gppo" in list_objectives()
     ("docs/performance.md", "python tools/bench_async.py"): Covered(
         ("tests/tools/test_bench_async.py::test_the_benchmark_prints_its_table_and_ratios",), "2 steps there"
     ),
+    ("docs/performance.md", "python tools/bench_majority.py"): Run(
+        slow=BENCHMARK,
+        extra=("--problems", "20", "--n", "16", "--draws", "50", "--large", "64"),
+        expect=("maj@4: exact", "maj@8: exact", "one problem of 64 samples", "bootstrap / exact time: "),
+    ),
     ("docs/performance.md", "python tools/bench_rewards.py"): Run(
         slow=BENCHMARK,
         extra=("--math-pairs", "20", "--programs", "2", "--tests", "2", "--workers", "2"),
