@@ -123,6 +123,32 @@ def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
     assert 0.0 < summary["avg@k"] <= summary["pass@k"] <= 1.0
     assert "| avg@4 (= pass@1) |" in result.stdout
     assert root.is_dir()
+    # docs/evaluation.md, --by: the same, per level of the rows, each level's numbers from its own results
+    result = klear(
+        "klear.eval",
+        "--model",
+        "tiny-sft",
+        "--data",
+        "eval.jsonl",
+        "--k",
+        "4",
+        "--max-new-tokens",
+        "96",
+        "--by",
+        "level",
+        "--output",
+        "by",
+        cwd=tmp_path,
+    )
+    records = [json.loads(line) for line in (tmp_path / "by" / "results.jsonl").read_text().splitlines()]
+    levels = json.loads((tmp_path / "by" / "summary.json").read_text())["by"]["level"]
+    rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert list(levels) == sorted({str(row["level"]) for row in rows}, key=int)
+    for level, numbers in levels.items():
+        mine = [record for record in records if record["by"] == {"level": level}]
+        assert numbers["problems"] == len(mine) == sum(str(row["level"]) == level for row in rows)
+        assert numbers["avg@k"] == pytest.approx(sum(record["avg"] for record in mine) / len(mine))
+        assert f"| `level` = {level} | avg@4 {numbers['avg@k']:.4f}, pass@4 " in result.stdout
     # docs/evaluation.md, --against: another model on the same file, against the first, problem by problem.
     args = ["--data", "eval.jsonl", "--k", "4", "--max-new-tokens", "96"]
     klear("klear.eval", "--model", "tiny-sft", *args, "--output", "outputs/eval/sft", cwd=tmp_path)

@@ -358,6 +358,7 @@ MATH_ROW = {"problem": "Start with 1. Add 1.", "answer": "2"}
         ([MATH_ROW], ["--num-workers", "99999999999999999999"], "--num-workers must be in [0, 4096], got 9999"),
         ([MATH_ROW], ["--k", "2", "--temperature", "0"], "greedy decoding"),
         ([MATH_ROW], ["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+        ([MATH_ROW], ["--by", "levle"], "--by levle: no row of "),
         ([MATH_ROW], ["--prompt-template", "Solve:"], "--prompt-template 'Solve:': must hold {prompt} exactly once"),
         (
             [MATH_ROW],

@@ -23,7 +23,8 @@ DUMP = PUBLISHED / "math" / "qwen25math_math_cot_100.jsonl.gz"
 
 def test_klears_math_verdicts_agree_with_qwens_grader_on_its_published_completions(tmp_path):
     dump = require(DUMP)
-    result = klear("klear.eval", "--data", str(dump), "--completions", str(dump), "--k", "8", "--output", str(tmp_path))
+    args = ["--data", str(dump), "--completions", str(dump), "--k", "8", "--by", "level", "--output", str(tmp_path)]
+    result = klear("klear.eval", *args)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["layout"]["name"] == "math-eval-harness" and (summary["problems"], summary["n"]) == (100, 8)
@@ -57,6 +58,19 @@ def test_klears_math_verdicts_agree_with_qwens_grader_on_its_published_completio
     expected = {str(j): sum(values) / len(values) for j, values in drawn.items()}
     assert summary["maj@"] == pytest.approx({"4": expected["4"], "8": 0.925}, abs=1e-12)
     assert summary["avg@k"] < summary["maj@"]["4"] < summary["maj@k"]
+
+    # --by level: MATH's "Level 1" to "Level 5", each level's avg@8 as the harness's verdicts give it, but for the
+    # one sample klear judges otherwise (line 73)
+    levels: dict[str, list[bool]] = {}
+    for row in rows:
+        levels.setdefault(row["level"], []).extend(row["score"])
+    levels[rows[72]["level"]][levels[rows[72]["level"]].index(False)] = True  # one wrong sample there becomes right
+    by_level = summary["by"]["level"]
+    assert list(by_level) == sorted(levels) == [f"Level {level}" for level in range(1, 6)]
+    for level, verdicts in levels.items():
+        assert by_level[level]["avg@k"] == pytest.approx(sum(verdicts) / len(verdicts)), level
+        assert by_level[level]["problems"] == len(verdicts) // 8
+    assert [record["by"] for record in records[:2]] == [{"level": row["level"]} for row in rows[:2]]
     assert expected["2"] == pytest.approx(summary["avg@k"])  # two samples that differ tie: maj@2 is avg@1
 
 

@@ -65,6 +65,7 @@ from klear.data.readers import keep_read, write_jsonl, written
 from klear.data.sets import repeated, set_name
 from klear.errors import UserError
 from klear.eval.completions import agreement, read_completions
+from klear.eval.groups import check_fields, label_records
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
 from klear.eval.options import (
     MOST_SAMPLES,
@@ -128,6 +129,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="DIR",
         help="the output folder of an earlier klear.eval of the same --data (another model or checkpoint): each "
         "metric's difference to it, problem by problem, with its 95%% interval",
+    )
+    parser.add_argument(
+        "--by",
+        nargs="+",
+        default=[],
+        metavar="FIELD",
+        help="also report the metrics per value of each FIELD of the rows (dotted: level, subject, difficulty, "
+        "meta.level)",
     )
     parser.add_argument(
         "--base",
@@ -200,6 +209,7 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
                 head=heads.get(data),
             )
             sets.append(EvalSet(name, data, output, problems, task, reward, problems.problems[: args.limit]))
+        check_fields(args.by, [problem for one in sets for problem in one.chosen], ", ".join(one.data for one in sets))
         if against is not None:
             chosen = [(problem.line, problem.prompt, problem.plain_reference) for problem in sets[0].chosen]
             check_same_problems(against, sets[0].data, chosen)
@@ -224,6 +234,8 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
                 records, timing = run(engine, tokenizer, one.chosen, scorer, args.k, n, options)
         finally:
             scorer.close()
+        if args.by:
+            label_records(records, one.chosen, args.by)
         summary = set_summary(one, args, options, n, records, timing, start)
         if against is not None:
             summary["against"] = compare_against(records, against, args.k)

@@ -40,6 +40,7 @@ from typing import Any
 
 from klear.data.problems import Problem
 from klear.eval.estimators import majority, majority_at, majority_ks, pass_at_k, reported_ks
+from klear.eval.groups import group_order
 from klear.eval.paired import against_rows
 from klear.rollout.engine import Rollout
 
@@ -105,7 +106,9 @@ def summarize(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
     (``stderr``, `_stderr`), response lengths and reward failures of ``records``
     (``reward_code_timeouts``: samples whose programs ran out of time, reason ``timeout``); with ``by_source``
     (problems, samples, avg@k, pass@k per data source, and ``reward_code_timeouts`` for the sources the code reward
-    scored) when the records carry sources. Lengths are None for saved completions (no tokenizer counted them)."""
+    scored) when the records carry sources, and ``by`` (the same per value of each ``--by`` field,
+    `klear.eval.groups`) when they carry their groups. Lengths are None for saved completions (no tokenizer counted
+    them)."""
     samples = [sample for record in records for sample in record["samples"]]
     statuses = [sample["status"] for sample in samples]
     pass_at = {str(j): _mean([pass_at_k(r["n"], r["correct"], j) for r in records]) for j in reported_ks(k)}
@@ -131,12 +134,26 @@ def summarize(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
     }
     sources = sorted({record["source"] for record in records if "source" in record})
     if sources:
-        summary["by_source"] = {source: _source_summary(records, source, k) for source in sources}
+        summary["by_source"] = {
+            source: _group_summary([record for record in records if record.get("source") == source], k)
+            for source in sources
+        }
+    if fields := (records[0].get("by", {}) if records else {}):
+        summary["by"] = {field: _by_field(records, field, k) for field in fields}
     return summary
 
 
-def _source_summary(records: Sequence[dict[str, Any]], source: str, k: int) -> dict[str, Any]:
-    mine = [record for record in records if record.get("source") == source]
+def _by_field(records: Sequence[dict[str, Any]], field: str, k: int) -> dict[str, dict[str, Any]]:
+    """`_group_summary` per value of ``field`` (the records' ``by``), in `group_order`."""
+    values = group_order({record["by"][field] for record in records})
+    return {
+        value: _group_summary([record for record in records if record["by"][field] == value], k) for value in values
+    }
+
+
+def _group_summary(mine: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
+    """Problems, samples, avg@k, pass@k and the majority numbers of the records of one group (a source, a value of a
+    ``--by`` field), and ``reward_code_timeouts`` when the code reward scored them."""
     samples = [sample for record in mine for sample in record["samples"]]
     summary = {
         "problems": len(mine),
@@ -198,14 +215,11 @@ def markdown_table(summary: dict[str, Any]) -> str:
         *_majority_row(summary),
         *_stderr_row(summary),
         *against_rows(summary),
+        *[(f"`{source}`", _group_cell(row, n, summary["k"])) for source, row in summary.get("by_source", {}).items()],
         *[
-            (
-                f"`{source}`",
-                f"avg@{n} {row['avg@k']:.4f}, pass@{summary['k']} {row['pass@k']:.4f}"
-                + (f", maj@{n} {row['maj@k']:.4f}" if row.get("maj@k") is not None and n > 1 else "")
-                + f" ({row['problems']} problems)",
-            )
-            for source, row in summary.get("by_source", {}).items()
+            (f"`{field}` = {value}", _group_cell(row, n, summary["k"]))
+            for field, groups in summary.get("by", {}).items()
+            for value, row in groups.items()
         ],
     ]
     if not saved:
@@ -227,6 +241,12 @@ def markdown_table(summary: dict[str, Any]) -> str:
         rows.append(("sampling", f"{summary['sampling_s']:.1f} s ({summary['sampled_tokens_per_s']:.0f} tokens/s)"))
     rows += [("scoring", f"{summary['scoring_s']:.1f} s"), ("wall time", f"{summary['wall_s']:.1f} s")]
     return "\n".join(["| metric | value |", "|---|---|", *[f"| {name} | {value} |" for name, value in rows]])
+
+
+def _group_cell(row: dict[str, Any], n: int, k: int) -> str:
+    """The table's cell of one group's numbers (`_group_summary`)."""
+    voted = f", maj@{n} {row['maj@k']:.4f}" if row.get("maj@k") is not None and n > 1 else ""
+    return f"avg@{n} {row['avg@k']:.4f}, pass@{k} {row['pass@k']:.4f}{voted} ({row['problems']} problems)"
 
 
 def _majority_row(summary: dict[str, Any]) -> list[tuple[str, str]]:

@@ -1,0 +1,55 @@
+"""``klear.eval --by FIELD``: the metrics per value of a field of the data rows, as benchmarks are read.
+
+MATH-500 rows carry ``level`` (1-5) and ``subject``, MATH's ``type``, LeetCodeDataset and LiveCodeBench rows
+``difficulty``, Klear's AIME files ``meta.level``: where an objective gains is read by level as much as overall.
+``--by level`` (a dotted path, as ``--prompt-key`` takes) labels each result with its row's value there
+(`label_records`: ``by`` in ``results.jsonl``) and the summary gives avg@k, pass@k and maj@n per value
+(`klear.eval.metrics.summarize`: ``by``). A field no row of a file holds is a typo, refused in one line before the
+model loads (`check_fields`); a row without it is grouped under ``(none)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from klear.data.layouts import get_path, has_path
+from klear.data.problems import Problem
+from klear.eval.tasks import EvalError
+
+NONE = "(none)"
+"""The group of a row that does not hold the field."""
+
+
+def group_value(row: dict, field: str) -> str:
+    """The group of ``row`` by ``field``: its value as text (a number as written, a list or object as JSON), or
+    `NONE` when the row does not hold it."""
+    if not has_path(row, field):
+        return NONE
+    value = get_path(row, field)
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def check_fields(fields: Sequence[str], problems: Sequence[Problem], data: str) -> None:
+    """`EvalError` in one line for a field of ``fields`` that none of ``problems``' rows (of ``data``: every
+    ``--data``, of which a set without it is grouped under `NONE`) holds, naming the fields the first row has."""
+    for field in fields:
+        if problems and not any(has_path(problem.row, field) for problem in problems):
+            held = ", ".join(sorted(problems[0].row)) or "none"
+            raise EvalError(f"--by {field}: no row of {data} holds it (its first row's fields: {held})")
+
+
+def label_records(records: list[dict[str, Any]], problems: Sequence[Problem], fields: Sequence[str]) -> None:
+    """Each record's ``by``: its problem's group per field (the records are the problems', in order)."""
+    for record, problem in zip(records, problems, strict=True):
+        record["by"] = {field: group_value(problem.row, field) for field in fields}
+
+
+def group_order(values: set[str]) -> list[str]:
+    """The groups in reading order: by number when every value is one (levels 1 to 5), else by text; `NONE` last."""
+    named = sorted(values - {NONE})
+    with contextlib.suppress(ValueError):
+        named.sort(key=float)
+    return [*named, *([NONE] if NONE in values else [])]
