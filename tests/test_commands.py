@@ -177,11 +177,12 @@ def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
     saved = [{"completions": [sample["text"] for sample in record["samples"]]} for record in theirs]
     (elsewhere / "gen.jsonl").write_text("".join(json.dumps(row) + "\n" for row in saved))
     rescored = ["--k", "4", "--completions", "gen.jsonl", "--against", "../outputs/eval/sft"]
-    klear("klear.eval", "--data", "data/copy.jsonl", *rescored, "--output", "again", cwd=elsewhere)
+    klear("klear.eval", "--data", "data/copy.jsonl", *rescored, "--by", "level", "--output", "again", cwd=elsewhere)
     against = json.loads((elsewhere / "again" / "summary.json").read_text())["against"]
     assert against["paired"] == 20 and all(
         (compared["difference"], compared["same"]) == (0.0, 20) for compared in against["metrics"].values()
     )
+    assert sum(level["same"] for level in against["by"]["level"].values()) == 20  # and level by level
     changed = json.loads(rows[6])
     (elsewhere / "data" / "changed.jsonl").write_text("\n".join([*rows[:6], json.dumps({**changed, "answer": "-1"})]))
     command = [sys.executable, "-m", "klear.eval", "--data", "data/changed.jsonl", *rescored, "--output", "no"]

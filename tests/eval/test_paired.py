@@ -81,6 +81,25 @@ def test_runs_that_drew_other_numbers_of_samples_compare_where_both_estimate(tmp
     assert list(compared(fewer, "fewer")) == ["avg", "pass@2"]  # pass@4 and maj@4 need 4 samples
 
 
+def test_with_by_each_groups_avg_is_compared_too(tmp_path):
+    theirs = [result(1, 1), result(2, 2), result(3, 0), result(4, 4)]
+    against = read_against(write_result(tmp_path / "base", theirs, "math.jsonl"), tmp_path / "new")
+    mine = [result(1, 3), result(2, 2), result(3, 1), result(4, 4)]
+    for record, level in zip(mine, ["2", "2", "10", "10"], strict=True):
+        record["by"] = {"level": level}
+    compared = compare_against(mine, against, k=4)
+    level = compared["by"]["level"]
+    assert list(level) == ["2", "10"]  # in number order
+    assert level["2"]["difference"] == pytest.approx((0.5 + 0.0) / 2)
+    assert (level["2"]["up"], level["2"]["same"]) == (1, 1)
+    assert level["10"]["difference"] == pytest.approx(0.25 / 2) and level["10"]["problems"] == 2
+    folder = str(tmp_path / "base")
+    rows = dict(row.split(" | ", 1) for row in markdown_table_rows({"n": 4, "k": 4, "against": compared}))
+    assert rows[f"avg@4 against `{folder}`, `level` = 10"].startswith("+0.1250 [")
+    assert list(rows)[-2:] == [f"avg@4 against `{folder}`, `level` = {value}" for value in ("2", "10")]
+    assert "by" not in compare_against(theirs, against, k=4)  # no --by, no groups
+
+
 def markdown_table_rows(summary: dict) -> list[str]:
     """The against rows of the summary table, ``name | value``."""
     shown = {**summary, "problems": 1, "samples": 8, "avg@k": 0.5, "pass@": {"4": 0.5}, "maj@k": None}

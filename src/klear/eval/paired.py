@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.eval.estimators import majority_ks, pass_at_k, reported_ks
+from klear.eval.groups import group_order
 from klear.eval.stats import paired_difference
 from klear.eval.tasks import EvalError
 
@@ -114,7 +115,8 @@ def compare_against(records: list[dict[str, Any]], against: Against, k: int) -> 
     """``summary.json``'s ``against``: the folder, the problems paired, and per metric of this run's
     (`compared_metrics`) that both runs have for a problem (`problem_value`: the other run may have drawn another
     number of samples) the mean difference (this run minus theirs), its interval, the p-value (None for a single
-    problem) and the problems that went up, down or stayed."""
+    problem) and the problems that went up, down or stayed (`difference`). With ``--by`` (the records' ``by``),
+    ``by`` gives avg@n's difference per value of each field too."""
     keys = [problem_key(record["line"], record["problem"]) for record in records]
     pairs = [
         (record, against.records[key]) for record, key in zip(records, keys, strict=True) if key in against.records
@@ -123,40 +125,63 @@ def compare_against(records: list[dict[str, Any]], against: Against, k: int) -> 
     for metric, (kind, j) in compared_metrics(k, records[0]["n"] if records else 1).items():
         both = [(problem_value(mine, kind, j), problem_value(theirs, kind, j)) for mine, theirs in pairs]
         values = [(a, b) for a, b in both if a is not None and b is not None]
-        if not values:
-            continue
-        ours, theirs = [value for value, _ in values], [value for _, value in values]
-        if len(values) > 1:
-            mean, half, p = paired_difference(ours, theirs)
-        else:
-            mean, half, p = ours[0] - theirs[0], 0.0, None
-        compared[metric] = {
-            "problems": len(values),
-            "difference": mean,
-            "low": mean - half,
-            "high": mean + half,
-            "p": p,
-            "up": sum(a > b for a, b in values),
-            "down": sum(a < b for a, b in values),
-            "same": sum(a == b for a, b in values),
-        }
-    return {"folder": against.folder, "model": against.summary.get("model"), "paired": len(pairs), "metrics": compared}
+        if values:
+            compared[metric] = difference(values)
+    result = {"folder": against.folder, "model": against.summary.get("model"), "paired": len(pairs)}
+    result["metrics"] = compared
+    if pairs and "by" in pairs[0][0]:
+        result["by"] = {field: _by_value(pairs, field) for field in pairs[0][0]["by"]}
+    return result
+
+
+def _by_value(pairs: list[tuple[dict[str, Any], dict[str, Any]]], field: str) -> dict[str, dict[str, Any]]:
+    """avg@n's `difference` over the paired problems of each value of ``field``, in `group_order`."""
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for mine, theirs in pairs:
+        groups.setdefault(mine["by"][field], []).append((mine["avg"], theirs["avg"]))
+    return {value: difference(groups[value]) for value in group_order(set(groups))}
+
+
+def difference(values: list[tuple[float, float]]) -> dict[str, Any]:
+    """Of ``(this run's, theirs)`` per problem: the mean difference, its 95% interval (``low``, ``high``), the paired
+    t-test's p-value (None for one problem) and how many problems went up, down or stayed."""
+    ours, theirs = [value for value, _ in values], [value for _, value in values]
+    if len(values) > 1:
+        mean, half, p = paired_difference(ours, theirs)
+    else:
+        mean, half, p = ours[0] - theirs[0], 0.0, None
+    return {
+        "problems": len(values),
+        "difference": mean,
+        "low": mean - half,
+        "high": mean + half,
+        "p": p,
+        "up": sum(a > b for a, b in values),
+        "down": sum(a < b for a, b in values),
+        "same": sum(a == b for a, b in values),
+    }
 
 
 def against_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """The table's rows of ``summary["against"]``: one per metric compared."""
+    """The table's rows of ``summary["against"]``: one per metric compared, then avg@n's per value of a ``--by``
+    field."""
     against = summary.get("against")
     if not against:
         return []
-    rows = []
-    for metric, value in against["metrics"].items():
-        name = NAMES.get(metric, metric).format(n=summary["n"], k=summary["k"])
-        p = "" if value["p"] is None else f", p = {value['p']:.3f}"
-        rows.append(
-            (
-                f"{name} against `{against['folder']}`",
-                f"{value['difference']:+.4f} [{value['low']:+.4f}, {value['high']:+.4f}]{p}; "
-                f"{value['up']} up, {value['down']} down, {value['same']} same of {value['problems']} problems",
-            )
-        )
+    folder, n = against["folder"], summary["n"]
+    rows = [
+        (f"{NAMES.get(metric, metric).format(n=n, k=summary['k'])} against `{folder}`", _cell(value))
+        for metric, value in against["metrics"].items()
+    ]
+    for field, groups in against.get("by", {}).items():
+        rows += [(f"avg@{n} against `{folder}`, `{field}` = {group}", _cell(value)) for group, value in groups.items()]
     return rows
+
+
+def _cell(value: dict[str, Any]) -> str:
+    """A `difference` as the table shows it."""
+    p = "" if value["p"] is None else f", p = {value['p']:.3f}"
+    return (
+        f"{value['difference']:+.4f} [{value['low']:+.4f}, {value['high']:+.4f}]{p}; "
+        f"{value['up']} up, {value['down']} down, {value['same']} same of {value['problems']} problems"
+    )
