@@ -124,6 +124,13 @@ def test_results_that_cannot_be_compared_are_one_line(tmp_path):
     refused.append(((str(broken), tmp_path / "new"), "not the output folder of a klear.eval run"))
     unreferenced = write_result(tmp_path / "old", [{"line": 1, "problem": "Add 1 to 1.", "avg": 1.0}], str(data))
     refused.append(((unreferenced, tmp_path / "new"), "no 'reference' in its files"))
+    uncounted_records = [{key: value for key, value in result(1, 2).items() if key != "n"}]
+    uncounted = write_result(tmp_path / "edited", uncounted_records, str(data))
+    refused.append(((uncounted, tmp_path / "new"), "no 'n' in its files"))
+    edited = [result(1, 2), {**result(2, 2), "n": "4"}, {**result(3, 2), "correct": 5}, {**result(4, 1), "maj@": [1]}]
+    for number, record in enumerate(edited[1:], 2):  # each read after a good line: the message names its line
+        folder_of_it = write_result(tmp_path / f"edited-{number}", [edited[0], record], str(data))
+        refused.append(((folder_of_it, tmp_path / "new"), "results.jsonl line 2: its counts (n "))
     for args, message in refused:
         with pytest.raises(EvalError, match=re.escape(message)) as error:
             read_against(*args)

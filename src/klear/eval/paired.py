@@ -28,6 +28,10 @@ NAMES = {"avg": "avg@{n}", "pass@k": "pass@{k}", "maj": "maj@{n}"}
 """How the table names the metrics compared whose key does not say their ``j`` (`compared_metrics`)."""
 
 
+RECORD_KEYS = ("reference", "n", "correct", "avg")
+"""What each line of a results file holds beside its ``line`` and ``problem``, and the comparison reads."""
+
+
 @dataclass(frozen=True)
 class Against:
     """The results ``--against`` names: its folder, its ``summary.json``, and its records by `problem_key`."""
@@ -54,13 +58,32 @@ def read_against(folder: str, output: Path) -> Against:
         lines = (path / "results.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines if line.strip()]
         keyed = {problem_key(record["line"], record["problem"]): record for record in records}
-        held = [("data", summary), *[("reference", record) for record in records]]
-        if absent := [key for key, part in held if key not in part]:  # each line names its problem's reference too
+        held = [("data", summary), *[(key, record) for record in records for key in RECORD_KEYS]]
+        if absent := [key for key, part in held if key not in part]:
             raise KeyError(absent[0])
+        for number, record in enumerate(records, 1):
+            _check_counts(record, number)
     except (OSError, ValueError, KeyError, TypeError) as error:  # no such files, or not klear.eval's
         what = f"no {error} in its files" if isinstance(error, KeyError) else str(error)
         raise EvalError(f"--against {folder}: not the output folder of a klear.eval run ({what})") from None
     return Against(folder, summary, keyed)
+
+
+def _check_counts(record: dict[str, Any], number: int) -> None:
+    """ValueError naming the result (``number``, its line in results.jsonl) whose counts or values are not a
+    klear.eval's: ``n`` samples, ``correct`` of them, ``avg``, ``maj`` and ``maj@`` fractions."""
+    n, correct, curve = record["n"], record["correct"], record.get("maj@", {})
+    counts = all(isinstance(value, int) and not isinstance(value, bool) for value in (n, correct))
+    fractions = [record["avg"], record.get("maj", 0.0), *(curve.values() if isinstance(curve, dict) else [None])]
+    if not (counts and 0 <= correct <= n and n >= 1 and all(_fraction(value) for value in fractions)):
+        raise ValueError(
+            f"results.jsonl line {number}: its counts (n {n!r}, correct {correct!r}) or fractions (avg, maj) are "
+            "not a result's"
+        )
+
+
+def _fraction(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
 
 
 def check_same_problems(against: Against, data: str, problems: list[tuple[int, Any, Any]]) -> None:
