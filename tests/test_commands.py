@@ -183,6 +183,17 @@ def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
         (compared["difference"], compared["same"]) == (0.0, 20) for compared in against["metrics"].values()
     )
     assert sum(level["same"] for level in against["by"]["level"].values()) == 20  # and level by level
+    # --where: a window of the file, the same saved samples of the rows it keeps
+    klear(
+        "klear.eval", "--data", "data/copy.jsonl", *rescored[:4], "--where", "level>=3", "--output", "w", cwd=elsewhere
+    )
+    window = [json.loads(line) for line in (elsewhere / "w" / "results.jsonl").read_text().splitlines()]
+    summary = json.loads((elsewhere / "w" / "summary.json").read_text())
+    low = [line for line, row in enumerate(map(json.loads, rows), 1) if row["level"] < 3]
+    assert summary["rows_left_out"] == len(low) and [record["line"] for record in window] == [
+        record["line"] for record in theirs if record["line"] not in low
+    ]
+    assert [record["correct"] for record in window] == [r["correct"] for r in theirs if r["line"] not in low]
     changed = json.loads(rows[6])
     (elsewhere / "data" / "changed.jsonl").write_text("\n".join([*rows[:6], json.dumps({**changed, "answer": "-1"})]))
     command = [sys.executable, "-m", "klear.eval", "--data", "data/changed.jsonl", *rescored, "--output", "no"]

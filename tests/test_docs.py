@@ -265,6 +265,13 @@ assert "gppo" in list_objectives()
     ("docs/evaluation.md", "python -m klear.eval --model tiny-sft --data eval.jsonl --k 4 --max-new-tokens 96 --by"): (
         Covered(("tests/test_commands.py::test_eval_on_synthetic_math_as_in_the_readme",))
     ),
+    ("docs/evaluation.md", "python -m klear.eval --model outputs/rl/hf --data lcb.jsonl"): NotOnCPU(
+        "LiveCodeBench's release files and a trained model",
+        (
+            "tests/eval/test_where.py::test_saved_completions_stay_with_their_rows_when_some_are_left_out",
+            "tests/test_commands.py::test_eval_on_synthetic_math_as_in_the_readme",
+        ),
+    ),
     ("docs/evaluation.md", "python -m klear.eval --model outputs/rl/hf"): NotOnCPU(
         "a downloaded data set (a LiveCodeBench release file) and a trained model",
         (

@@ -122,6 +122,9 @@ class ProblemSet:
     """What a user should hear about the data before training (prose-like references, truncated prompts)."""
     prompt_format: PromptFormat = AS_GIVEN
     """What was put around every prompt (recorded in `report` when it is not the default)."""
+    left_out: list[int] = field(default_factory=list)
+    """Lines of the rows a command's filter left out before loading (``klear.eval --where``): neither checked nor
+    counted in `rows`."""
 
     @property
     def rows(self) -> int:

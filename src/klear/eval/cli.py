@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import sys
@@ -77,6 +78,7 @@ from klear.eval.options import (
 from klear.eval.paired import check_same_problems, compare_against, read_against
 from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
+from klear.eval.where import OPERATORS, Condition, keep_rows
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
 from klear.run.directory import folder_problem, write_failure
@@ -131,6 +133,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "metric's difference to it, problem by problem, with its 95%% interval",
     )
     parser.add_argument(
+        "--where",
+        nargs="+",
+        action="extend",
+        default=[],
+        type=Condition.parse,
+        metavar="CONDITION",
+        help="evaluate only the rows whose fields hold every CONDITION: FIELD OP VALUE, OP one of "
+        f"{' '.join(OPERATORS)} ('contest_date>=2024-08-01', difficulty=hard; quoted, as the shell redirects < and >); "
+        "numbers compare as numbers, else as text",
+    )
+    parser.add_argument(
         "--by",
         nargs="+",
         default=[],
@@ -182,7 +195,8 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
         if args.against is not None and len(planned) > 1:
             raise EvalError("--against compares the results of one --data; give one data file")
         against = read_against(args.against, planned[0][2]) if args.against is not None else None
-        first = 0 if args.completions is not None else args.limit or 0  # saved answers follow every row
+        # saved answers follow every row; --where reads every row to choose
+        first = 0 if args.completions is not None or args.where else args.limit or 0
         heads: dict[str, FirstRows] = {}
         for _, data, output in planned:  # every file and folder before a model's tokenizer is loaded
             if (output / "results.jsonl").exists() and not args.overwrite:
@@ -207,6 +221,7 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
                 prompt_format=options.prompt_format,
                 first=first,
                 head=heads.get(data),
+                select=functools.partial(keep_rows, conditions=args.where, data=data) if args.where else None,
             )
             sets.append(EvalSet(name, data, output, problems, task, reward, problems.problems[: args.limit]))
         check_fields(args.by, [problem for one in sets for problem in one.chosen], ", ".join(one.data for one in sets))
@@ -313,6 +328,8 @@ def set_summary(
         "routed": one.task.route and bool(problems.sources()),
         "rows": problems.rows,
         "rows_skipped": len(problems.bad),
+        "where": [str(condition) for condition in args.where],
+        "rows_left_out": len(problems.left_out),
         "bad_rows": [row.to_dict() for row in problems.bad],
         "k": args.k,
         "n": n,

@@ -59,8 +59,10 @@ class SavedCompletions:
 
 def read_completions(path: str, problems: ProblemSet, k: int) -> SavedCompletions:
     """The completions of each problem of ``problems``, in its order, from the lines of ``path`` that match the data
-    rows (usable or skipped) one to one."""
-    rows = sorted([problem.line for problem in problems.problems] + [row.line for row in problems.bad])
+    rows (usable, skipped or left out by ``--where``) one to one."""
+    rows = sorted(
+        [problem.line for problem in problems.problems] + [row.line for row in problems.bad] + problems.left_out
+    )
     lines = _lines(path)
     if len(lines) != len(rows):
         raise EvalError(

@@ -192,7 +192,7 @@ def _code_timeouts(samples: Sequence[dict[str, Any]]) -> int:
 
 def markdown_table(summary: dict[str, Any]) -> str:
     """The summary as a two-column markdown table."""
-    n, skipped = summary["n"], summary["rows_skipped"]
+    n, skipped, where = summary["n"], summary["rows_skipped"], [f"--where {c}" for c in summary.get("where", [])]
     saved = summary.get("completions") is not None
     reward = (
         "rewards by source" if summary.get("by_source") and summary.get("routed") else f"{summary['reward']} reward"
@@ -204,7 +204,8 @@ def markdown_table(summary: dict[str, Any]) -> str:
             "problems",
             f"{summary['problems']}"
             + (f" ({summary['distinct']} distinct: the others repeat one)" if "distinct" in summary else "")
-            + (f" ({skipped} bad rows skipped: see summary.json)" if skipped else ""),
+            + (f" ({skipped} bad rows skipped: see summary.json)" if skipped else "")
+            + (f" ({left} rows left out by {' '.join(where)})" if (left := summary.get("rows_left_out")) else ""),
         ),
         (
             "samples per problem",

@@ -16,6 +16,7 @@ before it loads them, for the model's tokenizer and context only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from klear.config.model_path import is_adapter_folder, model_path_problem
@@ -36,6 +37,10 @@ class EvalError(UserError):
     """An evaluation that cannot start as asked: one line naming the argument or row and what is accepted."""
 
 
+Select = Callable[[list[tuple[int, dict]]], tuple[list[tuple[int, dict]], list[int]]]
+"""``(line, row)`` of a whole file -> those to evaluate, and the lines of the others (`load_eval_problems`)."""
+
+
 def load_eval_problems(
     data: str,
     *,
@@ -51,6 +56,7 @@ def load_eval_problems(
     prompt_format: PromptFormat = AS_GIVEN,
     first: int = 0,
     head: FirstRows | None = None,
+    select: Select | None = None,
 ) -> tuple[ProblemSet, Task, Reward]:
     """The checked problems of ``data`` (``--data``; bad rows skipped by file and line), their task and reward.
 
@@ -65,17 +71,23 @@ def load_eval_problems(
         first: ``--limit``: the first problems alone, the rows past them neither checked nor measured (0: all).
         head: with ``first``, the file's first rows as the command's check read them (read here when None), read on
             as far as the first problems need.
+        select: the rows to evaluate, of the whole file (not with ``first``): ``klear.eval --where``
+            (`klear.eval.where.keep_rows`); the lines of the others are kept as the set's ``left_out``.
 
     Raises:
         EvalError: an unknown reward or option, or a model that cannot be loaded or leaves no room for a prompt.
         klear.data.readers.DataError: an unreadable file, or one without a usable row.
     """
+    left_out: list[int] = []
     if first:  # read as far as the first problems need
         rows = head or FirstRows(data, 4 * first)
         task = choose_task([row for _, row in rows.rows], data, reward, prompt_key, reference_key)
     else:
-        rows = read_numbered(data)
-        task = choose_task([row for _, row in rows[0]], data, reward, prompt_key, reference_key)
+        numbered, bad = read_numbered(data)
+        if select is not None:
+            numbered, left_out = select(numbered)
+        rows = (numbered, bad)
+        task = choose_task([row for _, row in numbered], data, reward, prompt_key, reference_key)
     built = build_reward(task.reward, reward_options or {}, route=task.route)
     prompt_length, limit = None, 0
     if model is not None:
@@ -99,6 +111,7 @@ def load_eval_problems(
         prompt_format=prompt_format,
         first=first,
     )
+    problems.left_out = left_out
     problems.log("--data")
     warn_bad_rows(problems.bad, {data: problems.rows})
     return problems, task, built
