@@ -11,7 +11,7 @@ import pytest
 from klear.eval.estimators import pass_at_k
 from klear.eval.metrics import markdown_table
 from klear.eval.paired import check_same_problems, compare_against, read_against
-from klear.eval.stats import mean_ci, paired_t_test
+from klear.eval.stats import holm, mean_ci, paired_t_test
 from klear.eval.tasks import EvalError
 
 
@@ -93,9 +93,12 @@ def test_with_by_each_groups_avg_is_compared_too(tmp_path):
     assert level["2"]["difference"] == pytest.approx((0.5 + 0.0) / 2)
     assert (level["2"]["up"], level["2"]["same"]) == (1, 1)
     assert level["10"]["difference"] == pytest.approx(0.25 / 2) and level["10"]["problems"] == 2
+    adjusted = holm([level["2"]["p"], level["10"]["p"]])  # one test a group, adjusted over the field's groups
+    assert [level["2"]["p_holm"], level["10"]["p_holm"]] == pytest.approx(adjusted)
     folder = str(tmp_path / "base")
     rows = dict(row.split(" | ", 1) for row in markdown_table_rows({"n": 4, "k": 4, "against": compared}))
-    assert rows[f"avg@4 against `{folder}`, `level` = 10"].startswith("+0.1250 [")
+    ten = rows[f"avg@4 against `{folder}`, `level` = 10"]
+    assert ten.startswith("+0.1250 [") and f"p = {level['10']['p']:.3f} (Holm {level['10']['p_holm']:.3f});" in ten
     assert list(rows)[-2:] == [f"avg@4 against `{folder}`, `level` = {value}" for value in ("2", "10")]
     assert "by" not in compare_against(theirs, against, k=4)  # no --by, no groups
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from klear.eval.estimators import majority_ks, pass_at_k, reported_ks
 from klear.eval.groups import group_order
-from klear.eval.stats import paired_difference
+from klear.eval.stats import holm, paired_difference
 from klear.eval.tasks import EvalError
 
 NAMES = {"avg": "avg@{n}", "pass@k": "pass@{k}", "maj": "maj@{n}"}
@@ -158,11 +158,15 @@ def compare_against(records: list[dict[str, Any]], against: Against, k: int) -> 
 
 
 def _by_value(pairs: list[tuple[dict[str, Any], dict[str, Any]]], field: str) -> dict[str, dict[str, Any]]:
-    """avg@n's `difference` over the paired problems of each value of ``field``, in `group_order`."""
+    """avg@n's `difference` over the paired problems of each value of ``field``, in `group_order`, each p-value
+    with its Holm adjustment over the field's groups (``p_holm``; None where the p-value is): one test a group."""
     groups: dict[str, list[tuple[float, float]]] = {}
     for mine, theirs in pairs:
         groups.setdefault(mine["by"][field], []).append((mine["avg"], theirs["avg"]))
-    return {value: difference(groups[value]) for value in group_order(set(groups))}
+    compared = {value: difference(groups[value]) for value in group_order(set(groups))}
+    tested = [value for value, result in compared.items() if result["p"] is not None]
+    adjusted = dict(zip(tested, holm([compared[value]["p"] for value in tested]), strict=True))
+    return {value: {**result, "p_holm": adjusted.get(value)} for value, result in compared.items()}
 
 
 def difference(values: list[tuple[float, float]]) -> dict[str, Any]:
@@ -202,8 +206,9 @@ def against_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _cell(value: dict[str, Any]) -> str:
-    """A `difference` as the table shows it."""
+    """A `difference` as the table shows it (with a group's Holm-adjusted p-value, `_by_value`)."""
     p = "" if value["p"] is None else f", p = {value['p']:.3f}"
+    p += "" if value.get("p_holm") is None else f" (Holm {value['p_holm']:.3f})"
     return (
         f"{value['difference']:+.4f} [{value['low']:+.4f}, {value['high']:+.4f}]{p}; "
         f"{value['up']} up, {value['down']} down, {value['same']} same of {value['problems']} problems"
