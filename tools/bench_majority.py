@@ -6,8 +6,10 @@ bootstrap: draw ``--draws`` random subsets of j samples and average their majori
 problems of ``--n`` votes as a model gives them (a per-problem accuracy drawn uniformly, the right answer with that
 probability, else one of ``--wrong`` wrong answers by a Zipf law, or no answer at 5%), then for each reported j
 between 2 and n times both over every problem and gives the bootstrap's error against the exact value (mean over
-problems, and of the set's maj@j). A last line times the exact estimator on one problem of ``--large`` samples
-spread over 100 answers, the heaviest case a user meets.
+problems, and of the set's maj@j). Two last lines time the exact estimator on one problem of ``--large`` samples,
+2% of them right, the others spread over 100 wrong answers, then over as many as there are samples (most of them
+given once or twice: a weak model's samples, the heaviest case). `klear.eval.estimators.MAJORITY_SAMPLES` bounds
+the samples it is asked to take.
 
     python tools/bench_majority.py [--problems 500] [--n 64] [--draws 1000] [--large 1024]
 """
@@ -72,14 +74,18 @@ def main() -> None:
             f" (mean), {set_error:.4f} on the set"
         )
     large_rng = random.Random(1)
-    votes = [f"answer {large_rng.randrange(100)}" for _ in range(args.large)]
-    correct = [vote == "answer 0" for vote in votes]
-    start = time.perf_counter()
-    majority_at(votes, correct, args.large // 2)
-    print(
-        f"one problem of {args.large} samples over 100 answers: maj@{args.large // 2} exact in "
-        f"{time.perf_counter() - start:.2f} s"
-    )
+    for answers in (100, args.large):  # a model that mostly agrees, and one whose samples mostly differ
+        # the right answer in 2% of the samples, the others spread over ``answers`` wrong ones
+        votes = [
+            "right" if large_rng.random() < 0.02 else f"wrong {large_rng.randrange(answers)}" for _ in range(args.large)
+        ]
+        correct = [vote == "right" for vote in votes]
+        start = time.perf_counter()
+        majority_at(votes, correct, args.large // 2)
+        print(
+            f"one problem of {args.large} samples over {answers} answers: maj@{args.large // 2} exact in "
+            f"{time.perf_counter() - start:.2f} s"
+        )
     print(
         f"bench_majority: {args.problems} problems x {args.n} samples, maj@j for j in "
         f"{majority_ks(args.n // 2, args.n)}: exact {exact_s:.2f} s, {args.draws}-draw bootstrap {bootstrap_s:.2f} s;"

@@ -9,7 +9,7 @@ import pytest
 from pytest import approx
 
 from klear.data.problems import Problem
-from klear.eval.estimators import majority, majority_at
+from klear.eval.estimators import MAJORITY_SAMPLES, majority, majority_at, majority_ks
 from klear.eval.metrics import SavedCompletion, markdown_table, problem_record, summarize
 from klear.rewards import get_reward
 from klear.rewards.math_reward import vote_key
@@ -62,6 +62,12 @@ def test_maj_at_k_is_the_mean_majority_over_every_draw_of_k_samples(votes, corre
         assert majority_at(votes, correct, k) == pytest.approx(mean, abs=1e-12), k
     assert majority_at(votes, correct, n) == majority(votes, correct)
     assert majority_at(votes, correct, 1) == pytest.approx(sum(answer_right) / n)
+
+
+def test_maj_at_j_is_reported_up_to_its_sample_limit():
+    assert majority_ks(8, 16) == [4, 8] and majority_ks(4, 4) == [] and majority_ks(2, 64) == []
+    assert majority_ks(4096, MAJORITY_SAMPLES) == [4, 8, 16, 32, 64, 128, 256, 512]
+    assert majority_ks(4096, MAJORITY_SAMPLES + 1) == []  # maj@n alone: the exact cost grows too fast
 
 
 def test_maj_at_k_stays_exact_with_thousands_of_samples():

@@ -52,10 +52,17 @@ def reported_ks(k: int) -> list[int]:
     return [*ks, k]
 
 
+MAJORITY_SAMPLES = 1024
+"""The most samples per problem whose maj@j below n are estimated (`majority_ks`). maj@512 of 1024 samples spread
+over a thousand answers takes 0.2 s a problem (tools/bench_majority.py); the cost grows faster than the samples
+times j: 1.4 s at 2048, 9 s at 4096. maj@n itself costs no more with more samples."""
+
+
 def majority_ks(k: int, n: int) -> list[int]:
     """The maj@j a problem's record gives beside its maj@n: `reported_ks` of ``k`` above 2 and below ``n`` (``[4]``
-    for ``k = 4``, ``n = 16``). maj@1 and maj@2 are avg@1: two samples that differ are a tie, broken at random."""
-    return [j for j in reported_ks(k) if 2 < j < n]
+    for ``k = 4``, ``n = 16``), up to `MAJORITY_SAMPLES` samples. maj@1 and maj@2 are avg@1: two samples that differ
+    are a tie, broken at random."""
+    return [j for j in reported_ks(k) if 2 < j < n] if n <= MAJORITY_SAMPLES else []
 
 
 def majority(votes: Sequence[str | None], correct: Sequence[bool]) -> float:
@@ -103,16 +110,31 @@ def _tally(votes: Sequence[str | None], correct: Sequence[bool]) -> list[tuple[i
 
 def _ties(counts: Sequence[int], a: int, rest: int, q: float) -> np.ndarray:
     """The scaled weight of drawing ``rest`` samples from the answers of ``counts`` with none above ``a`` votes, by
-    how many (``t``, the index) reach ``a``; empty when they cannot give ``rest`` that way."""
+    how many (``t``, the index) reach ``a``; empty when they cannot give ``rest`` that way.
+
+    Answers of fewer than ``a`` votes can never reach it: drawn freely, together they are one binomial in the draw
+    size (Vandermonde's identity), so only those of ``a`` votes or more are multiplied in one by one. With ``a = 1``
+    every answer drawn at all is drawn once and ties, so ``t`` is the draw size and one row of weights suffices."""
     if sum(min(count, a) for count in counts) < rest:
         return np.zeros(0)
-    most_ties = min(rest // a, sum(count >= a for count in counts))
+    large = [count for count in counts if count >= a]
+    if a == 1:
+        line = np.zeros(rest + 1)
+        line[0] = 1.0
+        for count in large:
+            line[1:] = _weight(count, 0, q) * line[1:] + _weight(count, 1, q) * line[:-1]
+            line[0] *= _weight(count, 0, q)
+        ties = np.zeros(rest + 1)
+        ties[rest] = line[rest]
+        return ties
+    small = sum(count for count in counts if count < a)
+    most_ties = min(rest // a, len(large))
     table = np.zeros((rest + 1, most_ties + 1))
-    table[0, 0] = 1.0
-    for count in counts:
-        below = np.array([_weight(count, x, q) for x in range(min(count, a - 1, rest) + 1)])
+    table[: min(small, rest) + 1, 0] = [_weight(small, x, q) for x in range(min(small, rest) + 1)]
+    for count in large:
+        below = np.array([_weight(count, x, q) for x in range(min(a - 1, rest) + 1)])
         grown = _convolve_rows(table, below)
-        if count >= a and most_ties:
+        if most_ties:
             grown[a:, 1:] += _weight(count, a, q) * table[: rest + 1 - a, :-1]
         table = grown
     return table[rest]
