@@ -312,6 +312,14 @@ assert "gppo" in list_objectives()
             "tests/eval/test_sampler.py::test_rope_scaling_reaches_the_model_and_its_context",
         ),
     ),
+    ("docs/evaluation.md", "python -m klear.eval --model Kwai-Klear/Klear-Reasoner-8B --data lcb.jsonl"): NotOnCPU(
+        "an 8B model downloaded from the hub, LiveCodeBench's release files, 8 x 64K tokens per problem with vLLM",
+        (
+            "tests/eval/test_where.py::test_saved_completions_stay_with_their_rows_when_some_are_left_out",
+            "tests/data/test_code_formats.py::test_lcb_converted_tests_score_with_the_code_reward",
+            "tests/eval/test_sampler.py::test_rope_scaling_reaches_the_model_and_its_context",
+        ),
+    ),
     ("docs/evaluation.md", 'numbered, bad = read_numbered("HumanEval.jsonl.gz")'): Covered(
         ("tests/test_commands.py::test_the_readme_snippet_turning_humaneval_rows_into_klear_rows",),
         "on a one-row HumanEval.jsonl.gz",
