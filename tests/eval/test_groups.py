@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 
 from klear.data.problems import Problem
@@ -19,6 +21,7 @@ from klear.eval.tasks import EvalError
         ({"tags": ["Array", "Hash Table"]}, "tags", '["Array", "Hash Table"]'),  # a list: as JSON
         ({"level": None}, "level", "null"),
         ({"subject": "Algebra"}, "level", NONE),  # a row without it
+        ({"contest_date": datetime(2024, 8, 3)}, "contest_date", "2024-08-03 00:00:00"),  # a parquet timestamp
     ],
 )
 def test_a_rows_group_is_its_value_as_text(row, field, expected):

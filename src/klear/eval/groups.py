@@ -23,13 +23,20 @@ NONE = "(none)"
 """The group of a row that does not hold the field."""
 
 
+def field_text(value: Any) -> str:
+    """A row's value as text, as ``--by`` groups it and ``--where`` compares it: a string as it is, a list, object,
+    boolean or null as JSON, anything else (a number, a date a parquet file holds as a timestamp) as ``str``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, dict, bool)) or value is None:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return str(value)
+
+
 def group_value(row: dict, field: str) -> str:
-    """The group of ``row`` by ``field``: its value as text (a number as written, a list or object as JSON), or
-    `NONE` when the row does not hold it."""
-    if not has_path(row, field):
-        return NONE
-    value = get_path(row, field)
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+    """The group of ``row`` by ``field``: its value as text (`field_text`), or `NONE` when the row does not hold
+    it."""
+    return field_text(get_path(row, field)) if has_path(row, field) else NONE
 
 
 def check_fields(fields: Sequence[str], problems: Sequence[Problem], data: str) -> None:

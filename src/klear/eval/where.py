@@ -20,7 +20,6 @@ were.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import operator
 import re
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from klear.data.layouts import get_path, has_path
+from klear.eval.groups import field_text
 from klear.eval.tasks import EvalError
 
 OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
@@ -76,7 +76,7 @@ class Condition:
         mine, theirs = _number(value), _number(self.value)
         if theirs is not None:  # a number compares with numbers alone: "Level 4" is not >= 4, nor < it
             return mine is not None and OPERATORS[self.op](mine, theirs)
-        return OPERATORS[self.op](_text(value), self.value)
+        return OPERATORS[self.op](field_text(value), self.value)
 
 
 def _number(value: Any) -> float | None:
@@ -92,15 +92,6 @@ def _number(value: Any) -> float | None:
             return None
         return number if math.isfinite(number) else None
     return None
-
-
-def _text(value: Any) -> str:
-    """``value`` as the text a condition compares: a string as it is, a list or object as JSON, else ``str``."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (list, dict, bool)) or value is None:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False)
-    return str(value)
 
 
 def keep_rows(
