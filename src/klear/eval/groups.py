@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from klear.data.layouts import get_path, has_path
 from klear.data.problems import Problem
 from klear.eval.tasks import EvalError
 
+T = TypeVar("T")
 NONE = "(none)"
 """The group of a row that does not hold the field."""
 
@@ -52,6 +53,14 @@ def label_records(records: list[dict[str, Any]], problems: Sequence[Problem], fi
     """Each record's ``by``: its problem's group per field (the records are the problems', in order)."""
     for record, problem in zip(records, problems, strict=True):
         record["by"] = {field: group_value(problem.row, field) for field in fields}
+
+
+def grouped(items: Iterable[T], value: Callable[[T], str]) -> dict[str, list[T]]:
+    """``items`` by their group ``value(item)``, the groups in `group_order`, each in the items' order."""
+    groups: dict[str, list[T]] = {}
+    for item in items:
+        groups.setdefault(value(item), []).append(item)
+    return {group: groups[group] for group in group_order(set(groups))}
 
 
 def group_order(values: set[str]) -> list[str]:

@@ -40,7 +40,7 @@ from typing import Any
 
 from klear.data.problems import Problem
 from klear.eval.estimators import majority, majority_at, majority_ks, pass_at_k, reported_ks
-from klear.eval.groups import group_order
+from klear.eval.groups import grouped
 from klear.eval.paired import against_rows
 from klear.rollout.engine import Rollout
 
@@ -144,11 +144,8 @@ def summarize(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
 
 
 def _by_field(records: Sequence[dict[str, Any]], field: str, k: int) -> dict[str, dict[str, Any]]:
-    """`_group_summary` per value of ``field`` (the records' ``by``), in `group_order`."""
-    values = group_order({record["by"][field] for record in records})
-    return {
-        value: _group_summary([record for record in records if record["by"][field] == value], k) for value in values
-    }
+    """`_group_summary` per value of ``field`` (the records' ``by``, `grouped`)."""
+    return {value: _group_summary(mine, k) for value, mine in grouped(records, lambda r: r["by"][field]).items()}
 
 
 def _group_summary(mine: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:

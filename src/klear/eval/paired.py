@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.eval.estimators import majority_ks, pass_at_k, reported_ks
-from klear.eval.groups import group_order
+from klear.eval.groups import grouped
 from klear.eval.stats import holm, paired_difference
 from klear.eval.tasks import EvalError
 
@@ -158,12 +158,12 @@ def compare_against(records: list[dict[str, Any]], against: Against, k: int) -> 
 
 
 def _by_value(pairs: list[tuple[dict[str, Any], dict[str, Any]]], field: str) -> dict[str, dict[str, Any]]:
-    """avg@n's `difference` over the paired problems of each value of ``field``, in `group_order`, each p-value
+    """avg@n's `difference` over the paired problems of each value of ``field`` (`grouped`), each p-value
     with its Holm adjustment over the field's groups (``p_holm``; None where the p-value is): one test a group."""
-    groups: dict[str, list[tuple[float, float]]] = {}
-    for mine, theirs in pairs:
-        groups.setdefault(mine["by"][field], []).append((mine["avg"], theirs["avg"]))
-    compared = {value: difference(groups[value]) for value in group_order(set(groups))}
+    groups = grouped(pairs, lambda pair: pair[0]["by"][field])
+    compared = {
+        value: difference([(mine["avg"], theirs["avg"]) for mine, theirs in of]) for value, of in groups.items()
+    }
     tested = [value for value, result in compared.items() if result["p"] is not None]
     adjusted = dict(zip(tested, holm([compared[value]["p"] for value in tested]), strict=True))
     return {value: {**result, "p_holm": adjusted.get(value)} for value, result in compared.items()}
