@@ -194,6 +194,16 @@ def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
         record["line"] for record in theirs if record["line"] not in low
     ]
     assert [record["correct"] for record in window] == [r["correct"] for r in theirs if r["line"] not in low]
+    # Sampled in that window, each problem draws the samples it drew in the whole file (its stream is its line's)
+    sampled = ["--where", "level>=3", "--output", "outputs/eval/window", "--against", "outputs/eval/sft"]
+    klear("klear.eval", "--model", "tiny-sft", *args, *sampled, cwd=tmp_path)
+    window = [json.loads(line) for line in (tmp_path / "outputs/eval/window/results.jsonl").read_text().splitlines()]
+    kept = [record for record in theirs if record["line"] not in low]
+    assert [[sample["text"] for sample in record["samples"]] for record in window] == [
+        [sample["text"] for sample in record["samples"]] for record in kept
+    ]
+    against = json.loads((tmp_path / "outputs/eval/window/summary.json").read_text())["against"]
+    assert against["paired"] == len(kept) > 0 and against["metrics"]["avg"]["same"] == len(kept)
     changed = json.loads(rows[6])
     (elsewhere / "data" / "changed.jsonl").write_text("\n".join([*rows[:6], json.dumps({**changed, "answer": "-1"})]))
     command = [sys.executable, "-m", "klear.eval", "--data", "data/changed.jsonl", *rescored, "--output", "no"]

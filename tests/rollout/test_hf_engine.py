@@ -66,6 +66,19 @@ def test_a_prompts_samples_depend_on_its_seed_alone(engine, prompts):
     assert together[0].response_ids != together[1].response_ids or together[2].response_ids != together[3].response_ids
 
 
+def test_seeds_give_each_prompt_its_own_stream(engine, prompts):
+    together = engine.generate(prompts, SamplingParams(max_new_tokens=10, n=2, seed=42))
+    # Prompts 0 and 3 alone, keyed by their streams in the whole call (42 and 45): the samples they drew there.
+    apart = engine.generate([prompts[0], prompts[3]], SamplingParams(max_new_tokens=10, n=2, seed=42, seeds=(42, 45)))
+    assert [r.response_ids for r in apart] == [r.response_ids for r in together[:2] + together[6:]]
+    assert [r.prompt_index for r in apart] == [0, 0, 1, 1]
+    # Consecutive seeds are ``seed + i``: an engine that reads ``seed`` alone agrees with them.
+    consecutive = engine.generate(prompts[1:3], SamplingParams(max_new_tokens=10, n=2, seed=43, seeds=(43, 44)))
+    assert [r.response_ids for r in consecutive] == [r.response_ids for r in together[2:6]]
+    with pytest.raises(ValueError, match="2 stream seeds for 4 prompts"):
+        engine.generate(prompts, SamplingParams(max_new_tokens=2, seeds=(1, 2)))
+
+
 def test_greedy_decoding_logs_untempered_logprobs(engine, prompts):
     (rollout,) = engine.generate(prompts[:1], SamplingParams(max_new_tokens=5, temperature=0.0))
     tokens = torch.tensor([rollout.prompt_ids + rollout.response_ids])

@@ -13,7 +13,13 @@ from klear.models import load_model, load_tokenizer
 from klear.rewards import RewardScorer
 from klear.rollout.engine import SamplingParams
 from klear.rollout.hf import HFEngine
-from klear.rollout.sample_and_score import SampledGroups, sample_and_score, sample_references, sample_share
+from klear.rollout.sample_and_score import (
+    SampledGroups,
+    line_streams,
+    sample_and_score,
+    sample_references,
+    sample_share,
+)
 
 PROBLEMS = [Problem(row["problem"], row["answer"]) for row in generate_problems(5, seed=3, levels=[1])]
 SAMPLING = SamplingParams(max_new_tokens=96, temperature=1.0, n=3, seed=11)
@@ -65,6 +71,30 @@ def test_two_ranks_shares_are_one_process_and_each_reference_gets_its_own_seed(e
         assert mine.logprobs == pytest.approx(one.logprobs, abs=1e-5)  # batched with other prompts: float noise
     assert split.scores == whole.scores
     assert len({rollout.text for rollout in whole.rollouts}) > 1, "samples that all agree could not show a shift"
+
+
+def test_stream_numbers_key_samples_and_references_whoever_else_is_sampled(engine):
+    suites = [Problem(problem.prompt, {"tests": [], "max_test_cases": 1}) for problem in PROBLEMS]
+    scorer = RewardScorer(seed_of)
+    whole = sample_and_score(engine, engine.tokenizer, suites, SAMPLING, scorer.score)
+    # Problems 1, 3 and 4 alone, keyed by their places in the whole: its samples and reference seeds.
+    picked = [suites[i] for i in (1, 3, 4)]
+    part = sample_and_score(engine, engine.tokenizer, picked, SAMPLING, scorer.score, streams=[1, 3, 4])
+    assert [[r.text for r in group] for group in part.groups] == [[r.text for r in whole.groups[i]] for i in (1, 3, 4)]
+    assert part.scores.raw == [float(11 + s * 3 + j) for s in (1, 3, 4) for j in range(3)]
+    assert [r["seed"] for r in sample_references(picked, 3, 11, [1, 3, 4])] == part.scores.raw
+    streams = [1, 3, 4]
+    shares = [sample_share(engine, engine.tokenizer, picked, SAMPLING, scorer.score, r, 2, 0, streams) for r in (0, 1)]
+    split = SampledGroups.of_shares(shares, 3, 3)
+    assert [r.text for r in split.rollouts] == [r.text for r in part.rollouts] and split.scores == part.scores
+    with pytest.raises(ValueError, match="2 stream numbers for 3 problems"):
+        sample_and_score(engine, engine.tokenizer, picked, SAMPLING, scorer.score, streams=[1, 3])
+
+
+def test_line_streams_key_by_data_line_unless_lines_are_missing_or_repeat():
+    assert line_streams([Problem("a", "1", line=3), Problem("b", "2", line=7)]) == [2, 6]
+    assert line_streams([Problem("a", "1", line=3), Problem("b", "2", line=3)]) is None
+    assert line_streams([Problem("a", "1"), Problem("b", "2", line=2)]) is None  # a synthetic problem: no line
 
 
 def test_an_empty_share_is_not_scored_and_a_seed_is_required(engine):

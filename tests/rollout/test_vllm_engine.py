@@ -129,6 +129,9 @@ def test_same_seed_same_samples_whatever_else_is_in_the_call(synced):
     assert [r.response_ids for r in first[3:]] == [r.response_ids for r in alone]
     other = engine.generate(prompts, SamplingParams(max_new_tokens=40, n=3, seed=7))
     assert [r.response_ids for r in first] != [r.response_ids for r in other]
+    # Each prompt's stream given (`seeds`): the last prompt alone, keyed by its stream in the whole call.
+    keyed = engine.generate(prompts[-1:], SamplingParams(max_new_tokens=40, n=3, seed=123, seeds=(122 + len(prompts),)))
+    assert [r.response_ids for r in keyed] == [r.response_ids for r in first[-3:]]
 
 
 def test_sampling_leaves_the_global_rng_alone(synced):

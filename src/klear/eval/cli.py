@@ -33,7 +33,8 @@ the model and sampling settings (`klear.eval.sampler`), so an engine added to th
 ``hf`` engine samples from the loaded model itself. The model runs on the GPU when there is one. Samples are drawn
 and scored by `klear.rollout.sample_and_score`, as RL's step and ``klear.data curate`` draw theirs, with the
 one scorer (`klear.rewards.RewardScorer`): the samples of a problem are a function of ``--seed`` and the
-problem's position alone (each sample has its own seeded stream), whatever ``--batch-size`` groups together.
+problem's line in its data file alone (each sample has its own seeded stream), whatever ``--batch-size`` groups
+together and whichever other rows ``--where`` and ``--limit`` keep or the checks skip.
 
 Everything that can be wrong with the arguments, the data or the model is checked before sampling starts and
 reported as one line (exit code 2), including data in which no row is usable. ``--help``, the arguments, the
@@ -439,7 +440,7 @@ def run(
     options: SamplingOptions,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Sample ``n`` answers per problem and score them: the per-problem records, and timings."""
-    from klear.rollout.sample_and_score import sample_and_score  # torch: imported with the model already
+    from klear.rollout.sample_and_score import line_streams, sample_and_score  # torch: imported with the model
 
     sampling = SamplingParams(
         max_new_tokens=options.max_new_tokens,
@@ -450,7 +451,7 @@ def run(
         seed=options.seed,
     )
     log.info("sampling %d problems x %d with the %s engine, then scoring them", len(problems), n, options.engine)
-    sampled = sample_and_score(engine, tokenizer, problems, sampling, scorer.score)
+    sampled = sample_and_score(engine, tokenizer, problems, sampling, scorer.score, streams=line_streams(problems))
     tokens = sum(len(rollout.response_ids) for rollout in sampled.rollouts)
     timing = {"sampling_s": sampled.sampling_s, "scoring_s": sampled.scoring_s}
     timing["sampled_tokens_per_s"] = tokens / sampled.sampling_s
@@ -460,14 +461,14 @@ def run(
 def score_saved(
     problems: list[Problem], saved: list[list[object]], scorer: RewardScorer, k: int, seed: int
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Score each problem's saved completions as sampled ones are scored (sample ``j`` of problem ``i`` against its
-    reference seeded with ``seed + i * n + j``): the per-problem records, and the scoring time."""
-    from klear.rollout.sample_and_score import sample_references  # torch: imported for the device already
+    """Score each problem's saved completions as sampled ones are scored (sample ``j`` of the problem at line ``l``
+    against its reference seeded with ``seed + (l - 1) * n + j``): the per-problem records, and the scoring time."""
+    from klear.rollout.sample_and_score import line_streams, sample_references  # torch: imported already
 
     samples = [[SavedCompletion(text) for text in row] for row in saved]
     log.info("scoring %d saved samples", sum(len(row) for row in samples))
     timer = time.perf_counter()
-    references = sample_references(problems, len(samples[0]) if samples else 0, seed)
+    references = sample_references(problems, len(samples[0]) if samples else 0, seed, line_streams(problems))
     scores = scorer.score_texts([sample.text for row in samples for sample in row], references)
     return records_of(problems, samples, scores, k, scorer.reward), {"scoring_s": time.perf_counter() - timer}
 

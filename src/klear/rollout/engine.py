@@ -43,12 +43,32 @@ class SamplingParams:
     depend on the other prompts of the call: a caller that splits prompts across ranks passes ``seed`` plus the
     index of its first prompt and gets exactly the samples of one call on all prompts. ``None``: the engine
     draws ``seed`` from its own generator."""
+    seeds: tuple[int, ...] | None = None
+    """One stream seed per prompt of the call, in place of ``seed + i``: prompt ``i`` samples from ``seeds[i]``. A
+    caller whose prompts are not consecutive in its source (rows a filter left out, or skipped) keys each stream by
+    the prompt's place there, so a prompt draws the same samples whichever others are sampled with it. A caller
+    also sets ``seed`` to ``seeds[0]``, so an engine that reads ``seed`` alone agrees wherever the seeds run
+    consecutively."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1 or self.n < 1 or self.temperature < 0 or self.top_k < 0:
             raise ValueError(f"invalid sampling parameters {self}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def prompt_seeds(self, prompts: int, draw: Callable[[], int]) -> list[int]:
+        """The stream seed of each of a call's ``prompts`` prompts: ``seeds``, else ``seed + i``, with ``draw()`` (the
+        engine's own generator) in place of an unset ``seed``.
+
+        Raises:
+            ValueError: ``seeds`` given for another number of prompts.
+        """
+        if self.seeds is not None:
+            if len(self.seeds) != prompts:
+                raise ValueError(f"{len(self.seeds)} stream seeds for {prompts} prompts")
+            return list(self.seeds)
+        seed = self.seed if self.seed is not None else draw()
+        return [seed + i for i in range(prompts)]
 
 
 @dataclass

@@ -84,11 +84,9 @@ class HFEngine:
     # -------------------------------------------------------------------------------------------- protocol
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Rollout]:
-        seed = sampling.seed
-        if seed is None:
-            seed = int(torch.randint(2**62, (1,), generator=self.generator))
+        seeds = sampling.prompt_seeds(len(prompts), lambda: int(torch.randint(2**62, (1,), generator=self.generator)))
         jobs = [
-            (index, prompt, _sample_seed(seed + index, sample))
+            (index, prompt, _sample_seed(seeds[index], sample))
             for index, prompt in enumerate(prompts)
             for sample in range(sampling.n)
         ]

@@ -5,9 +5,12 @@ in-training evaluation (`klear.eval.in_training.evaluate`), ``klear.eval`` and `
 only in their problems, their `SamplingParams` and what they make of the scores, so a change to how samples are
 seeded, scored or grouped is made here once.
 
-Seeds: prompt ``i`` of the call samples from the stream ``sampling.seed + i`` and its sample ``j`` is scored
-against its reference seeded with ``sampling.seed + i * n + j`` (`seeded_reference`: a code suite that samples
-its tests), so every sample is a function of the seed and the prompt's index alone. With ``world``
+Seeds: prompt ``i`` of the call samples from the stream ``sampling.seed + s`` and its sample ``j`` is scored
+against its reference seeded with ``sampling.seed + s * n + j`` (`seeded_reference`: a code suite that samples
+its tests), where ``s`` is the prompt's stream number: its index ``i`` in the call (plus ``first``, for a call
+that is one part of a larger one), or the number the caller gives it (``streams``: ``klear.eval`` gives each
+problem its row's place in the data file, so a problem draws the same samples whichever rows are evaluated with
+it). Every sample is thus a function of the seed and the prompt's stream number alone. With ``world``
 data-parallel ranks each samples and scores its contiguous share of the prompts (`rank_range`) and all ranks
 return the whole call's groups (`gather_objects`): the split changes nothing. Every rank calls the engine, with
 an empty share too, since an engine over a sharded policy samples in lockstep with the other ranks.
@@ -88,11 +91,13 @@ def sample_and_score(
     rank: int = 0,
     world: int = 1,
     first: int = 0,
+    streams: Sequence[int] | None = None,
 ) -> SampledGroups:
     """Sample ``sampling.n`` answers to each of ``problems`` with ``engine`` and score them (see the module
     docstring): this rank's share (`sample_share`), then every rank's, gathered. ``first``: the index of
-    ``problems[0]`` in a call split into parts, each sampled and scored as in the whole call."""
-    share = sample_share(engine, tokenizer, problems, sampling, score, rank, world, first)
+    ``problems[0]`` in a call split into parts, each sampled and scored as in the whole call. ``streams``: each
+    problem's stream number, in place of ``first + i``."""
+    share = sample_share(engine, tokenizer, problems, sampling, score, rank, world, first, streams)
     return SampledGroups.of_shares(gather_objects(share, world), len(problems), sampling.n)
 
 
@@ -105,24 +110,30 @@ def sample_share(
     rank: int = 0,
     world: int = 1,
     first: int = 0,
+    streams: Sequence[int] | None = None,
 ) -> SampledShare:
     """Rank ``rank``'s contiguous share of ``problems`` (`rank_range`), sampled and scored; ``sampling.seed`` must be
-    set, since it is what makes the samples reproducible; ``first`` as in `sample_and_score`."""
+    set, since it is what makes the samples reproducible; ``first`` and ``streams`` as in `sample_and_score`."""
     if sampling.seed is None:
         raise ValueError("sample_and_score needs sampling.seed: prompt i samples from the stream seed + i")
     n = sampling.n
+    numbers = stream_numbers(len(problems), first, streams)
     mine = rank_range(len(problems), rank, world)
     prompts = [encode_problem(tokenizer, problem) for problem in problems[mine.start : mine.stop]]
+    seeds = tuple(sampling.seed + number for number in numbers[mine.start : mine.stop])
     timer = time.perf_counter()
-    rollouts = engine.generate(prompts, replace(sampling, seed=sampling.seed + first + mine.start))
+    rollouts = engine.generate(prompts, replace(sampling, seed=seeds[0] if seeds else sampling.seed, seeds=seeds))
     sampling_s = time.perf_counter() - timer
+    if len(rollouts) != len(prompts) * n:
+        raise ValueError(f"the engine returned {len(rollouts)} rollouts for {len(prompts)} prompts x {n} samples")
     for rollout in rollouts:
         rollout.prompt_index += mine.start
     timer = time.perf_counter()
     if rollouts:
         references = [
-            seeded_reference(problems[rollout.prompt_index].reference, sampling.seed + (first + mine.start) * n + i)
-            for i, rollout in enumerate(rollouts)
+            seeded_reference(problems[p].reference, sampling.seed + numbers[p] * n + j)
+            for p in range(mine.start, mine.stop)
+            for j in range(n)
         ]
         scores = score(rollouts, references)
     else:  # an empty share: nothing to score (the scorer is never asked for nothing)
@@ -130,9 +141,30 @@ def sample_share(
     return SampledShare(rollouts, scores, sampling_s, time.perf_counter() - timer)
 
 
-def sample_references(problems: Sequence[Problem], n: int, seed: int) -> list[Any]:
-    """Each of ``n`` samples per problem's reference, seeded as `sample_and_score` seeds it: for completions made
-    elsewhere (``klear.eval --completions``), scored as sampled ones would be."""
+def sample_references(
+    problems: Sequence[Problem], n: int, seed: int, streams: Sequence[int] | None = None
+) -> list[Any]:
+    """Each of ``n`` samples per problem's reference, seeded as `sample_and_score` seeds it (``streams`` as there):
+    for completions made elsewhere (``klear.eval --completions``), scored as sampled ones would be."""
+    numbers = stream_numbers(len(problems), 0, streams)
     return [
-        seeded_reference(problem.reference, seed + i * n + j) for i, problem in enumerate(problems) for j in range(n)
+        seeded_reference(problem.reference, seed + number * n + j)
+        for problem, number in zip(problems, numbers, strict=True)
+        for j in range(n)
     ]
+
+
+def line_streams(problems: Sequence[Problem]) -> list[int] | None:
+    """Stream numbers keyed by each problem's row in its data: ``line - 1``, which is the problem's index wherever
+    no row before it was left out or skipped. None (index keying) where a problem has no line or lines repeat."""
+    lines = [problem.line - 1 for problem in problems]
+    return lines if all(line >= 0 for line in lines) and len(set(lines)) == len(lines) else None
+
+
+def stream_numbers(problems: int, first: int, streams: Sequence[int] | None) -> list[int]:
+    """Each problem's stream number: ``streams`` when given (one per problem), else ``first + i``."""
+    if streams is None:
+        return list(range(first, first + problems))
+    if len(streams) != problems:
+        raise ValueError(f"{len(streams)} stream numbers for {problems} problems")
+    return list(streams)

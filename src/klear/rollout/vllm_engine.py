@@ -12,10 +12,10 @@ reach it by reference: a refresh streams ``(hf_name, tensor)`` pairs into the ru
   ``LogitsProcessor.scale``), and asks vLLM to sample at temperature 1: its raw log-probs are then exactly the
   tempered ones, and its top-k/top-p act on the tempered distribution as they would have. One scale serves the
   whole engine, which is why ``generate`` is synchronous and takes one temperature a call.
-- **Seeds.** Prompt ``i`` is one vLLM request of ``n`` samples seeded from ``seed + i``, so its samples do not
-  depend on the other prompts of the call (the protocol's rule). vLLM seeds the ``n`` samples of a request with
-  ``s, s + 1, ..., s + n - 1``, so ``s`` is a 62-bit hash of ``seed + i``, not ``seed + i`` itself (which would
-  give sample ``j`` of prompt ``i`` the stream of sample ``j - 1`` of prompt ``i + 1``).
+- **Seeds.** Prompt ``i`` is one vLLM request of ``n`` samples seeded from ``seed + i`` (or ``seeds[i]``), so its
+  samples do not depend on the other prompts of the call (the protocol's rule). vLLM seeds the ``n`` samples of a
+  request with ``s, s + 1, ..., s + n - 1``, so ``s`` is a 62-bit hash of ``seed + i``, not ``seed + i`` itself
+  (which would give sample ``j`` of prompt ``i`` the stream of sample ``j - 1`` of prompt ``i + 1``).
 - **Refresh.** vLLM repacks weights after loading (for its CPU kernels, or quantisation), so loading into the
   live model is its layerwise reload: each layer is rebuilt once all of its weights have arrived. Names and
   shapes are checked against the checkpoint the engine was built from, and every weight must arrive exactly
@@ -158,10 +158,8 @@ class VLLMEngine:
         if not prompts:
             return []
         self._set_logits_scale(1.0 / sampling.temperature if sampling.temperature > 0 else 1.0)
-        seed = sampling.seed if sampling.seed is not None else self.generator.getrandbits(62)
-        requests = [
-            _request_params(sampling, _prompt_seed(seed + index), self.stop_token_ids) for index in range(len(prompts))
-        ]
+        seeds = sampling.prompt_seeds(len(prompts), lambda: self.generator.getrandbits(62))
+        requests = [_request_params(sampling, _prompt_seed(seed), self.stop_token_ids) for seed in seeds]
         with vllm_compat.global_rng_kept():
             outputs = self.llm.generate(
                 [{"prompt_token_ids": list(prompt)} for prompt in prompts],
