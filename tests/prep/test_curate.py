@@ -345,6 +345,7 @@ def test_a_stop_in_a_real_run_then_rerun(data, tmp_path, capsys, signum, code, l
 def test_an_append_cut_short_by_a_stop_keeps_its_whole_lines(tmp_path, monkeypatch):
     """Ctrl-C or SIGTERM (`klear.run.loading_stop.Terminated`) while a chunk is appended: the results keep the lines
     they had and those of the chunk written whole, never part of one, and the stop goes on."""
+    from klear.data import append
     from klear.prep import pass_rates
     from klear.run.loading_stop import Terminated
 
@@ -375,7 +376,7 @@ def test_an_append_cut_short_by_a_stop_keeps_its_whole_lines(tmp_path, monkeypat
             if patch is not None:
                 context.setattr(Path, "open", patch)
             else:  # the chunk is written and flushed, the stop comes in fsync: it stays
-                context.setattr(pass_rates.os, "fsync", stopped)
+                context.setattr(append.os, "fsync", stopped)
             with pytest.raises(Terminated):
                 pass_rates.append_results(results, chunk)
         assert results.read_text() == kept

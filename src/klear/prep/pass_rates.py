@@ -18,16 +18,15 @@ results of different problems.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from klear.data.append import append_jsonl
 from klear.prep.rowfiles import CommandError, WriteError
 
 log = logging.getLogger(__name__)
@@ -113,24 +112,12 @@ def load_results(path: Path) -> dict[int, dict]:
 
 
 def append_results(path: Path, records: list[dict]) -> None:
-    """Append ``records`` in one write, flushed to disk before returning, so the file keeps only whole lines: a
-    write that fails (a full disk) is cut off again and raises `WriteError`; one cut short by Ctrl-C or SIGTERM
-    keeps the records it wrote whole, and loses the one it was writing."""
-    size = path.stat().st_size if path.exists() else 0
+    """Append ``records`` to the results (`klear.data.append.append_jsonl`): the file keeps only whole lines; a
+    write that fails (a full disk) leaves it as it was and raises `WriteError`."""
     try:
-        with path.open("a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException as error:
-        with contextlib.suppress(OSError), path.open("r+b") as f:
-            if not isinstance(error, OSError):  # up to the last whole line written
-                f.seek(size)
-                size += f.read().rfind(b"\n") + 1
-            f.truncate(size)
-        if isinstance(error, OSError):
-            raise WriteError(error.errno, error.strerror or str(error), str(path)) from error
-        raise
+        append_jsonl(path, records)
+    except OSError as error:
+        raise WriteError(error.errno, error.strerror or str(error), str(path)) from error
 
 
 def check_settings(path: Path, settings: dict) -> None:
