@@ -294,6 +294,15 @@ assert "gppo" in list_objectives()
             "tests/test_commands.py::test_eval_on_both_built_in_tasks_in_one_command",
         ),
     ),
+    ("docs/evaluation.md", "python -m klear.eval --model tiny-sft --data eval.jsonl --k 8 --max-new-tokens 96 --b"): (
+        Covered(
+            (
+                "tests/run/test_command_stops.py::"
+                "test_sigterm_stops_an_evaluation_that_resume_finishes_as_if_never_stopped",
+            ),
+            "the same command, stopped by SIGTERM after two chunks, then with --resume",
+        )
+    ),
     ("docs/evaluation.md", "python -m klear.eval --model tiny-sft-code --data eval.jsonl code.jsonl"): Covered(
         ("tests/test_commands.py::test_eval_on_both_built_in_tasks_in_one_command",),
         "with 8 problems in each file",

@@ -13,13 +13,7 @@ from klear.models import load_model, load_tokenizer
 from klear.rewards import RewardScorer
 from klear.rollout.engine import SamplingParams
 from klear.rollout.hf import HFEngine
-from klear.rollout.sample_and_score import (
-    SampledGroups,
-    line_streams,
-    sample_and_score,
-    sample_references,
-    sample_share,
-)
+from klear.rollout.sample_and_score import SampledGroups, sample_and_score, sample_references, sample_share
 
 PROBLEMS = [Problem(row["problem"], row["answer"]) for row in generate_problems(5, seed=3, levels=[1])]
 SAMPLING = SamplingParams(max_new_tokens=96, temperature=1.0, n=3, seed=11)
@@ -89,12 +83,6 @@ def test_stream_numbers_key_samples_and_references_whoever_else_is_sampled(engin
     assert [r.text for r in split.rollouts] == [r.text for r in part.rollouts] and split.scores == part.scores
     with pytest.raises(ValueError, match="2 stream numbers for 3 problems"):
         sample_and_score(engine, engine.tokenizer, picked, SAMPLING, scorer.score, streams=[1, 3])
-
-
-def test_line_streams_key_by_data_line_unless_lines_are_missing_or_repeat():
-    assert line_streams([Problem("a", "1", line=3), Problem("b", "2", line=7)]) == [2, 6]
-    assert line_streams([Problem("a", "1", line=3), Problem("b", "2", line=3)]) is None
-    assert line_streams([Problem("a", "1"), Problem("b", "2", line=2)]) is None  # a synthetic problem: no line
 
 
 def test_an_empty_share_is_not_scored_and_a_seed_is_required(engine):

@@ -2,6 +2,7 @@
 test_loading_stop.py): each stops with one line and exit status 130 or 143, its outputs whole or as they were, its
 locks released, no process of its own left running, and what can continue does, with the same command."""
 
+import json
 import os
 import signal
 import subprocess
@@ -91,6 +92,47 @@ def test_ctrl_c_stops_a_code_evaluation_and_its_reward_workers(tmp_path):
     assert process.returncode == EXIT_INTERRUPTED
     assert lines[-1] == "eval interrupted (Ctrl-C): nothing written"
     assert not output.exists()
+
+
+def test_sigterm_stops_an_evaluation_that_resume_finishes_as_if_never_stopped(tmp_path):
+    """SIGTERM (a scheduler's) to ``klear.eval`` of two sets, once the second's first chunks are on disk: the first
+    set's results are written, the second's samples so far kept; ``--resume`` leaves the first as it is and samples
+    only the rest of the second, whose results are a run's never stopped, bit for bit."""
+    data = tmp_path / "eval.jsonl"
+    assert klear("klear.data", "synthetic", "--split", "eval", "--num", "100", "--out", str(data)).returncode == 0
+    rows = data.read_text().splitlines(keepends=True)
+    (tmp_path / "small.jsonl").write_text("".join(rows[:8]))
+    model = ["--model", "tiny-sft", "--k", "8", "--max-new-tokens", "96", "--batch-size", "16"]  # 10 chunks of 10
+    sets = ["--data", f"small={tmp_path / 'small.jsonl'}", f"big={data}"]
+    output = tmp_path / "eval"
+    process = start(["klear.eval", *model, *sets, "--output", str(output)], tmp_path / "e")
+    partial = output / "big" / "partial.jsonl"
+    wait_until(lambda: partial.exists() and partial.read_text().count("\n") >= 21, process, "two chunks kept")
+    process.send_signal(signal.SIGTERM)
+    _, lines = ended(process, tmp_path / "e")
+    assert process.returncode == EXIT_SIGTERM
+    kept = partial.read_text().count("\n") - 1  # the settings line aside
+    assert 20 <= kept < 100 and kept % 10 == 0  # whole chunks
+    small = [output / "small" / name for name in ("results.jsonl", "summary.json", "summary.md")]
+    assert lines[-1] == (
+        f"eval stopped (SIGTERM): {', '.join(map(str, small))} written; kept {kept} of 100 problems' samples in "
+        f"{partial}: the same command with --resume goes on from them"
+    )
+    before = [path.read_bytes() for path in small]
+    refused = klear("klear.eval", *model, *sets, "--output", str(output))
+    assert refused.returncode == 2 and "already holds results" in refused.stderr
+
+    resumed = klear("klear.eval", *model, *sets, "--output", str(output), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{output / 'small'} holds this command's results already: not sampled again" in resumed.stdout
+    assert f"sampling {100 - kept} problems x 8" in resumed.stderr and f"{kept} problems read back" in resumed.stdout
+    assert [path.read_bytes() for path in small] == before and not partial.exists()
+    alone = klear("klear.eval", *model, "--data", str(data), "--output", str(tmp_path / "alone"))
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert (output / "big" / "results.jsonl").read_bytes() == (tmp_path / "alone" / "results.jsonl").read_bytes()
+    summaries = [json.loads((folder / "summary.json").read_text()) for folder in (output / "big", tmp_path / "alone")]
+    assert (summaries[0]["resumed"], summaries[1]["resumed"]) == (kept, 0)
+    assert summaries[0]["avg@k"] == summaries[1]["avg@k"] and summaries[0]["maj@k"] == summaries[1]["maj@k"]
 
 
 def test_sigterm_stops_a_comparison_whose_rerun_resumes_it(tmp_path):

@@ -41,7 +41,9 @@ reported as one line (exit code 2), including data in which no row is usable. ``
 engine's name (and for ``vllm`` whether it is installed), the model folder's ``config.json`` and every data file are
 checked before torch, transformers or Lightning are imported: they are imported once a model is loaded.
 Ctrl-C (exit code 130) or SIGTERM (143) stops it with one line saying which files it wrote (none, unless the
-signal came as they were written; each file is whole or absent); the reward workers are closed either way.
+signal came as they were written; each file is whole or absent); the reward workers are closed either way. The
+samples are drawn in chunks, each kept in the set's ``partial.jsonl`` once scored, so the line also says what a
+stopped run kept, and the same command with ``--resume`` goes on from it (`klear.eval.partial`).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from klear.eval.options import (
     check_requirements,
 )
 from klear.eval.paired import check_same_problems, compare_against, read_against
+from klear.eval.partial import Partial, check_partial, chunks, finished, line_streams, settings_of
 from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.eval.where import OPERATORS, Condition, keep_rows
@@ -128,6 +131,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace earlier results in the output directory")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the samples an interrupted run of this command kept in --output (partial.jsonl); a set "
+        "whose results it wrote is not sampled again",
+    )
+    parser.add_argument(
         "--against",
         metavar="DIR",
         help="the output folder of an earlier klear.eval of the same --data (another model or checkpoint): each "
@@ -173,12 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     args = parse_args(argv)
     wrote: list[str] = []
+    kept: list[tuple[Partial, int]] = []
     try:
         with stop_signals_raise():  # as Ctrl-C raises KeyboardInterrupt
-            return evaluate(args, start, wrote)
+            return evaluate(args, start, wrote, kept)
     except (KeyboardInterrupt, Terminated) as stop:
         code, outcome, cause = stop_outcome(stop)
-        print(f"eval {outcome} ({cause}): {', '.join(wrote) or 'nothing'} written", file=sys.stderr)
+        print(f"eval {outcome} ({cause}): {', '.join(wrote) or 'nothing'} written{_kept(kept)}", file=sys.stderr)
         return code
     except Exception as error:  # out of memory: one line (`klear.run.out_of_memory`)
         from klear.run.out_of_memory import sampling_exit
@@ -186,9 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         return sampling_exit(error, args.batch_size, args.max_new_tokens)
 
 
-def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
-    """The command, from checking ``args`` to writing the results; each file written is added to ``wrote``. Every
-    ``--data`` set is read and checked, and the model loaded once, before the first is sampled."""
+def evaluate(args: argparse.Namespace, start: float, wrote: list[str], kept: list[tuple[Partial, int]]) -> int:
+    """The command, from checking ``args`` to writing the results; each file written is added to ``wrote``, and
+    each set's `Partial` file with its problem count to ``kept`` while it is sampled. Every ``--data`` set is read
+    and checked, and the model loaded once, before the first is sampled."""
     options = SamplingOptions.from_args(args)
     try:
         check_args(args, options)
@@ -200,8 +211,9 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
         first = 0 if args.completions is not None or args.where else args.limit or 0
         heads: dict[str, FirstRows] = {}
         for _, data, output in planned:  # every file and folder before a model's tokenizer is loaded
-            if (output / "results.jsonl").exists() and not args.overwrite:
+            if (output / "results.jsonl").exists() and not (args.overwrite or args.resume):
                 raise EvalError(f"{output} already holds results; replace them with --overwrite or pick --output DIR")
+            check_partial(output, args.resume, args.overwrite)
             check_output(output)
             if first:  # its start, read on by its load below: a jsonl file no further than --limit needs
                 heads[data] = FirstRows(data, 4 * first)
@@ -230,11 +242,26 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
             chosen = [(problem.line, problem.prompt, problem.plain_reference) for problem in sets[0].chosen]
             check_same_problems(against, sets[0].data, chosen)
         n = args.k if args.n is None else args.n
+        done: dict[str, dict[str, Any]] = {}  # --resume: the summaries of the sets finished already
+        partials: dict[str, Partial] = {}
         if args.completions is not None:
             saved = read_completions(args.completions, sets[0].problems, args.k).limit(args.limit)
             n = len(saved.completions[0])
         else:
-            engine, tokenizer = build_engine(options, [problem for one in sets for problem in one.chosen])
+            for one in sets:
+                settings = settings_of(summary_head(one, args, options, n))
+                if args.resume and (summary := finished(one.output, settings)) is not None:
+                    done[one.name] = summary
+                elif line_streams(one.chosen) is not None:  # records keyed by data line
+                    partials[one.name] = Partial.open(one.output, settings, one.chosen, args.resume)
+            pending = [
+                problem
+                for one in sets
+                if one.name not in done
+                for problem in one.chosen
+                if one.name not in partials or problem.line not in partials[one.name].done
+            ]
+            engine, tokenizer = build_engine(options, pending) if pending else (None, None)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -242,12 +269,20 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
     for one in sets:
         if len(sets) > 1:
             print(f"\n## {one.name}: {one.data}\n")
+        if one.name in done:
+            print(f"{one.output} holds this command's results already: not sampled again\n")
+            print(markdown_table(done[one.name]))
+            finals.append((one, done[one.name]))
+            continue
+        partial = partials.get(one.name)
+        if partial is not None:
+            kept.append((partial, len(one.chosen)))
         scorer = RewardScorer(one.reward, num_workers=options.num_workers, timeout=options.reward_timeout)
         try:
             if args.completions is not None:
                 records, timing = score_saved(one.chosen, saved.completions, scorer, args.k, options.seed)
             else:
-                records, timing = run(engine, tokenizer, one.chosen, scorer, args.k, n, options)
+                records, timing = run(engine, tokenizer, one.chosen, scorer, args.k, n, options, partial)
         finally:
             scorer.close()
         if args.by:
@@ -260,6 +295,9 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str]) -> int:
         start = time.perf_counter()  # the next set's wall time starts here (the first's includes the loading)
         if write_results(one.output, summary, records, wrote) != 0:
             return 1
+        if partial is not None:
+            partial.remove()
+            kept.remove((partial, len(one.chosen)))
         finals.append((one, summary))
     if len(sets) > 1:
         print(f"\n{sets_table(finals, args.k)}")
@@ -313,11 +351,24 @@ def set_summary(
     timing: dict[str, float],
     start: float,
 ) -> dict[str, Any]:
-    """One set's ``summary.json``: the run's settings, the set's data and rows, its metrics (`summarize`) and
+    """One set's ``summary.json``: the run's settings (`summary_head`), the device, its metrics (`summarize`) and
     timings, its wall time since ``start``."""
+    summary = summary_head(one, args, options, n) | {"device": _device()}
+    summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
+    distinct = distinct_problems(one.chosen)
+    if distinct < len(one.chosen):  # rows that repeat a problem (DAPO's AIME 2024 file: 30 problems, 32 times each)
+        summary["distinct"] = distinct
+    from klear.runtime.threads import recorded  # torch: imported by the engine or the scorer already
+
+    summary["cpu_threads"] = recorded()  # None when no model was loaded here (--completions)
+    return summary
+
+
+def summary_head(one: EvalSet, args: argparse.Namespace, options: SamplingOptions, n: int) -> dict[str, Any]:
+    """What ``summary.json`` says of the run's settings and the set's data and rows (read before torch is)."""
     problems = one.problems
     layout = problems.layout.describe() if problems.layout is not None else {}
-    summary = {
+    return {
         "model": args.model,
         "base": args.base,
         "completions": args.completions,
@@ -339,16 +390,7 @@ def set_summary(
         "prompt_format": options.prompt_format.describe(),
         "engine": options.engine if args.completions is None else None,
         "vllm": dataclasses.asdict(options.vllm_config()) if options.engine == "vllm" and args.model else None,
-        "device": _device(),
     }
-    summary.update(summarize(records, args.k), **timing, wall_s=time.perf_counter() - start)
-    distinct = distinct_problems(one.chosen)
-    if distinct < len(one.chosen):  # rows that repeat a problem (DAPO's AIME 2024 file: 30 problems, 32 times each)
-        summary["distinct"] = distinct
-    from klear.runtime.threads import recorded  # torch: imported by the engine or the scorer already
-
-    summary["cpu_threads"] = recorded()  # None when no model was loaded here (--completions)
-    return summary
 
 
 def write_results(output: Path, summary: dict[str, Any], records: list[dict[str, Any]], wrote: list[str]) -> int:
@@ -417,7 +459,11 @@ def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
         raise EvalError(str(error)) from None
     if args.base is not None and args.model is None:
         raise EvalError("--base goes with --model ADAPTER_FOLDER (the adapter/ folder of a LoRA run); give both")
+    if args.resume and args.overwrite:
+        raise EvalError("--resume goes on from the samples kept in --output, --overwrite replaces them: give one")
     if args.completions is not None:
+        if args.resume:
+            raise EvalError("--resume goes on sampling where a run stopped; --completions samples nothing")
         if len(args.data) > 1:
             raise EvalError("--completions holds the generations of one --data file: give one --data with it")
         if args.model is not None:
@@ -438,9 +484,13 @@ def run(
     k: int,
     n: int,
     options: SamplingOptions,
+    partial: Partial | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Sample ``n`` answers per problem and score them: the per-problem records, and timings."""
-    from klear.rollout.sample_and_score import line_streams, sample_and_score  # torch: imported with the model
+    """Sample ``n`` answers per problem and score them, chunk by chunk (`klear.eval.partial.chunks`), each chunk's
+    records appended to ``partial`` and the problems it read back not sampled again: the per-problem records, in
+    problem order, and timings."""
+    from klear.eval.in_training import chunk_prompts  # torch: imported with the model already
+    from klear.rollout.sample_and_score import sample_and_score
 
     sampling = SamplingParams(
         max_new_tokens=options.max_new_tokens,
@@ -450,12 +500,33 @@ def run(
         n=n,
         seed=options.seed,
     )
-    log.info("sampling %d problems x %d with the %s engine, then scoring them", len(problems), n, options.engine)
-    sampled = sample_and_score(engine, tokenizer, problems, sampling, scorer.score, streams=line_streams(problems))
-    tokens = sum(len(rollout.response_ids) for rollout in sampled.rollouts)
-    timing = {"sampling_s": sampled.sampling_s, "scoring_s": sampled.scoring_s}
-    timing["sampled_tokens_per_s"] = tokens / sampled.sampling_s
-    return records_of(problems, sampled.groups, sampled.scores, k, scorer.reward), timing
+    read_back = {} if partial is None else partial.done
+    streams = line_streams(problems) or list(range(len(problems)))
+    records: list[dict[str, Any] | None] = [read_back.get(problem.line) for problem in problems]
+    todo = sum(record is None for record in records)
+    log.info("sampling %d problems x %d with the %s engine, then scoring them", todo, n, options.engine)
+    timing = {"sampling_s": 0.0, "scoring_s": 0.0, "resumed": len(problems) - todo}
+    tokens = 0
+    for chunk in chunks(len(problems), chunk_prompts(options.batch_size, n, 1)):
+        indices = [i for i in chunk if records[i] is None]
+        if not indices:
+            continue
+        part = [problems[i] for i in indices]
+        sampled = sample_and_score(
+            engine, tokenizer, part, sampling, scorer.score, streams=[streams[i] for i in indices]
+        )
+        new = records_of(part, sampled.groups, sampled.scores, k, scorer.reward)
+        if partial is not None:
+            partial.append(new)
+        for i, record in zip(indices, new, strict=True):
+            records[i] = record
+        tokens += sum(len(rollout.response_ids) for rollout in sampled.rollouts)
+        timing["sampling_s"] += sampled.sampling_s
+        timing["scoring_s"] += sampled.scoring_s
+        log.info("%d of %d problems sampled and scored", sum(record is not None for record in records), len(records))
+    if timing["sampling_s"] > 0:
+        timing["sampled_tokens_per_s"] = tokens / timing["sampling_s"]
+    return [record for record in records if record is not None], timing
 
 
 def score_saved(
@@ -463,7 +534,7 @@ def score_saved(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Score each problem's saved completions as sampled ones are scored (sample ``j`` of the problem at line ``l``
     against its reference seeded with ``seed + (l - 1) * n + j``): the per-problem records, and the scoring time."""
-    from klear.rollout.sample_and_score import line_streams, sample_references  # torch: imported already
+    from klear.rollout.sample_and_score import sample_references  # torch: imported for the device already
 
     samples = [[SavedCompletion(text) for text in row] for row in saved]
     log.info("scoring %d saved samples", sum(len(row) for row in samples))
@@ -489,6 +560,16 @@ def records_of(
         votes = reward.answers([sample.text for sample in row], problem.reference)
         records.append(problem_record(problem, row, part.raw, part.statuses, part.correct, k, part.reasons, votes))
     return records
+
+
+def _kept(kept: list[tuple[Partial, int]]) -> str:
+    """What an interrupted run leaves to go on from: each set's samples kept so far, and how to go on."""
+    held = [
+        f"{partial.kept} of {problems} problems' samples in {partial.path}"
+        for partial, problems in kept
+        if partial.kept and partial.path is not None
+    ]
+    return f"; kept {', '.join(held)}: the same command with --resume goes on from them" if held else ""
 
 
 def _device() -> str:

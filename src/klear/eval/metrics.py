@@ -236,7 +236,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
     rows.append(("reward timeouts / errors", f"{summary['reward_timeouts']} / {summary['reward_errors']}"))
     rows.append(("code timeouts (programs over their CPU limits)", f"{summary['reward_code_timeouts']}"))
     if not saved:
-        rows.append(("sampling", f"{summary['sampling_s']:.1f} s ({summary['sampled_tokens_per_s']:.0f} tokens/s)"))
+        speed = f" ({summary['sampled_tokens_per_s']:.0f} tokens/s)" if "sampled_tokens_per_s" in summary else ""
+        resumed = f"; {summary['resumed']} problems read back (--resume)" if summary.get("resumed") else ""
+        rows.append(("sampling", f"{summary['sampling_s']:.1f} s{speed}{resumed}"))
     rows += [("scoring", f"{summary['scoring_s']:.1f} s"), ("wall time", f"{summary['wall_s']:.1f} s")]
     return "\n".join(["| metric | value |", "|---|---|", *[f"| {name} | {value} |" for name, value in rows]])
 

@@ -95,16 +95,20 @@ def check_same_problems(against: Against, data: str, problems: list[tuple[int, A
     if not common:
         raise EvalError(f"--against {against.folder}: no problem in common with this run's (compared by data line)")
     for line, prompt, reference in common:
-        record = theirs[line]
-        differs = "prompt (as the model read it)" if _json(prompt) != _json(record["problem"]) else None
-        if differs is None and _json(reference) != _json(record["reference"]):
-            differs = "reference"
-        if differs:
+        if differs := what_differs(theirs[line], prompt, reference):
             raise EvalError(
                 f"--against {against.folder}: its results are of {against.summary['data']}, whose line {line} holds "
                 f"another {differs} than this run's --data {data}; compare results of one data file put to the "
                 "model alike"
             )
+
+
+def what_differs(record: dict[str, Any], prompt: Any, reference: Any) -> str | None:
+    """What a result ``record`` holds other than a problem's ``prompt`` (as the model read it) and ``reference``: the
+    word for the first that differs, None when neither does."""
+    if _json(prompt) != _json(record["problem"]):
+        return "prompt (as the model read it)"
+    return "reference" if _json(reference) != _json(record["reference"]) else None
 
 
 def _json(value: Any) -> str:

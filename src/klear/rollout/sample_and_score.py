@@ -9,11 +9,12 @@ Seeds: prompt ``i`` of the call samples from the stream ``sampling.seed + s`` an
 against its reference seeded with ``sampling.seed + s * n + j`` (`seeded_reference`: a code suite that samples
 its tests), where ``s`` is the prompt's stream number: its index ``i`` in the call (plus ``first``, for a call
 that is one part of a larger one), or the number the caller gives it (``streams``: ``klear.eval`` gives each
-problem its row's place in the data file, so a problem draws the same samples whichever rows are evaluated with
-it). Every sample is thus a function of the seed and the prompt's stream number alone. With ``world``
-data-parallel ranks each samples and scores its contiguous share of the prompts (`rank_range`) and all ranks
-return the whole call's groups (`gather_objects`): the split changes nothing. Every rank calls the engine, with
-an empty share too, since an engine over a sharded policy samples in lockstep with the other ranks.
+problem its row's place in the data file, `klear.eval.partial.line_streams`, so a problem draws the same samples
+whichever rows are evaluated with it). Every sample is thus a function of the seed and the prompt's stream number
+alone. With ``world`` data-parallel ranks each samples and scores its contiguous share of the prompts
+(`rank_range`) and all ranks return the whole call's groups (`gather_objects`): the split changes nothing. Every
+rank calls the engine, with an empty share too, since an engine over a sharded policy samples in lockstep with the
+other ranks.
 """
 
 from __future__ import annotations
@@ -152,13 +153,6 @@ def sample_references(
         for problem, number in zip(problems, numbers, strict=True)
         for j in range(n)
     ]
-
-
-def line_streams(problems: Sequence[Problem]) -> list[int] | None:
-    """Stream numbers keyed by each problem's row in its data: ``line - 1``, which is the problem's index wherever
-    no row before it was left out or skipped. None (index keying) where a problem has no line or lines repeat."""
-    lines = [problem.line - 1 for problem in problems]
-    return lines if all(line >= 0 for line in lines) and len(set(lines)) == len(lines) else None
 
 
 def stream_numbers(problems: int, first: int, streams: Sequence[int] | None) -> list[int]:
