@@ -97,6 +97,32 @@ def test_a_data_file_that_is_missing_or_unreadable_is_named_before_the_model_loa
     assert heavy_imports(result.stderr) == []
 
 
+def test_resume_and_chunk_are_checked_before_the_model_loads(tmp_path):
+    data, output = math_file(tmp_path), tmp_path / "out"
+    base = ["klear.eval", "--model", "tiny-sft", "--data", data, "--max-new-tokens", "96", "--output", str(output)]
+    refusals = [
+        (["--chunk", "0"], "error: --chunk must be >= 1, got 0"),
+        (["--resume", "--overwrite"], "error: --resume goes on from the samples kept in --output, --overwrite "),
+    ]
+    for extra, message in refusals:
+        result = run_command(*base, *extra, env=PROFILE, timeout=60)
+        assert one_line_error(result).startswith(message), result.stderr[-2000:]
+        assert heavy_imports(result.stderr) == []
+    saved = ["klear.eval", "--data", data, "--completions", data, "--resume", "--output", str(output)]
+    assert one_line_error(run_command(*saved, env=PROFILE, timeout=60)).startswith(
+        "error: --resume goes on sampling where a run stopped; --completions samples nothing"
+    )
+    output.mkdir()
+    (output / "partial.jsonl").write_text('{"seed": 0}\n')
+    result = run_command(*base, env=PROFILE, timeout=60)
+    assert one_line_error(result) == (
+        f"error: {output} holds the samples of an interrupted run ({output / 'partial.jsonl'}): go on from them with "
+        "--resume, or start over with --overwrite"
+    )
+    result = run_command(*base, "--resume", env=PROFILE, timeout=60)  # read with the data, before the model loads
+    assert one_line_error(result).startswith(f"error: --resume: {output / 'partial.jsonl'} was sampled with --model")
+
+
 def test_vllm_not_installed_is_one_line_with_the_install_and_hf(tmp_path):
     # None in sys.modules is how the import system marks a module that cannot be imported: `import vllm` raises
     # ModuleNotFoundError and importlib.util.find_spec("vllm") finds nothing, as without vLLM installed.

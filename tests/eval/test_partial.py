@@ -12,6 +12,7 @@ from klear.eval.partial import (
     PARTIAL,
     Partial,
     check_partial,
+    chunk_size,
     chunks,
     finished,
     line_streams,
@@ -54,6 +55,14 @@ def test_chunks_fill_whole_engine_batches_about_ten_to_a_set():
         parts = chunks(problems, unit)
         assert [i for part in parts for i in part] == list(range(problems))
         assert all(len(part) % unit == 0 for part in parts[:-1]) and len(parts) <= CHUNKS + 1
+
+
+def test_chunk_asks_for_so_many_problems_in_whole_batches_and_other_engines_take_a_set_in_one_call():
+    assert chunks(100, 2, 25) == [range(0, 26), range(26, 52), range(52, 78), range(78, 100)]
+    assert chunks(30, 4, 30) == [range(30)] and chunks(30, 4, 1) == chunks(30, 4, 4)
+    assert chunk_size(None, "hf", 500) is None and chunk_size(None, "vllm", 500) == 500
+    assert chunk_size(None, "my_pkg.engines:build", 500) == 500  # an engine of one's own: one call too
+    assert chunk_size(8, "vllm", 500) == 8 and chunk_size(8, "hf", 500) == 8
 
 
 def test_streams_are_data_lines_unless_lines_are_missing_or_repeat():

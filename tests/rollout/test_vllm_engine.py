@@ -7,6 +7,7 @@ weights into it before each test, so a test that changes them leaves nothing beh
 import copy
 import dataclasses
 import json
+import logging
 
 import lightning as L
 import pytest
@@ -424,6 +425,31 @@ def test_klear_eval_names_its_own_flags_when_the_engine_refuses_its_settings(tmp
     )
     assert "(its longest prompt + --max-new-tokens): raise it, set it to 0" in errors[0], errors
     assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+def test_klear_eval_with_vllm_samples_a_set_in_one_call_unless_chunk_says_otherwise(tmp_path, caplog):
+    """vLLM's batch refills continuously within a call, so a set is one call by default; with ``--chunk`` it is
+    sampled in chunks kept for ``--resume``, and each problem's samples are those of the one call."""
+    data = write_jsonl(generate_problems(6, split="eval", seed=0), tmp_path / "eval.jsonl")
+    argv = ["--model", "tiny-sft", "--data", str(data), "--engine", "vllm", "--max-new-tokens", "48", "--k", "2"]
+    argv += ["--batch-size", "2"]  # one problem's 2 samples fill a batch
+    results = {}
+    for name, extra in (("whole", []), ("chunked", ["--chunk", "2"])):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="klear.eval.cli"):
+            assert eval_main([*argv, *extra, "--output", str(tmp_path / name)]) == 0
+        said = [
+            record.getMessage() for record in caplog.records if "problems sampled and scored" in record.getMessage()
+        ]
+        assert said == (
+            ["6 of 6 problems sampled and scored"]
+            if name == "whole"
+            else [f"{i} of 6 problems sampled and scored" for i in (2, 4, 6)]
+        )
+        assert not (tmp_path / name / "partial.jsonl").exists()
+        records = [json.loads(line) for line in (tmp_path / name / "results.jsonl").read_text().splitlines()]
+        results[name] = [[sample["text"] for sample in record["samples"]] for record in records]
+    assert results["chunked"] == results["whole"] and len({text for row in results["whole"] for text in row}) > 1
 
 
 def test_rope_scaling_reaches_the_engine_as_the_trainer_has_it():

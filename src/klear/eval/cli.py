@@ -79,7 +79,16 @@ from klear.eval.options import (
     check_requirements,
 )
 from klear.eval.paired import check_same_problems, compare_against, read_against
-from klear.eval.partial import Partial, check_partial, chunks, finished, line_streams, settings_of
+from klear.eval.partial import (
+    Partial,
+    check_partial,
+    chunk_size,
+    chunks,
+    finished,
+    line_streams,
+    settings_of,
+    stop_note,
+)
 from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.eval.where import OPERATORS, Condition, keep_rows
@@ -130,6 +139,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--output", help="output directory (default: outputs/eval/<data file stem>; several --data: one each in it)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace earlier results in the output directory")
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        metavar="N",
+        help="sample N problems at a time (whole engine batches), each chunk kept in partial.jsonl for --resume "
+        "(default: about a tenth of a set with the hf engine; a set in one call with another, such as vllm)",
+    )
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -188,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             return evaluate(args, start, wrote, kept)
     except (KeyboardInterrupt, Terminated) as stop:
         code, outcome, cause = stop_outcome(stop)
-        print(f"eval {outcome} ({cause}): {', '.join(wrote) or 'nothing'} written{_kept(kept)}", file=sys.stderr)
+        print(f"eval {outcome} ({cause}): {', '.join(wrote) or 'nothing'} written{stop_note(kept)}", file=sys.stderr)
         return code
     except Exception as error:  # out of memory: one line (`klear.run.out_of_memory`)
         from klear.run.out_of_memory import sampling_exit
@@ -282,7 +298,7 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str], kept: lis
             if args.completions is not None:
                 records, timing = score_saved(one.chosen, saved.completions, scorer, args.k, options.seed)
             else:
-                records, timing = run(engine, tokenizer, one.chosen, scorer, args.k, n, options, partial)
+                records, timing = run(engine, tokenizer, one.chosen, scorer, args.k, n, options, partial, args.chunk)
         finally:
             scorer.close()
         if args.by:
@@ -447,6 +463,7 @@ def check_args(args: argparse.Namespace, options: SamplingOptions) -> None:
             ("--k", args.k, args.k >= 1, ">= 1"),
             ("--n", n, args.k <= n <= MOST_SAMPLES, f"in [--k ({args.k}), {MOST_SAMPLES}]"),
             ("--limit", args.limit, args.limit is None or args.limit >= 1, ">= 1"),
+            ("--chunk", args.chunk, args.chunk is None or args.chunk >= 1, ">= 1"),
             ("--output", repr(args.output), args.output != "", "a folder (left out: outputs/eval/<data file stem>)"),
             *options.requirements(),
         ]
@@ -485,10 +502,12 @@ def run(
     n: int,
     options: SamplingOptions,
     partial: Partial | None = None,
+    chunk: int | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Sample ``n`` answers per problem and score them, chunk by chunk (`klear.eval.partial.chunks`), each chunk's
-    records appended to ``partial`` and the problems it read back not sampled again: the per-problem records, in
-    problem order, and timings."""
+    """Sample ``n`` answers per problem and score them, ``chunk`` problems at a time (`klear.eval.partial.chunks`;
+    None: the ``hf`` engine's default, or the whole set in one call with another engine), each chunk's records
+    appended to ``partial`` where there are several, and the problems it read back not sampled again: the
+    per-problem records, in problem order, and timings."""
     from klear.eval.in_training import chunk_prompts  # torch: imported with the model already
     from klear.rollout.sample_and_score import sample_and_score
 
@@ -507,8 +526,11 @@ def run(
     log.info("sampling %d problems x %d with the %s engine, then scoring them", todo, n, options.engine)
     timing = {"sampling_s": 0.0, "scoring_s": 0.0, "resumed": len(problems) - todo}
     tokens = 0
-    for chunk in chunks(len(problems), chunk_prompts(options.batch_size, n, 1)):
-        indices = [i for i in chunk if records[i] is None]
+    size = chunk_size(chunk, options.engine, len(problems))
+    parts = chunks(len(problems), chunk_prompts(options.batch_size, n, 1), size)
+    keep = partial if len(parts) > 1 else None  # one call: nothing to go on from before its end
+    for chunk_range in parts:
+        indices = [i for i in chunk_range if records[i] is None]
         if not indices:
             continue
         part = [problems[i] for i in indices]
@@ -516,8 +538,8 @@ def run(
             engine, tokenizer, part, sampling, scorer.score, streams=[streams[i] for i in indices]
         )
         new = records_of(part, sampled.groups, sampled.scores, k, scorer.reward)
-        if partial is not None:
-            partial.append(new)
+        if keep is not None:
+            keep.append(new)
         for i, record in zip(indices, new, strict=True):
             records[i] = record
         tokens += sum(len(rollout.response_ids) for rollout in sampled.rollouts)
@@ -560,16 +582,6 @@ def records_of(
         votes = reward.answers([sample.text for sample in row], problem.reference)
         records.append(problem_record(problem, row, part.raw, part.statuses, part.correct, k, part.reasons, votes))
     return records
-
-
-def _kept(kept: list[tuple[Partial, int]]) -> str:
-    """What an interrupted run leaves to go on from: each set's samples kept so far, and how to go on."""
-    held = [
-        f"{partial.kept} of {problems} problems' samples in {partial.path}"
-        for partial, problems in kept
-        if partial.kept and partial.path is not None
-    ]
-    return f"; kept {', '.join(held)}: the same command with --resume goes on from them" if held else ""
 
 
 def _device() -> str:

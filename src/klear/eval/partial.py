@@ -3,12 +3,16 @@
 ``klear.eval`` samples a set's problems in chunks (`chunks`) and appends each chunk's records to ``partial.jsonl``
 in the set's output folder once they are scored: the file's first line holds the settings the samples depend on
 (`SETTINGS`, as ``summary.json`` writes them), each further line one problem's record, as ``results.jsonl`` holds
-it. A run stopped by Ctrl-C, SIGTERM, a crash or a lost machine leaves the file; the same command with
-``--resume`` reads it back (`Partial.open`), checks that the settings and every record's prompt and reference are
-this run's (one line naming the first that differs), and samples only the problems not done. A problem's samples
-depend on the seed and its data line alone (`klear.rollout.sample_and_score.line_streams`), and each chunk fills
-whole engine batches, so a resumed run's results are a run's never stopped. The file goes once ``results.jsonl``
-is written. A set whose results were written already is done (`finished`): it is not sampled again.
+it. Chunks are the ``hf`` engine's default, whose batches are drawn one after another anyway; another engine, such
+as vLLM's, whose batch refills continuously until the call's last answer, would wait for each chunk's longest
+answer, so it samples a set in one call (nothing kept) unless ``--chunk`` says otherwise.
+
+A run stopped by Ctrl-C, SIGTERM, a crash or a lost machine leaves the file; the same command with ``--resume``
+reads it back (`Partial.open`), checks that the settings and every record's prompt and reference are this run's
+(one line naming the first that differs), and samples only the problems not done. A problem's samples depend on
+the seed and its data line alone (`line_streams`), and each chunk fills whole engine batches, so a resumed run's
+results are a run's never stopped. The file goes once ``results.jsonl`` is written. A set whose results were
+written already is done (`finished`): it is not sampled again.
 """
 
 from __future__ import annotations
@@ -78,11 +82,19 @@ def check_partial(output: Path, resume: bool, overwrite: bool) -> None:
         )
 
 
-def chunks(problems: int, prompts_per_batch: int) -> list[range]:
-    """The chunks ``problems`` problems are sampled in: about `CHUNKS`, each a multiple of ``prompts_per_batch``
-    (the fewest prompts whose samples fill whole engine batches), so a chunk's batches are one call's."""
-    whole = max(1, math.ceil(math.ceil(problems / CHUNKS) / prompts_per_batch)) * prompts_per_batch
+def chunks(problems: int, prompts_per_batch: int, size: int | None = None) -> list[range]:
+    """The chunks ``problems`` problems are sampled in: ``size`` problems each (None: about `CHUNKS` to the set),
+    rounded up to a multiple of ``prompts_per_batch`` (the fewest prompts whose samples fill whole engine batches), so
+    a chunk's batches are one call's."""
+    target = math.ceil(problems / CHUNKS) if size is None else size
+    whole = max(1, math.ceil(target / prompts_per_batch)) * prompts_per_batch
     return [range(start, min(start + whole, problems)) for start in range(0, problems, whole)]
+
+
+def chunk_size(chunk: int | None, engine: str, problems: int) -> int | None:
+    """The ``size`` of `chunks`: ``--chunk`` when given; else about `CHUNKS` to a set (None) with the ``hf`` engine,
+    whose batches are drawn one after another anyway, and the whole set (one call) with any other."""
+    return chunk if chunk is not None or engine == "hf" else problems
 
 
 def settings_of(summary: dict[str, Any]) -> dict[str, Any]:
@@ -161,6 +173,17 @@ class Partial:
         """The results are written: the file has served."""
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+def stop_note(kept: list[tuple[Partial, int]]) -> str:
+    """What a stopped run leaves to go on from, for its last line: each set's `Partial` (with its count of problems)
+    that holds samples, and how to go on."""
+    held = [
+        f"{partial.kept} of {problems} problems' samples in {partial.path}"
+        for partial, problems in kept
+        if partial.kept and partial.path is not None
+    ]
+    return f"; kept {', '.join(held)}: the same command with --resume goes on from them" if held else ""
 
 
 def _read(path: Path, settings: dict[str, Any], problems: Sequence[Problem]) -> tuple[dict[int, dict], int]:
