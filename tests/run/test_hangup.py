@@ -180,3 +180,43 @@ def test_worker_processes_leave_every_stop_to_their_command():
     finally:
         worker.kill()
         worker.wait()
+
+
+STARTING = """
+import multiprocessing, os, signal, sys, time
+from klear.runtime.terminal import leave_stops_to_parent, starting_worker
+
+def work(ready):
+    time.sleep(1.0)  # a worker importing torch: the stops come now
+    leave_stops_to_parent()
+    ready.set()
+    time.sleep(60)
+
+if __name__ == "__main__":
+    stops = []
+    signal.signal(signal.SIGINT, lambda signum, frame: stops.append("during" if starting else "after"))
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    worker = context.Process(target=work, args=(ready,), daemon=True)
+    starting = True
+    with starting_worker():
+        worker.start()
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C to the group reaches the command too
+        time.sleep(0.2)
+        starting = False
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        os.kill(worker.pid, signum)
+    print(stops, ready.wait(30), worker.is_alive(), flush=True)
+    worker.kill()
+"""
+
+
+def test_a_worker_signalled_while_it_starts_leaves_the_stop_to_its_command(tmp_path):
+    """Ctrl-C or SIGTERM to the process group while a worker is still starting (importing, seconds) ends neither the
+    worker nor in a traceback (`starting_worker`): it starts with the stops blocked until it ignores them, and its
+    command gets its own stop once the start is done, not lost."""
+    script = tmp_path / "starting.py"
+    script.write_text(STARTING)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stdout == "['after'] True True\n"

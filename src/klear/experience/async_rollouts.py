@@ -43,6 +43,7 @@ from klear.experience.rollouts import RolloutsError
 from klear.kernels.rollout_batch import ScoredGroups
 from klear.rollout.shared_weights import SharedWeights
 from klear.runtime import threads as cpu_threads
+from klear.runtime.terminal import starting_worker
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,8 @@ class AsyncRollouts:
             name=f"klear-rollout-worker-{self.spec.rank}",
             daemon=False,  # it may start processes of its own (reward workers); close() stops it, or it dies with us
         )
-        self.process.start()
+        with starting_worker():
+            self.process.start()
         self._finalizer = weakref.finalize(self, _stop, self.process, self.commands)
 
     def close(self) -> None:

@@ -45,7 +45,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from klear.rewards.base import BatchResult, Reward, RewardFn, Settled, as_reward, settle
-from klear.runtime.terminal import leave_stops_to_parent
+from klear.runtime.terminal import leave_stops_to_parent, starting_worker
 
 _STARTUP_TIMEOUT = 120.0  # importing torch/sympy in a fresh process on a loaded machine
 _MAX_STARTUP_DEATHS = 3  # consecutive workers killed while starting before the pool gives up
@@ -216,7 +216,8 @@ class _Worker:
         self.connection, child_end = context.Pipe()
         arguments = (child_end, reward, failure_reward)
         self.process = context.Process(target=_work, args=arguments, daemon=True, name="klear-reward")
-        self.process.start()
+        with starting_worker():
+            self.process.start()
         child_end.close()  # so that the worker's death reads as EOF here
         self.started = time.monotonic()
         self.ready = False

@@ -17,6 +17,8 @@ import select
 import signal
 import stat
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 HANGUP = getattr(signal, "SIGHUP", None)
 """SIGHUP; None where the platform has no such signal."""
@@ -56,12 +58,33 @@ def detach_on_hangup(signum: int, frame) -> None:
     detach_terminal()
 
 
+STOPS = frozenset(
+    stop for stop in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None), HANGUP) if stop is not None
+)
+"""The signals that stop a command, which its workers leave to it (:func:`leave_stops_to_parent`)."""
+
+
+@contextmanager
+def starting_worker() -> Iterator[None]:
+    """Around the start of a worker process that calls :func:`leave_stops_to_parent`: the stops are blocked in this
+    thread, so the worker starts with them blocked (a child inherits its parent's signal mask and keeps it across
+    ``exec``) and a Ctrl-C to the process group while it imports (seconds) does not end it in a traceback. A stop
+    that comes meanwhile reaches this process as soon as the start is done."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def leave_stops_to_parent() -> None:
     """In a worker process (the reward pool's, the rollout worker): Ctrl-C, SIGTERM, SIGUSR1 and SIGHUP reach it with
     its parent (one process group, or every process of a SLURM job step) and are the parent's to act on, which then
-    stops the worker; a hangup only detaches the worker's output from the closed terminal (:func:`detach_terminal`)."""
+    stops the worker; a hangup only detaches the worker's output from the closed terminal (:func:`detach_terminal`).
+    The worker started with them blocked (:func:`starting_worker`): they are unblocked once so set."""
     for stop in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
         if stop is not None:
             signal.signal(stop, signal.SIG_IGN)
     if HANGUP is not None:
         signal.signal(HANGUP, detach_on_hangup)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
