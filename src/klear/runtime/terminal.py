@@ -62,6 +62,8 @@ STOPS = frozenset(
     stop for stop in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None), HANGUP) if stop is not None
 )
 """The signals that stop a command, which its workers leave to it (:func:`leave_stops_to_parent`)."""
+MASKS = hasattr(signal, "pthread_sigmask")
+"""Whether this platform has signal masks (POSIX); without them a worker ignores the stops from its first line on."""
 
 
 @contextmanager
@@ -70,6 +72,9 @@ def starting_worker() -> Iterator[None]:
     thread, so the worker starts with them blocked (a child inherits its parent's signal mask and keeps it across
     ``exec``) and a Ctrl-C to the process group while it imports (seconds) does not end it in a traceback. A stop
     that comes meanwhile reaches this process as soon as the start is done."""
+    if not MASKS:
+        yield
+        return
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     try:
         yield
@@ -87,4 +92,5 @@ def leave_stops_to_parent() -> None:
             signal.signal(stop, signal.SIG_IGN)
     if HANGUP is not None:
         signal.signal(HANGUP, detach_on_hangup)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    if MASKS:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
