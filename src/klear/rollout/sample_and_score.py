@@ -131,12 +131,8 @@ def sample_share(
         rollout.prompt_index += mine.start
     timer = time.perf_counter()
     if rollouts:
-        references = [
-            seeded_reference(problems[p].reference, sampling.seed + numbers[p] * n + j)
-            for p in range(mine.start, mine.stop)
-            for j in range(n)
-        ]
-        scores = score(rollouts, references)
+        share = slice(mine.start, mine.stop)
+        scores = score(rollouts, sample_references(problems[share], n, sampling.seed, numbers[share]))
     else:  # an empty share: nothing to score (the scorer is never asked for nothing)
         scores = ScoredRollouts([], [], [], [], 0, 0)
     return SampledShare(rollouts, scores, sampling_s, time.perf_counter() - timer)
