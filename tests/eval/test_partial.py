@@ -1,4 +1,4 @@
-"""`klear.eval.partial`: the chunks a set is sampled in, its records kept line by line, read back on ``--resume``
+"""`klear.eval.partial`: a set's records kept line by line, read back on ``--resume``
 and checked against the run's settings and problems; a torn last line, a broken one, a full disk."""
 
 import json
@@ -7,17 +7,7 @@ import logging
 import pytest
 
 from klear.data.problems import Problem
-from klear.eval.partial import (
-    CHUNKS,
-    PARTIAL,
-    Partial,
-    check_partial,
-    chunk_size,
-    chunks,
-    finished,
-    line_streams,
-    settings_of,
-)
+from klear.eval.partial import PARTIAL, Partial, check_partial, finished, line_streams, settings_of
 from klear.eval.tasks import EvalError
 
 SUMMARY = {
@@ -44,25 +34,6 @@ PROBLEMS = [Problem(f"Start with {line}.", str(line), line=line) for line in (2,
 def record(problem: Problem, correct: int = 1) -> dict:
     return {"line": problem.line, "problem": problem.prompt, "reference": problem.reference, "n": 4,
             "correct": correct, "avg": correct / 4}  # fmt: skip
-
-
-def test_chunks_fill_whole_engine_batches_about_ten_to_a_set():
-    assert chunks(100, 2) == [range(i, i + 10) for i in range(0, 100, 10)]
-    assert chunks(30, 4) == [range(i, min(i + 4, 30)) for i in range(0, 30, 4)]  # AIME, 64 samples, batch 256
-    assert chunks(500, 64) == [range(i, min(i + 64, 500)) for i in range(0, 500, 64)]  # whole batches: 8 chunks
-    assert chunks(3, 256) == [range(3)] and chunks(0, 4) == []
-    for problems, unit in ((1000, 1), (37, 3), (12, 5)):
-        parts = chunks(problems, unit)
-        assert [i for part in parts for i in part] == list(range(problems))
-        assert all(len(part) % unit == 0 for part in parts[:-1]) and len(parts) <= CHUNKS + 1
-
-
-def test_chunk_asks_for_so_many_problems_in_whole_batches_and_other_engines_take_a_set_in_one_call():
-    assert chunks(100, 2, 25) == [range(0, 26), range(26, 52), range(52, 78), range(78, 100)]
-    assert chunks(30, 4, 30) == [range(30)] and chunks(30, 4, 1) == chunks(30, 4, 4)
-    assert chunk_size(None, "hf", 500) is None and chunk_size(None, "vllm", 500) == 500
-    assert chunk_size(None, "my_pkg.engines:build", 500) == 500  # an engine of one's own: one call too
-    assert chunk_size(8, "vllm", 500) == 8 and chunk_size(8, "hf", 500) == 8
 
 
 def test_streams_are_data_lines_unless_lines_are_missing_or_repeat():

@@ -23,7 +23,14 @@ from klear.fit import build_stage, build_trainer, main, prepare_run_dir
 from klear.models import load_model, load_tokenizer
 from klear.models.tiny import build_tiny
 from klear.rollout import vllm_engine
-from klear.rollout.engine import ENGINES, EngineError, RolloutEngine, SamplingParams, needed_model_len
+from klear.rollout.engine import (
+    ENGINES,
+    EngineError,
+    RolloutEngine,
+    SamplingParams,
+    StreamingEngine,
+    needed_model_len,
+)
 from klear.rollout.vllm_sizing import CONTEXT, EXPLICIT, NEEDED, engine_model_len, kv_bytes_per_token
 
 pytest.importorskip("vllm")
@@ -133,6 +140,28 @@ def test_same_seed_same_samples_whatever_else_is_in_the_call(synced):
     # Each prompt's stream given (`seeds`): the last prompt alone, keyed by its stream in the whole call.
     keyed = engine.generate(prompts[-1:], SamplingParams(max_new_tokens=40, n=3, seed=123, seeds=(122 + len(prompts),)))
     assert [r.response_ids for r in keyed] == [r.response_ids for r in first[-3:]]
+
+
+def test_a_stream_gives_each_prompts_samples_as_they_end_and_a_closed_one_frees_the_engine(synced):
+    engine, _, _, prompts = synced
+    assert isinstance(engine, StreamingEngine)
+    many = prompts * 4  # 12 prompts whose answers end at different steps
+    sampling = SamplingParams(max_new_tokens=96, n=2, seed=5)
+    called = engine.generate(many, sampling)
+    given = list(engine.stream(many, sampling))
+    assert sorted(index for index, _ in given) == list(range(12))
+    for index, group in given:  # generate's samples, whichever order they ended in
+        assert [r.prompt_index for r in group] == [index, index]
+        assert [r.response_ids for r in group] == [r.response_ids for r in called[2 * index : 2 * index + 2]]
+    ends = [max(len(r.response_ids) for r in group) for _, group in given]
+    assert ends == sorted(ends) and ends[0] < ends[-1]  # the shortest first: nothing waits for the longest
+    stream = engine.stream(many, sampling)
+    next(stream)
+    with pytest.raises(RuntimeError, match="a stream of the vLLM engine is still open"):
+        engine.generate(prompts, sampling)
+    stream.close()  # a stop between two answers: the rest are aborted
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    assert [r.response_ids for r in engine.generate(many, sampling)] == [r.response_ids for r in called]
 
 
 def test_sampling_leaves_the_global_rng_alone(synced):
@@ -427,29 +456,54 @@ def test_klear_eval_names_its_own_flags_when_the_engine_refuses_its_settings(tmp
     assert not (tmp_path / "out" / "results.jsonl").exists()
 
 
-def test_klear_eval_with_vllm_samples_a_set_in_one_call_unless_chunk_says_otherwise(tmp_path, caplog):
-    """vLLM's batch refills continuously within a call, so a set is one call by default; with ``--chunk`` it is
-    sampled in chunks kept for ``--resume``, and each problem's samples are those of the one call."""
+def test_klear_eval_with_vllm_keeps_each_part_as_its_problems_end_and_resume_draws_the_same_samples(
+    tmp_path, caplog, monkeypatch
+):
+    """vLLM samples a set in one run and ``klear.eval`` keeps each part in ``partial.jsonl`` as its problems end (a
+    tenth of the set, or ``--chunk``): each problem's samples are those of the whole set in one part, and a run
+    stopped after two parts goes on with ``--resume`` to the same results."""
     data = write_jsonl(generate_problems(6, split="eval", seed=0), tmp_path / "eval.jsonl")
     argv = ["--model", "tiny-sft", "--data", str(data), "--engine", "vllm", "--max-new-tokens", "48", "--k", "2"]
-    argv += ["--batch-size", "2"]  # one problem's 2 samples fill a batch
     results = {}
-    for name, extra in (("whole", []), ("chunked", ["--chunk", "2"])):
+    for name, extra, said in (
+        ("tenths", [], [1, 2, 3, 4, 5, 6]),  # a tenth of 6 problems: each problem kept as it ends
+        ("pairs", ["--chunk", "2"], [2, 4, 6]),
+        ("whole", ["--chunk", "6"], [6]),
+    ):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="klear.eval.cli"):
             assert eval_main([*argv, *extra, "--output", str(tmp_path / name)]) == 0
-        said = [
+        logged = [
             record.getMessage() for record in caplog.records if "problems sampled and scored" in record.getMessage()
         ]
-        assert said == (
-            ["6 of 6 problems sampled and scored"]
-            if name == "whole"
-            else [f"{i} of 6 problems sampled and scored" for i in (2, 4, 6)]
-        )
+        assert logged == [f"{i} of 6 problems sampled and scored" for i in said]
         assert not (tmp_path / name / "partial.jsonl").exists()
-        records = [json.loads(line) for line in (tmp_path / name / "results.jsonl").read_text().splitlines()]
-        results[name] = [[sample["text"] for sample in record["samples"]] for record in records]
-    assert results["chunked"] == results["whole"] and len({text for row in results["whole"] for text in row}) > 1
+        results[name] = (tmp_path / name / "results.jsonl").read_text()
+    assert results["tenths"] == results["pairs"] == results["whole"]
+    texts = [sample["text"] for line in results["whole"].splitlines() for sample in json.loads(line)["samples"]]
+    assert len(set(texts)) > 1
+
+    from klear.eval import cli
+
+    parts = []
+
+    def stop_after_two(*args, **kwargs):  # a SIGTERM as the third part is scored
+        if len(parts) == 2:
+            raise KeyboardInterrupt
+        parts.append(len(args[0]))
+        return records_of(*args, **kwargs)
+
+    records_of = cli.records_of
+    monkeypatch.setattr(cli, "records_of", stop_after_two)
+    cut = [*argv, "--chunk", "2", "--output", str(tmp_path / "cut")]
+    assert eval_main(cut) == 130
+    monkeypatch.setattr(cli, "records_of", records_of)
+    kept = (tmp_path / "cut" / "partial.jsonl").read_text().splitlines()
+    assert len(kept) == 1 + 4  # the settings, then the four problems of two parts
+    assert eval_main([*cut, "--resume"]) == 0
+    assert (tmp_path / "cut" / "results.jsonl").read_text() == results["whole"]
+    summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert summary["resumed"] == 4 and not (tmp_path / "cut" / "partial.jsonl").exists()
 
 
 def test_rope_scaling_reaches_the_engine_as_the_trainer_has_it():

@@ -85,7 +85,7 @@ def test_ctrl_c_stops_a_code_evaluation_and_its_reward_workers(tmp_path):
     output = tmp_path / "eval"
     args = ["klear.eval", "--model", "tiny-sft-code", "--data", str(data), "--k", "8", "--max-new-tokens", "96"]
     process = start([*args, "--num-workers", "2", "--output", str(output)], tmp_path / "e")
-    wait_until(lambda: "then scoring them" in (tmp_path / "e").read_text(), process, "sampling")
+    wait_until(lambda: "scoring them part by part" in (tmp_path / "e").read_text(), process, "sampling")
     time.sleep(2)  # the reward workers are scoring
     os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the job
     _, lines = ended(process, tmp_path / "e")

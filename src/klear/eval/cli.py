@@ -42,8 +42,8 @@ engine's name (and for ``vllm`` whether it is installed), the model folder's ``c
 checked before torch, transformers or Lightning are imported: they are imported once a model is loaded.
 Ctrl-C (exit code 130) or SIGTERM (143) stops it with one line saying which files it wrote (none, unless the
 signal came as they were written; each file is whole or absent); the reward workers are closed either way. The
-samples are drawn in chunks, each kept in the set's ``partial.jsonl`` once scored, so the line also says what a
-stopped run kept, and the same command with ``--resume`` goes on from it (`klear.eval.partial`).
+samples are drawn in parts (`klear.eval.parts`), each kept in the set's ``partial.jsonl`` once scored, so the line
+also says what a stopped run kept, and the same command with ``--resume`` goes on from it (`klear.eval.partial`).
 """
 
 from __future__ import annotations
@@ -82,8 +82,6 @@ from klear.eval.paired import check_same_problems, compare_against, read_against
 from klear.eval.partial import (
     Partial,
     check_partial,
-    chunk_size,
-    chunks,
     finished,
     line_streams,
     settings_of,
@@ -143,8 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--chunk",
         type=int,
         metavar="N",
-        help="sample N problems at a time (whole engine batches), each chunk kept in partial.jsonl for --resume "
-        "(default: about a tenth of a set with the hf engine; a set in one call with another, such as vllm)",
+        help="keep each N problems' samples in partial.jsonl for --resume as soon as they are scored (default: about "
+        "a tenth of a set); the hf engine samples them in one call, in whole engine batches, and vllm keeps the next N "
+        "to end; an engine of one's own samples a set in one call unless N is given",
     )
     parser.add_argument(
         "--resume",
@@ -504,12 +503,10 @@ def run(
     partial: Partial | None = None,
     chunk: int | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Sample ``n`` answers per problem and score them, ``chunk`` problems at a time (`klear.eval.partial.chunks`;
-    None: the ``hf`` engine's default, or the whole set in one call with another engine), each chunk's records
-    appended to ``partial`` where there are several, and the problems it read back not sampled again: the
-    per-problem records, in problem order, and timings."""
-    from klear.eval.in_training import chunk_prompts  # torch: imported with the model already
-    from klear.rollout.sample_and_score import sample_and_score
+    """Sample ``n`` answers per problem and score them in parts (`klear.eval.parts`: ``chunk`` problems each, or
+    about a tenth of the set), each part's records appended to ``partial``, and the problems it read back not sampled
+    again: the per-problem records, in problem order, and timings."""
+    from klear.eval.parts import sampled_parts  # torch: imported with the model already
 
     sampling = SamplingParams(
         max_new_tokens=options.max_new_tokens,
@@ -522,24 +519,27 @@ def run(
     read_back = {} if partial is None else partial.done
     streams = line_streams(problems) or list(range(len(problems)))
     records: list[dict[str, Any] | None] = [read_back.get(problem.line) for problem in problems]
-    todo = sum(record is None for record in records)
-    log.info("sampling %d problems x %d with the %s engine, then scoring them", todo, n, options.engine)
-    timing = {"sampling_s": 0.0, "scoring_s": 0.0, "resumed": len(problems) - todo}
+    todo = [i for i, record in enumerate(records) if record is None]
+    log.info("sampling %d problems x %d with the %s engine, scoring them part by part", len(todo), n, options.engine)
+    timing = {"sampling_s": 0.0, "scoring_s": 0.0, "resumed": len(problems) - len(todo)}
     tokens = 0
-    size = chunk_size(chunk, options.engine, len(problems))
-    parts = chunks(len(problems), chunk_prompts(options.batch_size, n, 1), size)
-    keep = partial if len(parts) > 1 else None  # one call: nothing to go on from before its end
-    for chunk_range in parts:
-        indices = [i for i in chunk_range if records[i] is None]
-        if not indices:
-            continue
+    parts = sampled_parts(
+        engine,
+        tokenizer,
+        problems,
+        todo,
+        sampling,
+        scorer.score,
+        streams,
+        engine_name=options.engine,
+        batch_size=options.batch_size,
+        chunk=chunk,
+    )
+    for indices, sampled in parts:
         part = [problems[i] for i in indices]
-        sampled = sample_and_score(
-            engine, tokenizer, part, sampling, scorer.score, streams=[streams[i] for i in indices]
-        )
         new = records_of(part, sampled.groups, sampled.scores, k, scorer.reward)
-        if keep is not None:
-            keep.append(new)
+        if partial is not None:
+            partial.append(new)
         for i, record in zip(indices, new, strict=True):
             records[i] = record
         tokens += sum(len(rollout.response_ids) for rollout in sampled.rollouts)

@@ -1,18 +1,18 @@
 """A set's samples kept as they are drawn, so that an interrupted ``klear.eval`` goes on where it stopped.
 
-``klear.eval`` samples a set's problems in chunks (`chunks`) and appends each chunk's records to ``partial.jsonl``
-in the set's output folder once they are scored: the file's first line holds the settings the samples depend on
-(`SETTINGS`, as ``summary.json`` writes them), each further line one problem's record, as ``results.jsonl`` holds
-it. Chunks are the ``hf`` engine's default, whose batches are drawn one after another anyway; another engine, such
-as vLLM's, whose batch refills continuously until the call's last answer, would wait for each chunk's longest
-answer, so it samples a set in one call (nothing kept) unless ``--chunk`` says otherwise.
+``klear.eval`` samples a set's problems in parts (`klear.eval.parts`) and appends each part's records to
+``partial.jsonl`` in the set's output folder once they are scored: the file's first line holds the settings the
+samples depend on (`SETTINGS`, as ``summary.json`` writes them), each further line one problem's record, as
+``results.jsonl`` holds it, in the order the parts were done.
 
 A run stopped by Ctrl-C, SIGTERM, a crash or a lost machine leaves the file; the same command with ``--resume``
 reads it back (`Partial.open`), checks that the settings and every record's prompt and reference are this run's
 (one line naming the first that differs), and samples only the problems not done. A problem's samples depend on
-the seed and its data line alone (`line_streams`), and each chunk fills whole engine batches, so a resumed run's
-results are a run's never stopped. The file goes once ``results.jsonl`` is written. A set whose results were
-written already is done (`finished`): it is not sampled again.
+the seed and its data line alone (`line_streams`), and each part of the ``hf`` engine fills whole engine batches,
+so a resumed run's results are a run's never stopped. (vLLM samples a resumed problem from the same seed beside
+other answers than before: the same samples wherever its numerics do not depend on the batch, as on CPU.) The
+file goes once ``results.jsonl`` is written. A set whose results were written already is done (`finished`): it is
+not sampled again.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,9 +35,6 @@ log = logging.getLogger(__name__)
 
 PARTIAL = "partial.jsonl"
 """The file in a set's output folder that holds the records sampled so far."""
-CHUNKS = 10
-"""A set is sampled in about this many chunks (each a whole number of engine batches): a stop loses at most the
-chunk being drawn, about a tenth of the set."""
 SETTINGS = (
     "model",
     "base",
@@ -80,21 +76,6 @@ def check_partial(output: Path, resume: bool, overwrite: bool) -> None:
             f"{output} holds the samples of an interrupted run ({path}): go on from them with --resume, or start "
             "over with --overwrite"
         )
-
-
-def chunks(problems: int, prompts_per_batch: int, size: int | None = None) -> list[range]:
-    """The chunks ``problems`` problems are sampled in: ``size`` problems each (None: about `CHUNKS` to the set),
-    rounded up to a multiple of ``prompts_per_batch`` (the fewest prompts whose samples fill whole engine batches), so
-    a chunk's batches are one call's."""
-    target = math.ceil(problems / CHUNKS) if size is None else size
-    whole = max(1, math.ceil(target / prompts_per_batch)) * prompts_per_batch
-    return [range(start, min(start + whole, problems)) for start in range(0, problems, whole)]
-
-
-def chunk_size(chunk: int | None, engine: str, problems: int) -> int | None:
-    """The ``size`` of `chunks`: ``--chunk`` when given; else about `CHUNKS` to a set (None) with the ``hf`` engine,
-    whose batches are drawn one after another anyway, and the whole set (one call) with any other."""
-    return chunk if chunk is not None or engine == "hf" else problems
 
 
 def settings_of(summary: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +130,7 @@ class Partial:
         return cls(path, settings, done, fresh=good == 0, kept=len(done))
 
     def append(self, records: list[dict[str, Any]]) -> None:
-        """Add a chunk's records, on disk (flushed and synced) before the next chunk is drawn; a stop in the middle
+        """Add a part's records, on disk (flushed and synced) before the next part is kept; a stop in the middle
         keeps the records written whole (`klear.data.append.append_jsonl`). A disk that refuses them costs the run
         nothing but the file: a warning, and the run goes on with its records in memory."""
         if self.path is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -107,6 +107,19 @@ class RolloutEngine(Protocol):
 
     def wake_up(self) -> None:
         """Take device memory back before the next refresh and generation."""
+        ...
+
+
+@runtime_checkable
+class StreamingEngine(RolloutEngine, Protocol):
+    """An engine that can also give each prompt's samples as soon as they have all ended (vLLM's, whose batch refills
+    as answers end): a caller that keeps what is done as it goes (``klear.eval``) loses no time waiting for the
+    longest answer of a part before the next part starts."""
+
+    def stream(self, prompts: list[list[int]], sampling: SamplingParams) -> Iterator[tuple[int, list[Rollout]]]:
+        """`generate`'s samples, each prompt's index and its ``sampling.n`` rollouts (in sample order) once the last
+        of them has ended, in the order they end; every prompt exactly once. Closed before its end, it stops the
+        rest; while it is open the engine takes no other call."""
         ...
 
 

@@ -14,13 +14,16 @@ whichever rows are evaluated with it). Every sample is thus a function of the se
 alone. With ``world`` data-parallel ranks each samples and scores its contiguous share of the prompts
 (`rank_range`) and all ranks return the whole call's groups (`gather_objects`): the split changes nothing. Every
 rank calls the engine, with an empty share too, since an engine over a sharded policy samples in lockstep with the
-other ranks.
+other ranks. `sample_and_score_as_they_end` is the same pass in one process on an engine that gives each prompt's
+samples as they end (`klear.rollout.engine.StreamingEngine`), scored a part at a time, so that ``klear.eval`` keeps
+each part as soon as it is done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +31,7 @@ from klear.data.problems import Problem
 from klear.data.prompts import encode_problem
 from klear.rewards.routing import seeded_reference
 from klear.rewards.scorer import ScoredRollouts
-from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
+from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams, StreamingEngine
 from klear.runtime.distributed import gather_objects, rank_range
 
 if TYPE_CHECKING:
@@ -115,15 +118,12 @@ def sample_share(
 ) -> SampledShare:
     """Rank ``rank``'s contiguous share of ``problems`` (`rank_range`), sampled and scored; ``sampling.seed`` must be
     set, since it is what makes the samples reproducible; ``first`` and ``streams`` as in `sample_and_score`."""
-    if sampling.seed is None:
-        raise ValueError("sample_and_score needs sampling.seed: prompt i samples from the stream seed + i")
     n = sampling.n
     numbers = stream_numbers(len(problems), first, streams)
     mine = rank_range(len(problems), rank, world)
-    prompts = [encode_problem(tokenizer, problem) for problem in problems[mine.start : mine.stop]]
-    seeds = tuple(sampling.seed + number for number in numbers[mine.start : mine.stop])
+    prompts, seeded = _requests(tokenizer, problems[mine.start : mine.stop], sampling, numbers[mine.start : mine.stop])
     timer = time.perf_counter()
-    rollouts = engine.generate(prompts, replace(sampling, seed=seeds[0] if seeds else sampling.seed, seeds=seeds))
+    rollouts = engine.generate(prompts, seeded)
     sampling_s = time.perf_counter() - timer
     if len(rollouts) != len(prompts) * n:
         raise ValueError(f"the engine returned {len(rollouts)} rollouts for {len(prompts)} prompts x {n} samples")
@@ -136,6 +136,66 @@ def sample_share(
     else:  # an empty share: nothing to score (the scorer is never asked for nothing)
         scores = ScoredRollouts([], [], [], [], 0, 0)
     return SampledShare(rollouts, scores, sampling_s, time.perf_counter() - timer)
+
+
+def sample_and_score_as_they_end(
+    engine: StreamingEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    sampling: SamplingParams,
+    score: Score,
+    every: int,
+    streams: Sequence[int] | None = None,
+) -> Iterator[tuple[list[int], SampledGroups]]:
+    """``problems`` sampled in one run of ``engine`` (`StreamingEngine.stream`, one process) and scored ``every``
+    problems at a time as their samples end: each part's indices in ``problems``, in the order the problems ended,
+    and their groups (``prompt_index``: the index in ``problems``); the last part holds the rest. Seeds and
+    references as in `sample_and_score` (``first`` 0), so the samples are those of one `sample_and_score` call.
+    ``sampling_s`` is the time spent waiting for the part's answers. Closed before its end, it closes the run."""
+    if every < 1:
+        raise ValueError(f"every = {every}: a part needs at least one problem")
+    numbers = stream_numbers(len(problems), 0, streams)
+    prompts, seeded = _requests(tokenizer, problems, sampling, numbers)
+    indices: list[int] = []
+    groups: list[list[Rollout]] = []
+    answered, sampling_s = 0, 0.0
+    with contextlib.closing(engine.stream(prompts, seeded)) as answers:
+        while True:
+            timer = time.perf_counter()
+            answer = next(answers, None)
+            sampling_s += time.perf_counter() - timer
+            if answer is not None:
+                index, rollouts = answer
+                if len(rollouts) != sampling.n:
+                    raise ValueError(f"the engine answered prompt {index} with {len(rollouts)} of {sampling.n} samples")
+                indices.append(index)
+                groups.append(rollouts)
+                answered += 1
+            if indices and (answer is None or len(indices) == every):
+                timer = time.perf_counter()
+                chosen = [problems[index] for index in indices]
+                scores = score(
+                    [rollout for group in groups for rollout in group],
+                    sample_references(chosen, sampling.n, sampling.seed, [numbers[index] for index in indices]),
+                )
+                yield indices, SampledGroups(groups, scores, sampling_s, time.perf_counter() - timer)
+                indices, groups, sampling_s = [], [], 0.0
+            if answer is None:
+                break
+    if answered != len(problems):
+        raise ValueError(f"the engine's stream answered {answered} of {len(problems)} prompts")
+
+
+def _requests(
+    tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem], sampling: SamplingParams, numbers: Sequence[int]
+) -> tuple[list[list[int]], SamplingParams]:
+    """The prompts of ``problems`` and the sampling that gives each its stream, ``sampling.seed`` plus its stream
+    number (``numbers``)."""
+    if sampling.seed is None:
+        raise ValueError("sample_and_score needs sampling.seed: prompt i samples from the stream seed + i")
+    seeds = tuple(sampling.seed + number for number in numbers)
+    prompts = [encode_problem(tokenizer, problem) for problem in problems]
+    return prompts, replace(sampling, seed=seeds[0] if seeds else sampling.seed, seeds=seeds)
 
 
 def sample_references(

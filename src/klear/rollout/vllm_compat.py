@@ -116,6 +116,13 @@ def cuda_devices() -> list[int]:
     return [] if current_platform.is_cpu() or not torch.cuda.is_available() else [torch.cuda.current_device()]
 
 
+def external_id(request_id: str) -> str:
+    """The id a request's outputs carry, of the id ``LLM.enqueue`` returned for it: vLLM 0.32 returns the engine's
+    internal id, ``<id>-<8 random characters>`` (``InputProcessor.assign_request_id``), and ``LLM``'s own ids are
+    numbers."""
+    return request_id.split("-", 1)[0]
+
+
 @contextmanager
 def global_rng_kept() -> Iterator[None]:
     """Restore torch's global generators afterwards (vLLM's CPU sampler draws from them for every batch)."""

@@ -11,7 +11,8 @@ reach it by reference: a refresh streams ``(hf_name, tensor)`` pairs into the ru
   the engine applies the temperature itself, as a logits scale of 1/T inside the model (vLLM's
   ``LogitsProcessor.scale``), and asks vLLM to sample at temperature 1: its raw log-probs are then exactly the
   tempered ones, and its top-k/top-p act on the tempered distribution as they would have. One scale serves the
-  whole engine, which is why ``generate`` is synchronous and takes one temperature a call.
+  whole engine, which is why ``generate`` is synchronous and takes one temperature a call (and an open
+  ``stream`` refuses any other call until it ends).
 - **Seeds.** Prompt ``i`` is one vLLM request of ``n`` samples seeded from ``seed + i`` (or ``seeds[i]``), so its
   samples do not depend on the other prompts of the call (the protocol's rule). vLLM seeds the ``n`` samples of a
   request with ``s, s + 1, ..., s + n - 1``, so ``s`` is a 62-bit hash of ``seed + i``, not ``seed + i`` itself
@@ -64,8 +65,9 @@ import json
 import logging
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -135,6 +137,8 @@ class VLLMEngine:
         self.shapes, self.required = checkpoint_names(self.model_dir)
         self.sleep_enabled = sleep
         self.asleep = False
+        self.streaming = False
+        """Whether a `stream` is open (between two of its answers)."""
         self.generator = random.Random(seed)
         self.logits_scale = 1.0
         self.adapters = adapters
@@ -154,26 +158,46 @@ class VLLMEngine:
     # -------------------------------------------------------------------------------------------- protocol
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Rollout]:
+        groups: list[list[Rollout]] = [[] for _ in prompts]
+        for index, group in self.stream(prompts, sampling):
+            groups[index] = group
+        return [rollout for group in groups for rollout in group]
+
+    def stream(self, prompts: list[list[int]], sampling: SamplingParams) -> Iterator[tuple[int, list[Rollout]]]:
+        """`generate`'s run, each prompt's index and its ``sampling.n`` rollouts given as soon as the last of them
+        ends (`klear.rollout.engine.StreamingEngine`). Closed before its end, it aborts the requests still running,
+        so the engine is free for the next call."""
         self._check_awake("generate")
         if not prompts:
-            return []
+            return
         self._set_logits_scale(1.0 / sampling.temperature if sampling.temperature > 0 else 1.0)
         seeds = sampling.prompt_seeds(len(prompts), lambda: self.generator.getrandbits(62))
         requests = [_request_params(sampling, _prompt_seed(seed), self.stop_token_ids) for seed in seeds]
         with vllm_compat.global_rng_kept():
-            outputs = self.llm.generate(
+            ids = self.llm.enqueue(
                 [{"prompt_token_ids": list(prompt)} for prompt in prompts],
                 requests,
                 use_tqdm=False,
                 lora_request=self.adapters.request if self.adapters is not None else None,
             )
-        rollouts = []
-        for index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
-            completions = sorted(output.outputs, key=lambda completion: completion.index)
-            if sampling.temperature == 0:  # vLLM takes n=1 for greedy requests: the n samples are that one
-                completions = completions * sampling.n
-            rollouts.extend(self._rollout(index, prompt, completion) for completion in completions)
-        return rollouts
+        running = {vllm_compat.external_id(request): (index, request) for index, request in enumerate(ids)}
+        self.streaming = True
+        try:
+            while running:
+                ended: list[tuple[int, Any]] = []
+                with vllm_compat.global_rng_kept():  # the engine's draws, not those of the caller between answers
+                    while not ended:
+                        if not self.llm.llm_engine.has_unfinished_requests():
+                            raise RuntimeError(f"vLLM stopped with {len(running)} prompts unanswered")
+                        for output in self.llm.llm_engine.step():
+                            if output.finished:
+                                ended.append((running.pop(output.request_id)[0], output))
+                for index, output in ended:
+                    yield index, self._group(index, prompts[index], output, sampling)
+        finally:
+            self.streaming = False
+            if running:
+                self.llm.llm_engine.abort_request([request for _, request in running.values()], internal=True)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Load every weight of the checkpoint's names in place (each exactly once), in buckets.
@@ -251,6 +275,13 @@ class VLLMEngine:
         if name in loaded:
             raise ValueError(f"parameter {name!r} appears twice in one update_weights call")
 
+    def _group(self, index: int, prompt: list[int], output: Any, sampling: SamplingParams) -> list[Rollout]:
+        """A finished request's ``sampling.n`` rollouts, in sample order."""
+        completions = sorted(output.outputs, key=lambda completion: completion.index)
+        if sampling.temperature == 0:  # vLLM takes n=1 for greedy requests: the n samples are that one
+            completions = completions * sampling.n
+        return [self._rollout(index, prompt, completion) for completion in completions]
+
     def _rollout(self, index: int, prompt: list[int], completion) -> Rollout:
         response = list(completion.token_ids)
         flat = completion.logprobs  # FlatLogprobs: with logprobs=0, exactly the sampled token at each position
@@ -277,6 +308,8 @@ class VLLMEngine:
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running)")
 
     def _check_awake(self, what: str) -> None:
+        if self.streaming:  # its requests run at the logits scale and on the weights they started with
+            raise RuntimeError(f"a stream of the vLLM engine is still open: finish or close it before {what}()")
         if self.asleep:
             raise RuntimeError(f"the vLLM engine is asleep: call wake_up() before {what}()")
 
