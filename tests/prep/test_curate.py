@@ -4,7 +4,8 @@ task (levels 1 and 4), with resume, a torn results line, a changed band, and run
 The reward is the math reward with the ``answer_is`` fallback, so tiny-sft's unboxed answers ("The answer is
 15.") count: level-1 problems are then solved in most of 4 samples, level-4 ones far less often, and some
 problems land at 4/4 and some at 0/4 (on three seeds checked: 6-9 at 4/4 and 3 at 0/4 of 24), outside the
-middle band ``(0, 1)``. Sampling is seeded per chunk, so the assertions that compare runs compare exact values.
+middle band ``(0, 1)``. A problem's samples are seeded by its data line, so the assertions that compare runs
+compare exact values.
 """
 
 import json
@@ -225,6 +226,29 @@ def test_a_repeated_problem_is_sampled_once_and_its_copies_share_its_pass_rate(d
     kept = [row["index"] for row in rows_of(out / "kept.jsonl")]
     for copies in ([0, 2, 5], [1, 4]):  # every copy of a problem kept or none
         assert {index in kept for index in copies} in ({True}, {False})
+
+
+def test_a_problems_samples_are_klear_evals_and_its_own_whatever_the_chunks_or_a_stop(data, tmp_path):
+    """A problem samples from ``--seed`` and its data line, as in ``klear.eval``: with the same settings, curate's
+    counts and lengths are the evaluation's problem by problem, whatever ``--chunk`` groups and wherever a run with
+    ``--max-problems`` stopped."""
+    from klear.eval.cli import main as eval_main
+
+    settings = ["--model", "tiny-sft", "--k", "4", "--max-new-tokens", "96", "--temperature", "1.0", "--top-p", "1.0"]
+    assert eval_main([*settings, "--data", str(data), "--output", str(tmp_path / "eval")]) == 0
+    evaluated = {
+        record["line"]: (record["correct"], sum(sample["length"] for sample in record["samples"]) / 4)
+        for record in map(json.loads, (tmp_path / "eval" / "results.jsonl").read_text().splitlines())
+    }
+    curate = ["curate", *settings, "--band", "(0, 1)", "--data", str(data)]
+    for name, chunk in (("sevens", "7"), ("cut", "5")):
+        out = tmp_path / name
+        if name == "cut":  # 9 of 24 sampled, the second part of 5 cut at 4; the rest by the rerun
+            assert main([*curate, "--chunk", chunk, "--max-problems", "9", "--out", str(out)]) == 0
+            assert len(results(out)) == 9
+        assert main([*curate, "--chunk", chunk, "--out", str(out)]) == 0
+        curated = {line: (record["correct"], record["mean_length"]) for line, record in results(out).items()}
+        assert curated == evaluated
 
 
 def test_a_torn_last_line_is_resampled(data, full_run, tmp_path, capsys, caplog):

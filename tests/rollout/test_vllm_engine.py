@@ -15,6 +15,7 @@ import torch
 
 from klear.config import ModelConfig, RolloutConfig, VLLMConfig
 from klear.config.load import load_config
+from klear.data.__main__ import main as data_main
 from klear.data.prompts import encode_prompt
 from klear.data.readers import write_jsonl
 from klear.data.synthetic import generate_problems
@@ -482,6 +483,15 @@ def test_klear_eval_with_vllm_keeps_each_part_as_its_problems_end_and_resume_dra
     assert results["tenths"] == results["pairs"] == results["whole"]
     texts = [sample["text"] for line in results["whole"].splitlines() for sample in json.loads(line)["samples"]]
     assert len(set(texts)) > 1
+    # klear.data curate samples on the engine's stream too, each problem as klear.eval samples it
+    curate = ["curate", *argv, "--band", "[0, 1]", "--chunk", "4", "--temperature", "0.6", "--top-p", "0.95"]
+    assert data_main([*curate, "--out", str(tmp_path / "curated")]) == 0
+    curated = [json.loads(line) for line in (tmp_path / "curated" / "results.jsonl").read_text().splitlines()]
+    evaluated = {record["line"]: record for record in map(json.loads, results["whole"].splitlines())}
+    for record in curated:
+        samples = evaluated[record["line"]]["samples"]
+        assert record["correct"] == evaluated[record["line"]]["correct"]
+        assert record["mean_length"] == sum(sample["length"] for sample in samples) / 2
 
     from klear.eval import cli
 

@@ -43,10 +43,12 @@ def sampled_parts(
     engine_name: str,
     batch_size: int,
     chunk: int | None = None,
+    fill_batches: bool = True,
 ) -> Iterator[tuple[list[int], SampledGroups]]:
     """The problems ``todo`` of ``problems`` (indices, ascending), sampled and scored part by part (see the module
     docstring): each part's indices in ``problems`` and their samples, ``streams[i]`` problem ``i``'s stream number.
-    ``chunk``: ``--chunk``; ``batch_size``: the engine's (``--batch-size``), which the ``hf`` engine's parts fill."""
+    ``chunk``: ``--chunk``; ``batch_size``: the engine's (``--batch-size``), which the ``hf`` engine's parts fill
+    unless ``fill_batches`` is False (``klear.data curate``, whose ``--chunk`` is the part's size as given)."""
     if isinstance(engine, StreamingEngine):
         every = chunk or math.ceil(len(problems) / CHUNKS)
         chosen = [problems[i] for i in todo]
@@ -59,7 +61,8 @@ def sampled_parts(
         return
     size = chunk if chunk is not None or engine_name == "hf" else len(problems)
     waiting = set(todo)
-    for part in chunks(len(problems), chunk_prompts(batch_size, sampling.n, 1), size):
+    unit = chunk_prompts(batch_size, sampling.n, 1) if fill_batches else 1
+    for part in chunks(len(problems), unit, size):
         indices = [i for i in part if i in waiting]
         if indices:
             chosen = [problems[i] for i in indices]

@@ -14,7 +14,7 @@ are drawn and scored by `klear.rollout.sample_and_score` with the one scorer (`k
 
 ``--out DIR`` receives:
 - ``results.jsonl``: one line per problem (its data line, correct count, pass rate, every sample's score,
-  reward timeouts and errors, mean length, truncated samples), appended a chunk at a time. It is the state a
+  reward timeouts and errors, mean length, truncated samples), appended a part at a time. It is the state a
   rerun continues from: finished problems are never sampled again (see `klear.prep.pass_rates`), so a run
   stopped by Ctrl-C, a crash or ``--max-problems`` goes on where it stopped when the same command is rerun,
   and a rerun with only another ``--band`` samples nothing at all. A problem that repeats an earlier row's (the
@@ -25,10 +25,11 @@ are drawn and scored by `klear.rollout.sample_and_score` with the one scorer (`k
 - ``report.json``: counts (kept, below and above the band, bad rows, pending), the settings, the histogram of
   correct counts and every bad row by line; ``settings.json``: what the samples depend on, checked on rerun.
 
-Scale: problems go to the engine ``--chunk`` at a time (an engine batches ``--batch-size`` sequences of
-them; vLLM schedules the whole chunk at once), rewards are scored in ``--num-workers`` processes, and a chunk's
-samples depend only on ``--seed`` and the chunk's position, so a resumed run gives the results an uninterrupted
-one would (when it stopped at a chunk boundary, as Ctrl-C and ``--max-problems`` multiples of ``--chunk`` do).
+Scale: problems are sampled and their results written ``--chunk`` at a time, in the parts ``klear.eval`` samples
+in (`klear.eval.parts`: the ``hf`` engine batches ``--batch-size`` sequences of a part, vLLM samples every problem
+in one run and a part is the next problems to end), and rewards are scored in ``--num-workers`` processes. A
+problem's samples depend on ``--seed`` and its data line alone, as ``klear.eval``'s do (the same samples, with the
+same settings), so a resumed run gives the results of an uninterrupted one wherever it stopped.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import replace
-from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from klear.data.problems import Problem, problem_key
 from klear.data.readers import BadRow
 from klear.eval.options import add_sampling_arguments
+from klear.eval.partial import line_streams
 from klear.eval.tasks import load_eval_problems
 from klear.prep.curate_settings import DEFAULT_K, CurateSettings, out_dir
 from klear.prep.mixing import PASS_RATE_KEY
@@ -56,7 +56,6 @@ from klear.prep.pass_rates import (
     PRESETS,
     append_results,
     check_settings,
-    chunk_seed,
     load_results,
     row_digest,
 )
@@ -88,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     rule.add_argument("--band", help="pass rates kept, e.g. '(0, 1)' (drops always- and never-solved); '(' excludes")
     parser.add_argument("--k", type=int, help=f"samples per problem (default: {DEFAULT_K})")
-    parser.add_argument("--chunk", type=int, default=256, help="problems per engine call and per results write")
+    parser.add_argument("--chunk", type=int, default=256, help="problems per results write (hf: per engine call)")
     parser.add_argument("--reward", help="reward name or import path (default: from the fields, or the preset's)")
     parser.add_argument(
         "--reward-option",
@@ -181,7 +180,7 @@ def open_results(out: Path, settings: dict, problems: list[Problem], overwrite: 
     records = load_results(out / RESULTS)
     if records:
         check_settings(out / SETTINGS, settings)
-    else:  # nothing sampled yet (or a first run that stopped before its first chunk): these settings hold
+    else:  # nothing sampled yet (or a first run that stopped before its first part): these settings hold
         write_json(settings, out / SETTINGS)
     for problem in problems:
         record = records.get(problem.line)
@@ -196,28 +195,42 @@ def open_results(out: Path, settings: dict, problems: list[Problem], overwrite: 
 def sample(
     settings: CurateSettings, reward: Reward, problems: list[Problem], pending: list[int], path: Path
 ) -> dict[int, dict]:
-    """Sample and score the ``pending`` problems chunk by chunk, appending each chunk's records to ``path``."""
+    """Sample and score the ``pending`` problems (indices, ascending) part by part (`klear.eval.parts`: ``--chunk``
+    problems each), appending each part's records to ``path`` as it is scored."""
+    from klear.eval.parts import sampled_parts  # torch: with the engine
     from klear.eval.sampler import build_engine
-    from klear.rollout.sample_and_score import sample_and_score  # torch: with the engine
 
     options, k = settings.sampling, settings.k
     engine, tokenizer = build_engine(options, [problems[i] for i in pending])
-    sampling = SamplingParams(options.max_new_tokens, options.temperature, options.top_p, options.top_k, n=k)
+    sampling = SamplingParams(
+        options.max_new_tokens, options.temperature, options.top_p, options.top_k, n=k, seed=options.seed
+    )
+    streams = line_streams(problems) or list(range(len(problems)))  # as klear.eval's: a problem's samples are its own
     records: dict[int, dict] = {}
     scorer = RewardScorer(reward, num_workers=options.num_workers, timeout=options.reward_timeout)
     try:
         with _progress(len(pending)) as progress:
-            for chunk, indices in groupby(pending, key=lambda i: i // settings.chunk):
-                batch = [problems[i] for i in indices]
-                seed = chunk_seed(options.seed, chunk)
-                sampled = sample_and_score(engine, tokenizer, batch, replace(sampling, seed=seed), scorer.score)
+            parts = sampled_parts(
+                engine,
+                tokenizer,
+                problems,
+                pending,
+                sampling,
+                scorer.score,
+                streams,
+                engine_name=options.engine,
+                batch_size=options.batch_size,
+                chunk=settings.chunk,
+                fill_batches=False,
+            )
+            for indices, sampled in parts:
                 new = [
-                    _record(problem, sampled.groups[j], sampled.scores.slice(j * k, (j + 1) * k))
-                    for j, problem in enumerate(batch)
+                    _record(problems[i], sampled.groups[j], sampled.scores.slice(j * k, (j + 1) * k))
+                    for j, i in enumerate(indices)
                 ]
                 append_results(path, new)
                 records |= {record["line"]: record for record in new}
-                progress(len(batch))
+                progress(len(indices))
     finally:
         scorer.close()  # its worker pool, kept for the whole run (its start-up costs seconds)
     return records
@@ -295,7 +308,7 @@ def write_outputs(
 
 @contextlib.contextmanager
 def _progress(total: int) -> Iterator[Callable[[int], None]]:
-    """A progress bar on a terminal; elsewhere (batch jobs, CI) a log line per chunk."""
+    """A progress bar on a terminal; elsewhere (batch jobs, CI) a log line per part."""
     console = Console(stderr=True)
     columns = (TextColumn("curate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:

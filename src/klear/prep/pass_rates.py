@@ -9,8 +9,8 @@ would say. The paper's two rules are the presets:
 - ``code``: pass@16 (the share of 16 samples passing every test) at least 0.5, i.e. ``[0.5, 1]``. The rule's
   other half, at least 16 tests per problem, is ``filter-tests --min-tests 16``.
 
-The results file holds one JSON line per finished problem and is only ever appended to, a whole chunk of
-problems per write (flushed and synced), so an interrupted run loses at most the chunk it was sampling. A line
+The results file holds one JSON line per finished problem and is only ever appended to, a whole part of
+problems per write (flushed and synced), so an interrupted run loses at most the part it was sampling. A line
 cut short by a crash mid-write is dropped on the next start (and counted as not done). Each line carries the
 problem's line in the data and a digest of the row, so a rerun on a changed file stops instead of mixing
 results of different problems.
@@ -82,11 +82,6 @@ def row_digest(row: dict) -> str:
     """A short digest of a row's content (key order ignored), to tell whether a rerun reads the same data."""
     text = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def chunk_seed(seed: int, chunk: int) -> int:
-    """The sampling seed of one chunk of problems: the same chunk gets the same samples in every run."""
-    return int.from_bytes(hashlib.sha256(f"klear-curate-{seed}-{chunk}".encode()).digest()[:8], "big") >> 1
 
 
 def load_results(path: Path) -> dict[int, dict]:
