@@ -3,7 +3,7 @@ log-probs on it.
 
     python tools/gpu_check.py build DIR     # Qwen3-0.6B's shape (28 layers, width 1024, vocabulary 151,936), random
                                             # weights, the built-in byte tokenizer
-    python tools/gpu_check.py vllm DIR      # engine: refresh time, tokens/s, trainer-engine gap, sleep/wake
+    python tools/gpu_check.py vllm DIR      # engine: refresh time, tokens/s, trainer-engine gap, its stream, sleep/wake
     python tools/gpu_check.py packed DIR    # packed rows = padded rows (log-probs, gradients) on CUDA, per kernel
 
 Nothing is downloaded. The vLLM check trains nothing through Lightning: it loads the policy as the RL stage does,
@@ -77,6 +77,15 @@ def check_vllm(directory: str) -> None:
     tokens = sum(len(rollout.response_ids) for rollout in rollouts)
     print(f"generate: {len(rollouts)} samples, {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.0f} tokens/s")
     print(f"gap bf16 engine vs bf16 trainer: {gap(policy, rollouts[:16], 1.0):.2e}")
+    started, first, given = time.perf_counter(), None, {}
+    for index, group in engine.stream(prompts, sampling):  # klear.eval's path: each prompt kept as it ends
+        first = time.perf_counter() - started if first is None else first
+        given[index] = [rollout.response_ids for rollout in group]
+    seconds = time.perf_counter() - started
+    assert sorted(given) == list(range(len(prompts))), "the stream must give every prompt once"
+    same = sum(given[i] == [r.response_ids for r in rollouts[i * 8 : i * 8 + 8]] for i in given) / len(given)
+    print(f"stream: first prompt's samples after {first:.2f}s of {seconds:.2f}s, generate's samples for {same:.2f}")
+    assert same >= 0.9, f"the stream gave generate's samples for {same:.2f} of the prompts only"
 
     updated = copy.deepcopy(policy).train()
     optimizer = torch.optim.AdamW(updated.parameters(), lr=1e-4)

@@ -19,9 +19,10 @@ from klear.rollout.engine import Rollout, SamplingParams, StreamingEngine
 from klear.rollout.hf import HFEngine
 from klear.rollout.sample_and_score import sample_and_score, sample_and_score_as_they_end
 
-PROBLEMS = [Problem(row["problem"], row["answer"], line=i + 1) for i, row in enumerate(generate_problems(12, seed=5))]
+ROWS = generate_problems(12, seed=5)
+PROBLEMS = [Problem(row["problem"], row["answer"], line=3 * i + 1) for i, row in enumerate(ROWS)]  # rows left out
 SAMPLING = SamplingParams(max_new_tokens=24, temperature=1.0, n=2, seed=7)
-STREAMS = [3 * i for i in range(len(PROBLEMS))]  # not the indices: the parts must pass each problem's own
+STREAMS = [3 * i for i in range(len(PROBLEMS))]  # each problem's data line - 1, not its index
 
 
 class LastFirst(HFEngine):
@@ -60,9 +61,8 @@ def whole(model):
 def parts_of(engine, todo, chunk=None, name="hf"):
     scorer = RewardScorer("math")
     parts = sampled_parts(
-        engine, engine.tokenizer, PROBLEMS, todo, SAMPLING, scorer.score, STREAMS,
-        engine_name=name, batch_size=4, chunk=chunk,
-    )  # fmt: skip
+        engine, engine.tokenizer, PROBLEMS, todo, SAMPLING, scorer.score, engine_name=name, batch_size=4, chunk=chunk
+    )
     return list(parts)
 
 

@@ -517,7 +517,6 @@ def run(
         seed=options.seed,
     )
     read_back = {} if partial is None else partial.done
-    streams = line_streams(problems) or list(range(len(problems)))
     records: list[dict[str, Any] | None] = [read_back.get(problem.line) for problem in problems]
     todo = [i for i, record in enumerate(records) if record is None]
     log.info("sampling %d problems x %d with the %s engine, scoring them part by part", len(todo), n, options.engine)
@@ -530,7 +529,6 @@ def run(
         todo,
         sampling,
         scorer.score,
-        streams,
         engine_name=options.engine,
         batch_size=options.batch_size,
         chunk=chunk,

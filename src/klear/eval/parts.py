@@ -9,7 +9,8 @@ next is done, so a stop loses at most the answers still being drawn.
 - Any other engine samples the set in one call, unless ``--chunk`` asks for parts as the ``hf`` engine's.
 
 ``size`` is ``--chunk``, else about a tenth of the set (`CHUNKS`). Either way a problem's samples depend on the seed
-and its stream number alone (`klear.rollout.sample_and_score`), not on the part it is drawn in.
+and its data line alone (`klear.rollout.sample_and_score`'s streams), not on the part it is drawn in nor on which
+other problems are sampled.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from klear.data.problems import Problem
 from klear.eval.in_training import chunk_prompts
+from klear.eval.partial import line_streams
 from klear.rollout.engine import RolloutEngine, SamplingParams, StreamingEngine
 from klear.rollout.sample_and_score import SampledGroups, Score, sample_and_score, sample_and_score_as_they_end
 
@@ -38,7 +40,6 @@ def sampled_parts(
     todo: Sequence[int],
     sampling: SamplingParams,
     score: Score,
-    streams: Sequence[int],
     *,
     engine_name: str,
     batch_size: int,
@@ -46,9 +47,11 @@ def sampled_parts(
     fill_batches: bool = True,
 ) -> Iterator[tuple[list[int], SampledGroups]]:
     """The problems ``todo`` of ``problems`` (indices, ascending), sampled and scored part by part (see the module
-    docstring): each part's indices in ``problems`` and their samples, ``streams[i]`` problem ``i``'s stream number.
-    ``chunk``: ``--chunk``; ``batch_size``: the engine's (``--batch-size``), which the ``hf`` engine's parts fill
-    unless ``fill_batches`` is False (``klear.data curate``, whose ``--chunk`` is the part's size as given)."""
+    docstring): each part's indices in ``problems`` and their samples. A problem samples from the stream of its data
+    line (`klear.eval.partial.line_streams`; of its index where lines are missing or repeat). ``chunk``:
+    ``--chunk``; ``batch_size``: the engine's (``--batch-size``), which the ``hf`` engine's parts fill unless
+    ``fill_batches`` is False (``klear.data curate``, whose ``--chunk`` is the part's size as given)."""
+    streams = line_streams(problems) or list(range(len(problems)))
     if isinstance(engine, StreamingEngine):
         every = chunk or math.ceil(len(problems) / CHUNKS)
         chosen = [problems[i] for i in todo]

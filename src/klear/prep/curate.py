@@ -48,7 +48,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from klear.data.problems import Problem, problem_key
 from klear.data.readers import BadRow
 from klear.eval.options import add_sampling_arguments
-from klear.eval.partial import line_streams
 from klear.eval.tasks import load_eval_problems
 from klear.prep.curate_settings import DEFAULT_K, CurateSettings, out_dir
 from klear.prep.mixing import PASS_RATE_KEY
@@ -205,7 +204,6 @@ def sample(
     sampling = SamplingParams(
         options.max_new_tokens, options.temperature, options.top_p, options.top_k, n=k, seed=options.seed
     )
-    streams = line_streams(problems) or list(range(len(problems)))  # as klear.eval's: a problem's samples are its own
     records: dict[int, dict] = {}
     scorer = RewardScorer(reward, num_workers=options.num_workers, timeout=options.reward_timeout)
     try:
@@ -217,7 +215,6 @@ def sample(
                 pending,
                 sampling,
                 scorer.score,
-                streams,
                 engine_name=options.engine,
                 batch_size=options.batch_size,
                 chunk=settings.chunk,
