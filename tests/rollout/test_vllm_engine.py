@@ -163,6 +163,9 @@ def test_a_stream_gives_each_prompts_samples_as_they_end_and_a_closed_one_frees_
     stream.close()  # a stop between two answers: the rest are aborted
     assert not engine.llm.llm_engine.has_unfinished_requests()
     assert [r.response_ids for r in engine.generate(many, sampling)] == [r.response_ids for r in called]
+    # A request a stop left running (its abort failed): its answer is no stream's, and is dropped.
+    engine.llm.enqueue([{"prompt_token_ids": prompts[0]}], use_tqdm=False)
+    assert [r.response_ids for r in engine.generate(many, sampling)] == [r.response_ids for r in called]
 
 
 def test_sampling_leaves_the_global_rng_alone(synced):

@@ -190,14 +190,14 @@ class VLLMEngine:
                         if not self.llm.llm_engine.has_unfinished_requests():
                             raise RuntimeError(f"vLLM stopped with {len(running)} prompts unanswered")
                         for output in self.llm.llm_engine.step():
-                            if output.finished:
+                            if output.finished and output.request_id in running:  # not a request left by a stop
                                 ended.append((running.pop(output.request_id)[0], output))
                 for index, output in ended:
                     yield index, self._group(index, prompts[index], output, sampling)
         finally:
             self.streaming = False
             if running:
-                self.llm.llm_engine.abort_request([request for _, request in running.values()], internal=True)
+                self._abort([request for _, request in running.values()])
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Load every weight of the checkpoint's names in place (each exactly once), in buckets.
@@ -274,6 +274,15 @@ class VLLMEngine:
             raise ValueError(f"parameter {name!r}: engine shape {self.shapes[name]}, got {tuple(tensor.shape)}")
         if name in loaded:
             raise ValueError(f"parameter {name!r} appears twice in one update_weights call")
+
+    def _abort(self, requests: list[str]) -> None:
+        """Abort the requests of a stream closed before its end. It runs as a stop or an error leaves the stream,
+        perhaps from inside one of vLLM's steps, so a failure is a warning and never replaces what is leaving: the
+        requests then run on, and their answers, which no stream asked for, are dropped."""
+        try:
+            self.llm.llm_engine.abort_request(requests, internal=True)
+        except Exception as error:
+            log.warning("vLLM could not abort the %d requests of a closed stream: %s", len(requests), first_line(error))
 
     def _group(self, index: int, prompt: list[int], output: Any, sampling: SamplingParams) -> list[Rollout]:
         """A finished request's ``sampling.n`` rollouts, in sample order."""
