@@ -135,6 +135,29 @@ def test_sigterm_stops_an_evaluation_that_resume_finishes_as_if_never_stopped(tm
     assert summaries[0]["avg@k"] == summaries[1]["avg@k"] and summaries[0]["maj@k"] == summaries[1]["maj@k"]
 
 
+def test_sigterm_while_vllm_samples_stops_an_evaluation_with_its_line_and_what_it_kept(tmp_path):
+    """SIGTERM to ``klear.eval --engine vllm`` as its engine steps (vLLM in the command's process): the stream's
+    requests are aborted without replacing the stop, which ends in its one line and exit status, with the parts
+    already scored kept for ``--resume``."""
+    pytest.importorskip("vllm")
+    data = tmp_path / "eval.jsonl"
+    assert klear("klear.data", "synthetic", "--split", "eval", "--num", "60", "--out", str(data)).returncode == 0
+    output = tmp_path / "eval"
+    args = ["klear.eval", "--model", "tiny-sft", "--data", str(data), "--engine", "vllm", "--k", "8"]
+    process = start([*args, "--max-new-tokens", "96", "--chunk", "1", "--output", str(output)], tmp_path / "e")
+    partial = output / "partial.jsonl"
+    wait_until(lambda: partial.exists() and partial.read_text().count("\n") >= 2, process, "a part kept")
+    process.send_signal(signal.SIGTERM)
+    _, lines = ended(process, tmp_path / "e")
+    assert process.returncode == EXIT_SIGTERM
+    kept = partial.read_text().count("\n") - 1
+    assert 1 <= kept < 60
+    assert lines[-1] == (
+        f"eval stopped (SIGTERM): nothing written; kept {kept} of 60 problems' samples in {partial}: the same "
+        "command with --resume goes on from them"
+    )
+
+
 def test_sigterm_stops_a_comparison_whose_rerun_resumes_it(tmp_path):
     """SIGTERM to ``klear.compare`` alone (``kill PID``) reaches the run in progress once: it stops at a step with
     its checkpoint, and the same command resumes it from there."""
