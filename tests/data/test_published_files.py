@@ -40,6 +40,7 @@ def test_every_published_parquet_file_reads_as_the_rows_of_its_jsonl_view(path):
     read alike, row for row and number for number, and load as the same verl problems."""
     rows = read_numbered(path)
     assert rows == read_numbered(path.with_suffix(".jsonl.gz")) and len(rows[0]) == 30 and rows[1] == []
+    assert read_numbered(path, first=4) == (rows[0][:4], [])  # the first rows alone: `show`, `klear.eval --limit`
     loaded = load_problems(str(path), Task("math"), routed_reward("math"), rows=rows)
     assert (loaded.layout.name, len(loaded.problems), loaded.bad) == ("verl", 30, [])
 

@@ -518,3 +518,24 @@ def test_the_first_rows_alone_good_or_bad_and_a_jsonl_file_read_no_further(tmp_p
     (tmp_path / "rows.json").write_text('[{"n": 1}, 2, {"n": 3}, {"n": 4}]')
     rows, bad = read_numbered(tmp_path / "rows.json", first=3)
     assert rows == [(1, {"n": 1}), (3, {"n": 3})] and [row.line for row in bad] == [2]
+
+
+def test_the_first_rows_of_a_parquet_file_decode_no_row_group_past_them(tmp_path):
+    """A parquet file's first rows are decoded from the row groups that hold them alone: a file whose later row
+    group is damaged still shows its first rows (``klear.data show``, ``klear.eval --limit``), and reads whole as
+    before where nothing is."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    rows = [{"n": i, "tests": f"test {i} " * 50} for i in range(400)]
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=100, compression="none")
+    assert read_numbered(path, first=3) == (list(enumerate(rows[:3], start=1)), [])
+    assert read_numbered(path, first=150) == (list(enumerate(rows[:150], start=1)), [])  # two row groups
+    assert read_numbered(path, first=999) == read_numbered(path) == (list(enumerate(rows, start=1)), [])
+    column = pq.ParquetFile(path).metadata.row_group(3).column(1)  # the last row group's tests
+    data = bytearray(path.read_bytes())
+    start = column.dictionary_page_offset or column.data_page_offset  # the chunk's first page header
+    data[start : start + 64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+    assert read_numbered(path, first=3) == (list(enumerate(rows[:3], start=1)), [])
+    with pytest.raises(DataError, match="cannot read as parquet"):
+        read_numbered(path)

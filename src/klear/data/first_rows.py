@@ -10,8 +10,8 @@ from klear.data.readers import BadRow, read_numbered
 
 class FirstRows:
     """The first rows of a data input, good or bad, read as far as they are needed: ``count`` of them at first (on
-    until one is readable), four times as many at each `more`. A jsonl file is read no further (`read_numbered`'s
-    ``first``), so a look at the start of a file of millions of rows takes a moment."""
+    until one is readable), four times as many at each `more`. A jsonl or parquet file is read no further
+    (`read_numbered`'s ``first``), so a look at the start of a file of millions of rows takes a moment."""
 
     def __init__(self, source: str | Path, count: int) -> None:
         self.source = source
