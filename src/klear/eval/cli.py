@@ -91,7 +91,7 @@ from klear.eval.sampler import build_engine, check_engine
 from klear.eval.tasks import EvalError, check_model_path, load_eval_problems
 from klear.eval.where import OPERATORS, Condition, keep_rows
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
-from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
+from klear.rollout.engine import Rollout, RolloutEngine
 from klear.run.directory import folder_problem, write_failure
 from klear.run.loading_stop import Terminated, stop_outcome, stop_signals_raise
 
@@ -508,14 +508,6 @@ def run(
     again: the per-problem records, in problem order, and timings."""
     from klear.eval.parts import sampled_parts  # torch: imported with the model already
 
-    sampling = SamplingParams(
-        max_new_tokens=options.max_new_tokens,
-        temperature=options.temperature,
-        top_p=options.top_p,
-        top_k=options.top_k,
-        n=n,
-        seed=options.seed,
-    )
     read_back = {} if partial is None else partial.done
     records: list[dict[str, Any] | None] = [read_back.get(problem.line) for problem in problems]
     todo = [i for i, record in enumerate(records) if record is None]
@@ -527,7 +519,7 @@ def run(
         tokenizer,
         problems,
         todo,
-        sampling,
+        options.sampling(n),
         scorer.score,
         engine_name=options.engine,
         batch_size=options.batch_size,

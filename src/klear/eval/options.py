@@ -23,7 +23,7 @@ from klear.config.load import ConfigError, load_config
 from klear.data.prompts import PromptFormat
 from klear.errors import did_you_mean
 from klear.eval.tasks import EvalError
-from klear.rollout.engine import NEW_TOKENS
+from klear.rollout.engine import NEW_TOKENS, SamplingParams
 from klear.schema import VLLMConfig
 
 MOST_SAMPLES = 65536
@@ -86,6 +86,18 @@ class SamplingOptions:
         values = {field.name: getattr(args, field.name) for field in fields(cls) if field.name not in own}
         values["vllm"] = tuple(values["vllm"] or ())
         return cls(**values, **{name: vars(args).get(name) for name in own})
+
+    def sampling(self, n: int) -> SamplingParams:
+        """How the engine samples ``n`` answers per problem with these options: the one definition of
+        ``klear.eval`` and ``curate``, so that with the same options a problem draws the same samples in both."""
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            n=n,
+            seed=self.seed,
+        )
 
     @property
     def prompt_format(self) -> PromptFormat:

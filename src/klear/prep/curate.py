@@ -62,7 +62,6 @@ from klear.prep.paths import Files
 from klear.prep.rowfiles import CommandError, bad_rows_report, write_json, write_rows
 from klear.rewards import Reward
 from klear.rewards.scorer import RewardScorer, ScoredRollouts
-from klear.rollout.engine import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +200,6 @@ def sample(
 
     options, k = settings.sampling, settings.k
     engine, tokenizer = build_engine(options, [problems[i] for i in pending])
-    sampling = SamplingParams(
-        options.max_new_tokens, options.temperature, options.top_p, options.top_k, n=k, seed=options.seed
-    )
     records: dict[int, dict] = {}
     scorer = RewardScorer(reward, num_workers=options.num_workers, timeout=options.reward_timeout)
     try:
@@ -213,7 +209,7 @@ def sample(
                 tokenizer,
                 problems,
                 pending,
-                sampling,
+                options.sampling(k),
                 scorer.score,
                 engine_name=options.engine,
                 batch_size=options.batch_size,
