@@ -430,6 +430,11 @@ assert "gppo" in list_objectives()
         extra=("--problems", "20", "--n", "16", "--draws", "50", "--large", "64"),
         expect=("maj@4: exact", "maj@8: exact", "one problem of 64 samples", "bootstrap / exact time: "),
     ),
+    ("docs/performance.md", "python tools/bench_overlap_scoring.py"): Run(
+        slow=BENCHMARK,
+        extra=("--problems", "6", "--k", "2", "--rounds", "1", "--num-workers", "1", "--max-new-tokens", "48"),
+        expect=("each sample drawn alike was scored alike", "median sampling + scoring: after "),
+    ),
     ("docs/performance.md", "python tools/bench_rewards.py"): Run(
         slow=BENCHMARK,
         extra=("--math-pairs", "20", "--programs", "2", "--tests", "2", "--workers", "2"),

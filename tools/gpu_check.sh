@@ -2,7 +2,7 @@
 # The checks that need a CUDA GPU; nothing is downloaded. Run from anywhere, on a machine with klear installed
 # with the GPU extra (pip install torch==2.13.0 && pip install -e ".[dev,vllm]"):
 #
-#   bash tools/gpu_check.sh [WORKDIR]     # ~5 minutes on one H100-class GPU; WORKDIR defaults to a temp dir
+#   bash tools/gpu_check.sh [WORKDIR]     # ~5-8 minutes on one H100-class GPU; WORKDIR defaults to a temp dir
 #
 # 1. builds a Qwen3-0.6B-shaped model (random weights, the built-in tokenizer), checks that packed rows equal padded
 #    rows on CUDA, and runs the vLLM engine on it: refresh time, tokens/s, trainer-engine log-prob gap before and
@@ -22,6 +22,9 @@
 #    (bfloat16 kernels differ) and that the trained model's answers differ from the starting model's;
 # 6. klear.eval of that trained model with each engine, greedy (--engine vllm with --vllm gpu_memory_utilization,
 #    the model left in the host's memory and its weights loaded into vLLM): it asserts most answers are the same.
+# 7. klear.eval on the built-in code task with vllm and 8 reward workers, scoring each problem as it ends against
+#    scoring after the engine (tools/bench_overlap_scoring.py): it asserts that a sample drawn alike is scored alike
+#    and prints the ratio of their sampling + scoring seconds, the overlap's gain on a GPU.
 # Exits non-zero if a step failed or vllm is missing (the other steps still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -132,6 +135,9 @@ if python -c "import vllm" 2>/dev/null && [ -f "$work/sft-eval-vllm/hf/config.js
         && step python -m klear.eval "${evaluation[@]}" --engine vllm --vllm gpu_memory_utilization=0.6 \
             --output "$work/eval-vllm" \
         && step same_eval_answers "$work/eval-hf" "$work/eval-vllm"
+fi
+if python -c "import vllm" 2>/dev/null; then  # the engine runs several times in one process: a share of the GPU each
+    step python tools/bench_overlap_scoring.py --num-workers 8 --rounds 2 --vllm gpu_memory_utilization=0.3
 fi
 echo "work directory: $work"
 exit $status

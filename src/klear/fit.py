@@ -31,6 +31,8 @@ from klear.run.preflight import preflight
 # Keys that may change when a run is resumed; any other difference is refused. `output_dir` differs when a run
 # directory was copied or moved, and the data paths when the data moved: `data_report.json` checks the content.
 # `data.cache_dir` only says where tokenized sets are kept: what they hold is keyed by what they are made from.
+# `reward.num_workers` and `reward.overlap` say where and when samples are scored, not what they score (a node with
+# more cores may score in more workers).
 RESUMABLE_CHANGES = {
     "trainer.max_steps",
     "trainer.epochs",
@@ -46,6 +48,8 @@ RESUMABLE_CHANGES = {
     "data.train",
     "data.eval",
     "data.cache_dir",
+    "reward.num_workers",
+    "reward.overlap",
 }
 
 

@@ -199,6 +199,7 @@ def test_cli_unreadable_data_file_is_one_line(tmp_path):
         (["rollout.engine=sglang"], "unknown rollout engine 'sglang'"),
         (["rollout.group_size=1"], "rollout.group_size must be >= 2"),
         (["algorithm.tis_cap=2.0"], "algorithm.tis_cap needs rollout.old_logprobs=trainer"),
+        (["reward.overlap=true"], "reward.overlap=true needs reward.num_workers >= 1"),
         (
             ["objective.name=gspo", "algorithm.tis_cap=2.0", "rollout.old_logprobs=trainer"],
             "algorithm.tis_cap = 2.0 weights each token's advantage, which objective 'gspo' (one ratio per sequence)",

@@ -167,7 +167,7 @@ def sampling_section(*command: str, title: str = "sampling and scoring") -> dict
     flags: dict[str, str] = {}
     for line in section.splitlines():  # a flag's line, or the help of the flag above when the flag is long
         if line.strip().startswith("--"):
-            flag = line.split()[0]
+            flag = line.split()[0].rstrip(",")  # "--x, --no-x" of a switch
             flags[flag] = ""
         if "(default: " in line:
             flags[flag] = line.rpartition("(default: ")[2].rstrip(")")

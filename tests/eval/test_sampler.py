@@ -75,6 +75,11 @@ def test_options_are_read_once_frozen_and_checked_by_one_table() -> None:
         ("top_p", 0.0, "--top-p must be in (0, 1], got 0.0"),
         ("max_prompt_tokens", -1, "--max-prompt-tokens must be >= 0 (0: what the model's context leaves), got -1"),
         ("reward_timeout", 0.0, "--reward-timeout must be > 0 and finite, got 0.0"),
+        (
+            "overlap_scoring",
+            True,
+            "--num-workers must be >= 1 with --overlap-scoring (scoring in this process waits for the engine), got 0",
+        ),
     ]:
         with pytest.raises(EvalError, match=f"^{re.escape(message)}$"):
             check_requirements(dataclasses.replace(options, **{field: value}).requirements())

@@ -104,6 +104,33 @@ def test_safe_to_call_from_threads(pool: RewardPool) -> None:
     assert all(results[i].scores == [1.0] * 5 for i in range(4))
 
 
+def test_closing_ends_a_batch_scored_on_another_thread_at_once() -> None:
+    """A command stopped while a thread scores for it (`klear.rollout.background_scoring`) closes the pool: the
+    batch ends at once, with an error on its thread, and no worker is left."""
+    pool = RewardPool(misbehaving, num_workers=2, timeout=600.0)
+    raised: list[BaseException] = []
+
+    def score() -> None:
+        try:
+            pool.score(["hang", "hang", "a"], ["a"] * 3)
+        except RuntimeError as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=score)
+    thread.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    workers = [worker.process for worker in pool._workers]
+    pool.close()
+    thread.join(10)
+    assert time.monotonic() - start < 5.0  # not the batch's 600 s
+    assert [str(error) for error in raised] == ["this RewardPool was closed while it scored"]
+    assert not any(process.is_alive() for process in workers)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.score(["a"], ["a"])
+    pool.close()  # a second close does nothing
+
+
 def test_builtin_reward_timeouts_are_counted() -> None:
     """The math reward's own check deadline fires first; the pool counts it and the worker survives."""
     completions = ["\\boxed{\\frac{1}{2}}", "\\boxed{9^{9^{9^9}}}", "\\boxed{\\sqrt{2}}", "\\boxed{3}"]

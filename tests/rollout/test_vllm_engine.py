@@ -345,14 +345,16 @@ def test_rl_run_with_the_vllm_engine_and_its_exact_resume(tmp_path):
     assert all(float(row["actor/updates"]) >= 1 for row in rows[:4])
 
     # A crash after step 2, then --resume: a fresh engine refreshed from the checkpoint samples what the
-    # uninterrupted run's engine sampled, so every metric matches.
+    # uninterrupted run's engine sampled, so every metric matches; the resumed steps score their samples in a reward
+    # worker as they end, beside the engine, which changes no number either.
     config = load_config("configs/rl.yaml", [f"output_dir={crashed}", *SHORT])
     run_dir = prepare_run_dir(config, resume=False, overwrite=False)
     module, batches = build_stage(config, run_dir)
     trainer = build_trainer(config, run_dir, resume=False, extra_callbacks=[CrashAfterStep2()])
     with pytest.raises(SimulatedCrash):
         trainer.fit(module, train_dataloaders=batches)
-    assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT]) == 0
+    beside = ["reward.num_workers=1", "reward.overlap=true"]
+    assert main(["--config", "configs/rl.yaml", f"output_dir={crashed}", "--resume", *SHORT, *beside]) == 0
     resumed = read_metrics(crashed / "metrics.csv")
     assert [row["step"] for row in resumed] == [row["step"] for row in rows]
     for row, other in zip(rows, resumed, strict=True):
@@ -464,14 +466,15 @@ def test_klear_eval_with_vllm_keeps_each_part_as_its_problems_end_and_resume_dra
     tmp_path, caplog, monkeypatch
 ):
     """vLLM samples a set in one run and ``klear.eval`` keeps each part in ``partial.jsonl`` as its problems end (a
-    tenth of the set, or ``--chunk``): each problem's samples are those of the whole set in one part, and a run
-    stopped after two parts goes on with ``--resume`` to the same results."""
+    tenth of the set, or ``--chunk``): each problem's samples are those of the whole set in one part, scored in this
+    process after each part or by reward workers as each problem ends, and a run stopped after two parts goes on
+    with ``--resume`` to the same results."""
     data = write_jsonl(generate_problems(6, split="eval", seed=0), tmp_path / "eval.jsonl")
     argv = ["--model", "tiny-sft", "--data", str(data), "--engine", "vllm", "--max-new-tokens", "48", "--k", "2"]
     results = {}
     for name, extra, said in (
         ("tenths", [], [1, 2, 3, 4, 5, 6]),  # a tenth of 6 problems: each problem kept as it ends
-        ("pairs", ["--chunk", "2"], [2, 4, 6]),
+        ("pairs", ["--chunk", "2", "--num-workers", "1", "--overlap-scoring"], [2, 4, 6]),  # beside the engine
         ("whole", ["--chunk", "6"], [6]),
     ):
         caplog.clear()
@@ -508,7 +511,7 @@ def test_klear_eval_with_vllm_keeps_each_part_as_its_problems_end_and_resume_dra
 
     records_of = cli.records_of
     monkeypatch.setattr(cli, "records_of", stop_after_two)
-    cut = [*argv, "--chunk", "2", "--output", str(tmp_path / "cut")]
+    cut = [*argv, "--chunk", "2", "--num-workers", "1", "--overlap-scoring", "--output", str(tmp_path / "cut")]
     assert eval_main(cut) == 130
     monkeypatch.setattr(cli, "records_of", records_of)
     kept = (tmp_path / "cut" / "partial.jsonl").read_text().splitlines()

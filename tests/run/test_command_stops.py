@@ -136,15 +136,17 @@ def test_sigterm_stops_an_evaluation_that_resume_finishes_as_if_never_stopped(tm
 
 
 def test_sigterm_while_vllm_samples_stops_an_evaluation_with_its_line_and_what_it_kept(tmp_path):
-    """SIGTERM to ``klear.eval --engine vllm`` as its engine steps (vLLM in the command's process): the stream's
-    requests are aborted without replacing the stop, which ends in its one line and exit status, with the parts
-    already scored kept for ``--resume``."""
+    """SIGTERM to ``klear.eval --engine vllm`` as its engine steps (vLLM in the command's process) and its reward
+    workers score what ended: the stream's requests are aborted and the scoring ended without replacing the stop,
+    which ends in its one line and exit status, with the parts already scored kept for ``--resume``."""
     pytest.importorskip("vllm")
     data = tmp_path / "eval.jsonl"
     assert klear("klear.data", "synthetic", "--split", "eval", "--num", "60", "--out", str(data)).returncode == 0
     output = tmp_path / "eval"
     args = ["klear.eval", "--model", "tiny-sft", "--data", str(data), "--engine", "vllm", "--k", "8"]
-    process = start([*args, "--max-new-tokens", "96", "--chunk", "1", "--output", str(output)], tmp_path / "e")
+    args += ["--max-new-tokens", "96", "--chunk", "1", "--num-workers", "2", "--overlap-scoring"]
+    args += ["--output", str(output)]
+    process = start(args, tmp_path / "e")
     partial = output / "partial.jsonl"
     wait_until(lambda: partial.exists() and partial.read_text().count("\n") >= 2, process, "a part kept")
     process.send_signal(signal.SIGTERM)

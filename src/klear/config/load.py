@@ -241,6 +241,10 @@ def check_rl(config: DictConfig) -> None:
     rollout, algorithm = config.rollout, config.algorithm
     if rollout.group_size < 2 and algorithm.advantage != "dr_grpo":
         raise ConfigError(f"rollout.group_size must be >= 2 for algorithm.advantage={algorithm.advantage}")
+    if config.reward.overlap and not config.reward.num_workers:
+        raise ConfigError(
+            "reward.overlap=true needs reward.num_workers >= 1 (scoring in this process waits for the engine)"
+        )
     if algorithm.tis_cap and rollout.old_logprobs != "trainer":
         raise ConfigError("algorithm.tis_cap needs rollout.old_logprobs=trainer (it weights trainer vs engine)")
     if algorithm.tis_cap and not built.traits.token_level:

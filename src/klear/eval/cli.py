@@ -292,7 +292,9 @@ def evaluate(args: argparse.Namespace, start: float, wrote: list[str], kept: lis
         partial = partials.get(one.name)
         if partial is not None:
             kept.append((partial, len(one.chosen)))
-        scorer = RewardScorer(one.reward, num_workers=options.num_workers, timeout=options.reward_timeout)
+        scorer = RewardScorer(
+            one.reward, num_workers=options.num_workers, timeout=options.reward_timeout, overlap=options.overlap_scoring
+        )
         try:
             if args.completions is not None:
                 records, timing = score_saved(one.chosen, saved.completions, scorer, args.k, options.seed)
@@ -524,6 +526,7 @@ def run(
         engine_name=options.engine,
         batch_size=options.batch_size,
         chunk=chunk,
+        overlap=scorer.overlap,
     )
     for indices, sampled in parts:
         part = [problems[i] for i in indices]

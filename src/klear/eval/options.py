@@ -51,6 +51,8 @@ class SamplingOptions:
         batch_size: sequences the engine samples together.
         threads: torch CPU threads (0: chosen by klear).
         num_workers, reward_timeout: reward worker processes (0: score in this process) and their deadline.
+        overlap_scoring: ``--overlap-scoring`` / ``--no-overlap-scoring``: score each problem as it ends while the
+            engine samples on (an RL run's ``reward.overlap``; None: when the engine computes on a GPU).
         vllm: ``--vllm KEY=VALUE`` as given: options of the ``vllm`` engine, by the keys of an RL run's
             ``rollout.vllm`` (`vllm_config`).
         rope_scaling: the model's rope scaling (``klear.eval --rope-scaling``; None: the checkpoint's).
@@ -78,6 +80,7 @@ class SamplingOptions:
     vllm: tuple[str, ...] = ()
     rope_scaling: dict[str, Any] | None = None
     base: str | None = None
+    overlap_scoring: bool | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SamplingOptions:
@@ -162,6 +165,12 @@ class SamplingOptions:
                 f"in [0, {MOST_PROCESSES}] (0: chosen by klear)",
             ),
             ("--num-workers", self.num_workers, 0 <= self.num_workers <= MOST_PROCESSES, f"in [0, {MOST_PROCESSES}]"),
+            (
+                "--num-workers",
+                self.num_workers,
+                self.num_workers or not self.overlap_scoring,
+                ">= 1 with --overlap-scoring (scoring in this process waits for the engine)",
+            ),
             ("--reward-timeout", self.reward_timeout, 0 < self.reward_timeout < math.inf, "> 0 and finite"),
         ]
 
@@ -214,6 +223,14 @@ def add_sampling_arguments(
     )
     group.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
     group.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")
+    group.add_argument(
+        "--overlap-scoring",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --num-workers and --engine vllm: score each problem as its samples end, while the engine samples "
+        "the rest (the same scores); default: on when vLLM computes on a GPU, off on a CPU, where they share the "
+        "cores",
+    )
     prompts = parser.add_argument_group(
         "prompt format", "what is put around each problem's prompt, as in training (docs/data.md#prompt-format)"
     )

@@ -45,18 +45,21 @@ def sampled_parts(
     batch_size: int,
     chunk: int | None = None,
     fill_batches: bool = True,
+    overlap: bool | None = False,
 ) -> Iterator[tuple[list[int], SampledGroups]]:
     """The problems ``todo`` of ``problems`` (indices, ascending), sampled and scored part by part (see the module
     docstring): each part's indices in ``problems`` and their samples. A problem samples from the stream of its data
     line (`klear.eval.partial.line_streams`; of its index where lines are missing or repeat). ``chunk``:
     ``--chunk``; ``batch_size``: the engine's (``--batch-size``), which the ``hf`` engine's parts fill unless
-    ``fill_batches`` is False (``klear.data curate``, whose ``--chunk`` is the part's size as given)."""
+    ``fill_batches`` is False (``klear.data curate``, whose ``--chunk`` is the part's size as given). ``overlap``: on a
+    streaming engine, each problem is scored as it ends while the engine samples on (`sample_and_score_as_they_end`;
+    for a ``score`` whose checks run in worker processes; None: `klear.rollout.sample_and_score.overlaps`)."""
     streams = line_streams(problems) or list(range(len(problems)))
     if isinstance(engine, StreamingEngine):
         every = chunk or math.ceil(len(problems) / CHUNKS)
         chosen = [problems[i] for i in todo]
         parts = sample_and_score_as_they_end(
-            engine, tokenizer, chosen, sampling, score, every, streams=[streams[i] for i in todo]
+            engine, tokenizer, chosen, sampling, score, every, streams=[streams[i] for i in todo], overlap=overlap
         )
         with contextlib.closing(parts):  # a stop between two parts ends the engine's run
             for indices, sampled in parts:

@@ -240,6 +240,7 @@ class StepSampler:
                 self.scorer.score,
                 self.rank,
                 self.world,
+                overlap=self.scorer.overlap,
             )
             scored = scored_groups(sampled, n)
             filtered = (

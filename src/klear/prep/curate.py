@@ -201,7 +201,9 @@ def sample(
     options, k = settings.sampling, settings.k
     engine, tokenizer = build_engine(options, [problems[i] for i in pending])
     records: dict[int, dict] = {}
-    scorer = RewardScorer(reward, num_workers=options.num_workers, timeout=options.reward_timeout)
+    scorer = RewardScorer(
+        reward, num_workers=options.num_workers, timeout=options.reward_timeout, overlap=options.overlap_scoring
+    )
     try:
         with _progress(len(pending)) as progress:
             parts = sampled_parts(
@@ -215,6 +217,7 @@ def sample(
                 batch_size=options.batch_size,
                 chunk=settings.chunk,
                 fill_batches=False,
+                overlap=scorer.overlap,
             )
             for indices, sampled in parts:
                 new = [

@@ -27,7 +27,9 @@ that timed out or failed is correct.
 
 Workers are started with ``spawn`` (safe whatever threads the trainer runs), so a reward given as a callable
 must be picklable (a `Reward` instance or a module-level function) and scripts need the usual
-``if __name__ == "__main__":`` guard. `score` is safe to call from any thread (calls are serialised). Workers
+``if __name__ == "__main__":`` guard. `score` is safe to call from any thread (calls are serialised), and `close`
+from another thread ends a `score` in progress at once, which then raises (a command stopped while a thread scores
+for it, `klear.rollout.background_scoring`, does not wait for the batch). Workers
 are daemonic: a reward function used here must not start ``multiprocessing`` children itself (the built-in
 rewards start their helpers with ``subprocess``, which is allowed).
 """
@@ -77,6 +79,8 @@ class RewardPool:
         self._context = multiprocessing.get_context("spawn")
         self._startup_deaths = 0
         self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._wake, self._waker = multiprocessing.Pipe(duplex=False)  # `close` wakes a `score` waiting on workers
         self._workers = [self._new_worker() for _ in range(num_workers)]
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
         try:
@@ -134,7 +138,9 @@ class RewardPool:
         starting = [slot for slot, worker in enumerate(self._workers) if not worker.ready]
         deadlines = deadlines + [self._workers[slot].started + _STARTUP_TIMEOUT for slot in starting]
         watched = [worker.connection for slot, worker in enumerate(self._workers) if slot in busy or not worker.ready]
-        wait(watched, max(0.0, min(deadlines) - time.monotonic()))
+        wait([*watched, self._wake], max(0.0, min(deadlines) - time.monotonic()))
+        if self._closing.is_set():
+            raise RuntimeError("this RewardPool was closed while it scored")
         for slot in starting:
             if self._workers[slot].check_started():
                 self._startup_deaths = 0
@@ -159,8 +165,14 @@ class RewardPool:
         return _Worker(self._context, self._spec, self.failure_reward)
 
     def close(self) -> None:
+        """Stop the workers; a `score` running on another thread raises at once instead of finishing its batch."""
+        self._closing.set()
+        with contextlib.suppress(OSError):
+            self._waker.send_bytes(b"")
         with self._lock:
             self._finalizer()
+            self._wake.close()
+            self._waker.close()
 
     def __enter__(self) -> RewardPool:
         return self

@@ -122,6 +122,8 @@ class RewardScorer:
         timeout: per-item deadline of the pool.
         max_new_tokens, overlong_buffer: the soft overlong penalty ramps over the last ``overlong_buffer``
             tokens before ``max_new_tokens`` (0: off).
+        overlap: whether to score a streaming engine's samples as they end, with workers (``reward.overlap``; None:
+            when the engine computes on a GPU; see `overlap`).
     """
 
     def __init__(
@@ -132,10 +134,12 @@ class RewardScorer:
         timeout: float = 30.0,
         max_new_tokens: int = 0,
         overlong_buffer: int = 0,
+        overlap: bool | None = None,
     ) -> None:
         self.reward = get_reward(name, **options) if options else as_reward(name)
         self.num_workers = num_workers
         self.timeout = timeout
+        self.overlap_option = overlap
         if overlong_buffer:
             overlong_penalty(0, max_new_tokens, overlong_buffer)  # checks the lengths now, not at the first batch
         self.max_new_tokens, self.overlong_buffer = max_new_tokens, overlong_buffer
@@ -151,7 +155,16 @@ class RewardScorer:
             config.timeout,
             max_new_tokens,
             config.overlong_buffer,
+            config.overlap,
         )
+
+    @property
+    def overlap(self) -> bool | None:
+        """``overlap`` of `klear.rollout.sample_and_score.sample_and_score` for this scorer: False without workers
+        (a check in this process may need its main thread, as a ``signal.alarm`` timeout does, and would compete
+        with the engine's loop); else the option (None: the engine decides by its device). With workers `score` may
+        be called from a thread while this one samples (`klear.rollout.background_scoring`)."""
+        return self.overlap_option if self.num_workers > 0 else False
 
     def score(self, rollouts: Sequence[Sampled], references: Sequence[Any]) -> ScoredRollouts:
         """The rewards of ``rollouts`` (N) against their ``references`` (N), shaped and with correctness."""

@@ -16,7 +16,8 @@ alone. With ``world`` data-parallel ranks each samples and scores its contiguous
 rank calls the engine, with an empty share too, since an engine over a sharded policy samples in lockstep with the
 other ranks. `sample_and_score_as_they_end` is the same pass in one process on an engine that gives each prompt's
 samples as they end (`klear.rollout.engine.StreamingEngine`), scored a part at a time, so that ``klear.eval`` keeps
-each part as soon as it is done.
+each part as soon as it is done. On such an engine both passes can score each prompt as it ends, while the engine
+samples the rest (``overlap``, `klear.rollout.background_scoring`), with the same scores.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from klear.data.problems import Problem
 from klear.data.prompts import encode_problem
 from klear.rewards.routing import seeded_reference
 from klear.rewards.scorer import ScoredRollouts
+from klear.rollout.background_scoring import BackgroundScoring
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams, StreamingEngine
 from klear.runtime.distributed import gather_objects, rank_range
 
@@ -96,12 +98,16 @@ def sample_and_score(
     world: int = 1,
     first: int = 0,
     streams: Sequence[int] | None = None,
+    overlap: bool | None = False,
 ) -> SampledGroups:
     """Sample ``sampling.n`` answers to each of ``problems`` with ``engine`` and score them (see the module
     docstring): this rank's share (`sample_share`), then every rank's, gathered. ``first``: the index of
     ``problems[0]`` in a call split into parts, each sampled and scored as in the whole call. ``streams``: each
-    problem's stream number, in place of ``first + i``."""
-    share = sample_share(engine, tokenizer, problems, sampling, score, rank, world, first, streams)
+    problem's stream number, in place of ``first + i``. ``overlap``: on a `StreamingEngine`, score each prompt's
+    samples as they end while the engine samples the rest (`klear.rollout.background_scoring`; only for a ``score``
+    whose work runs in other processes, `klear.rewards.RewardScorer.overlap`); the scores are the same. None: when
+    the engine does not compute on the CPU (`overlaps`)."""
+    share = sample_share(engine, tokenizer, problems, sampling, score, rank, world, first, streams, overlap)
     return SampledGroups.of_shares(gather_objects(share, world), len(problems), sampling.n)
 
 
@@ -115,13 +121,19 @@ def sample_share(
     world: int = 1,
     first: int = 0,
     streams: Sequence[int] | None = None,
+    overlap: bool | None = False,
 ) -> SampledShare:
     """Rank ``rank``'s contiguous share of ``problems`` (`rank_range`), sampled and scored; ``sampling.seed`` must be
-    set, since it is what makes the samples reproducible; ``first`` and ``streams`` as in `sample_and_score`."""
+    set, since it is what makes the samples reproducible; ``first``, ``streams`` and ``overlap`` as in
+    `sample_and_score` (with ``overlap``, ``scoring_s`` is the time scoring took past the last answer)."""
     n = sampling.n
     numbers = stream_numbers(len(problems), first, streams)
     mine = rank_range(len(problems), rank, world)
     prompts, seeded = _requests(tokenizer, problems[mine.start : mine.stop], sampling, numbers[mine.start : mine.stop])
+    if overlaps(engine, overlap):
+        share = slice(mine.start, mine.stop)
+        references = sample_references(problems[share], n, sampling.seed, numbers[share])
+        return _share_scored_as_it_ends(engine, prompts, seeded, score, references, mine.start)
     timer = time.perf_counter()
     rollouts = engine.generate(prompts, seeded)
     sampling_s = time.perf_counter() - timer
@@ -146,44 +158,95 @@ def sample_and_score_as_they_end(
     score: Score,
     every: int,
     streams: Sequence[int] | None = None,
+    overlap: bool | None = False,
 ) -> Iterator[tuple[list[int], SampledGroups]]:
     """``problems`` sampled in one run of ``engine`` (`StreamingEngine.stream`, one process) and scored ``every``
     problems at a time as their samples end: each part's indices in ``problems``, in the order the problems ended,
     and their groups (``prompt_index``: the index in ``problems``); the last part holds the rest. Seeds and
     references as in `sample_and_score` (``first`` 0), so the samples are those of one `sample_and_score` call.
-    ``sampling_s`` is the time spent waiting for the part's answers. Closed before its end, it closes the run."""
+    ``sampling_s`` is the time spent waiting for the part's answers. With ``overlap`` (as in `sample_and_score`)
+    each problem is scored as it ends, while the engine samples on, and a part comes once its problems are scored
+    (the same parts). Closed before its end, it closes the run."""
     if every < 1:
         raise ValueError(f"every = {every}: a part needs at least one problem")
+    n = sampling.n
     numbers = stream_numbers(len(problems), 0, streams)
     prompts, seeded = _requests(tokenizer, problems, sampling, numbers)
-    indices: list[int] = []
-    groups: list[list[Rollout]] = []
-    answered, sampling_s = 0, 0.0
-    with contextlib.closing(engine.stream(prompts, seeded)) as answers:
+    references = sample_references(problems, n, sampling.seed, numbers)
+    ended: dict[int, list[Rollout]] = {}  # the problems that ended and are not in a part yet, in the order they ended
+    scored: dict[int, ScoredRollouts] = {}
+    sampling_s, answered = 0.0, 0
+    scoring = BackgroundScoring(score) if overlaps(engine, overlap) else None
+    with contextlib.closing(engine.stream(prompts, seeded)) as answers, scoring or contextlib.nullcontext():
         while True:
             timer = time.perf_counter()
             answer = next(answers, None)
             sampling_s += time.perf_counter() - timer
             if answer is not None:
                 index, rollouts = answer
-                if len(rollouts) != sampling.n:
-                    raise ValueError(f"the engine answered prompt {index} with {len(rollouts)} of {sampling.n} samples")
-                indices.append(index)
-                groups.append(rollouts)
+                if len(rollouts) != n:
+                    raise ValueError(f"the engine answered prompt {index} with {len(rollouts)} of {n} samples")
+                ended[index] = rollouts
                 answered += 1
-            if indices and (answer is None or len(indices) == every):
-                timer = time.perf_counter()
-                chosen = [problems[index] for index in indices]
-                scores = score(
-                    [rollout for group in groups for rollout in group],
-                    sample_references(chosen, sampling.n, sampling.seed, [numbers[index] for index in indices]),
-                )
+                if scoring is not None:
+                    scoring.add(index, rollouts, references[index * n : (index + 1) * n])
+            timer = time.perf_counter()
+            if scoring is not None:
+                scored |= scoring.wait() if answer is None else scoring.scored()
+            ready = [index for index in ended if index in scored] if scoring is not None else list(ended)
+            while ready and (len(ready) >= every or answer is None):
+                indices, ready = ready[:every], ready[every:]
+                if scoring is None:
+                    chosen = [references[index * n + j] for index in indices for j in range(n)]
+                    scores = score([rollout for index in indices for rollout in ended[index]], chosen)
+                else:
+                    scores = ScoredRollouts.concat([scored.pop(index) for index in indices])
+                groups = [ended.pop(index) for index in indices]
                 yield indices, SampledGroups(groups, scores, sampling_s, time.perf_counter() - timer)
-                indices, groups, sampling_s = [], [], 0.0
+                sampling_s, timer = 0.0, time.perf_counter()
             if answer is None:
                 break
     if answered != len(problems):
         raise ValueError(f"the engine's stream answered {answered} of {len(problems)} prompts")
+
+
+def overlaps(engine: RolloutEngine, overlap: bool | None) -> bool:
+    """Whether a call scores beside ``engine``'s stream: ``overlap``, for an engine that streams; None: unless the
+    engine says it computes on the CPU (``on_cpu``, as vLLM's CPU build does), where the engine's threads and the
+    reward's sandboxes would share the cores (measured 1.2-1.3x slower on 2 cores: tools/bench_overlap_scoring.py)."""
+    if not isinstance(engine, StreamingEngine):
+        return False
+    return overlap if overlap is not None else not getattr(engine, "on_cpu", False)
+
+
+def _share_scored_as_it_ends(
+    engine: StreamingEngine,
+    prompts: list[list[int]],
+    sampling: SamplingParams,
+    score: Score,
+    references: list[Any],
+    start: int,
+) -> SampledShare:
+    """`sample_share`'s with ``overlap``: the prompts sampled in one run of ``engine``, each scored as it ends."""
+    n = sampling.n
+    groups: list[list[Rollout] | None] = [None] * len(prompts)
+    timer = time.perf_counter()
+    with BackgroundScoring(score) as scoring:
+        with contextlib.closing(engine.stream(prompts, sampling)) as answers:
+            for index, rollouts in answers:
+                if len(rollouts) != n:
+                    raise ValueError(f"the engine answered prompt {index} with {len(rollouts)} of {n} samples")
+                groups[index] = rollouts
+                scoring.add(index, rollouts, references[index * n : (index + 1) * n])
+        sampling_s = time.perf_counter() - timer
+        scored = scoring.wait()
+    if any(group is None for group in groups):
+        raise ValueError(f"the engine's stream answered {sum(g is not None for g in groups)} of {len(prompts)} prompts")
+    rollouts = [rollout for group in groups for rollout in group]
+    for rollout in rollouts:
+        rollout.prompt_index += start
+    scores = ScoredRollouts.concat([scored[index] for index in range(len(prompts))])
+    return SampledShare(rollouts, scores, sampling_s, scoring.waited_s)
 
 
 def _requests(

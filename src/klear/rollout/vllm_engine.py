@@ -139,6 +139,9 @@ class VLLMEngine:
         self.asleep = False
         self.streaming = False
         """Whether a `stream` is open (between two of its answers)."""
+        self.on_cpu = vllm_compat.on_cpu()
+        """Whether vLLM computes on the CPU (its CPU build): callers then score after the engine, not beside it
+        (`klear.rollout.sample_and_score.overlaps`)."""
         self.generator = random.Random(seed)
         self.logits_scale = 1.0
         self.adapters = adapters

@@ -415,6 +415,11 @@ class RewardConfig:
     """Worker processes scoring in parallel with a per-item deadline; 0 scores in this process."""
     timeout: float = positive(30.0)
     """Per-item deadline of the worker pool (seconds)."""
+    overlap: bool | None = None
+    """With workers and an engine that gives each prompt's samples as they end (``vllm``), score them then, while the
+    engine samples the rest, not after the last answer (the same scores); ``None``: when the engine computes on a GPU.
+    On a CPU the engine and the sandboxes share the cores, and overlapping them was measured slower
+    (docs/rewards.md)."""
     overlong_buffer: int = at_least(0, 0)
     """DAPO soft overlong punishment: penalty from 0 to -1 over the last this-many tokens; 0: off."""
     by_source: dict[str, Any] = field(default_factory=dict, metadata={"example": "{my_set: code}"})
