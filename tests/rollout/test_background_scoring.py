@@ -13,7 +13,8 @@ from klear.rewards import RewardScorer
 from klear.rewards.scorer import ScoredRollouts
 from klear.rollout.background_scoring import BackgroundScoring
 from klear.rollout.hf import HFEngine
-from klear.rollout.sample_and_score import overlaps, sample_and_score, sample_and_score_as_they_end
+from klear.rollout.sample_and_score import overlaps, sample_and_score, sample_and_score_as_they_end, sample_share
+from klear.runtime.distributed import rank_range
 from tests.eval.test_parts import PROBLEMS, SAMPLING, STREAMS, LastFirst, model  # noqa: F401 (a fixture)
 
 
@@ -108,6 +109,15 @@ def test_scoring_beside_a_stream_gives_the_scores_and_parts_of_scoring_after_it(
     ]
     assert [r.prompt_index for r in beside.rollouts] == [r.prompt_index for r in after.rollouts]
     assert threads[0] and not any(threads[1:])  # after the engine on this thread, beside it on another
+    for rank, world in ((1, 2), (1, 3), (12, 13)):  # a rank's share, the last an empty one: the same as after
+        shares = [
+            sample_share(engine, engine.tokenizer, PROBLEMS, SAMPLING, score, rank, world, streams=STREAMS, overlap=on)
+            for on in (False, True)
+        ]
+        assert [r.response_ids for r in shares[1].rollouts] == [r.response_ids for r in shares[0].rollouts]
+        assert [r.prompt_index for r in shares[1].rollouts] == [r.prompt_index for r in shares[0].rollouts]
+        assert shares[1].scores == shares[0].scores
+        assert len(shares[0].rollouts) == 2 * len(rank_range(len(PROBLEMS), rank, world)) == {2: 12, 3: 8, 13: 0}[world]
     assert beside.scores == after.scores and len({*after.scores.raw}) > 12 and len({*after.scores.correct}) == 2
     parts = {}
     for overlap in (False, True):

@@ -129,11 +129,10 @@ def sample_share(
     n = sampling.n
     numbers = stream_numbers(len(problems), first, streams)
     mine = rank_range(len(problems), rank, world)
-    prompts, seeded = _requests(tokenizer, problems[mine.start : mine.stop], sampling, numbers[mine.start : mine.stop])
     if overlaps(engine, overlap):
         share = slice(mine.start, mine.stop)
-        references = sample_references(problems[share], n, sampling.seed, numbers[share])
-        return _share_scored_as_it_ends(engine, prompts, seeded, score, references, mine.start)
+        return _share_as_it_ends(engine, tokenizer, problems[share], sampling, score, numbers[share], mine.start)
+    prompts, seeded = _requests(tokenizer, problems[mine.start : mine.stop], sampling, numbers[mine.start : mine.stop])
     timer = time.perf_counter()
     rollouts = engine.generate(prompts, seeded)
     sampling_s = time.perf_counter() - timer
@@ -219,34 +218,28 @@ def overlaps(engine: RolloutEngine, overlap: bool | None) -> bool:
     return overlap if overlap is not None else not getattr(engine, "on_cpu", False)
 
 
-def _share_scored_as_it_ends(
+def _share_as_it_ends(
     engine: StreamingEngine,
-    prompts: list[list[int]],
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
     sampling: SamplingParams,
     score: Score,
-    references: list[Any],
+    numbers: list[int],
     start: int,
 ) -> SampledShare:
-    """`sample_share`'s with ``overlap``: the prompts sampled in one run of ``engine``, each scored as it ends."""
+    """`sample_share`'s with ``overlap``: the share in one part of `sample_and_score_as_they_end` (each problem
+    scored as it ends), put back in problem order; ``start``: the share's first index in the call."""
     n = sampling.n
-    groups: list[list[Rollout] | None] = [None] * len(prompts)
-    timer = time.perf_counter()
-    with BackgroundScoring(score) as scoring:
-        with contextlib.closing(engine.stream(prompts, sampling)) as answers:
-            for index, rollouts in answers:
-                if len(rollouts) != n:
-                    raise ValueError(f"the engine answered prompt {index} with {len(rollouts)} of {n} samples")
-                groups[index] = rollouts
-                scoring.add(index, rollouts, references[index * n : (index + 1) * n])
-        sampling_s = time.perf_counter() - timer
-        scored = scoring.wait()
-    if any(group is None for group in groups):
-        raise ValueError(f"the engine's stream answered {sum(g is not None for g in groups)} of {len(prompts)} prompts")
-    rollouts = [rollout for group in groups for rollout in group]
+    parts = sample_and_score_as_they_end(
+        engine, tokenizer, problems, sampling, score, max(1, len(problems)), numbers, overlap=True
+    )
+    ((ended, sampled),) = list(parts) or [([], SampledGroups([], ScoredRollouts([], [], [], [], 0, 0), 0.0, 0.0))]
+    at = {index: i for i, index in enumerate(ended)}
+    rollouts = [rollout for index in range(len(problems)) for rollout in sampled.groups[at[index]]]
     for rollout in rollouts:
         rollout.prompt_index += start
-    scores = ScoredRollouts.concat([scored[index] for index in range(len(prompts))])
-    return SampledShare(rollouts, scores, sampling_s, scoring.waited_s)
+    scores = [sampled.scores.slice(at[index] * n, (at[index] + 1) * n) for index in range(len(problems))]
+    return SampledShare(rollouts, ScoredRollouts.concat(scores), sampled.sampling_s, sampled.scoring_s)
 
 
 def _requests(
