@@ -116,6 +116,25 @@ def test_a_file_of_other_settings_or_problems_is_refused_in_one_line(tmp_path, l
     assert str(error.value) == message.replace("PATH", str(path))
 
 
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_stop_as_a_part_is_synced_counts_the_records_on_disk(tmp_path, monkeypatch, fresh):
+    """SIGTERM as the file is synced: the part's lines are on disk whole, and the stop's line counts them."""
+    partial = Partial.open(tmp_path, SETTINGS, PROBLEMS, resume=False)
+    if not fresh:
+        partial.append([record(PROBLEMS[0])])
+
+    def stopped(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("os.fsync", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        partial.append([record(PROBLEMS[1]), record(PROBLEMS[2])])
+    monkeypatch.undo()
+    assert partial.kept == 3 - fresh == len(Partial.open(tmp_path, SETTINGS, PROBLEMS, resume=True).done)
+    partial.append([record(PROBLEMS[3])])  # after the settings line, whichever write put it there
+    assert partial.kept == 4 - fresh == len(Partial.open(tmp_path, SETTINGS, PROBLEMS, resume=True).done)
+
+
 def test_a_disk_that_refuses_the_file_costs_the_file_alone(tmp_path, caplog):
     (tmp_path / "out").write_text("a file where the output folder would be")
     partial = Partial.open(tmp_path / "out", SETTINGS, PROBLEMS, resume=False)

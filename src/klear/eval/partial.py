@@ -135,6 +135,7 @@ class Partial:
         nothing but the file: a warning, and the run goes on with its records in memory."""
         if self.path is None:
             return
+        size = 0 if self.fresh else self.path.stat().st_size
         try:
             if self.fresh:  # the settings first, in place of an earlier run's file (--overwrite)
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -147,6 +148,13 @@ class Partial:
                     self.path.unlink(missing_ok=True)
             self.path = None
             return
+        except BaseException:  # a stop during the write: the lines it wrote whole are kept, so they count
+            with contextlib.suppress(OSError), self.path.open("rb") as f:
+                f.seek(size)
+                lines = f.read().count(b"\n")
+                self.kept += max(0, lines - self.fresh)
+                self.fresh = self.fresh and not lines
+            raise
         self.fresh = False
         self.kept += len(records)
 
