@@ -4,6 +4,8 @@ are one process's call), and scored by the one scorer."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from klear.config import ModelConfig
@@ -123,6 +125,45 @@ def test_an_evaluation_in_chunks_between_agreement_points_is_the_whole_call(engi
     assert chunked.metrics == pytest.approx(whole.metrics, abs=1e-12)
     assert chunked.samples == whole.samples and len(whole.samples) == 7  # every answer, whatever the chunks
     assert 0 < whole.metrics["eval/accuracy"] < 1 or whole.metrics["eval/response_length"] > 1
+
+
+def test_an_evaluation_on_a_streaming_engine_takes_its_parts_as_they_end_and_agrees_as_often(engine):
+    """On an engine that streams (its prompts end last first here), each rank's share is sampled in one run and the
+    agreement point is called between parts of the problems that ended; the metrics and answers are the chunked
+    evaluation's. A share of fewer parts than the largest owes the rest of its calls at its end."""
+    from klear.config import EvalConfig
+    from klear.eval.in_training import evaluate
+    from klear.rollout.sample_and_score import _streamed_share
+    from tests.eval.test_parts import LastFirst
+
+    class Counted(LastFirst):
+        streams = 0
+
+        def stream(self, prompts, sampling):
+            Counted.streams += 1
+            return super().stream(prompts, sampling)
+
+    streaming = Counted(engine.model, engine.tokenizer, batch_size=4)
+    problems = [Problem(row["problem"], row["answer"]) for row in generate_problems(7, seed=5, levels=[1])]
+    config = EvalConfig(num_prompts=7, max_new_tokens=24, temperature=1.0, samples=2)
+    scorer = RewardScorer("math")
+    results, calls = {}, {}
+    for name, used in (("chunks", engine), ("stream", streaming)):
+        calls[name] = points = []
+        stop_point = functools.partial(points.append, 1)
+        results[name] = evaluate(
+            used, used.tokenizer, problems, config, scorer.correctness, stop_point=stop_point, engine_batch=4, keep=7
+        )
+    assert results["stream"].metrics == results["chunks"].metrics
+    assert results["stream"].samples == results["chunks"].samples and len(results["stream"].samples) == 7
+    assert len(calls["chunks"]) == len(calls["stream"]) == 3  # parts of 2 of 7 problems: 4 parts
+    assert Counted.streams == 1  # the whole set in one run of the engine
+    owed = []
+    between = functools.partial(owed.append, 1)
+    share = _streamed_share(
+        streaming, engine.tokenizer, problems[:3], SAMPLING, scorer.score, [0, 1, 2], 0, 2, False, between, 4
+    )
+    assert len(owed) == 3 and len(share.rollouts) == 9  # 2 parts of its own, 3 calls as a share of 4 parts makes
 
 
 def test_a_distribution_that_is_not_finite_samples_the_last_token_with_a_nan_logprob():

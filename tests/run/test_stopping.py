@@ -211,12 +211,16 @@ def test_sigterm_to_two_ranks_inside_a_step_stops_both_at_the_same_update(tmp_pa
     print(f"stopped {seconds:.1f} s after SIGTERM")
 
 
-def test_sigterm_during_an_evaluation_stops_at_its_next_chunk(tmp_path):
-    """SFT's evaluation of 200 problems x 4 samples before step 0, in chunks of 2 problems (8 sequences,
-    ``eval.batch_size``): SIGTERM as it begins
-    stops the run before step 0 trains, where the evaluation and step 0 used to complete first."""
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_sigterm_during_an_evaluation_stops_at_its_next_chunk(tmp_path, engine):
+    """SFT's evaluation of 200 problems x 4 samples before step 0, in parts of 2 problems (8 sequences,
+    ``eval.batch_size``; on vLLM the next 2 to end of one run): SIGTERM as it begins stops the run before step 0
+    trains, where the evaluation and step 0 used to complete first."""
+    if engine == "vllm":
+        pytest.importorskip("vllm")
     output = tmp_path / "sft"
     evaluation = ["eval.num_prompts=200", "data.num_eval=200", "eval.max_new_tokens=48", "eval.batch_size=8"]
+    evaluation.append(f"eval.engine={engine}")
     short = ["trainer.max_steps=50", "trainer.checkpoint_every_n_steps=1", "trainer.progress_bar=false"]
     args = ["-v", "--config", "configs/sft.yaml", f"output_dir={output}", "data.num_train=800", *short, *evaluation]
     process = start(args)
@@ -230,7 +234,7 @@ def test_sigterm_during_an_evaluation_stops_at_its_next_chunk(tmp_path):
     stdout, stderr = stop_group(process, within=60)
     assert process.returncode == EXIT_SIGTERM, stderr[-3000:]
     assert "Traceback" not in stdout + stderr, stderr[-3000:]
-    summary = stdout.splitlines()
+    summary = [line for line in stdout.splitlines() if "MainProcess" not in line]  # vLLM logs on stdout
     assert summary[0].startswith("run stopped at step 0: SIGTERM: 0 steps in "), summary
     assert summary[-1].startswith("no checkpoint was completed: start again with: ")
     assert not list(output.glob("checkpoints/*"))

@@ -31,7 +31,7 @@ from klear.eval.estimators import majority, pass_at_k
 from klear.eval.metrics import problem_record
 from klear.rewards.scorer import ScoredRollouts
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams
-from klear.rollout.sample_and_score import sample_and_score
+from klear.rollout.sample_and_score import sample_and_score_in_parts
 from klear.schema import EvalConfig
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ def evaluate(
     engine_batch: int = 0,
     keep: int = 0,
     answers: Answers | None = None,
+    overlap: bool | None = False,
 ) -> Evaluation:
     """``eval/accuracy`` (the share of correct answers over problems x samples), response length, pass@k and (with
     ``answers``, where samples vote) maj@k; and the records of the first ``keep`` problems of each set, every answer
@@ -82,9 +83,13 @@ def evaluate(
     ``i`` is seeded by ``EVAL_SEED + i`` wherever it runs) and all ranks return the metrics of the whole set.
 
     With ``stop_point`` (a run's agreement point on SIGTERM, `klear.run.stopping`), the problems are sampled in
-    chunks that each give every rank a whole number of the engine's batches of ``engine_batch`` sequences (the
-    batches one call would make), and every rank calls ``stop_point`` between two chunks: a stop does not wait for
-    the whole evaluation. The seeds are those of one call, so the metrics are too.
+    parts and every rank calls ``stop_point`` between two parts, as often on every rank, so a stop does not wait for
+    the whole evaluation (`klear.rollout.sample_and_score.sample_and_score_in_parts`): on an engine that gives each
+    prompt's samples as they end (vLLM's) each rank samples its share in one run, a part being the fewest problems
+    whose samples fill whole batches of ``engine_batch`` sequences, taken as they end, so no part waits for its
+    longest answer; on any other engine a part is that many problems of each rank, sampled in one call (the batches
+    one call would make). ``overlap``: score each problem as it ends on such an engine (`RewardScorer.overlap`).
+    The seeds are those of one call, so the metrics are too.
     """
     problems = scored_problems(problems, config.num_prompts)
     samples = config.samples if config.temperature > 0 else 1
@@ -95,25 +100,23 @@ def evaluate(
         n=samples,
         seed=EVAL_SEED,
     )
-    chunk = len(problems) if stop_point is None else chunk_prompts(engine_batch, samples, world)
-    log.debug("evaluating %d problems x %d samples, %d prompts at a time", len(problems), samples, chunk)
+    every = max(1, len(problems)) if stop_point is None else chunk_prompts(engine_batch, samples, 1)
+    log.debug("evaluating %d problems x %d samples, %d prompts at a time on each rank", len(problems), samples, every)
+    sampled = sample_and_score_in_parts(
+        engine, tokenizer, problems, sampling, _verdicts(score), rank, world, every, stop_point or _never, overlap
+    )
     kept = set(first_of_each(range(len(problems)), [problem.set_name for problem in problems], keep))
-    correct, lengths, records, majorities = [], [], [], []
-    for start in range(0, len(problems), chunk):
-        if start:
-            stop_point()
-        part = problems[start : start + chunk]
-        sampled = sample_and_score(engine, tokenizer, part, sampling, _verdicts(score), rank, world, first=start)
-        correct += sampled.scores.correct
-        lengths += [len(rollout.response_ids) for rollout in sampled.rollouts]
-        for i, (problem, group) in enumerate(zip(part, sampled.groups, strict=True)):
-            scores = sampled.scores.slice(i * samples, (i + 1) * samples)
-            votes = answers([rollout.text for rollout in group], problem.reference) if answers else None
-            majorities.append(None if votes is None else majority(votes, scores.correct))
-            if start + i in kept:
-                record = problem_record(problem, group, scores.raw, scores.statuses, scores.correct, samples, (), votes)
-                record["reference"] = _kept_reference(record["reference"])
-                records.append({"set": problem.set_name, **record} if problem.set_name else record)
+    correct = sampled.scores.correct
+    lengths = [len(rollout.response_ids) for rollout in sampled.rollouts]
+    records, majorities = [], []
+    for i, (problem, group) in enumerate(zip(problems, sampled.groups, strict=True)):
+        scores = sampled.scores.slice(i * samples, (i + 1) * samples)
+        votes = answers([rollout.text for rollout in group], problem.reference) if answers else None
+        majorities.append(None if votes is None else majority(votes, scores.correct))
+        if i in kept:
+            record = problem_record(problem, group, scores.raw, scores.statuses, scores.correct, samples, (), votes)
+            record["reference"] = _kept_reference(record["reference"])
+            records.append({"set": problem.set_name, **record} if problem.set_name else record)
     metrics = {
         "eval/accuracy": sum(correct) / len(correct),
         "eval/response_length": sum(lengths) / len(lengths),
@@ -133,6 +136,10 @@ def evaluate(
         hits = [value for i, value in enumerate(correct) if problems[i // samples].source == source]
         metrics[f"eval/accuracy/{source}"] = sum(hits) / len(hits)
     return Evaluation(metrics, records)
+
+
+def _never() -> None:
+    """No agreement point: an evaluation outside a run."""
 
 
 def scored_problems(problems: Sequence[Problem], num_prompts: int) -> list[Problem]:

@@ -23,6 +23,7 @@ samples the rest (``overlap``, `klear.rollout.background_scoring`), with the sam
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -131,7 +132,10 @@ def sample_share(
     mine = rank_range(len(problems), rank, world)
     if overlaps(engine, overlap):
         share = slice(mine.start, mine.stop)
-        return _share_as_it_ends(engine, tokenizer, problems[share], sampling, score, numbers[share], mine.start)
+        every = max(1, len(mine))
+        return _streamed_share(
+            engine, tokenizer, problems[share], sampling, score, numbers[share], mine.start, every, True
+        )
     prompts, seeded = _requests(tokenizer, problems[mine.start : mine.stop], sampling, numbers[mine.start : mine.stop])
     timer = time.perf_counter()
     rollouts = engine.generate(prompts, seeded)
@@ -218,28 +222,85 @@ def overlaps(engine: RolloutEngine, overlap: bool | None) -> bool:
     return overlap if overlap is not None else not getattr(engine, "on_cpu", False)
 
 
-def _share_as_it_ends(
+def sample_and_score_in_parts(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    sampling: SamplingParams,
+    score: Score,
+    rank: int,
+    world: int,
+    every: int,
+    between: Callable[[], None],
+    overlap: bool | None = False,
+) -> SampledGroups:
+    """`sample_and_score` of ``problems`` in parts, with ``between()`` called between two parts the same number of
+    times on every rank (an agreement point, where a run's ranks may stop together): on a `StreamingEngine` each
+    rank samples its share in one run, a part being its next ``every`` problems to end (``overlap`` as in
+    `sample_and_score`), so no part waits for its longest answer; on any other engine a part is the next ``every``
+    problems of each rank, one `sample_and_score` call. Seeded as one call, so the groups are one call's."""
+    if every < 1:
+        raise ValueError(f"every = {every}: a part needs at least one problem")
+    if not isinstance(engine, StreamingEngine):
+        parts = []
+        for first in range(0, len(problems), every * world):
+            if first:
+                between()
+            chosen = problems[first : first + every * world]
+            parts.append(sample_and_score(engine, tokenizer, chosen, sampling, score, rank, world, first))
+        return SampledGroups(
+            [group for part in parts for group in part.groups],
+            ScoredRollouts.concat([part.scores for part in parts]),
+            sum(part.sampling_s for part in parts),
+            sum(part.scoring_s for part in parts),
+        )
+    mine = rank_range(len(problems), rank, world)
+    most = math.ceil(len(rank_range(len(problems), 0, world)) / every)  # the parts of the largest share
+    chosen = problems[mine.start : mine.stop]
+    numbers = list(mine)  # each problem's index in the call, its stream number
+    share = _streamed_share(
+        engine, tokenizer, chosen, sampling, score, numbers, mine.start, every, overlap, between, most
+    )
+    return SampledGroups.of_shares(gather_objects(share, world), len(problems), sampling.n)
+
+
+def _streamed_share(
     engine: StreamingEngine,
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     sampling: SamplingParams,
     score: Score,
-    numbers: list[int],
+    numbers: Sequence[int],
     start: int,
+    every: int,
+    overlap: bool | None,
+    between: Callable[[], None] | None = None,
+    parts: int = 0,
 ) -> SampledShare:
-    """`sample_share`'s with ``overlap``: the share in one part of `sample_and_score_as_they_end` (each problem
-    scored as it ends), put back in problem order; ``start``: the share's first index in the call."""
+    """A rank's share (``problems``, of stream numbers ``numbers``, the first at index ``start`` of the call) in parts
+    of `sample_and_score_as_they_end`, put back in problem order; ``between()`` after each part but the last of
+    ``parts``, and after the share's own last part as often as still owed."""
     n = sampling.n
-    parts = sample_and_score_as_they_end(
-        engine, tokenizer, problems, sampling, score, max(1, len(problems)), numbers, overlap=True
-    )
-    ((ended, sampled),) = list(parts) or [([], SampledGroups([], ScoredRollouts([], [], [], [], 0, 0), 0.0, 0.0))]
-    at = {index: i for i, index in enumerate(ended)}
-    rollouts = [rollout for index in range(len(problems)) for rollout in sampled.groups[at[index]]]
+    groups: list[list[Rollout]] = [[] for _ in problems]
+    scores: list[ScoredRollouts] = [ScoredRollouts([], [], [], [], 0, 0)] * len(problems)
+    sampling_s = scoring_s = 0.0
+    called = 0
+    answers = sample_and_score_as_they_end(engine, tokenizer, problems, sampling, score, every, numbers, overlap)
+    with contextlib.closing(answers):  # a stop at an agreement point ends the engine's run
+        for indices, sampled in answers:
+            for k, index in enumerate(indices):
+                groups[index], scores[index] = sampled.groups[k], sampled.scores.slice(k * n, (k + 1) * n)
+            sampling_s, scoring_s = sampling_s + sampled.sampling_s, scoring_s + sampled.scoring_s
+            if between is not None and called < parts - 1:
+                between()
+                called += 1
+    while between is not None and called < parts - 1:  # a share of fewer parts than the largest
+        between()
+        called += 1
+    rollouts = [rollout for group in groups for rollout in group]
     for rollout in rollouts:
         rollout.prompt_index += start
-    scores = [sampled.scores.slice(at[index] * n, (at[index] + 1) * n) for index in range(len(problems))]
-    return SampledShare(rollouts, ScoredRollouts.concat(scores), sampled.sampling_s, sampled.scoring_s)
+    return SampledShare(rollouts, ScoredRollouts.concat(scores), sampling_s, scoring_s)
 
 
 def _requests(

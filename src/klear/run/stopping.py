@@ -14,7 +14,7 @@ collective (an evaluation's gather) waits forever for a partner that never comes
   or checkpoint is started, and a checkpoint being written when the signal came completes first. The points are
   the start and the end of each training step (at the end, `klear.run.checkpoints.StepCheckpoint` saves the
   step first, due or not, so a stop there loses no step) and, inside a step (:meth:`SignalStop.agree`, which the
-  stages call), between its generation and its update, between its optimizer updates and between the chunks of an
+  stages call), between its generation and its update, between its optimizer updates and between the parts of an
   evaluation, so a step longer than the grace stops within one chunk of work; what a step stopped inside had done
   is discarded (its checkpoint is saved only once it completes), so the last complete checkpoint is the one before
   it;

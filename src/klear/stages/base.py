@@ -188,6 +188,7 @@ class StageModule(L.LightningModule):
                 engine_batch=self.config.eval.batch_size,  # the batch size of the engine of `eval_engine`
                 keep=self.config.logging.samples,
                 answers=self.scorer.reward.answers,
+                overlap=self.scorer.overlap,
             )
 
     # -------------------------------------------------------------------------------------------- output
