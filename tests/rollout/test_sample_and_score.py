@@ -165,6 +165,17 @@ def test_an_evaluation_on_a_streaming_engine_takes_its_parts_as_they_end_and_agr
     )
     assert len(owed) == 3 and len(share.rollouts) == 9  # 2 parts of its own, 3 calls as a share of 4 parts makes
 
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop
+
+    closed = LastFirst.closed  # a stop agreed after the first part ends the engine's run there
+    with pytest.raises(Stop) as raised:  # its traceback holds the run's frames: only a close ends the stream
+        _streamed_share(streaming, engine.tokenizer, problems, SAMPLING, scorer.score, range(7), 0, 2, False, stop, 4)
+    assert LastFirst.closed == closed + 1 and raised.traceback
+
 
 def test_a_distribution_that_is_not_finite_samples_the_last_token_with_a_nan_logprob():
     """A policy that diverged: its row has no CDF. It samples the last token with a NaN log-prob (which stops the run

@@ -211,7 +211,10 @@ def test_sigterm_to_two_ranks_inside_a_step_stops_both_at_the_same_update(tmp_pa
     print(f"stopped {seconds:.1f} s after SIGTERM")
 
 
-@pytest.mark.parametrize("engine", ["hf", "vllm"])
+@pytest.mark.parametrize(
+    "engine",
+    ["hf", pytest.param("vllm", marks=pytest.mark.slow)],  # the default run: a stop between parts in process
+)
 def test_sigterm_during_an_evaluation_stops_at_its_next_chunk(tmp_path, engine):
     """SFT's evaluation of 200 problems x 4 samples before step 0, in parts of 2 problems (8 sequences,
     ``eval.batch_size``; on vLLM the next 2 to end of one run): SIGTERM as it begins stops the run before step 0
