@@ -103,7 +103,7 @@ def evaluate(
     every = max(1, len(problems)) if stop_point is None else chunk_prompts(engine_batch, samples, 1)
     log.debug("evaluating %d problems x %d samples, %d prompts at a time on each rank", len(problems), samples, every)
     sampled = sample_and_score_in_parts(
-        engine, tokenizer, problems, sampling, _verdicts(score), rank, world, every, stop_point or _never, overlap
+        engine, tokenizer, problems, sampling, _verdicts(score), rank, world, every, stop_point, overlap
     )
     kept = set(first_of_each(range(len(problems)), [problem.set_name for problem in problems], keep))
     correct = sampled.scores.correct
@@ -136,10 +136,6 @@ def evaluate(
         hits = [value for i, value in enumerate(correct) if problems[i // samples].source == source]
         metrics[f"eval/accuracy/{source}"] = sum(hits) / len(hits)
     return Evaluation(metrics, records)
-
-
-def _never() -> None:
-    """No agreement point: an evaluation outside a run."""
 
 
 def scored_problems(problems: Sequence[Problem], num_prompts: int) -> list[Problem]:

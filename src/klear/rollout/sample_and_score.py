@@ -231,20 +231,21 @@ def sample_and_score_in_parts(
     rank: int,
     world: int,
     every: int,
-    between: Callable[[], None],
+    between: Callable[[], None] | None,
     overlap: bool | None = False,
 ) -> SampledGroups:
     """`sample_and_score` of ``problems`` in parts, with ``between()`` called between two parts the same number of
     times on every rank (an agreement point, where a run's ranks may stop together): on a `StreamingEngine` each
     rank samples its share in one run, a part being its next ``every`` problems to end (``overlap`` as in
     `sample_and_score`), so no part waits for its longest answer; on any other engine a part is the next ``every``
-    problems of each rank, one `sample_and_score` call. Seeded as one call, so the groups are one call's."""
+    problems of each rank, one `sample_and_score` call. Seeded as one call, so the groups are one call's. ``between``
+    None: no agreement point (the parts alone)."""
     if every < 1:
         raise ValueError(f"every = {every}: a part needs at least one problem")
     if not isinstance(engine, StreamingEngine):
         parts = []
         for first in range(0, len(problems), every * world):
-            if first:
+            if first and between is not None:
                 between()
             chosen = problems[first : first + every * world]
             parts.append(sample_and_score(engine, tokenizer, chosen, sampling, score, rank, world, first))
