@@ -189,14 +189,14 @@ from klear.runtime.terminal import leave_stops_to_parent, starting_worker
 def work(ready):
     time.sleep(1.0)  # a worker importing torch: the stops come now
     leave_stops_to_parent()
-    ready.set()
+    ready.send(True)
     time.sleep(60)
 
 if __name__ == "__main__":
     stops = []
     signal.signal(signal.SIGINT, lambda signum, frame: stops.append("during" if starting else "after"))
     context = multiprocessing.get_context("spawn")
-    ready = context.Event()
+    answer, ready = context.Pipe(duplex=False)  # no semaphore: the worker is this process's first spawn
     worker = context.Process(target=work, args=(ready,), daemon=True)
     starting = True
     with starting_worker():
@@ -206,7 +206,7 @@ if __name__ == "__main__":
         starting = False
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         os.kill(worker.pid, signum)
-    print(stops, ready.wait(30), worker.is_alive(), flush=True)
+    print(stops, answer.poll(30) and answer.recv(), worker.is_alive(), flush=True)
     worker.kill()
 """
 
@@ -214,7 +214,8 @@ if __name__ == "__main__":
 def test_a_worker_signalled_while_it_starts_leaves_the_stop_to_its_command(tmp_path):
     """Ctrl-C or SIGTERM to the process group while a worker is still starting (importing, seconds) ends neither the
     worker nor in a traceback (`starting_worker`): it starts with the stops blocked until it ignores them, and its
-    command gets its own stop once the start is done, not lost."""
+    command gets its own stop once the start is done, not lost. The worker is the script's first spawn, whose start
+    also starts multiprocessing's resource tracker, which unblocks SIGINT and SIGTERM in the starting thread."""
     script = tmp_path / "starting.py"
     script.write_text(STARTING)
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)

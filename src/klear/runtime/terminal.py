@@ -71,10 +71,15 @@ def starting_worker() -> Iterator[None]:
     """Around the start of a worker process that calls :func:`leave_stops_to_parent`: the stops are blocked in this
     thread, so the worker starts with them blocked (a child inherits its parent's signal mask and keeps it across
     ``exec``) and a Ctrl-C to the process group while it imports (seconds) does not end it in a traceback. A stop
-    that comes meanwhile reaches this process as soon as the start is done."""
+    that comes meanwhile reaches this process as soon as the start is done. multiprocessing's resource tracker is
+    started first: a process's first spawn starts it, and starting it unblocks SIGINT and SIGTERM in this thread,
+    which would let the worker start with them unblocked."""
     if not MASKS:
         yield
         return
+    from multiprocessing import resource_tracker  # only where workers start
+
+    resource_tracker.ensure_running()
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     try:
         yield
