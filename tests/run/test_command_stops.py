@@ -99,23 +99,23 @@ def test_sigterm_stops_an_evaluation_that_resume_finishes_as_if_never_stopped(tm
     set's results are written, the second's samples so far kept; ``--resume`` leaves the first as it is and samples
     only the rest of the second, whose results are a run's never stopped, bit for bit."""
     data = tmp_path / "eval.jsonl"
-    assert klear("klear.data", "synthetic", "--split", "eval", "--num", "100", "--out", str(data)).returncode == 0
+    assert klear("klear.data", "synthetic", "--split", "eval", "--num", "40", "--out", str(data)).returncode == 0
     rows = data.read_text().splitlines(keepends=True)
     (tmp_path / "small.jsonl").write_text("".join(rows[:8]))
-    model = ["--model", "tiny-sft", "--k", "8", "--max-new-tokens", "96", "--batch-size", "16"]  # 10 chunks of 10
-    sets = ["--data", f"small={tmp_path / 'small.jsonl'}", f"big={data}"]
+    model = ["--model", "tiny-sft", "--k", "4", "--max-new-tokens", "96", "--batch-size", "16", "--chunk", "4"]
+    sets = ["--data", f"small={tmp_path / 'small.jsonl'}", f"big={data}"]  # the big set in 10 chunks of 4
     output = tmp_path / "eval"
     process = start(["klear.eval", *model, *sets, "--output", str(output)], tmp_path / "e")
     partial = output / "big" / "partial.jsonl"
-    wait_until(lambda: partial.exists() and partial.read_text().count("\n") >= 21, process, "two chunks kept")
+    wait_until(lambda: partial.exists() and partial.read_text().count("\n") >= 9, process, "two chunks kept")
     process.send_signal(signal.SIGTERM)
     _, lines = ended(process, tmp_path / "e")
     assert process.returncode == EXIT_SIGTERM
     kept = partial.read_text().count("\n") - 1  # the settings line aside
-    assert 20 <= kept < 100 and kept % 10 == 0  # whole chunks
+    assert 8 <= kept < 40 and kept % 4 == 0  # whole chunks
     small = [output / "small" / name for name in ("results.jsonl", "summary.json", "summary.md")]
     assert lines[-1] == (
-        f"eval stopped (SIGTERM): {', '.join(map(str, small))} written; kept {kept} of 100 problems' samples in "
+        f"eval stopped (SIGTERM): {', '.join(map(str, small))} written; kept {kept} of 40 problems' samples in "
         f"{partial}: the same command with --resume goes on from them"
     )
     before = [path.read_bytes() for path in small]
@@ -125,7 +125,7 @@ def test_sigterm_stops_an_evaluation_that_resume_finishes_as_if_never_stopped(tm
     resumed = klear("klear.eval", *model, *sets, "--output", str(output), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{output / 'small'} holds this command's results already: not sampled again" in resumed.stdout
-    assert f"sampling {100 - kept} problems x 8" in resumed.stderr and f"{kept} problems read back" in resumed.stdout
+    assert f"sampling {40 - kept} problems x 4" in resumed.stderr and f"{kept} problems read back" in resumed.stdout
     assert [path.read_bytes() for path in small] == before and not partial.exists()
     alone = klear("klear.eval", *model, "--data", str(data), "--output", str(tmp_path / "alone"))
     assert alone.returncode == 0, alone.stderr[-3000:]
@@ -145,6 +145,7 @@ def test_sigterm_while_vllm_samples_stops_an_evaluation_with_its_line_and_what_i
     output = tmp_path / "eval"
     args = ["klear.eval", "--model", "tiny-sft", "--data", str(data), "--engine", "vllm", "--k", "8"]
     args += ["--max-new-tokens", "96", "--chunk", "1", "--num-workers", "2", "--overlap-scoring"]
+    args += ["--batch-size", "16"]  # two problems' samples at a time: the stream is far from its end at the stop
     args += ["--output", str(output)]
     process = start(args, tmp_path / "e")
     partial = output / "partial.jsonl"
