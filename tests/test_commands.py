@@ -8,6 +8,7 @@ that runs it.)"""
 import csv
 import gzip
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -150,8 +151,9 @@ def test_eval_on_synthetic_math_as_in_the_readme(tmp_path):
         assert numbers["avg@k"] == pytest.approx(sum(record["avg"] for record in mine) / len(mine))
         assert f"| `level` = {level} | avg@4 {numbers['avg@k']:.4f}, pass@4 " in result.stdout
     # docs/evaluation.md, --against: another model on the same file, against the first, problem by problem.
+    # Its first command is the README's with `--output outputs/eval/sft`: the same samples, so a copy of that folder.
     args = ["--data", "eval.jsonl", "--k", "4", "--max-new-tokens", "96"]
-    klear("klear.eval", "--model", "tiny-sft", *args, "--output", "outputs/eval/sft", cwd=tmp_path)
+    shutil.copytree(tmp_path / "outputs" / "eval" / "eval", tmp_path / "outputs" / "eval" / "sft")
     against_sft = ["--output", "outputs/eval/testbed", "--against", "outputs/eval/sft"]
     result = klear("klear.eval", "--model", "tiny-sft-testbed", *args, *against_sft, cwd=tmp_path)
     mine, theirs = (

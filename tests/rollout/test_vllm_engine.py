@@ -474,19 +474,15 @@ def test_klear_eval_with_vllm_keeps_each_part_as_its_problems_end_and_resume_dra
     results = {}
     for name, extra, said in (
         ("tenths", [], [1, 2, 3, 4, 5, 6]),  # a tenth of 6 problems: each problem kept as it ends
-        ("pairs", ["--chunk", "2", "--num-workers", "1", "--overlap-scoring"], [2, 4, 6]),  # beside the engine
         ("whole", ["--chunk", "6"], [6]),
-    ):
+    ):  # pairs scored by a reward worker beside the engine: the run stopped and resumed below
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="klear.eval.cli"):
             assert eval_main([*argv, *extra, "--output", str(tmp_path / name)]) == 0
-        logged = [
-            record.getMessage() for record in caplog.records if "problems sampled and scored" in record.getMessage()
-        ]
-        assert logged == [f"{i} of 6 problems sampled and scored" for i in said]
+        assert parts_logged(caplog) == [f"{i} of 6 problems sampled and scored" for i in said]
         assert not (tmp_path / name / "partial.jsonl").exists()
         results[name] = (tmp_path / name / "results.jsonl").read_text()
-    assert results["tenths"] == results["pairs"] == results["whole"]
+    assert results["tenths"] == results["whole"]
     texts = [sample["text"] for line in results["whole"].splitlines() for sample in json.loads(line)["samples"]]
     assert len(set(texts)) > 1
     # klear.data curate samples on the engine's stream too, each problem as klear.eval samples it
@@ -512,14 +508,25 @@ def test_klear_eval_with_vllm_keeps_each_part_as_its_problems_end_and_resume_dra
     records_of = cli.records_of
     monkeypatch.setattr(cli, "records_of", stop_after_two)
     cut = [*argv, "--chunk", "2", "--num-workers", "1", "--overlap-scoring", "--output", str(tmp_path / "cut")]
-    assert eval_main(cut) == 130
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="klear.eval.cli"):
+        assert eval_main(cut) == 130
+    assert parts_logged(caplog) == [f"{i} of 6 problems sampled and scored" for i in (2, 4)]
     monkeypatch.setattr(cli, "records_of", records_of)
     kept = (tmp_path / "cut" / "partial.jsonl").read_text().splitlines()
     assert len(kept) == 1 + 4  # the settings, then the four problems of two parts
-    assert eval_main([*cut, "--resume"]) == 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="klear.eval.cli"):
+        assert eval_main([*cut, "--resume"]) == 0
+    assert parts_logged(caplog) == ["6 of 6 problems sampled and scored"]
     assert (tmp_path / "cut" / "results.jsonl").read_text() == results["whole"]
     summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
     assert summary["resumed"] == 4 and not (tmp_path / "cut" / "partial.jsonl").exists()
+
+
+def parts_logged(caplog) -> list[str]:
+    """The lines ``klear.eval`` logged as each part was kept."""
+    return [record.getMessage() for record in caplog.records if "problems sampled and scored" in record.getMessage()]
 
 
 def test_rope_scaling_reaches_the_engine_as_the_trainer_has_it():
