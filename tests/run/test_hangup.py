@@ -183,7 +183,7 @@ def test_worker_processes_leave_every_stop_to_their_command():
 
 
 STARTING = """
-import multiprocessing, os, signal, sys, time
+import multiprocessing, os, signal, sys, threading, time
 from klear.runtime.terminal import leave_stops_to_parent, starting_worker
 
 def work(ready):
@@ -195,6 +195,8 @@ def work(ready):
 if __name__ == "__main__":
     stops = []
     signal.signal(signal.SIGINT, lambda signum, frame: stops.append("during" if starting else "after"))
+    # another thread, started before (a library's pool): the kernel gives it a signal sent to the process
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
     context = multiprocessing.get_context("spawn")
     answer, ready = context.Pipe(duplex=False)  # no semaphore: the worker is this process's first spawn
     worker = context.Process(target=work, args=(ready,), daemon=True)
@@ -215,7 +217,9 @@ def test_a_worker_signalled_while_it_starts_leaves_the_stop_to_its_command(tmp_p
     """Ctrl-C or SIGTERM to the process group while a worker is still starting (importing, seconds) ends neither the
     worker nor in a traceback (`starting_worker`): it starts with the stops blocked until it ignores them, and its
     command gets its own stop once the start is done, not lost. The worker is the script's first spawn, whose start
-    also starts multiprocessing's resource tracker, which unblocks SIGINT and SIGTERM in the starting thread."""
+    also starts multiprocessing's resource tracker, which unblocks SIGINT and SIGTERM in the starting thread. The
+    command has another thread, which the kernel gives the stop to: its handler still waits for the start's end (a
+    stop handled between the worker's spawn and the data sent to it left the worker in a traceback)."""
     script = tmp_path / "starting.py"
     script.write_text(STARTING)
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)

@@ -16,6 +16,7 @@ import os
 import select
 import signal
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -82,9 +83,34 @@ def starting_worker() -> Iterator[None]:
     resource_tracker.ensure_running()
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     try:
-        yield
+        with _stops_held():
+            yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextmanager
+def _stops_held() -> Iterator[None]:
+    """In the main thread, a stop's Python handler waits for the block's end, then runs as it would have. Blocking a
+    signal in this thread is not enough where the process has other threads (a library's thread pool): the kernel
+    gives a signal sent to the process to a thread that does not block it, and Python then runs the handler in the
+    main thread, here, between a worker's spawn and the data sent to it (the worker then ends in a traceback). A
+    handler Python did not set (None) is left alone; elsewhere than the main thread no handler runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {}
+    for stop in STOPS:
+        if signal.getsignal(stop) is not None:
+            previous[stop] = signal.signal(stop, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)  # blocked in this thread until the caller's mask is restored
 
 
 def leave_stops_to_parent() -> None:
