@@ -31,8 +31,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from klear.rewards.scorer import ScoredRollouts
+from klear.rollout.engine import Rollout
 
-Score = Callable[[Sequence[Any], list[Any]], ScoredRollouts]
+Score = Callable[[Sequence[Rollout], list[Any]], ScoredRollouts]
+"""``(rollouts, references) -> ScoredRollouts``: `klear.rewards.RewardScorer.score`, or verdicts alone
+(`ScoredRollouts.of_verdicts`)."""
 
 
 class BackgroundScoring:

@@ -33,16 +33,12 @@ from klear.data.problems import Problem
 from klear.data.prompts import encode_problem
 from klear.rewards.routing import seeded_reference
 from klear.rewards.scorer import ScoredRollouts
-from klear.rollout.background_scoring import BackgroundScoring
+from klear.rollout.background_scoring import BackgroundScoring, Score
 from klear.rollout.engine import Rollout, RolloutEngine, SamplingParams, StreamingEngine
 from klear.runtime.distributed import gather_objects, rank_range
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-Score = Callable[[Sequence[Rollout], list[Any]], ScoredRollouts]
-"""``(rollouts, references) -> ScoredRollouts``: `klear.rewards.RewardScorer.score`, or verdicts alone
-(`ScoredRollouts.of_verdicts`)."""
 
 
 @dataclass(frozen=True)
