@@ -24,12 +24,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from klear.runtime.terminal import HANGUP, detach_terminal
+from klear.runtime.terminal import HANGUP, detach_terminal, handled
 
 EXIT_SIGTERM = 128 + signal.SIGTERM
 """The exit status of a run stopped by SIGTERM (143: what a shell reports for a process ended by SIGTERM)."""
@@ -78,15 +77,8 @@ def stop_signals_raise() -> Iterator[None]:
     """SIGTERM, SIGHUP and SIGUSR1 (:func:`stop_signals`) raise :class:`Terminated` in the main thread within this
     context; the previous handlers after it. Outside the main thread (a command's ``main`` called from another
     thread), which no signal reaches, nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    with handled(stop_signals(), _raise):
         yield
-        return
-    previous = {stop: signal.signal(stop, _raise) for stop in stop_signals()}
-    try:
-        yield
-    finally:
-        for stop, handler in previous.items():
-            signal.signal(stop, handler)
 
 
 class OutputState:

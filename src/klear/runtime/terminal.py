@@ -18,8 +18,9 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 HANGUP = getattr(signal, "SIGHUP", None)
 """SIGHUP; None where the platform has no such signal."""
@@ -94,23 +95,30 @@ def _stops_held() -> Iterator[None]:
     """In the main thread, a stop's Python handler waits for the block's end, then runs as it would have. Blocking a
     signal in this thread is not enough where the process has other threads (a library's thread pool): the kernel
     gives a signal sent to the process to a thread that does not block it, and Python then runs the handler in the
-    main thread, here, between a worker's spawn and the data sent to it (the worker then ends in a traceback). A
-    handler Python did not set (None) is left alone; elsewhere than the main thread no handler runs."""
+    main thread, here, between a worker's spawn and the data sent to it (the worker then ends in a traceback)."""
+    received: list[int] = []
+    try:
+        with handled(STOPS, lambda signum, frame: received.append(signum)):
+            yield
+    finally:
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)  # blocked in this thread until the caller's mask is restored
+
+
+@contextmanager
+def handled(signals: Iterable[int], handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """``handler`` for each of ``signals`` within this context, the previous handlers after it; in the main thread,
+    the one Python runs handlers in (elsewhere: nothing). A signal whose handler Python did not set (None, which
+    could not be restored) is left alone."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: list[int] = []
-    previous = {}
-    for stop in STOPS:
-        if signal.getsignal(stop) is not None:
-            previous[stop] = signal.signal(stop, lambda signum, frame: received.append(signum))
+    previous = {signum: signal.signal(signum, handler) for signum in signals if signal.getsignal(signum) is not None}
     try:
         yield
     finally:
-        for stop, handler in previous.items():
-            signal.signal(stop, handler)
-        for signum in dict.fromkeys(received):
-            signal.raise_signal(signum)  # blocked in this thread until the caller's mask is restored
+        for signum, before in previous.items():
+            signal.signal(signum, before)
 
 
 def leave_stops_to_parent() -> None:
