@@ -85,7 +85,7 @@ def test_rl_keeps_the_first_row_after_a_byte_order_mark_skips_a_huge_integer_and
     assert f"{data}:3: skipped, not valid JSON ({TOO_LONG} at column 31)" in result.stderr
     assert (
         f"data.train: 2 math references of source '(none)' spell a number of more than 1,000,000 digits (e.g. "
-        f"{data}:5: '10^{{10^{{10^{{10}}}}}}', {data}:6: '10!!!!'); the math verifier works such a number out"
+        f"{data}:5: '10^{{10^{{10^{{10}}}}}}', {data}:6: '10!!!!'); the math verifier cannot work such a number out"
     ) in result.stderr
     report = json.loads((output / "data_report.json").read_text())["train"]
     assert (report["rows"], report["problems"], [row["line"] for row in report["bad_rows"]]) == (12, 11, [3])

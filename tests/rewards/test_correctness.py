@@ -19,6 +19,7 @@ from klear.rewards import (
     get_reward,
     register_reward,
 )
+from tests.rewards import SLOW_MATH
 
 TESTS = [{"input": "2", "output": "4"}, {"input": "3", "output": "6"}]
 DOUBLE = "```python\nprint(2 * int(input()))\n```"
@@ -74,7 +75,7 @@ def test_math_is_correct_on_an_equivalent_answer_whatever_its_scores(completion,
 def test_math_is_correct_through_the_checker_and_not_after_a_timeout() -> None:
     math = get_reward("math", correct=0.5, timeout=1.0)
     assert math.evaluate("\\boxed{\\sqrt{2}}", "\\frac{2}{\\sqrt{2}}").correct is True  # needs math-verify
-    timed_out = math.evaluate("\\boxed{9^{9^{9^9}}}", "1")
+    timed_out = math.evaluate(SLOW_MATH, "1")
     assert (timed_out.status, timed_out.correct) == ("timeout", False)
 
 

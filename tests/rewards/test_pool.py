@@ -11,6 +11,7 @@ import time
 import pytest
 
 from klear.rewards import BatchResult, Reward, RewardOutcome, RewardPool, batch_rewards, get_reward, score_batch
+from tests.rewards import SLOW_MATH
 
 pytestmark = pytest.mark.end_to_end  # starts reward worker processes
 
@@ -133,7 +134,7 @@ def test_closing_ends_a_batch_scored_on_another_thread_at_once() -> None:
 
 def test_builtin_reward_timeouts_are_counted() -> None:
     """The math reward's own check deadline fires first; the pool counts it and the worker survives."""
-    completions = ["\\boxed{\\frac{1}{2}}", "\\boxed{9^{9^{9^9}}}", "\\boxed{\\sqrt{2}}", "\\boxed{3}"]
+    completions = ["\\boxed{\\frac{1}{2}}", SLOW_MATH, "\\boxed{\\sqrt{2}}", "\\boxed{3}"]
     references = ["0.5", "1", "\\frac{2}{\\sqrt{2}}", "4"]
     with RewardPool(get_reward("math", timeout=1.0), num_workers=2, timeout=5.0) as pool:
         result = pool.score(completions, references)
@@ -203,7 +204,7 @@ def test_a_function_may_say_itself_what_is_correct() -> None:
 
 
 def test_score_batch_with_the_math_reward() -> None:
-    completions = ["\\boxed{\\frac{1}{2}}", "\\boxed{9^{9^{9^9}}}", "\\boxed{2}", None]
+    completions = ["\\boxed{\\frac{1}{2}}", SLOW_MATH, "\\boxed{2}", None]
     references = ["0.5", "1", "\\boxed{}", "4"]  # the third reference is a dataset bug
     result = score_batch(get_reward("math", timeout=1.0), completions, references, failure_reward=-1.0)
     assert result == BatchResult(

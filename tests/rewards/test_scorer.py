@@ -12,8 +12,9 @@ import pytest
 from klear.config import RewardConfig
 from klear.rewards import RewardScorer, ScoredRollouts
 from klear.rollout.engine import Rollout
+from tests.rewards import SLOW_MATH
 
-TEXTS = ["\\boxed{3}", "\\boxed{4}", "\\boxed{9^{9^{9^9}}}", "no answer"]
+TEXTS = ["\\boxed{3}", "\\boxed{4}", SLOW_MATH, "no answer"]
 REFERENCES = ["3", "3", "1", "3"]
 LENGTHS = [2, 7, 8, 12]  # max_new_tokens 10, buffer 4: free up to 6, penalties 0, -0.25, -0.5, -1 (clamped)
 

@@ -151,8 +151,8 @@ class RowReader:
         ]
         huge = [
             f"{count} math references of source {origin!r} spell a number of more than {MAX_DIGITS:,} digits (e.g. "
-            f"{', '.join(examples)}); the math verifier works such a number out, so checking any answer against it "
-            "runs into the reward's timeout and every sample of the problem waits for it: fix or drop these rows"
+            f"{', '.join(examples)}); the math verifier cannot work such a number out within the reward's timeout, so "
+            "only an answer written the same way can be scored right: fix or drop these rows"
             for origin, (count, examples) in sorted(self.huge.items())
         ]
         return prose + huge

@@ -27,7 +27,7 @@ is skipped, cut on the left, or stops the load; one that its characters prove to
 is never tokenized whole). A row that fails is skipped as a `BadRow` naming its file, its
 1-based line and why, and counted; a source with no usable row is refused with one line (`DataError`). Math
 references that read like prose rather than an answer, and those that spell a number too large for the math
-verifier to check in time (`klear.rewards.math_size`: every sample of such a problem waits for the check's timeout)
+verifier to check in time (`klear.rewards.math_size`: only an answer written the same way can match such a reference)
 are counted per source and warned about with examples by file and line (`ProblemSet.warnings`).
 """
 

@@ -3,9 +3,10 @@
 Each calling thread borrows a checker process from a small per-process pool, so the check works the same from
 the main thread, any other thread, a daemonic ``multiprocessing`` worker (the checkers are started with
 ``subprocess``, not ``multiprocessing``, so daemonic workers may start them) or a `RewardPool` worker. The
-server enforces the check's timeout itself (SIGKILL of its check process at the deadline); this side waits at most
-``timeout + REPLY_MARGIN`` for the reply and kills the whole server if it does not answer, so a wedged server
-cannot hold a caller either. A killed server is simply not returned to the pool.
+server enforces the check's timeout itself (CPU time, with a wall-clock backstop of `WALL_FACTOR` times it:
+`klear.rewards.math_server`); this side waits at most that backstop plus ``REPLY_MARGIN`` for the reply and
+kills the whole server if it does not answer, so a wedged server cannot hold a caller either. A killed server is
+simply not returned to the pool.
 
 Starting a server imports sympy and math-verify (~0.5-1 s, once per process); that start has its own limit,
 ``startup_timeout``, and `warmup` lets a caller pay it up front. The check timeout covers the check only.
@@ -28,9 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
+from klear.rewards.sandbox import WALL_FACTOR
+
 logger = logging.getLogger(__name__)
 
-REPLY_MARGIN = 1.0  # seconds past the check's timeout before the server itself is presumed wedged
+REPLY_MARGIN = 1.0  # seconds past the check's wall-clock backstop before the server itself is presumed wedged
 _MAX_IDLE = max(8, 2 * (os.cpu_count() or 1))  # idle servers kept for reuse (~100 MB each)
 
 
@@ -105,7 +108,8 @@ _lock = threading.Lock()
 
 
 def check_equivalent(gold: str, pred: str, timeout: float, memory_mb: int, startup_timeout: float) -> CheckResult:
-    """Whether ``pred`` is mathematically equal to ``gold`` according to math-verify, within ``timeout``."""
+    """Whether ``pred`` is mathematically equal to ``gold`` according to math-verify, within ``timeout`` seconds
+    of CPU time."""
     try:
         server = _acquire(startup_timeout)
     except (OSError, TimeoutError, EOFError, ValueError) as error:
@@ -113,13 +117,13 @@ def check_equivalent(gold: str, pred: str, timeout: float, memory_mb: int, start
         return CheckResult("error", False, f"checker did not start: {error}")
     payload = {"gold": gold, "pred": pred, "timeout": timeout, "memory_bytes": memory_mb * 2**20}
     try:
-        line = server.request(payload, time.monotonic() + timeout + REPLY_MARGIN)
+        line = server.request(payload, time.monotonic() + WALL_FACTOR * timeout + REPLY_MARGIN)
     except (OSError, EOFError) as error:
         server.kill()
         return CheckResult("error", False, f"checker failed: {error}")
     if line is None:
         server.kill()
-        return CheckResult("timeout", False, f"checker gave no answer within {timeout + REPLY_MARGIN:g}s")
+        return CheckResult("timeout", False, f"checker gave no answer within {WALL_FACTOR * timeout + REPLY_MARGIN:g}s")
     _release(server)
     reply = json.loads(line)
     return CheckResult(reply["status"], reply["equal"], reply["detail"])

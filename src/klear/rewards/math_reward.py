@@ -13,9 +13,14 @@ Pipeline, cheapest first:
    in-process fast path: identical strings modulo spacing and ``\\left``/``\\dfrac``-style spellings, or two
    exact rationals (``3``, ``-0.5``, ``7/2``, ``\\frac{7}{2}``) are decided without sympy. Most integer answers
    never leave the process.
-4. Everything else goes to math-verify (sympy underneath) in a killable checker process with ``timeout``
-   (`math_checker`): fractions/decimals/percent, ``\\sqrt``, ``\\pi``, sets, tuples, intervals, equations,
-   units. math-verify's own SIGALRM timeouts are off; ours work from any thread or process.
+4. An answer and a reference of which one spells a number of more than a million digits and the other does not
+   (`klear.rewards.math_size.huge_answer`: ``10^{10^7}``, ``1000000!``) are unequal without a check: the
+   verifier would work that number out and run into the timeout (an answer that cancels it away again,
+   ``10^{10^7}-10^{10^7}``, is wrong too).
+5. Everything else goes to math-verify (sympy underneath) in a killable checker process with ``timeout``
+   seconds of CPU time (`math_checker`): fractions/decimals/percent, ``\\sqrt``, ``\\pi``, sets, tuples,
+   intervals, equations, units. math-verify's own SIGALRM timeouts are off; ours work from any thread or process,
+   and, being CPU time, give the same verdict on a busy machine.
 
 A check that times out or breaks scores ``wrong`` with status ``"timeout"`` / ``"error"`` (counted by
 `Reward.counts` and `RewardPool`), never an exception. An empty final answer (``\\boxed{}``, ``\\boxed{ }``) is
@@ -41,6 +46,7 @@ from typing import Any
 from klear.rewards import math_checker
 from klear.rewards.base import Reward, RewardOutcome, completion_text, register_reward
 from klear.rewards.extract import after_reasoning, answer_is, answer_line, last_boxed, last_number
+from klear.rewards.math_size import MAX_DIGITS, huge_answer
 from klear.rewards.shaping import ThinkFormat
 
 FALLBACKS = ("answer_is", "last_number")
@@ -71,7 +77,8 @@ class MathReward(Reward):
             ``Answer:`` line (DAPO).
         fallbacks: extraction fallbacks tried in order when that finds nothing: ``"answer_is"``,
             ``"last_number"``. Default none: an unboxed answer is wrong.
-        timeout: seconds one equivalence check may take (checks with sympy; the fast path is instant).
+        timeout: seconds of CPU time one equivalence check may take (checks with sympy; the fast path is instant);
+            a check that gets no CPU stops at `klear.rewards.sandbox.WALL_FACTOR` times as much wall time.
         max_answer_chars: longer extracted answers are wrong without being parsed.
         memory_mb: address-space limit of one check.
         startup_timeout: seconds to wait for the checker process to import sympy (once per process).
@@ -163,8 +170,12 @@ class MathReward(Reward):
             score = self.correct if equal else self.wrong
             return RewardOutcome(score, "ok", f"answer {pred[:80]!r} (fast path)", correct=equal)
         result = None
+        pred_huge = huge_answer(pred)
         for gold, verdict in zip(golds, verdicts, strict=True):
-            if verdict is None:
+            if verdict is None and huge_answer(gold) != pred_huge:
+                huge = "the answer" if pred_huge else "the reference"
+                result = math_checker.CheckResult("ok", False, f"{huge} alone spells over {MAX_DIGITS:,} digits")
+            elif verdict is None:
                 result = math_checker.check_equivalent(gold, pred, self.timeout, self.memory_mb, self.startup_timeout)
                 if result.equal and result.status == "ok":
                     break

@@ -1,12 +1,14 @@
 """How many digits the numbers of a math answer have, told from its text without working them out.
 
 The math verifier (math-verify, sympy underneath) evaluates what an answer spells: ``10^{10^{10^{10}}}``,
-``10!!!!`` or ``1000000!`` are numbers of billions of digits, and checking any answer against such a reference
-runs into the check's timeout every time, so every sample of its problem waits the whole timeout and the steps
-that draw it slow down by that much. `answer_digits` sizes the integers, powers (``^``, right-associative) and
-factorials (``!``) of an answer by their base-10 logarithms, in floating point (``inf`` past a float), which is
-instant whatever the number; `huge_answer` is the test `klear.data.problems` warns by, per source, at load, and
-`may_be_huge` the regular expression that spares most answers the parse.
+``10!!!!`` or ``1000000!`` are numbers of billions of digits, and a check that meets one runs into its timeout
+every time: each sample of a problem with such a reference, and each sample that answers with such a number,
+would hold a checker for the whole timeout. `answer_digits` sizes the integers, powers (``^``,
+right-associative) and factorials (``!``) of an answer by their base-10 logarithms, in floating point (``inf``
+past a float), which is instant whatever the number; `huge_answer` is the test `klear.data.problems` warns by,
+per source, at load (only an answer written the same way can match such a reference), and the math reward
+decides by (an answer and a reference of which one alone is huge are unequal without a check); `may_be_huge`
+is the regular expression that spares most answers the parse.
 
 What was simplified, and why: every ``!`` is a factorial (``5!!`` is read as ``(5!)!``, not as the double
 factorial, which is what the verifier computes too), a group's size is its largest term (products and sums are
@@ -21,7 +23,8 @@ import math
 import re
 
 MAX_DIGITS = 1_000_000
-"""Answers spelling a number of more digits than this are warned about at load (`huge_answer`)."""
+"""Answers spelling a number of more digits than this are huge (`huge_answer`): warned about at load, and never
+equal to an answer that is not."""
 _TOKENS = re.compile(r"\d+(?:\.\d*)?|\\[A-Za-z]+|\S")
 _CANDIDATE = re.compile(r"\^.*(?:\^|!|\d{3})|!.*[!^]|\d{6}\s*!|[)}]\s*!", re.DOTALL)
 """What a number past `MAX_DIGITS` needs in an answer of at most 10,000 characters: a power with another power, a

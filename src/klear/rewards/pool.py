@@ -15,7 +15,7 @@ settle every outcome the same way (`klear.rewards.base.settle`), so an exception
 same score, status and count either way.
 The pool's ``timeout`` should exceed the reward's own (math: ``timeout`` + 1 s; code: its ``total_timeout``,
 by default 3 x the per-test ``timeout``, + ~10 s): the reward's own limit then fires first and the worker
-survives. The pool's is wall-clock time and the code reward's CPU time, so on a busy machine leave more room.
+survives. The pool's is wall-clock time and the built-in rewards' CPU time, so on a busy machine leave more room.
 
 Each worker is a process that builds the reward once and then scores one item at a time. The parent sends the
 next item to an idle worker and watches the clock: a worker that has not answered ``timeout`` seconds after it
