@@ -116,14 +116,15 @@ def check_equivalent(gold: str, pred: str, timeout: float, memory_mb: int, start
         logger.warning("could not start the math checker process: %s", error)
         return CheckResult("error", False, f"checker did not start: {error}")
     payload = {"gold": gold, "pred": pred, "timeout": timeout, "memory_bytes": memory_mb * 2**20}
+    wait = WALL_FACTOR * timeout + REPLY_MARGIN  # the server's own wall-clock backstop, and a margin
     try:
-        line = server.request(payload, time.monotonic() + WALL_FACTOR * timeout + REPLY_MARGIN)
+        line = server.request(payload, time.monotonic() + wait)
     except (OSError, EOFError) as error:
         server.kill()
         return CheckResult("error", False, f"checker failed: {error}")
     if line is None:
         server.kill()
-        return CheckResult("timeout", False, f"checker gave no answer within {WALL_FACTOR * timeout + REPLY_MARGIN:g}s")
+        return CheckResult("timeout", False, f"checker gave no answer within {wait:g}s")
     _release(server)
     reply = json.loads(line)
     return CheckResult(reply["status"], reply["equal"], reply["detail"])
