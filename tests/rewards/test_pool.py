@@ -143,6 +143,21 @@ def test_builtin_reward_timeouts_are_counted() -> None:
     assert result.correct == [True, False, True, False]
 
 
+def test_the_pool_waits_for_a_rewards_own_limits_whatever_its_deadline() -> None:
+    """A program that waits 1.5 s of wall time (no CPU) passes its test: the code reward counts CPU time, and a
+    busy machine stretches wall time alike, so the pool's own 0.5 s deadline gives way to the reward's bound."""
+    tests = [{"input": "2", "output": "4"}]
+    program = "```python\nimport time\ntime.sleep(1.5)\nprint(2 * int(input()))\n```"
+    with RewardPool(get_reward("code", timeout=1.0), num_workers=1, timeout=0.5) as pool:
+        assert pool.item_timeout(tests) == 10 * 3.0 + 10.0 + 10.0  # the sandbox's bound and the margin
+        result = pool.score([program], [tests])
+    assert result.scores == [1.0] and result.statuses == ["ok"] and result.timeouts == 0
+    with RewardPool(misbehaving, num_workers=1, timeout=0.5) as pool:
+        assert pool.item_timeout("a") == 0.5  # a plain function has no bound of its own: the pool's deadline
+        result = pool.score(["hang"], ["a"])
+    assert result.statuses == ["timeout"] and result.timeouts == 1
+
+
 def test_batch_rewards_with_a_name() -> None:
     tests = [{"input": "2", "output": "4"}, {"input": "3", "output": "6"}]
     completions = ["```python\nprint(2 * int(input()))\n```", "```python\nprint(4)\n```", "no code"]

@@ -83,3 +83,28 @@ def test_every_published_route_names_a_registered_reward():
     reward = routed_reward("math")
     for source in PUBLISHED_ROUTES:
         assert reward.route(source) is not None, source
+
+
+def test_each_rewards_own_wall_clock_bound_follows_its_limits_and_its_route():
+    """`Reward.wall_limit`: what a worker pool waits for at least (math: per acceptable answer, the checker's start-up
+    and 10 x its CPU timeout and a second; code: 10 x the completion's CPU budget, scaled by a problem's own per-test
+    timeout, and the sandbox's start-up; a plain function: none)."""
+    math = get_reward("math", timeout=2.0, startup_timeout=30.0)
+    assert math.wall_limit("4") == 30.0 + 10 * 2.0 + 1.0 == 51.0
+    assert math.wall_limit(["4", "2^2", "four"]) == 3 * 51.0
+    assert math.wall_limit(None) == 51.0  # a reference it would reject: the bound of one check, no exception
+    code = get_reward("code", timeout=1.0)  # total_timeout 3 x 1 s of CPU
+    tests = [{"input": "2", "output": "4"}]
+    assert code.wall_limit(tests) == 10 * 3.0 + 10.0
+    assert code.wall_limit({"tests": tests, "timeout": 4}) == 10 * 12.0 + 10.0  # the budget scaled by 4 / 1
+    assert code.wall_limit({"tests": tests, "timeout": "soon"}) == 40.0  # rejected by parse_suite when scored
+    assert get_reward("code", timeout=1.0, total_timeout=7.0).wall_limit(tests) == 80.0
+    assert get_reward("tests.rewards.test_routing:_plain_reward").wall_limit("x") is None
+    routed = routed_reward("math", {"timeout": 2.0, "startup_timeout": 30.0})
+    assert routed.wall_limit("4") == 51.0
+    code_route = Routed(routed.route("coder1_longcot"), tests)
+    assert routed.wall_limit(code_route) == routed.reward_of(code_route.route).wall_limit(tests) == 10 * 15.0 + 10.0
+
+
+def _plain_reward(completion: str, reference: str) -> float:
+    return float(completion == reference)

@@ -222,7 +222,12 @@ def add_sampling_arguments(
         "(default: rollout.vllm's defaults, but gpu_memory_utilization=0.9: the GPU is the engine's alone)",
     )
     group.add_argument("--num-workers", type=int, default=0, help="reward worker processes; 0: in this process")
-    group.add_argument("--reward-timeout", type=float, default=60.0, help="per-sample deadline of the workers (s)")
+    group.add_argument(
+        "--reward-timeout",
+        type=float,
+        default=60.0,
+        help="per-sample deadline of the workers (s); a built-in reward's samples get at least its own bound",
+    )
     group.add_argument(
         "--overlap-scoring",
         action=argparse.BooleanOptionalAction,

@@ -126,6 +126,15 @@ class Reward:
     def warmup(self, concurrency: int = 1) -> None:
         """Start the helper processes ``concurrency`` simultaneous callers will use (default: nothing to do)."""
 
+    def wall_limit(self, reference: Any) -> float | None:
+        """The most wall-clock seconds `evaluate` takes on one completion of ``reference`` by this reward's own
+        limits, or None when it has none (this default: a plain function stops only when it is stopped). A
+        `RewardPool` waits at least this long for an item before it kills the worker, so that the reward's own
+        limits, which the built-in rewards count in CPU time, decide the verdict whatever the machine's load. Cheap
+        (called for each item by the pool's parent process) and never raises: a reference the reward would reject
+        gives its default bound."""
+        return None
+
     def evaluate(self, completion: object, reference: Any) -> RewardOutcome:
         """Score ``completion`` against ``reference``: the score with its status and whether it is correct.
 

@@ -40,6 +40,7 @@ of a batch on ``workers`` threads, each waiting on its own sandbox process.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -50,7 +51,14 @@ from typing import Any
 from klear.rewards.base import Reward, RewardOutcome, _pairs, register_reward
 from klear.rewards.code_tests import Suite, parse_suite, parse_tests  # noqa: F401  (parse_tests: re-exported)
 from klear.rewards.extract import after_reasoning, last_code_block
-from klear.rewards.sandbox import IsolationLevel, SandboxLimits, SandboxRun, detect_isolation, run_sandboxed
+from klear.rewards.sandbox import (
+    IsolationLevel,
+    SandboxLimits,
+    SandboxRun,
+    detect_isolation,
+    run_sandboxed,
+    run_wall_limit,
+)
 from klear.rewards.shaping import ThinkFormat
 
 TOTAL_TIMEOUTS = 3  # the default budget of one completion, in per-test timeouts
@@ -133,9 +141,7 @@ class CodeReward(Reward):
         if code is None:
             detail = "no ```python block after the reasoning"
             return RewardOutcome(self.wrong, "ok", detail, correct=False, reason="no_code")
-        limits, budget = self.limits, self.total_timeout
-        if suite.timeout is not None:  # the problem's own per-test time, and the budget scaled alike
-            limits, budget = replace(limits, timeout=suite.timeout), budget * (suite.timeout / limits.timeout)
+        limits, budget = self._limits(suite.timeout)
         options = {"stop_on_failure": self.hard, "total_timeout": budget, "prelude": suite.prelude}
         run = run_sandboxed(code, suite.jobs, suite.expected, limits, self.isolation, **options)
         if run.status != "ok":
@@ -148,6 +154,20 @@ class CodeReward(Reward):
             score = self.wrong + (self.correct - self.wrong) * passed / len(suite.jobs)
         detail = self._describe(run, passed, suite, budget)
         return RewardOutcome(score, "ok", detail, correct=solved, reason=_reason_of(run, solved))
+
+    def _limits(self, timeout: float | None) -> tuple[SandboxLimits, float]:
+        """The sandbox's limits and the completion's CPU budget for a problem whose own per-test time is
+        ``timeout`` (None: the reward's); the budget is scaled by the same ratio."""
+        if timeout is None:
+            return self.limits, self.total_timeout
+        return replace(self.limits, timeout=timeout), self.total_timeout * (timeout / self.limits.timeout)
+
+    def wall_limit(self, reference: Any) -> float | None:
+        """The sandbox's wall-clock bound for one completion of this problem (`run_wall_limit` of its budget)."""
+        timeout = reference.get("timeout") if isinstance(reference, dict) else None
+        valid = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < math.inf
+        limits, budget = self._limits(timeout if valid else None)
+        return run_wall_limit(budget, limits)
 
     def _describe(self, run: SandboxRun, passed: int, suite: Suite, budget: float) -> str:
         """ "2/3 passed (passed: 2, wrong: 1)", with the sample and the tests the budget left out named apart."""

@@ -116,7 +116,7 @@ def check_equivalent(gold: str, pred: str, timeout: float, memory_mb: int, start
         logger.warning("could not start the math checker process: %s", error)
         return CheckResult("error", False, f"checker did not start: {error}")
     payload = {"gold": gold, "pred": pred, "timeout": timeout, "memory_bytes": memory_mb * 2**20}
-    wait = WALL_FACTOR * timeout + REPLY_MARGIN  # the server's own wall-clock backstop, and a margin
+    wait = reply_wait(timeout)
     try:
         line = server.request(payload, time.monotonic() + wait)
     except (OSError, EOFError) as error:
@@ -128,6 +128,17 @@ def check_equivalent(gold: str, pred: str, timeout: float, memory_mb: int, start
     _release(server)
     reply = json.loads(line)
     return CheckResult(reply["status"], reply["equal"], reply["detail"])
+
+
+def reply_wait(timeout: float) -> float:
+    """How long a check of ``timeout`` CPU seconds is waited for: the server's own wall-clock backstop, and a
+    margin."""
+    return WALL_FACTOR * timeout + REPLY_MARGIN
+
+
+def wall_limit(timeout: float, startup_timeout: float) -> float:
+    """The most wall-clock seconds `check_equivalent` takes: a checker process started, then its reply waited for."""
+    return startup_timeout + reply_wait(timeout)
 
 
 def warmup(startup_timeout: float, count: int = 1) -> None:

@@ -155,6 +155,12 @@ class MathReward(Reward):
         reference_answer(reference)
         return reference
 
+    def wall_limit(self, reference: Any) -> float | None:
+        """One checker's `math_checker.wall_limit` for each acceptable answer of ``reference`` (at most one check
+        each)."""
+        answers = len(reference) if isinstance(reference, list | tuple) else 1
+        return max(answers, 1) * math_checker.wall_limit(self.timeout, self.startup_timeout)
+
     def _evaluate(self, completion: str, reference: Any) -> RewardOutcome:
         checked = self.check_reference(reference)
         golds = [reference_answer(gold) for gold in (checked if isinstance(checked, list) else [checked])]

@@ -13,12 +13,16 @@ it is `batch_rewards`; with 0 it scores in this process (`Reward.score_batch`). 
 `Reward.evaluate_batch` (a plain function is wrapped by `as_reward`; the code reward runs its threads there) and
 settle every outcome the same way (`klear.rewards.base.settle`), so an exception, a NaN or a non-number gives the
 same score, status and count either way.
-The pool's ``timeout`` should exceed the reward's own (math: ``timeout`` + 1 s; code: its ``total_timeout``,
-by default 3 x the per-test ``timeout``, + ~10 s): the reward's own limit then fires first and the worker
-survives. The pool's is wall-clock time and the built-in rewards' CPU time, so on a busy machine leave more room.
+The pool's ``timeout`` is wall-clock time, and the built-in rewards count their own limits in CPU time, which a busy
+machine stretches on the wall clock; each also has a wall-clock bound of its own (`Reward.wall_limit`: math, per
+acceptable answer, the checker's start-up and 10 times its ``timeout``; code, 10 times the completion's
+``total_timeout`` and the sandbox's start-up). The pool waits for an item at least that bound plus
+`OWN_LIMIT_MARGIN`, so the reward's own limits, not the machine's load, decide its verdict and the worker
+survives; ``timeout`` is the deadline of a reward without such a bound (a plain function) and can only lengthen
+the wait.
 
 Each worker is a process that builds the reward once and then scores one item at a time. The parent sends the
-next item to an idle worker and watches the clock: a worker that has not answered ``timeout`` seconds after it
+next item to an idle worker and watches the clock: a worker that has not answered `item_timeout` seconds after it
 received its item is SIGKILLed, replaced by a fresh one, and its item gets ``failure_reward`` and is counted in
 ``timeouts``. A worker that dies, or a reward that raises, gives ``failure_reward`` counted in ``errors``; a
 reward's own ``"timeout"`` / ``"error"`` status (a math check that ran out of time, a sandbox that broke) is
@@ -50,6 +54,9 @@ from klear.rewards.base import BatchResult, Reward, RewardFn, Settled, as_reward
 from klear.runtime.terminal import leave_stops_to_parent, starting_worker
 
 _STARTUP_TIMEOUT = 120.0  # importing torch/sympy in a fresh process on a loaded machine
+OWN_LIMIT_MARGIN = 10.0
+"""Seconds past a reward's own wall-clock bound before the pool kills its worker: the worker's work around the
+reward's limits (extracting the answer, parsing the tests, sending the outcome) on a loaded machine."""
 _MAX_STARTUP_DEATHS = 3  # consecutive workers killed while starting before the pool gives up
 
 
@@ -60,7 +67,8 @@ class RewardPool:
         reward: a registered name or import path (built with its default options), a `Reward` such as
             ``get_reward("math", wrong=-1.0)``, or a picklable function ``fn(completion, reference) -> float``.
         num_workers: worker processes.
-        timeout: seconds one item may take once its worker has it.
+        timeout: seconds one item may take once its worker has it; a reward's own longer wall-clock bound
+            (`Reward.wall_limit`) extends it for its items (`item_timeout`).
         failure_reward: score of an item that timed out or failed.
     """
 
@@ -112,7 +120,7 @@ class RewardPool:
                         pending.appendleft(item)
                         self._replace(slot)
                         continue
-                    busy[slot] = (item, time.monotonic() + self.timeout)
+                    busy[slot] = (item, time.monotonic() + self.item_timeout(references[item]))
             self._wait([deadline for _, deadline in busy.values()], busy)
             for slot, worker in enumerate(self._workers):
                 if slot not in busy:
@@ -132,6 +140,15 @@ class RewardPool:
                     continue
                 del busy[slot]
         return BatchResult.of(settled)
+
+    def item_timeout(self, reference: Any) -> float:
+        """The seconds an item of ``reference`` may take: ``timeout``, or the reward's own wall-clock bound
+        (`Reward.wall_limit`) and `OWN_LIMIT_MARGIN` when that is longer."""
+        try:
+            own = self._spec.wall_limit(reference)
+        except Exception:  # a user's reward that cannot say: the pool's deadline alone
+            own = None
+        return self.timeout if own is None else max(self.timeout, own + OWN_LIMIT_MARGIN)
 
     def _wait(self, deadlines: list[float], busy: dict[int, Any]) -> None:
         """Block until a busy worker answers, a deadline passes, or a starting worker is ready."""

@@ -165,6 +165,11 @@ class RoutedReward(Reward):
             return self.reward_of(reference.route).answers(completions, reference.reference)
         return self.default.answers(completions, reference)
 
+    def wall_limit(self, reference: Any) -> float | None:
+        if isinstance(reference, Routed):
+            return self.reward_of(reference.route).wall_limit(reference.reference)
+        return self.default.wall_limit(reference)
+
     def _evaluate(self, completion: str, reference: Any) -> RewardOutcome:
         if isinstance(reference, Routed):
             return self.reward_of(reference.route).evaluate(completion, reference.reference)

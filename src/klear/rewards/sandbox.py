@@ -159,6 +159,12 @@ def _namespace_command(root: bool) -> tuple[tuple[str, ...], str]:
     return (unshare, *(() if root else ("--user", "--map-root-user")), *_NAMESPACE_FLAGS), ""
 
 
+def run_wall_limit(total_timeout: float, limits: SandboxLimits) -> float:
+    """The most wall-clock seconds one `run_sandboxed` call takes with a CPU budget of ``total_timeout``: its
+    backstop, `WALL_FACTOR` times the budget, and the start-up allowance after which the whole run is killed."""
+    return WALL_FACTOR * total_timeout + limits.startup_timeout
+
+
 def run_sandboxed(
     code: str,
     tests: list[dict[str, Any]],
@@ -216,7 +222,7 @@ def run_sandboxed(
             cwd="/",
             start_new_session=True,
         )
-        return _collect(process, payload, WALL_FACTOR * total_timeout + limits.startup_timeout)
+        return _collect(process, payload, run_wall_limit(total_timeout, limits))
     except OSError as error:
         return SandboxRun("error", detail=f"could not start the sandbox: {error}")
     finally:

@@ -119,7 +119,7 @@ class RewardScorer:
         name: registered reward name or import path, with ``options`` its keyword options; or a `Reward` built
             already (the stages pass the one they checked the data with).
         num_workers: worker processes (0: score in this process).
-        timeout: per-item deadline of the pool.
+        timeout: per-item deadline of the pool (`RewardPool.item_timeout`: a built-in reward's own bound extends it).
         max_new_tokens, overlong_buffer: the soft overlong penalty ramps over the last ``overlong_buffer``
             tokens before ``max_new_tokens`` (0: off).
         overlap: whether to score a streaming engine's samples as they end, with workers (``reward.overlap``; None:

@@ -414,7 +414,8 @@ class RewardConfig:
     num_workers: int = at_least(0, 0)
     """Worker processes scoring in parallel with a per-item deadline; 0 scores in this process."""
     timeout: float = positive(30.0)
-    """Per-item deadline of the worker pool (seconds)."""
+    """Per-item deadline of the worker pool (seconds) for a reward without a wall-clock bound of its own; the
+    built-in rewards' items get at least their own bound and 10 s (docs/rewards.md)."""
     overlap: bool | None = None
     """With workers and an engine that gives each prompt's samples as they end (``vllm``), score them then, while the
     engine samples the rest, not after the last answer (the same scores); ``None``: when the engine computes on a GPU.
