@@ -37,6 +37,24 @@ def run(tmp_path: Path, capsys, *extra: str) -> tuple[list[str], dict, str]:
     return ids, json.loads((tmp_path / "kept.report.json").read_text()), summary
 
 
+def test_every_test_gets_its_whole_timeout_however_many_there_are(tmp_path, capsys):
+    """8 tests of 0.3 s of CPU each: within a 0.5 s timeout per test, and over the code reward's default budget for
+    the whole completion (3 x 0.5 s), which cut the last tests short and removed a right solution."""
+    burn = "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.3:\n    pass\n"
+    row = {
+        "question": "add two numbers",
+        "tests": [{"input": f"{i} 1", "output": str(i + 1)} for i in range(8)],
+        "solution": burn + "a, b = map(int, input().split())\nprint(a + b)\n",
+    }
+    data, out = tmp_path / "slow.jsonl", tmp_path / "kept.jsonl"
+    data.write_text(json.dumps(row) + "\n" + json.dumps({**row, "solution": burn + "print(0)\n"}) + "\n")
+    argv = ["filter-tests", "--data", str(data), "--out", str(out), "--min-tests", "8", "--timeout", "0.5"]
+    assert main(argv) == 0
+    assert out.read_text().splitlines() == data.read_text().splitlines()[:1]
+    report = json.loads((tmp_path / "kept.report.json").read_text())
+    assert [(r["line"], r["detail"]) for r in report["removed"]] == [(2, "passed 0 of 8 tests (wrong_answer)")]
+
+
 def test_as_completion_fences_a_bare_program_only():
     assert as_completion("print(1)") == "```python\nprint(1)\n```"
     assert as_completion("text\n```python\nprint(1)\n```") == "text\n```python\nprint(1)\n```"
@@ -62,8 +80,8 @@ def test_filter_tests_runs_reference_solutions_in_the_sandbox(tmp_path, capsys):
     ]
     details = {r["line"]: r["detail"] for r in report["removed"]}
     assert details[2] == "2 < 3"
-    assert details[3] == "passed 1 of 3 tests"
-    assert details[6] == "passed 2 of 3 tests"
+    assert details[3] == "passed 1 of 3 tests (wrong_answer)"
+    assert details[6] == "passed 2 of 3 tests (wrong_answer)"
     assert "missing keys ['output']" in details[4]
     assert [(b["line"], b["reason"]) for b in report["bad_rows"]] == [
         (7, "no reference: 'tests' is missing (fields: ['id', 'question', 'solution'])"),

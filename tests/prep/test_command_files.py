@@ -165,7 +165,7 @@ def test_filter_tests_reads_klears_own_code_rows(tmp_path):
     assert out.read_text().splitlines() == [lines[0], *lines[2:]]  # the kept rows as they were, in order
     report = json.loads((tmp_path / "kept.report.json").read_text())
     assert [(r["line"], r["reason"], r["detail"]) for r in report["removed"]] == [
-        (2, "solution_fails", "passed 0 of 4 tests")
+        (2, "solution_fails", "passed 0 of 4 tests (wrong_answer)")
     ]
 
 
@@ -181,7 +181,9 @@ def test_filter_tests_reads_verl_code_rows_and_runs_every_test(tmp_path, capsys)
     assert main(["filter-tests", "--data", str(data), "--out", str(out)]) == 0  # the paper's 16 tests
     assert out.read_text().splitlines() == data.read_text().splitlines()[:2]
     report = json.loads((tmp_path / "kept.report.json").read_text())
-    assert [(r["line"], r["tests"], r["detail"]) for r in report["removed"]] == [(3, 20, "passed 19 of 20 tests")]
+    assert [(r["line"], r["tests"], r["detail"]) for r in report["removed"]] == [
+        (3, 20, "passed 19 of 20 tests (wrong_answer)")
+    ]
     assert capsys.readouterr().out.startswith("filter-tests: kept 2 of 3 rows")
 
 

@@ -20,8 +20,9 @@ when
 
 ``--no-solution-check`` keeps step 1 only, for data that ships no reference solutions. Solutions run in this
 process one after another, or in ``--num-workers`` processes (a `RewardPool`); each test has ``--timeout``
-seconds. A kept row is written as it was read, in the file's own layout. A row without a prompt or without tests
-the loader can read or, when checking, without a solution text is a bad row; a file without any usable row stops
+CPU seconds, all of them (no budget for the whole suite cuts a slow solution short, as training's reward may). A
+kept row is written as it was read, in the file's own layout. A row without a prompt or without tests the loader
+can read or, when checking, without a solution text is a bad row; a file without any usable row stops
 the command (exit code 2).
 """
 
@@ -48,8 +49,6 @@ SOLUTION_KEYS = ("solution", "extra_info.solution")
 verl's rows as ``klear.data synthetic --layout verl`` writes them)."""
 SAMPLING_KEYS = ("max_test_cases", "seed")
 """Suite keys that make the reward run a sample of the tests: dropped, so a solution is checked on all of them."""
-POOL_SLACK_S = 10.0
-"""Per-solution deadline of the worker pool beyond the tests' own: the sandbox's own limits fire first."""
 
 
 @dataclass(frozen=True)
@@ -135,23 +134,23 @@ def check_solutions(
     """Step 2: run each reference solution on its own tests; keep the rows it passes completely, as read."""
     if not candidates:
         return [], []
-    reward = get_reward("code", timeout=timeout)
     completions = [as_completion(solution) for _, solution, _ in candidates]
     tests = [tests for _, _, tests in candidates]
-    per_test = max([timeout, *(t.get("timeout") or 0 for t in tests if isinstance(t, dict))])  # a suite's own
-    deadline = max(len(tests_of(t)) for t in tests) * per_test + POOL_SLACK_S
-    result = score_batch(reward, completions, tests, num_workers=num_workers, timeout=deadline)
+    # Every test gets its whole timeout: the completion's CPU budget covers the largest suite (a suite's own per-test
+    # timeout scales it alike), and the pool waits for the sandbox's own limits (`RewardPool.item_timeout`).
+    budget = max(len(tests_of(t)) for t in tests) * timeout
+    reward = get_reward("code", timeout=timeout, total_timeout=budget)
+    result = score_batch(reward, completions, tests, num_workers=num_workers)
     kept, removed = [], []
-    outcomes = zip(candidates, result.scores, result.statuses, result.correct, strict=True)
-    for (problem, _, row_tests), value, status, correct in outcomes:
+    outcomes = zip(candidates, result.scores, result.statuses, result.correct, result.reasons, strict=True)
+    for (problem, _, row_tests), value, status, correct, reason in outcomes:
         if correct:  # the code reward's verdict: every test passed
             kept.append(problem.row)
             continue
         count = len(tests_of(row_tests))
-        detail = f"passed {round(value * count)} of {count} tests"
-        removed.append(
-            Removal(problem.line, "solution_fails", count, detail + ("" if status == "ok" else f" ({status})"))
-        )
+        why = reason or ("" if status == "ok" else status)  # the worst failure (`REASONS`), or the pool's verdict
+        detail = f"passed {round(value * count)} of {count} tests" + (f" ({why})" if why else "")
+        removed.append(Removal(problem.line, "solution_fails", count, detail))
     return kept, removed
 
 
@@ -180,7 +179,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-solution-check", action="store_true", help="only count and validate the tests")
     parser.add_argument(
-        "--timeout", type=greater_than(0.0), default=5.0, help="seconds per test (default: %(default)s)"
+        "--timeout",
+        type=greater_than(0.0),
+        default=5.0,
+        help="CPU seconds per test, every test its whole timeout (default: %(default)s)",
     )
     parser.add_argument(
         "--num-workers", type=at_least(0), default=0, help="sandbox worker processes; 0: in this process"
