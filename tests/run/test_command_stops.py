@@ -4,6 +4,7 @@ locks released, no process of its own left running, and what can continue does, 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,8 +152,11 @@ def test_sigterm_while_vllm_samples_stops_an_evaluation_with_its_line_and_what_i
     partial = output / "partial.jsonl"
     wait_until(lambda: partial.exists() and partial.read_text().count("\n") >= 2, process, "a part kept")
     process.send_signal(signal.SIGTERM)
-    _, lines = ended(process, tmp_path / "e")
+    stdout, lines = ended(process, tmp_path / "e")
     assert process.returncode == EXIT_SIGTERM
+    vllm_log = re.compile(r"^(\(\w+ pid=\d+\) )?(INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[")  # vLLM's format
+    assert not any(vllm_log.match(line) for line in stdout.splitlines()), stdout[-2000:]
+    assert any(vllm_log.match(line) for line in lines)  # its start-up lines, on stderr with klear's
     kept = partial.read_text().count("\n") - 1
     assert 1 <= kept < 60
     assert lines[-1] == (

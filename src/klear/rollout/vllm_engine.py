@@ -76,6 +76,11 @@ from transformers import PreTrainedTokenizerBase
 
 from klear.rollout.engine import VLLM_INSTALL
 
+# vLLM writes its log lines to stdout unless told otherwise; klear's, and the other libraries', go to stderr, so that
+# stdout holds only what a command prints for its user (a summary, a table) and can be piped. Set before vLLM is
+# first imported, which configures its logging; a VLLM_LOGGING_STREAM of the user's wins.
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
 try:
     from vllm import LLM
     from vllm import SamplingParams as VLLMSamplingParams
