@@ -40,7 +40,6 @@ of a batch on ``workers`` threads, each waiting on its own sandbox process.
 
 from __future__ import annotations
 
-import math
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -49,7 +48,12 @@ from dataclasses import replace
 from typing import Any
 
 from klear.rewards.base import Reward, RewardOutcome, _pairs, register_reward
-from klear.rewards.code_tests import Suite, parse_suite, parse_tests  # noqa: F401  (parse_tests: re-exported)
+from klear.rewards.code_tests import (  # noqa: F401  (parse_tests: re-exported)
+    Suite,
+    parse_suite,
+    parse_tests,
+    valid_timeout,
+)
 from klear.rewards.extract import after_reasoning, last_code_block
 from klear.rewards.sandbox import (
     IsolationLevel,
@@ -165,8 +169,7 @@ class CodeReward(Reward):
     def wall_limit(self, reference: Any) -> float | None:
         """The sandbox's wall-clock bound for one completion of this problem (`run_wall_limit` of its budget)."""
         timeout = reference.get("timeout") if isinstance(reference, dict) else None
-        valid = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < math.inf
-        limits, budget = self._limits(timeout if valid else None)
+        limits, budget = self._limits(timeout if valid_timeout(timeout) else None)
         return run_wall_limit(budget, limits)
 
     def _describe(self, run: SandboxRun, passed: int, suite: Suite, budget: float) -> str:

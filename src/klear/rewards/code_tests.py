@@ -96,7 +96,7 @@ def parse_suite(reference: Any) -> Suite:
                 f"program would fail its tests (pip install {' '.join(missing)})"
             )
     timeout = reference.get("timeout")
-    if timeout is not None and not (_is_number(timeout) and math.isfinite(timeout) and timeout > 0):
+    if timeout is not None and not valid_timeout(timeout):
         raise ValueError(f"code test suite: 'timeout' must be a positive number of seconds, got {timeout!r}")
     most, seed = reference.get("max_test_cases"), reference.get("seed", 0)
     if most is not None and not (isinstance(most, int) and not isinstance(most, bool) and most >= 1):
@@ -206,6 +206,11 @@ def _check_keys(index: int, test: dict[str, Any], accepted: set[str], required: 
     missing = [key for key in required if key not in test]
     if unknown or missing:
         raise ValueError(f"code test {index}: unknown keys {unknown}, missing keys {missing}; {_SHAPES}")
+
+
+def valid_timeout(value: Any) -> bool:
+    """Whether ``value`` is a suite's ``timeout`` the reward accepts: a finite number of seconds above 0."""
+    return _is_number(value) and math.isfinite(value) and value > 0
 
 
 def _is_number(value: Any) -> bool:
